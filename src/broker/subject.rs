@@ -1,0 +1,1 @@
+//! Subject validation and the reference matcher.

@@ -1,0 +1,1 @@
+//! The subscription index: a token trie with a bounded match cache.

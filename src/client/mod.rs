@@ -1,0 +1,1 @@
+//! The Rust client module.

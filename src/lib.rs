@@ -1,0 +1,18 @@
+//! gombus: a NATS-style message broker that clients reach over Socket.IO.
+//!
+//! Layout (data flows top to bottom, one concern per file):
+//! - [`config`]: command-line flags and their validation.
+//! - [`net`]: the mio event loop, the hand-rolled HTTP/1.1 layer, WebSocket
+//!   framing over tungstenite's frame codec, bounded outbound buffers, timers.
+//! - [`protocol`]: pure codecs for Engine.IO v4 and Socket.IO v5 packets, the
+//!   contract's request types and error codes.
+//! - [`broker`]: subjects, the subscription index, queue groups, request/reply,
+//!   the control namespace, metrics; every state change goes through one
+//!   `apply` path.
+//! - [`client`]: the Rust client module used by the examples, tests and tools.
+
+pub mod broker;
+pub mod client;
+pub mod config;
+pub mod net;
+pub mod protocol;
