@@ -1,1 +1,10 @@
-//! Pure protocol codecs.
+//! Pure protocol codecs: no sockets, files or clocks.
+//!
+//! - [`engineio`]: Engine.IO v4 packets, handshake query, heartbeat timer logic.
+//! - [`socketio`]: Socket.IO v5 packets, namespaces, ack ids, binary attachments.
+//! - [`errors`]: the contract's error codes and ack bodies.
+//! - [`messages`]: typed requests for every event of the contract.
+pub mod engineio;
+pub mod errors;
+pub mod messages;
+pub mod socketio;

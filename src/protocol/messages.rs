@@ -1,0 +1,133 @@
+//! Typed requests for the events of the contract, read with serde straight
+//! from the event's first argument. Pass-through values (`data`, `headers`)
+//! stay raw JSON text so a delivery re-uses the publisher's bytes.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::errors::{ApiError, Code};
+
+#[derive(Debug, Deserialize)]
+pub struct Sub<'a> {
+    #[serde(borrow)]
+    pub subject: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub queue: Option<Cow<'a, str>>,
+    #[serde(default)]
+    pub sid: Option<SidValue>,
+    #[serde(default)]
+    pub max: Option<u64>,
+}
+
+/// A client-chosen sid: a string, or a number taken as its decimal text.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum SidValue {
+    Text(String),
+    Number(u64),
+}
+
+impl SidValue {
+    pub fn into_string(self) -> String {
+        match self {
+            SidValue::Text(s) => s,
+            SidValue::Number(n) => n.to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Unsub {
+    pub sid: SidValue,
+    #[serde(default)]
+    pub after: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Pub<'a> {
+    #[serde(borrow)]
+    pub subject: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub data: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub reply: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub headers: Option<&'a RawValue>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Request<'a> {
+    #[serde(borrow)]
+    pub subject: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub data: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub headers: Option<&'a RawValue>,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct GroupSet {
+    pub queue: String,
+    pub mode: String,
+}
+
+/// Reads an event argument into `T`; a missing argument or wrong shape is
+/// `bad_request` with serde's description of what was wrong.
+pub fn parse_arg<'a, T: Deserialize<'a>>(arg: Option<&'a RawValue>) -> Result<T, ApiError> {
+    let arg = arg.ok_or_else(|| ApiError::new(Code::BadRequest, "the event needs an object argument"))?;
+    serde_json::from_str(arg.get()).map_err(|e| ApiError::new(Code::BadRequest, format!("bad arguments: {e}")))
+}
+
+/// Checks that headers are an object of string values.
+pub fn check_headers(headers: Option<&RawValue>) -> Result<(), ApiError> {
+    let Some(h) = headers else { return Ok(()) };
+    if h.get() == "null" {
+        return Ok(());
+    }
+    serde_json::from_str::<std::collections::BTreeMap<Cow<'_, str>, Cow<'_, str>>>(h.get())
+        .map(|_| ())
+        .map_err(|_| ApiError::new(Code::BadRequest, "headers must be an object of string values"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(s: &str) -> Box<RawValue> {
+        RawValue::from_string(s.to_string()).unwrap()
+    }
+
+    #[test]
+    fn reads_pub_with_raw_data() {
+        let r = raw(r#"{"subject":"a.b","data":{"x":[1, 2]},"reply":"r.1","headers":{"k":"v"}}"#);
+        let p: Pub = parse_arg(Some(&r)).unwrap();
+        assert_eq!(p.subject, "a.b");
+        assert_eq!(p.data.map(|d| d.get()), Some(r#"{"x":[1, 2]}"#));
+        assert_eq!(p.reply.as_deref(), Some("r.1"));
+        assert!(check_headers(p.headers).is_ok());
+    }
+
+    #[test]
+    fn refuses_bad_shapes() {
+        assert_eq!(parse_arg::<Pub>(None).unwrap_err().code, Code::BadRequest);
+        let r = raw(r#"{"data":1}"#);
+        assert_eq!(parse_arg::<Pub>(Some(&r)).unwrap_err().code, Code::BadRequest);
+        let r = raw(r#""text""#);
+        assert_eq!(parse_arg::<Sub>(Some(&r)).unwrap_err().code, Code::BadRequest);
+        let h = raw(r#"{"k":1}"#);
+        assert_eq!(check_headers(Some(&h)).unwrap_err().code, Code::BadRequest);
+        let h = raw(r#"["k"]"#);
+        assert!(check_headers(Some(&h)).is_err());
+    }
+
+    #[test]
+    fn sids_may_be_numbers() {
+        let r = raw(r#"{"subject":"a","sid":7}"#);
+        let s: Sub = parse_arg(Some(&r)).unwrap();
+        assert_eq!(s.sid.map(SidValue::into_string).as_deref(), Some("7"));
+    }
+}

@@ -1,0 +1,403 @@
+//! Socket.IO v5 codec: packet types, namespaces, ack ids, binary attachment
+//! counts and placeholders (Socket.IO v5 protocol, "Packet format").
+//!
+//! Decoding borrows from the input and allocates nothing; encoding appends to
+//! a caller's buffer so deliveries can be assembled without copies.
+
+use serde_json::value::RawValue;
+
+/// The largest ack id accepted: JavaScript clients count with doubles, so
+/// ids stay exact integers (2^53 - 1).
+pub const ACK_ID_MAX: u64 = (1 << 53) - 1;
+/// Attachments one binary packet may announce.
+pub const ATTACHMENTS_MAX: usize = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Connect = 0,
+    Disconnect = 1,
+    Event = 2,
+    Ack = 3,
+    ConnectError = 4,
+    BinaryEvent = 5,
+    BinaryAck = 6,
+}
+
+impl Kind {
+    fn from_byte(b: u8) -> Option<Kind> {
+        Some(match b {
+            b'0' => Kind::Connect,
+            b'1' => Kind::Disconnect,
+            b'2' => Kind::Event,
+            b'3' => Kind::Ack,
+            b'4' => Kind::ConnectError,
+            b'5' => Kind::BinaryEvent,
+            b'6' => Kind::BinaryAck,
+            _ => return None,
+        })
+    }
+
+    pub fn is_binary(self) -> bool {
+        matches!(self, Kind::BinaryEvent | Kind::BinaryAck)
+    }
+}
+
+/// A decoded packet; `data` is the JSON text after the header (may be empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Packet<'a> {
+    pub kind: Kind,
+    pub attachments: usize,
+    pub nsp: &'a str,
+    pub id: Option<u64>,
+    pub data: &'a str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SioError {
+    UnknownType,
+    BadAttachments,
+    BadAckId,
+    BadPayload,
+}
+
+impl std::fmt::Display for SioError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SioError::UnknownType => "unknown Socket.IO packet type",
+            SioError::BadAttachments => "bad attachment count",
+            SioError::BadAckId => "bad ack id",
+            SioError::BadPayload => "payload does not fit the packet type",
+        })
+    }
+}
+
+impl std::error::Error for SioError {}
+
+/// Decodes the header of a packet and checks that its payload has the shape
+/// its type requires (CONNECT: absent or an object; DISCONNECT: absent;
+/// EVENT: an array starting with a string; ACK: an array; CONNECT_ERROR: an
+/// object). The JSON itself is checked by whoever reads it.
+pub fn decode(text: &str) -> Result<Packet<'_>, SioError> {
+    let b = text.as_bytes();
+    let kind = b.first().and_then(|&c| Kind::from_byte(c)).ok_or(SioError::UnknownType)?;
+    let mut i = 1;
+    let mut attachments = 0;
+    if kind.is_binary() {
+        let start = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        if i == start || i - start > 2 || b.get(i) != Some(&b'-') {
+            return Err(SioError::BadAttachments);
+        }
+        attachments = text[start..i].parse::<usize>().map_err(|_| SioError::BadAttachments)?;
+        if attachments > ATTACHMENTS_MAX {
+            return Err(SioError::BadAttachments);
+        }
+        i += 1;
+    }
+    let mut nsp = "/";
+    if b.get(i) == Some(&b'/') {
+        let end = text[i..].find(',').map_or(b.len(), |p| i + p);
+        nsp = &text[i..end];
+        i = (end + 1).min(b.len());
+    }
+    let mut id = None;
+    let start = i;
+    while i < b.len() && b[i].is_ascii_digit() {
+        i += 1;
+    }
+    if i > start {
+        let v = text[start..i].parse::<u64>().map_err(|_| SioError::BadAckId)?;
+        if v > ACK_ID_MAX {
+            return Err(SioError::BadAckId);
+        }
+        id = Some(v);
+    }
+    let data = &text[i..];
+    let first = data.as_bytes().first().copied();
+    let shape_ok = match kind {
+        Kind::Connect => first.is_none() || first == Some(b'{'),
+        Kind::Disconnect => first.is_none(),
+        Kind::Event | Kind::BinaryEvent => first == Some(b'['),
+        Kind::Ack | Kind::BinaryAck => first == Some(b'[') && id.is_some(),
+        Kind::ConnectError => first == Some(b'{'),
+    };
+    if !shape_ok || (id.is_some() && matches!(kind, Kind::Connect | Kind::Disconnect)) {
+        return Err(SioError::BadPayload);
+    }
+    Ok(Packet { kind, attachments, nsp, id, data })
+}
+
+/// An event's name and arguments, borrowed from the packet's JSON.
+#[derive(Debug)]
+pub struct Event<'a> {
+    pub name: std::borrow::Cow<'a, str>,
+    pub args: Vec<&'a RawValue>,
+}
+
+/// Parses `["name", arg…]`. An array that does not start with a string is
+/// `BadPayload`, as is invalid JSON.
+pub fn parse_event(data: &str) -> Result<Event<'_>, SioError> {
+    #[derive(serde::Deserialize)]
+    struct Raw<'a>(#[serde(borrow)] Vec<&'a RawValue>);
+    let Raw(mut all) = serde_json::from_str(data).map_err(|_| SioError::BadPayload)?;
+    if all.is_empty() {
+        return Err(SioError::BadPayload);
+    }
+    let head = all.remove(0);
+    let name: std::borrow::Cow<'_, str> = serde_json::from_str(head.get()).map_err(|_| SioError::BadPayload)?;
+    Ok(Event { name, args: all })
+}
+
+/// Appends a packet header: type, attachment count, namespace, ack id.
+pub fn write_header(out: &mut Vec<u8>, kind: Kind, attachments: usize, nsp: &str, id: Option<u64>) {
+    out.push(b'0' + kind as u8);
+    if kind.is_binary() {
+        push_decimal(out, attachments as u64);
+        out.push(b'-');
+    }
+    if nsp != "/" {
+        out.extend_from_slice(nsp.as_bytes());
+        out.push(b',');
+    }
+    if let Some(id) = id {
+        push_decimal(out, id);
+    }
+}
+
+/// Appends the decimal digits of `v`.
+pub fn push_decimal(out: &mut Vec<u8>, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut n = 0;
+    loop {
+        digits[n] = b'0' + (v % 10) as u8;
+        n += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend(digits[..n].iter().rev());
+}
+
+/// A whole packet as a string: header then `data`.
+pub fn encode(kind: Kind, attachments: usize, nsp: &str, id: Option<u64>, data: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() + nsp.len() + 8);
+    write_header(&mut out, kind, attachments, nsp, id);
+    out.extend_from_slice(data.as_bytes());
+    out
+}
+
+/// Whether a JSON text contains a binary placeholder object; used to check
+/// that `num` indices stay below the attachment count.
+pub fn placeholders_valid(json: &str, attachments: usize) -> bool {
+    fn walk(v: &serde_json::Value, n: usize) -> bool {
+        match v {
+            serde_json::Value::Object(m) => {
+                if m.get("_placeholder") == Some(&serde_json::Value::Bool(true)) {
+                    return m.get("num").and_then(|x| x.as_u64()).is_some_and(|k| (k as usize) < n);
+                }
+                m.values().all(|x| walk(x, n))
+            }
+            serde_json::Value::Array(a) => a.iter().all(|x| walk(x, n)),
+            _ => true,
+        }
+    }
+    match serde_json::from_str::<serde_json::Value>(json) {
+        Ok(v) => walk(&v, attachments),
+        Err(_) => false,
+    }
+}
+
+/// Collects a binary packet's attachments as they arrive in binary frames.
+#[derive(Debug, Default)]
+pub struct Reassembly {
+    header: Option<String>,
+    expected: usize,
+    parts: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+impl Reassembly {
+    /// True while attachments are awaited.
+    pub fn pending(&self) -> bool {
+        self.header.is_some()
+    }
+
+    /// Starts waiting for `expected` attachments after the text packet.
+    pub fn start(&mut self, text: &str, expected: usize) {
+        self.header = Some(text.to_string());
+        self.expected = expected;
+        self.parts.clear();
+        self.bytes = 0;
+    }
+
+    /// Adds one attachment; returns the text packet and all attachments once
+    /// complete. `bytes_max` bounds what one packet may hold in total.
+    pub fn push(&mut self, bytes: &[u8], bytes_max: usize) -> Result<Option<(String, Vec<Vec<u8>>)>, SioError> {
+        if self.header.is_none() {
+            return Err(SioError::BadAttachments);
+        }
+        self.bytes += bytes.len();
+        if self.bytes > bytes_max {
+            return Err(SioError::BadAttachments);
+        }
+        self.parts.push(bytes.to_vec());
+        if self.parts.len() < self.expected {
+            return Ok(None);
+        }
+        let text = self.header.take().unwrap_or_default();
+        Ok(Some((text, std::mem::take(&mut self.parts))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pkt(kind: Kind, attachments: usize, nsp: &str, id: Option<u64>, data: &str) -> Packet<'static> {
+        let nsp: &'static str = Box::leak(nsp.to_string().into_boxed_str());
+        let data: &'static str = Box::leak(data.to_string().into_boxed_str());
+        Packet { kind, attachments, nsp, id, data }
+    }
+
+    #[test]
+    fn decodes_spec_examples() {
+        // Examples from the Socket.IO v5 protocol document.
+        assert_eq!(decode("0"), Ok(pkt(Kind::Connect, 0, "/", None, "")));
+        assert_eq!(decode("0/admin,"), Ok(pkt(Kind::Connect, 0, "/admin", None, "")));
+        assert_eq!(decode(r#"0{"token":"123"}"#), Ok(pkt(Kind::Connect, 0, "/", None, r#"{"token":"123"}"#)));
+        assert_eq!(decode(r#"0/admin,{"sid":"oSO0OpakMV_3jnilAAAA"}"#).map(|p| p.nsp), Ok("/admin"));
+        assert_eq!(decode("1/admin,"), Ok(pkt(Kind::Disconnect, 0, "/admin", None, "")));
+        assert_eq!(decode("1"), Ok(pkt(Kind::Disconnect, 0, "/", None, "")));
+        assert_eq!(decode(r#"2["hello",1]"#), Ok(pkt(Kind::Event, 0, "/", None, r#"["hello",1]"#)));
+        assert_eq!(decode(r#"2/admin,456["project:delete",123]"#), Ok(pkt(Kind::Event, 0, "/admin", Some(456), r#"["project:delete",123]"#)));
+        assert_eq!(decode("3/admin,456[]"), Ok(pkt(Kind::Ack, 0, "/admin", Some(456), "[]")));
+        assert_eq!(decode(r#"4{"message":"Not authorized"}"#), Ok(pkt(Kind::ConnectError, 0, "/", None, r#"{"message":"Not authorized"}"#)));
+        assert_eq!(
+            decode(r#"51-["hello",{"_placeholder":true,"num":0}]"#),
+            Ok(pkt(Kind::BinaryEvent, 1, "/", None, r#"["hello",{"_placeholder":true,"num":0}]"#))
+        );
+        assert_eq!(
+            decode(r#"61-/admin,456[{"_placeholder":true,"num":0}]"#),
+            Ok(pkt(Kind::BinaryAck, 1, "/admin", Some(456), r#"[{"_placeholder":true,"num":0}]"#))
+        );
+        // A namespace with no comma runs to the end (as the compliance suite sends it).
+        assert_eq!(decode("0/random").map(|p| p.nsp), Ok("/random"));
+        assert_eq!(decode("1/custom").map(|p| p.nsp), Ok("/custom"));
+    }
+
+    #[test]
+    fn rejects_malformed_packets() {
+        assert_eq!(decode(""), Err(SioError::UnknownType));
+        assert_eq!(decode("abc"), Err(SioError::UnknownType));
+        assert_eq!(decode("7[]"), Err(SioError::UnknownType));
+        assert_eq!(decode("2{}"), Err(SioError::BadPayload));
+        assert_eq!(decode("2"), Err(SioError::BadPayload));
+        assert_eq!(decode(r#"2abc["message-with-ack",1]"#), Err(SioError::BadPayload));
+        assert_eq!(decode(r#"299999999999999999999999["ping",{}]"#), Err(SioError::BadAckId));
+        assert_eq!(decode(r#"29007199254740992["ping",{}]"#), Err(SioError::BadAckId));
+        assert!(decode(r#"29007199254740991["ping",{}]"#).is_ok());
+        assert_eq!(decode(r#"5["x"]"#), Err(SioError::BadAttachments));
+        assert_eq!(decode(r#"5999-["x"]"#), Err(SioError::BadAttachments));
+        assert_eq!(decode(r#"565-["x"]"#), Err(SioError::BadAttachments));
+        assert_eq!(decode("0[]"), Err(SioError::BadPayload));
+        assert_eq!(decode("1{}"), Err(SioError::BadPayload));
+        assert_eq!(decode("3[]"), Err(SioError::BadPayload));
+        assert_eq!(decode("01"), Err(SioError::BadPayload));
+    }
+
+    #[test]
+    fn parses_events() {
+        let e = parse_event(r#"["message",1,"2",{"3":[true]}]"#).unwrap();
+        assert_eq!(e.name, "message");
+        let args: Vec<&str> = e.args.iter().map(|a| a.get()).collect();
+        assert_eq!(args, vec!["1", r#""2""#, r#"{"3":[true]}"#]);
+        assert_eq!(parse_event(r#"["pub"]"#).map(|e| e.args.len()).unwrap(), 0);
+        assert_eq!(parse_event(r#"["a\"b"]"#).unwrap().name, "a\"b");
+        assert!(parse_event("[]").is_err());
+        assert!(parse_event("[1]").is_err());
+        assert!(parse_event(r#"["pub",{"#).is_err());
+        assert!(parse_event("{}").is_err());
+    }
+
+    #[test]
+    fn encodes_headers() {
+        assert_eq!(encode(Kind::Connect, 0, "/", None, r#"{"sid":"x"}"#), br#"0{"sid":"x"}"#.to_vec());
+        assert_eq!(encode(Kind::Connect, 0, "/control", None, r#"{"sid":"x"}"#), br#"0/control,{"sid":"x"}"#.to_vec());
+        assert_eq!(encode(Kind::Ack, 0, "/", Some(456), "[1]"), b"3456[1]".to_vec());
+        assert_eq!(encode(Kind::Ack, 0, "/admin", Some(456), "[]"), b"3/admin,456[]".to_vec());
+        assert_eq!(
+            encode(Kind::BinaryAck, 2, "/", Some(789), "[]"),
+            b"62-789[]".to_vec()
+        );
+        assert_eq!(encode(Kind::ConnectError, 0, "/random", None, r#"{"message":"Invalid namespace"}"#), br#"4/random,{"message":"Invalid namespace"}"#.to_vec());
+        let mut v = Vec::new();
+        push_decimal(&mut v, 0);
+        push_decimal(&mut v, 1234567890);
+        assert_eq!(v, b"01234567890");
+    }
+
+    #[test]
+    fn reassembles_attachments() {
+        let mut r = Reassembly::default();
+        assert!(r.push(b"x", 100).is_err());
+        r.start(r#"52-["m",{"_placeholder":true,"num":0},{"_placeholder":true,"num":1}]"#, 2);
+        assert!(r.pending());
+        assert_eq!(r.push(&[1, 2, 3], 100), Ok(None));
+        let (text, parts) = r.push(&[4, 5, 6], 100).unwrap().unwrap();
+        assert!(text.starts_with("52-"));
+        assert_eq!(parts, vec![vec![1, 2, 3], vec![4, 5, 6]]);
+        assert!(!r.pending());
+        r.start("51-[]", 1);
+        assert!(r.push(&[0; 200], 100).is_err());
+    }
+
+    #[test]
+    fn checks_placeholders() {
+        assert!(placeholders_valid(r#"["m",{"_placeholder":true,"num":0}]"#, 1));
+        assert!(!placeholders_valid(r#"["m",{"_placeholder":true,"num":1}]"#, 1));
+        assert!(!placeholders_valid(r#"["m",{"_placeholder":true}]"#, 1));
+        assert!(placeholders_valid(r#"["m",{"a":[1,2]}]"#, 0));
+    }
+
+    /// Arbitrary and truncated inputs give errors or packets, never panics.
+    #[test]
+    fn random_and_truncated_input_never_panics() {
+        let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = || {
+            seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = seed;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        let samples = [
+            r#"42["pub",{"subject":"a.b","data":1}]"#,
+            r#"452-789["message-with-ack",{"_placeholder":true,"num":0},{"_placeholder":true,"num":1}]"#,
+            r#"40/control,{"token":"secret"}"#,
+            r#"43/admin,456[{"ok":true}]"#,
+        ];
+        let alphabet = b"0123456789[]{}\",-/:abc_ \\";
+        for round in 0..20_000 {
+            let text: String = if round % 2 == 0 {
+                let s = samples[(next() % samples.len() as u64) as usize];
+                let cut = (next() % (s.len() as u64 + 1)) as usize;
+                s[..cut].to_string()
+            } else {
+                let len = (next() % 40) as usize;
+                (0..len).map(|_| alphabet[(next() % alphabet.len() as u64) as usize] as char).collect()
+            };
+            let engine = crate::protocol::engineio::decode(&text);
+            if let Ok(crate::protocol::engineio::Packet::Message(m)) = engine {
+                if let Ok(p) = decode(m) {
+                    if matches!(p.kind, Kind::Event | Kind::BinaryEvent) {
+                        let _ = parse_event(p.data);
+                    }
+                    let _ = placeholders_valid(p.data, p.attachments);
+                }
+            }
+        }
+    }
+}
