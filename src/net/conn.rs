@@ -1,0 +1,225 @@
+//! One connection's state and buffers, and [`Io`]: the handle through which
+//! a handler queues Engine.IO packets onto connections. Every connection
+//! writes through a bounded outbound buffer; past the bound it is closed as
+//! a slow consumer, so a client that stops reading cannot grow memory.
+
+use std::time::Instant;
+
+use mio::net::TcpStream;
+
+use super::ws;
+use crate::protocol::engineio::Heartbeat;
+
+/// Index of a connection in the loop's slab.
+pub type ConnId = usize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Reading an HTTP request head.
+    Http,
+    /// An Engine.IO session over WebSocket.
+    WebSocket,
+    /// Done: flush what is queued, then drop.
+    Closing,
+}
+
+/// Counters the loop keeps; the handler reports them in metrics.
+#[derive(Debug, Default, Clone)]
+pub struct NetStats {
+    pub connections_open: u64,
+    pub connections_total: u64,
+    pub sessions_open: u64,
+    pub slow_consumers: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub http_requests: u64,
+}
+
+pub struct Conn {
+    pub stream: TcpStream,
+    pub state: State,
+    /// Bytes of an incomplete HTTP head or WebSocket frame.
+    pub inbuf: Vec<u8>,
+    /// Queued outbound bytes; `out[out_pos..]` is not yet written.
+    pub out: Vec<u8>,
+    pub out_pos: usize,
+    pub dirty: bool,
+    pub decoder: ws::Decoder,
+    pub heartbeat: Option<Heartbeat>,
+    pub app_deadline: Option<Instant>,
+    /// Unique per connection ever accepted, so stale timers are ignored.
+    pub serial: u64,
+    pub endpoint: u8,
+    /// Whether `Handler::opened` was called (so `closed` is owed).
+    pub session: bool,
+}
+
+impl Conn {
+    pub fn new(stream: TcpStream, serial: u64) -> Conn {
+        Conn {
+            stream,
+            state: State::Http,
+            inbuf: Vec::new(),
+            out: Vec::new(),
+            out_pos: 0,
+            dirty: false,
+            decoder: ws::Decoder::default(),
+            heartbeat: None,
+            app_deadline: None,
+            serial,
+            endpoint: 0,
+            session: false,
+        }
+    }
+
+    pub fn pending_out(&self) -> usize {
+        self.out.len() - self.out_pos
+    }
+}
+
+/// A deadline in the loop's timer heap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TimerEntry {
+    pub at: Instant,
+    pub conn: ConnId,
+    pub serial: u64,
+}
+
+/// The loop's state a handler may touch during a call.
+pub struct Io<'a> {
+    pub(crate) conns: &'a mut Vec<Option<Conn>>,
+    pub(crate) dirty: &'a mut Vec<ConnId>,
+    pub(crate) closing: &'a mut Vec<ConnId>,
+    pub(crate) timers: &'a mut std::collections::BinaryHeap<std::cmp::Reverse<TimerEntry>>,
+    pub(crate) stats: &'a mut NetStats,
+    pub(crate) now: Instant,
+    pub(crate) out_bytes_max: usize,
+}
+
+impl Io<'_> {
+    /// The time of this loop turn.
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    pub fn stats(&self) -> &NetStats {
+        self.stats
+    }
+
+    /// Whether `conn` is an open Engine.IO session.
+    pub fn is_open(&self, conn: ConnId) -> bool {
+        matches!(self.conns.get(conn), Some(Some(c)) if c.state == State::WebSocket)
+    }
+
+    /// Bytes queued for `conn` and not yet written.
+    pub fn pending(&self, conn: ConnId) -> usize {
+        match self.conns.get(conn) {
+            Some(Some(c)) => c.pending_out(),
+            _ => 0,
+        }
+    }
+
+    /// Queues an Engine.IO message packet (`4` + the parts) as one text frame.
+    pub fn send_text(&mut self, conn: ConnId, parts: &[&[u8]]) -> bool {
+        let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
+        let Some(c) = self.writable(conn, len + 10) else { return false };
+        ws::write_header(&mut c.out, ws::TEXT, len);
+        c.out.push(b'4');
+        for p in parts {
+            c.out.extend_from_slice(p);
+        }
+        self.mark_dirty(conn);
+        true
+    }
+
+    /// Queues a binary Engine.IO message (a Socket.IO attachment).
+    pub fn send_binary(&mut self, conn: ConnId, bytes: &[u8]) -> bool {
+        let Some(c) = self.writable(conn, bytes.len() + 10) else { return false };
+        ws::write_header(&mut c.out, ws::BINARY, bytes.len());
+        c.out.extend_from_slice(bytes);
+        self.mark_dirty(conn);
+        true
+    }
+
+    /// Queues a raw Engine.IO packet (e.g. `2` ping) as a text frame.
+    pub(crate) fn send_engine(&mut self, conn: ConnId, packet: &[u8]) -> bool {
+        let Some(c) = self.writable(conn, packet.len() + 10) else { return false };
+        ws::write_header(&mut c.out, ws::TEXT, packet.len());
+        c.out.extend_from_slice(packet);
+        self.mark_dirty(conn);
+        true
+    }
+
+    /// Queues bytes outside the bound (HTTP answers, control frames).
+    pub(crate) fn send_raw(&mut self, conn: ConnId, bytes: &[u8]) {
+        if let Some(Some(c)) = self.conns.get_mut(conn) {
+            c.out.extend_from_slice(bytes);
+            self.mark_dirty(conn);
+        }
+    }
+
+    /// The connection if it can take `extra` more bytes; past the bound it
+    /// is closed as a slow consumer and its queued bytes are dropped.
+    fn writable(&mut self, conn: ConnId, extra: usize) -> Option<&mut Conn> {
+        let bound = self.out_bytes_max;
+        let c = self.conns.get_mut(conn)?.as_mut()?;
+        if c.state != State::WebSocket {
+            return None;
+        }
+        if c.pending_out() + extra > bound {
+            c.out = Vec::new();
+            c.out_pos = 0;
+            c.state = State::Closing;
+            self.stats.slow_consumers += 1;
+            self.closing.push(conn);
+            return None;
+        }
+        self.conns.get_mut(conn)?.as_mut()
+    }
+
+    fn mark_dirty(&mut self, conn: ConnId) {
+        if let Some(Some(c)) = self.conns.get_mut(conn) {
+            if !c.dirty {
+                c.dirty = true;
+                self.dirty.push(conn);
+            }
+        }
+    }
+
+    /// Closes `conn` after what is queued (a WebSocket close frame first).
+    pub fn close(&mut self, conn: ConnId) {
+        self.close_with(conn, 1000);
+    }
+
+    pub(crate) fn close_with(&mut self, conn: ConnId, code: u16) {
+        let Some(Some(c)) = self.conns.get_mut(conn) else { return };
+        if c.state == State::Closing {
+            return;
+        }
+        if c.state == State::WebSocket {
+            ws::write_close(&mut c.out, code);
+        }
+        c.state = State::Closing;
+        self.closing.push(conn);
+        self.mark_dirty(conn);
+    }
+
+    /// Sets (or clears) the handler's deadline for `conn`.
+    pub fn set_timer(&mut self, conn: ConnId, at: Option<Instant>) {
+        let Some(Some(c)) = self.conns.get_mut(conn) else { return };
+        c.app_deadline = at;
+        if let Some(at) = at {
+            self.timers.push(std::cmp::Reverse(TimerEntry { at, conn, serial: c.serial }));
+        }
+    }
+
+    pub(crate) fn conn_mut(&mut self, conn: ConnId) -> Option<&mut Conn> {
+        self.conns.get_mut(conn)?.as_mut()
+    }
+
+    pub(crate) fn schedule(&mut self, conn: ConnId, at: Instant) {
+        if let Some(Some(c)) = self.conns.get(conn) {
+            self.timers.push(std::cmp::Reverse(TimerEntry { at, conn, serial: c.serial }));
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! A minimal HTTP/1.1 layer: request-head parsing with a bounded size, and
+//! response encoding. Pure: it sees bytes, never sockets.
+
+/// The most bytes a request head (request line and headers) may take.
+pub const HEAD_BYTES_MAX: usize = 8 * 1024;
+/// The most headers a request may carry.
+pub const HEADERS_MAX: usize = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Request {
+    /// The first header named `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    /// Whether a comma-separated header holds `token` (case-insensitive).
+    pub fn header_has_token(&self, name: &str, token: &str) -> bool {
+        self.header(name).is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+    }
+
+    /// A query parameter's raw value.
+    pub fn query_param(&self, key: &str) -> Option<&str> {
+        self.query.split('&').find_map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (k == key).then_some(v)
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpError {
+    /// 400: the head is not HTTP/1.x as we read it.
+    BadRequest,
+    /// 431: the head is over `HEAD_BYTES_MAX` or has too many headers.
+    HeadTooLarge,
+}
+
+impl HttpError {
+    pub fn status(self) -> u16 {
+        match self {
+            HttpError::BadRequest => 400,
+            HttpError::HeadTooLarge => 431,
+        }
+    }
+}
+
+/// Parses a request head from the start of `buf`. `Ok(None)`: not all of it
+/// has arrived yet. On success, also returns the bytes the head used.
+pub fn parse_request(buf: &[u8]) -> Result<Option<(Request, usize)>, HttpError> {
+    let Some(end) = find_head_end(buf) else {
+        return if buf.len() > HEAD_BYTES_MAX { Err(HttpError::HeadTooLarge) } else { Ok(None) };
+    };
+    if end > HEAD_BYTES_MAX {
+        return Err(HttpError::HeadTooLarge);
+    }
+    let head = std::str::from_utf8(&buf[..end]).map_err(|_| HttpError::BadRequest)?;
+    let mut lines = head.split("\r\n").filter(|l| !l.is_empty());
+    let first = lines.next().ok_or(HttpError::BadRequest)?;
+    let mut parts = first.split(' ');
+    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+        return Err(HttpError::BadRequest);
+    };
+    if !version.starts_with("HTTP/1.") || method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(HttpError::BadRequest);
+    }
+    if !target.starts_with('/') {
+        return Err(HttpError::BadRequest);
+    }
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let mut headers = Vec::new();
+    for line in lines {
+        if headers.len() == HEADERS_MAX {
+            return Err(HttpError::HeadTooLarge);
+        }
+        let (k, v) = line.split_once(':').ok_or(HttpError::BadRequest)?;
+        if k.is_empty() || k.contains(|c: char| c.is_whitespace()) {
+            return Err(HttpError::BadRequest);
+        }
+        headers.push((k.to_string(), v.trim().to_string()));
+    }
+    let req = Request { method: method.to_string(), path: path.to_string(), query: query.to_string(), headers };
+    Ok(Some((req, end)))
+}
+
+/// Index just past the blank line that ends the head, if present.
+fn find_head_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
+}
+
+/// A complete response; the connection closes after it unless upgraded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn new(status: u16, content_type: &'static str, body: impl Into<Vec<u8>>) -> Response {
+        Response { status, content_type, headers: Vec::new(), body: body.into() }
+    }
+
+    pub fn json(status: u16, body: impl Into<Vec<u8>>) -> Response {
+        Response::new(status, "application/json", body)
+    }
+
+    pub fn text(status: u16, body: impl Into<Vec<u8>>) -> Response {
+        Response::new(status, "text/plain; charset=utf-8", body)
+    }
+
+    /// The status line, headers and body as bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = format!(
+            "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
+            self.status,
+            reason(self.status),
+            self.content_type,
+            self.body.len()
+        )
+        .into_bytes();
+        for (k, v) in &self.headers {
+            out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&self.body);
+        out
+    }
+}
+
+pub fn reason(status: u16) -> &'static str {
+    match status {
+        101 => "Switching Protocols",
+        200 => "OK",
+        400 => "Bad Request",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        413 => "Payload Too Large",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Unknown",
+    }
+}
+
+/// The 101 answer to a WebSocket upgrade (RFC 6455 §4.2.2).
+pub fn upgrade_response(accept: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+    )
+    .into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_request_cut_at_every_offset() {
+        let raw = b"GET /socket.io/?EIO=4&transport=websocket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: keep-alive, Upgrade\r\n\r\nrest";
+        let head_len = raw.len() - 4;
+        for cut in 0..head_len {
+            assert_eq!(parse_request(&raw[..cut]), Ok(None), "cut at {cut}");
+        }
+        let (req, used) = parse_request(raw).unwrap().unwrap();
+        assert_eq!(used, head_len);
+        assert_eq!(req.method, "GET");
+        assert_eq!(req.path, "/socket.io/");
+        assert_eq!(req.query_param("EIO"), Some("4"));
+        assert_eq!(req.query_param("transport"), Some("websocket"));
+        assert_eq!(req.header("upgrade"), Some("websocket"));
+        assert!(req.header_has_token("Connection", "upgrade"));
+    }
+
+    #[test]
+    fn refuses_bad_and_huge_heads() {
+        assert_eq!(parse_request(b"garbage\r\n\r\n"), Err(HttpError::BadRequest));
+        assert_eq!(parse_request(b"GET / HTTP/2\r\n\r\n"), Err(HttpError::BadRequest));
+        assert_eq!(parse_request(b"GET nopath HTTP/1.1\r\n\r\n"), Err(HttpError::BadRequest));
+        assert_eq!(parse_request(b"GET / HTTP/1.1\r\nno colon\r\n\r\n"), Err(HttpError::BadRequest));
+        assert_eq!(parse_request(b"GET / HTTP/1.1\r\n\xff: x\r\n\r\n"), Err(HttpError::BadRequest));
+        let big = vec![b'a'; HEAD_BYTES_MAX + 1];
+        assert_eq!(parse_request(&big), Err(HttpError::HeadTooLarge));
+        let mut many = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..=HEADERS_MAX {
+            many.extend_from_slice(format!("h{i}: v\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        assert_eq!(parse_request(&many), Err(HttpError::HeadTooLarge));
+    }
+
+    #[test]
+    fn encodes_responses() {
+        let r = Response::json(400, r#"{"code":0,"message":"Transport unknown"}"#);
+        let text = String::from_utf8(r.encode()).unwrap();
+        assert!(text.starts_with("HTTP/1.1 400 Bad Request\r\n"));
+        assert!(text.contains("Content-Length: 40\r\n"));
+        assert!(text.ends_with("\r\n\r\n{\"code\":0,\"message\":\"Transport unknown\"}"));
+    }
+}
