@@ -1,3 +1,25 @@
-//! The broker proper: subjects, subscription index, dispatch, control.
+//! The broker proper, above the transport: subjects and the subscription
+//! index, the subscription table with its one `apply` path, queue groups,
+//! request/reply inboxes, the control namespace and metrics.
+//!
+//! - [`subject`]: subject and pattern rules, a reference matcher.
+//! - [`sublist`]: the token trie with a bounded match cache.
+//! - [`subs`]: subscriptions and [`subs::Command`], applied in one place.
+//! - [`groups`]: queue-group rules (loadbalance / broadcast).
+//! - [`session`]: one client's Socket.IO state (namespaces, attachments).
+//! - [`dispatch`]: the [`Broker`], a `net::Handler`: events in, deliveries
+//!   and acks out.
+//! - [`requests`]: request/reply inboxes and their timeouts.
+//! - [`control`]: `/control` events.
+//! - [`metrics`]: counters and `/metrics`, `/healthz`.
+pub mod control;
+pub mod dispatch;
+pub mod groups;
+pub mod metrics;
+pub mod requests;
+pub mod session;
 pub mod subject;
 pub mod sublist;
+pub mod subs;
+
+pub use dispatch::{Broker, BrokerConfig};

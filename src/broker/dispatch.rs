@@ -1,0 +1,520 @@
+//! The [`Broker`]: the `net::Handler` that turns Socket.IO packets into
+//! subscriptions, publishes, requests and acks. A delivery is encoded once
+//! (the part after the subscriber's sid) and copied into each subscriber's
+//! outbound buffer; nothing is allocated per subscriber.
+
+use std::time::{Duration, Instant};
+
+use serde_json::value::RawValue;
+
+use super::metrics::Metrics;
+use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
+use super::session::{token_eq, Session, NSP_CONTROL, NSP_ROOT};
+use super::subject;
+use super::subs::{Command, SubKey, SubTable};
+use super::groups::GroupMode;
+use crate::net::{ConnId, Handler, Io, Payload, Request, Response};
+use crate::protocol::errors::{ok_body, raw_text, ApiError, Code, OK_BODY};
+use crate::protocol::messages::{self, parse_arg, Pub, Sub, Unsub};
+use crate::protocol::socketio::{self, Kind, Packet};
+
+/// Room the open packet's maxPayload leaves above `-max-payload` for the
+/// event envelope, so an oversized `data` gets an ack instead of a close.
+pub const ENVELOPE_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    pub node_id: String,
+    pub control_token: Option<String>,
+    pub auth_token: Option<String>,
+    pub max_payload: usize,
+    pub connect_timeout: Duration,
+}
+
+pub struct Broker {
+    pub(crate) cfg: BrokerConfig,
+    pub(crate) started: Instant,
+    sessions: Vec<Option<Session>>,
+    pub(crate) subs: SubTable,
+    requests: Requests,
+    pub(crate) metrics: Metrics,
+    /// Reused buffer for the shared part of a delivery.
+    tail: Vec<u8>,
+    rng: u64,
+}
+
+/// What a root-namespace event answers: an ack now, or later (a request).
+enum Answer {
+    Now(String),
+    Later,
+}
+
+impl Broker {
+    pub fn new(cfg: BrokerConfig) -> Broker {
+        let rng = crate::net::server::random_seed();
+        let requests = Requests::new(&format!("{}.{:x}", sanitize(&cfg.node_id), rng & 0xffff_ffff));
+        Broker {
+            cfg,
+            started: Instant::now(),
+            sessions: Vec::new(),
+            subs: SubTable::new(),
+            requests,
+            metrics: Metrics::default(),
+            tail: Vec::with_capacity(1024),
+            rng,
+        }
+    }
+
+    fn session(&mut self, conn: ConnId) -> Option<&mut Session> {
+        self.sessions.get_mut(conn)?.as_mut()
+    }
+
+    fn random_id(&mut self) -> String {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        format!("{:016x}", z ^ (z >> 31))
+    }
+
+    fn on_text(&mut self, io: &mut Io<'_>, conn: ConnId, text: &str) {
+        let Some(session) = self.session(conn) else { return };
+        if session.attachments.pending() {
+            // Text while attachments are awaited breaks the packet format.
+            return io.close(conn);
+        }
+        let packet = match socketio::decode(text) {
+            Ok(p) => p,
+            Err(_) => return io.close(conn),
+        };
+        if packet.kind.is_binary() && packet.attachments > 0 {
+            session.attachments.start(text, packet.attachments);
+            return;
+        }
+        self.on_packet(io, conn, &packet, &[]);
+    }
+
+    fn on_binary(&mut self, io: &mut Io<'_>, conn: ConnId, bytes: &[u8]) {
+        let bytes_max = self.cfg.max_payload + ENVELOPE_BYTES;
+        let Some(session) = self.session(conn) else { return };
+        match session.attachments.push(bytes, bytes_max) {
+            Ok(None) => {}
+            Ok(Some((text, parts))) => match socketio::decode(&text) {
+                Ok(packet) => self.on_packet(io, conn, &packet, &parts),
+                Err(_) => io.close(conn),
+            },
+            Err(_) => io.close(conn),
+        }
+    }
+
+    fn on_packet(&mut self, io: &mut Io<'_>, conn: ConnId, p: &Packet<'_>, attachments: &[Vec<u8>]) {
+        match p.kind {
+            Kind::Connect => self.connect(io, conn, p),
+            Kind::Disconnect => self.leave(io, conn, p.nsp),
+            Kind::Event | Kind::BinaryEvent => self.event(io, conn, p, attachments),
+            // The broker asks clients for no acks; stray ones are ignored.
+            Kind::Ack | Kind::BinaryAck => {}
+            Kind::ConnectError => io.close(conn),
+        }
+    }
+
+    fn connect(&mut self, io: &mut Io<'_>, conn: ConnId, p: &Packet<'_>) {
+        let token = match p.nsp {
+            NSP_ROOT => self.cfg.auth_token.clone(),
+            NSP_CONTROL => self.cfg.control_token.clone(),
+            other => {
+                let body = br#"{"message":"Invalid namespace"}"#;
+                let head = socketio::encode(Kind::ConnectError, 0, other, None, "");
+                io.send_text(conn, &[&head, body]);
+                return;
+            }
+        };
+        if let Some(expected) = token {
+            if !auth_token_ok(p.data, &expected) {
+                let head = socketio::encode(Kind::ConnectError, 0, p.nsp, None, "");
+                io.send_text(conn, &[&head, br#"{"message":"unauthorized"}"#]);
+                return;
+            }
+        }
+        let id = self.random_id();
+        let Some(session) = self.session(conn) else { return };
+        if p.nsp == NSP_ROOT {
+            session.root = true;
+        } else {
+            session.control = true;
+        }
+        let body = format!("{{\"sid\":\"{id}\"}}");
+        let head = socketio::encode(Kind::Connect, 0, p.nsp, None, "");
+        io.send_text(conn, &[&head, body.as_bytes()]);
+        io.set_timer(conn, None);
+    }
+
+    fn leave(&mut self, io: &mut Io<'_>, conn: ConnId, nsp: &str) {
+        let Some(session) = self.session(conn) else { return };
+        match nsp {
+            NSP_ROOT if session.root => {
+                session.root = false;
+                self.drop_root_state(conn);
+            }
+            NSP_CONTROL => session.control = false,
+            _ => {}
+        }
+        let _ = io;
+    }
+
+    fn drop_root_state(&mut self, conn: ConnId) {
+        let _ = self.subs.apply(Command::RemoveConn { conn });
+        self.requests.drop_conn(conn);
+    }
+
+    fn event(&mut self, io: &mut Io<'_>, conn: ConnId, p: &Packet<'_>, attachments: &[Vec<u8>]) {
+        let ev = match socketio::parse_event(p.data) {
+            Ok(ev) => ev,
+            Err(_) => return io.close(conn),
+        };
+        if p.attachments > 0 && !socketio::placeholders_valid(p.data, p.attachments) {
+            return io.close(conn);
+        }
+        let Some(session) = self.session(conn) else { return };
+        let (root, control) = (session.root, session.control);
+        let arg = ev.args.first().copied();
+        let result = match p.nsp {
+            NSP_ROOT if root => self.root_event(io, conn, &ev.name, arg, p.id, attachments),
+            NSP_CONTROL if control => self.control_event(io, &ev.name, arg).map(Answer::Now),
+            // Events for a namespace the socket has not joined are ignored,
+            // as Socket.IO servers do.
+            _ => return,
+        };
+        let Some(id) = p.id else { return };
+        let body = match result {
+            Ok(Answer::Now(body)) => body,
+            Ok(Answer::Later) => return,
+            Err(e) => {
+                self.metrics.count_error(e.code);
+                e.ack_body()
+            }
+        };
+        let head = socketio::encode(Kind::Ack, 0, p.nsp, Some(id), "");
+        io.send_text(conn, &[&head, body.as_bytes()]);
+    }
+
+    fn root_event(
+        &mut self,
+        io: &mut Io<'_>,
+        conn: ConnId,
+        name: &str,
+        arg: Option<&RawValue>,
+        ack_id: Option<u64>,
+        attachments: &[Vec<u8>],
+    ) -> Result<Answer, ApiError> {
+        match name {
+            "pub" => {
+                let p: Pub = parse_arg(arg)?;
+                self.publish(io, &p, attachments)?;
+                Ok(Answer::Now(OK_BODY.to_string()))
+            }
+            "sub" => self.subscribe(conn, arg).map(Answer::Now),
+            "unsub" => {
+                let u: Unsub = parse_arg(arg)?;
+                let sid = u.sid.into_string();
+                self.subs.apply(Command::Unsubscribe { conn, sid, after: u.after })?;
+                Ok(Answer::Now(OK_BODY.to_string()))
+            }
+            "request" => self.request(io, conn, arg, ack_id, attachments),
+            "ping" => Ok(Answer::Now(OK_BODY.to_string())),
+            other => Err(ApiError::new(Code::BadRequest, format!("unknown event {other:?}"))),
+        }
+    }
+
+    fn subscribe(&mut self, conn: ConnId, arg: Option<&RawValue>) -> Result<String, ApiError> {
+        let s: Sub = parse_arg(arg)?;
+        let sid = match s.sid {
+            Some(v) => v.into_string(),
+            None => {
+                let subs = &self.subs;
+                let session = self.sessions.get_mut(conn).and_then(Option::as_mut);
+                match session {
+                    Some(sess) => sess.assign_sid(|c| subs.conn_has_sid(conn, c)),
+                    None => return Err(ApiError::new(Code::Internal, "no session")),
+                }
+            }
+        };
+        let sid_json = serde_json::Value::from(sid.as_str()).to_string();
+        let queue = s.queue.map(|q| q.into_owned());
+        self.subs.apply(Command::Subscribe { conn, sid, pattern: s.subject.into_owned(), queue, max: s.max })?;
+        Ok(ok_body(&format!("\"sid\":{sid_json}")))
+    }
+
+    /// Checks a message's subject, headers and size; returns its size.
+    fn check_message(&self, subject: &str, data: &str, headers: Option<&RawValue>, attachments: &[Vec<u8>]) -> Result<usize, ApiError> {
+        subject::validate_subject(subject).map_err(|e| ApiError::new(Code::BadSubject, format!("{e}: {subject:?}")))?;
+        messages::check_headers(headers)?;
+        let size = data.len() + headers.map_or(0, |h| h.get().len()) + attachments.iter().map(Vec::len).sum::<usize>();
+        if size > self.cfg.max_payload {
+            return Err(ApiError::new(
+                Code::PayloadTooLarge,
+                format!("payload is {size} bytes, the limit is {}", self.cfg.max_payload),
+            ));
+        }
+        Ok(size)
+    }
+
+    fn publish(&mut self, io: &mut Io<'_>, p: &Pub<'_>, attachments: &[Vec<u8>]) -> Result<(), ApiError> {
+        let data = raw_text(p.data);
+        let size = self.check_message(&p.subject, data, p.headers, attachments)?;
+        if let Some(reply) = &p.reply {
+            subject::validate_subject(reply).map_err(|e| ApiError::new(Code::BadSubject, format!("reply: {e}")))?;
+        }
+        self.metrics.msgs_in += 1;
+        self.metrics.bytes_in += size as u64;
+        let headers = p.headers.map(RawValue::get).filter(|h| *h != "null");
+        if self.requests.may_be_inbox(&p.subject) {
+            if let Some(pending) = self.requests.take(&p.subject) {
+                answer_request(io, &pending, &p.subject, data, headers, attachments);
+            }
+        }
+        self.deliver(io, &p.subject, data, p.reply.as_deref(), headers, attachments, size);
+        Ok(())
+    }
+
+    fn request(
+        &mut self,
+        io: &mut Io<'_>,
+        conn: ConnId,
+        arg: Option<&RawValue>,
+        ack_id: Option<u64>,
+        attachments: &[Vec<u8>],
+    ) -> Result<Answer, ApiError> {
+        let r: messages::Request = parse_arg(arg)?;
+        let data = raw_text(r.data);
+        let size = self.check_message(&r.subject, data, r.headers, attachments)?;
+        let Some(ack_id) = ack_id else {
+            // Nobody could receive the reply: nothing to do.
+            return Ok(Answer::Later);
+        };
+        self.metrics.requests += 1;
+        if self.subs.matches(&r.subject).is_empty() {
+            return Err(ApiError::new(Code::NoResponders, format!("no subscribers on {:?}", r.subject)));
+        }
+        let timeout = r.timeout_ms.map_or(REQUEST_TIMEOUT_DEFAULT, Duration::from_millis).clamp(Duration::from_millis(1), REQUEST_TIMEOUT_MAX);
+        let inbox = self
+            .requests
+            .open(conn, ack_id, io.now() + timeout)
+            .ok_or_else(|| ApiError::new(Code::Limit, "too many requests waiting on this socket"))?;
+        self.metrics.msgs_in += 1;
+        self.metrics.bytes_in += size as u64;
+        let headers = r.headers.map(RawValue::get).filter(|h| *h != "null");
+        if self.deliver(io, &r.subject, data, Some(&inbox), headers, attachments, size) == 0 {
+            self.requests.take(&inbox);
+            return Err(ApiError::new(Code::NoResponders, format!("no subscribers on {:?}", r.subject)));
+        }
+        Ok(Answer::Later)
+    }
+
+    /// Sends a message to every matching subscription (one member per
+    /// load-balanced group); returns the deliveries made.
+    #[allow(clippy::too_many_arguments)]
+    fn deliver(
+        &mut self,
+        io: &mut Io<'_>,
+        subject: &str,
+        data: &str,
+        reply: Option<&str>,
+        headers: Option<&str>,
+        attachments: &[Vec<u8>],
+        size: usize,
+    ) -> usize {
+        let m = self.subs.matches(subject);
+        if m.is_empty() {
+            return 0;
+        }
+        let mut head = Vec::with_capacity(16);
+        if attachments.is_empty() {
+            head.extend_from_slice(b"2[\"msg\",{\"sid\":");
+        } else {
+            socketio::write_header(&mut head, Kind::BinaryEvent, attachments.len(), "/", None);
+            head.extend_from_slice(b"[\"msg\",{\"sid\":");
+        }
+        let mut tail = std::mem::take(&mut self.tail);
+        tail.clear();
+        tail.extend_from_slice(b",\"subject\":");
+        push_json_str(&mut tail, subject);
+        tail.extend_from_slice(b",\"data\":");
+        tail.extend_from_slice(data.as_bytes());
+        if let Some(r) = reply {
+            tail.extend_from_slice(b",\"reply\":");
+            push_json_str(&mut tail, r);
+        }
+        if let Some(h) = headers {
+            tail.extend_from_slice(b",\"headers\":");
+            tail.extend_from_slice(h.as_bytes());
+        }
+        tail.extend_from_slice(b"}]");
+        let out = Out { head: &head, tail: &tail, attachments };
+        let mut sent = 0;
+        for &key in &m.plain {
+            sent += usize::from(self.send_to(io, key, &out));
+        }
+        for g in &m.groups {
+            match self.subs.group_mode(&g.queue) {
+                GroupMode::Broadcast => {
+                    for &key in &g.members {
+                        sent += usize::from(self.send_to(io, key, &out));
+                    }
+                }
+                GroupMode::LoadBalance => {
+                    let n = g.members.len();
+                    let start = self.subs.groups.pick(n);
+                    // A member that cannot take it (closing) passes it on.
+                    for i in 0..n {
+                        if self.send_to(io, g.members[(start + i) % n], &out) {
+                            sent += 1;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.metrics.msgs_out += sent as u64;
+        self.metrics.bytes_out += (sent * size) as u64;
+        self.tail = tail;
+        sent
+    }
+
+    fn send_to(&mut self, io: &mut Io<'_>, key: SubKey, out: &Out<'_>) -> bool {
+        let Some(s) = self.subs.get(key) else { return false };
+        let conn = s.conn;
+        if !io.send_text(conn, &[out.head, s.sid_json.as_bytes(), out.tail]) {
+            return false;
+        }
+        for a in out.attachments {
+            io.send_binary(conn, a);
+        }
+        self.subs.delivered(key);
+        true
+    }
+}
+
+/// The parts of one delivery shared by every subscriber.
+struct Out<'a> {
+    head: &'a [u8],
+    tail: &'a [u8],
+    attachments: &'a [Vec<u8>],
+}
+
+/// Acks a waiting request with the reply published to its inbox.
+fn answer_request(io: &mut Io<'_>, p: &Pending, inbox: &str, data: &str, headers: Option<&str>, attachments: &[Vec<u8>]) {
+    let kind = if attachments.is_empty() { Kind::Ack } else { Kind::BinaryAck };
+    let mut head = Vec::with_capacity(24);
+    socketio::write_header(&mut head, kind, attachments.len(), "/", Some(p.ack_id));
+    let mut body = Vec::with_capacity(data.len() + inbox.len() + 48);
+    body.extend_from_slice(b"[{\"ok\":true,\"subject\":");
+    push_json_str(&mut body, inbox);
+    body.extend_from_slice(b",\"data\":");
+    body.extend_from_slice(data.as_bytes());
+    if let Some(h) = headers {
+        body.extend_from_slice(b",\"headers\":");
+        body.extend_from_slice(h.as_bytes());
+    }
+    body.extend_from_slice(b"}]");
+    if io.send_text(p.conn, &[&head, &body]) {
+        for a in attachments {
+            io.send_binary(p.conn, a);
+        }
+    }
+}
+
+/// Appends `s` as a JSON string literal, escaping only when needed.
+fn push_json_str(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        out.extend_from_slice(serde_json::Value::from(s).to_string().as_bytes());
+    }
+}
+
+/// Whether a CONNECT payload carries the expected token.
+fn auth_token_ok(data: &str, expected: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Auth {
+        token: Option<String>,
+    }
+    let given = serde_json::from_str::<Auth>(data).ok().and_then(|a| a.token).unwrap_or_default();
+    token_eq(given.as_bytes(), expected.as_bytes())
+}
+
+/// Keeps a node id usable inside a subject token.
+fn sanitize(id: &str) -> String {
+    id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
+}
+
+impl Handler for Broker {
+    fn endpoint(&self, path: &str) -> Option<u8> {
+        (path == "/socket.io/" || path == "/socket.io").then_some(0)
+    }
+
+    fn http(&mut self, io: &mut Io<'_>, req: &Request) -> Response {
+        let known = matches!(req.path.as_str(), "/healthz" | "/metrics");
+        if known && req.method != "GET" && req.method != "HEAD" {
+            let mut r = Response::json(405, r#"{"error":"method not allowed"}"#);
+            r.headers.push(("Allow".into(), "GET".into()));
+            return r;
+        }
+        match req.path.as_str() {
+            "/healthz" => Response::json(200, r#"{"status":"ok"}"#),
+            "/metrics" => {
+                let uptime = io.now().saturating_duration_since(self.started).as_secs_f64();
+                let body = self.metrics.render(io.stats(), self.subs.len(), uptime);
+                Response::new(200, "text/plain; version=0.0.4; charset=utf-8", body)
+            }
+            _ => Response::json(404, r#"{"error":"not found"}"#),
+        }
+    }
+
+    fn opened(&mut self, io: &mut Io<'_>, conn: ConnId, _endpoint: u8) {
+        if self.sessions.len() <= conn {
+            self.sessions.resize_with(conn + 1, || None);
+        }
+        self.sessions[conn] = Some(Session::default());
+        io.set_timer(conn, Some(io.now() + self.cfg.connect_timeout));
+    }
+
+    fn message(&mut self, io: &mut Io<'_>, conn: ConnId, payload: Payload<'_>) {
+        match payload {
+            Payload::Text(t) => self.on_text(io, conn, t),
+            Payload::Binary(b) => self.on_binary(io, conn, b),
+        }
+    }
+
+    fn closed(&mut self, _io: &mut Io<'_>, conn: ConnId) {
+        self.drop_root_state(conn);
+        if let Some(slot) = self.sessions.get_mut(conn) {
+            *slot = None;
+        }
+    }
+
+    fn timer(&mut self, io: &mut Io<'_>, conn: ConnId) {
+        // The connect timeout: no namespace joined in time.
+        if self.session(conn).is_some_and(|s| !s.joined_any()) {
+            io.close(conn);
+        }
+    }
+
+    fn tick(&mut self, io: &mut Io<'_>) {
+        if self.requests.is_empty() {
+            return;
+        }
+        for p in self.requests.expired(io.now()) {
+            let e = ApiError::new(Code::Timeout, "no reply in time");
+            self.metrics.count_error(Code::Timeout);
+            let head = socketio::encode(Kind::Ack, 0, "/", Some(p.ack_id), "");
+            io.send_text(p.conn, &[&head, e.ack_body().as_bytes()]);
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.requests.next_deadline()
+    }
+}

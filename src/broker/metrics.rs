@@ -1,0 +1,69 @@
+//! Broker counters and their Prometheus text exposition for `/metrics`.
+
+use std::fmt::Write as _;
+
+use crate::net::NetStats;
+use crate::protocol::errors::Code;
+
+#[derive(Debug, Default, Clone)]
+pub struct Metrics {
+    pub msgs_in: u64,
+    pub bytes_in: u64,
+    pub msgs_out: u64,
+    pub bytes_out: u64,
+    pub requests: u64,
+    pub errors: [u64; Code::ALL.len()],
+}
+
+impl Metrics {
+    pub fn count_error(&mut self, code: Code) {
+        if let Some(i) = Code::ALL.iter().position(|c| *c == code) {
+            self.errors[i] += 1;
+        }
+    }
+
+    /// The text format (version 0.0.4) with HELP and TYPE lines.
+    pub fn render(&self, net: &NetStats, subscriptions: usize, uptime_s: f64) -> String {
+        let mut out = String::with_capacity(2048);
+        let mut metric = |name: &str, kind: &str, help: &str, value: String| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+        };
+        metric("gombus_uptime_seconds", "gauge", "Seconds since the broker started.", format!("{uptime_s:.3}"));
+        metric("gombus_connections", "gauge", "Open TCP connections.", net.connections_open.to_string());
+        metric("gombus_sessions", "gauge", "Open Engine.IO sessions.", net.sessions_open.to_string());
+        metric("gombus_connections_total", "counter", "TCP connections accepted.", net.connections_total.to_string());
+        metric("gombus_subscriptions", "gauge", "Active subscriptions.", subscriptions.to_string());
+        metric("gombus_messages_in_total", "counter", "Messages published.", self.msgs_in.to_string());
+        metric("gombus_bytes_in_total", "counter", "Payload bytes published.", self.bytes_in.to_string());
+        metric("gombus_messages_out_total", "counter", "Messages delivered to subscribers.", self.msgs_out.to_string());
+        metric("gombus_bytes_out_total", "counter", "Payload bytes delivered to subscribers.", self.bytes_out.to_string());
+        metric("gombus_requests_total", "counter", "Requests made with the request event.", self.requests.to_string());
+        metric("gombus_slow_consumers_total", "counter", "Connections closed for exceeding -max-pending.", net.slow_consumers.to_string());
+        metric("gombus_socket_bytes_in_total", "counter", "Bytes read from sockets.", net.bytes_in.to_string());
+        metric("gombus_socket_bytes_out_total", "counter", "Bytes written to sockets.", net.bytes_out.to_string());
+        let _ = writeln!(out, "# HELP gombus_errors_total Requests refused, by error code.\n# TYPE gombus_errors_total counter");
+        for (code, n) in Code::ALL.iter().zip(self.errors.iter()) {
+            let _ = writeln!(out, "gombus_errors_total{{code=\"{}\"}} {n}", code.as_str());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_sample_has_help_and_type() {
+        let mut m = Metrics::default();
+        m.count_error(Code::Timeout);
+        let text = m.render(&NetStats::default(), 3, 1.5);
+        assert!(text.contains("gombus_subscriptions 3\n"));
+        assert!(text.contains("gombus_errors_total{code=\"timeout\"} 1\n"));
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(text.contains(&format!("# TYPE {name} ")), "{name}");
+            assert!(text.contains(&format!("# HELP {name} ")), "{name}");
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! One client's Socket.IO state on top of its Engine.IO session: which
+//! namespaces it joined, binary attachments being collected, and the sids
+//! the server assigns.
+
+use crate::protocol::socketio::Reassembly;
+
+/// Namespaces a client may join.
+pub const NSP_ROOT: &str = "/";
+pub const NSP_CONTROL: &str = "/control";
+
+#[derive(Debug, Default)]
+pub struct Session {
+    /// Joined `/` (the messaging namespace).
+    pub root: bool,
+    /// Joined `/control`.
+    pub control: bool,
+    pub attachments: Reassembly,
+    /// Counter for server-assigned subscription sids.
+    pub next_sid: u64,
+}
+
+impl Session {
+    pub fn joined_any(&self) -> bool {
+        self.root || self.control
+    }
+
+    /// The next server-chosen sid not yet used by this socket.
+    pub fn assign_sid(&mut self, taken: impl Fn(&str) -> bool) -> String {
+        loop {
+            self.next_sid += 1;
+            let sid = format!("s{}", self.next_sid);
+            if !taken(&sid) {
+                return sid;
+            }
+        }
+    }
+}
+
+/// Compares secrets in time that does not depend on where they differ.
+pub fn token_eq(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff = (given.len() ^ expected.len()) as u8 | u8::from(given.len() != expected.len());
+    for (i, &e) in expected.iter().enumerate() {
+        let g = given.get(i).copied().unwrap_or(!e);
+        diff |= g ^ e;
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison() {
+        assert!(token_eq(b"secret", b"secret"));
+        assert!(!token_eq(b"secreT", b"secret"));
+        assert!(!token_eq(b"secret1", b"secret"));
+        assert!(!token_eq(b"secre", b"secret"));
+        assert!(!token_eq(b"", b"secret"));
+        assert!(token_eq(b"", b""));
+    }
+
+    #[test]
+    fn assigned_sids_skip_taken_ones() {
+        let mut s = Session::default();
+        assert_eq!(s.assign_sid(|_| false), "s1");
+        assert_eq!(s.assign_sid(|x| x == "s2"), "s3");
+    }
+}

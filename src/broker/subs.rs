@@ -1,0 +1,230 @@
+//! The subscription table and the one `apply` path for control-state
+//! changes (subscribe, unsubscribe, auto-unsubscribe, a connection's bulk
+//! removal, queue-group rules). A single node applies a [`Command`] at once;
+//! in cluster mode the same commands are what gets replicated.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use super::groups::{GroupMode, Groups};
+use super::subject;
+use super::sublist::{Match, Sublist};
+use crate::net::ConnId;
+use crate::protocol::errors::{ApiError, Code};
+
+/// A subscription's key in the index.
+pub type SubKey = u64;
+
+/// The most subscriptions one connection may hold.
+pub const SUBS_PER_CONN_MAX: usize = 100_000;
+/// The longest client-chosen sid.
+pub const SID_BYTES_MAX: usize = 128;
+
+#[derive(Debug)]
+pub struct Subscription {
+    pub conn: ConnId,
+    pub sid: Box<str>,
+    /// The sid as a JSON string literal, written into every delivery.
+    pub sid_json: Box<str>,
+    pub pattern: Box<str>,
+    pub queue: Option<Rc<str>>,
+    /// Deliveries left before it ends by itself (`max`, `after`).
+    pub remaining: Option<u64>,
+}
+
+/// A change to control state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    Subscribe { conn: ConnId, sid: String, pattern: String, queue: Option<String>, max: Option<u64> },
+    Unsubscribe { conn: ConnId, sid: String, after: Option<u64> },
+    /// Every subscription of a connection, when it closes or leaves `/`.
+    RemoveConn { conn: ConnId },
+    GroupSet { queue: String, mode: GroupMode },
+}
+
+#[derive(Debug, Default)]
+pub struct SubTable {
+    index: Sublist<SubKey>,
+    subs: HashMap<SubKey, Subscription>,
+    /// Per connection: client sid -> key.
+    by_conn: HashMap<ConnId, HashMap<Box<str>, SubKey>>,
+    next_key: SubKey,
+    pub groups: Groups,
+}
+
+impl SubTable {
+    pub fn new() -> SubTable {
+        SubTable::default()
+    }
+
+    /// Applies one command; the only way control state changes.
+    pub fn apply(&mut self, cmd: Command) -> Result<(), ApiError> {
+        match cmd {
+            Command::Subscribe { conn, sid, pattern, queue, max } => self.subscribe(conn, sid, pattern, queue, max),
+            Command::Unsubscribe { conn, sid, after } => self.unsubscribe(conn, &sid, after),
+            Command::RemoveConn { conn } => {
+                self.remove_conn(conn);
+                Ok(())
+            }
+            Command::GroupSet { queue, mode } => {
+                self.groups.set(&queue, mode);
+                Ok(())
+            }
+        }
+    }
+
+    /// Checks a subscribe before it is applied, so a refusal needs no round.
+    pub fn check_subscribe(&self, conn: ConnId, sid: &str, pattern: &str, queue: Option<&str>) -> Result<(), ApiError> {
+        subject::validate_pattern(pattern).map_err(|e| ApiError::new(Code::BadSubject, format!("{e}: {pattern:?}")))?;
+        if let Some(q) = queue {
+            if q.is_empty() || q.len() > subject::SUBJECT_BYTES_MAX || q.chars().any(char::is_whitespace) {
+                return Err(ApiError::new(Code::BadRequest, "queue must be a non-empty name without whitespace"));
+            }
+        }
+        if sid.is_empty() || sid.len() > SID_BYTES_MAX {
+            return Err(ApiError::new(Code::BadRequest, "sid must be 1 to 128 bytes"));
+        }
+        if let Some(mine) = self.by_conn.get(&conn) {
+            if mine.contains_key(sid) {
+                return Err(ApiError::new(Code::BadRequest, format!("sid {sid:?} is already in use on this socket")));
+            }
+            if mine.len() >= SUBS_PER_CONN_MAX {
+                return Err(ApiError::new(Code::Limit, "too many subscriptions on this socket"));
+            }
+        }
+        Ok(())
+    }
+
+    fn subscribe(&mut self, conn: ConnId, sid: String, pattern: String, queue: Option<String>, max: Option<u64>) -> Result<(), ApiError> {
+        self.check_subscribe(conn, &sid, &pattern, queue.as_deref())?;
+        let key = self.next_key;
+        self.next_key += 1;
+        self.index.insert(&pattern, queue.as_deref(), key);
+        let sid: Box<str> = sid.into();
+        self.by_conn.entry(conn).or_default().insert(sid.clone(), key);
+        let sid_json = serde_json::Value::from(&*sid).to_string().into_boxed_str();
+        let queue = queue.map(Rc::from);
+        let remaining = max.filter(|&m| m > 0);
+        self.subs.insert(key, Subscription { conn, sid, sid_json, pattern: pattern.into(), queue, remaining });
+        Ok(())
+    }
+
+    fn unsubscribe(&mut self, conn: ConnId, sid: &str, after: Option<u64>) -> Result<(), ApiError> {
+        let key = self
+            .by_conn
+            .get(&conn)
+            .and_then(|m| m.get(sid))
+            .copied()
+            .ok_or_else(|| ApiError::new(Code::NotFound, format!("no subscription with sid {sid:?}")))?;
+        match after {
+            Some(n) if n > 0 => {
+                if let Some(s) = self.subs.get_mut(&key) {
+                    s.remaining = Some(n);
+                }
+            }
+            _ => self.remove_key(key),
+        }
+        Ok(())
+    }
+
+    fn remove_conn(&mut self, conn: ConnId) {
+        let Some(mine) = self.by_conn.remove(&conn) else { return };
+        for key in mine.into_values() {
+            if let Some(s) = self.subs.remove(&key) {
+                self.index.remove(&s.pattern, s.queue.as_deref(), key);
+            }
+        }
+    }
+
+    fn remove_key(&mut self, key: SubKey) {
+        let Some(s) = self.subs.remove(&key) else { return };
+        self.index.remove(&s.pattern, s.queue.as_deref(), key);
+        if let Some(mine) = self.by_conn.get_mut(&s.conn) {
+            mine.remove(&s.sid);
+            if mine.is_empty() {
+                self.by_conn.remove(&s.conn);
+            }
+        }
+    }
+
+    /// Counts one delivery to `key`; ends the subscription when its `max`
+    /// (or `after`) is used up. Returns false if it no longer exists.
+    pub fn delivered(&mut self, key: SubKey) -> bool {
+        let Some(s) = self.subs.get_mut(&key) else { return false };
+        if let Some(left) = s.remaining.as_mut() {
+            *left -= 1;
+            if *left == 0 {
+                self.remove_key(key);
+            }
+        }
+        true
+    }
+
+    pub fn matches(&mut self, subject: &str) -> Rc<Match<SubKey>> {
+        self.index.matches(subject)
+    }
+
+    pub fn get(&self, key: SubKey) -> Option<&Subscription> {
+        self.subs.get(&key)
+    }
+
+    pub fn group_mode(&self, queue: &str) -> GroupMode {
+        self.groups.mode(queue)
+    }
+
+    pub fn len(&self) -> usize {
+        self.subs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.subs.is_empty()
+    }
+
+    pub fn conn_has_sid(&self, conn: ConnId, sid: &str) -> bool {
+        self.by_conn.get(&conn).is_some_and(|m| m.contains_key(sid))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sub(conn: ConnId, sid: &str, pattern: &str, queue: Option<&str>, max: Option<u64>) -> Command {
+        Command::Subscribe { conn, sid: sid.into(), pattern: pattern.into(), queue: queue.map(Into::into), max }
+    }
+
+    #[test]
+    fn subscribe_match_unsubscribe() {
+        let mut t = SubTable::new();
+        t.apply(sub(1, "a", "x.*", None, None)).unwrap();
+        t.apply(sub(2, "a", "x.>", Some("q"), None)).unwrap();
+        let m = t.matches("x.y");
+        assert_eq!(m.plain.len(), 1);
+        assert_eq!(m.groups.len(), 1);
+        assert_eq!(t.apply(sub(1, "a", "y", None, None)).unwrap_err().code, Code::BadRequest);
+        assert_eq!(t.apply(sub(1, "b", "y..z", None, None)).unwrap_err().code, Code::BadSubject);
+        assert_eq!(t.apply(Command::Unsubscribe { conn: 1, sid: "zz".into(), after: None }).unwrap_err().code, Code::NotFound);
+        t.apply(Command::Unsubscribe { conn: 1, sid: "a".into(), after: None }).unwrap();
+        assert!(t.matches("x.y").plain.is_empty());
+        t.apply(Command::RemoveConn { conn: 2 }).unwrap();
+        assert!(t.is_empty());
+        assert!(t.matches("x.y").is_empty());
+    }
+
+    #[test]
+    fn max_and_after_end_subscriptions() {
+        let mut t = SubTable::new();
+        t.apply(sub(1, "a", "x", None, Some(2))).unwrap();
+        let k = t.matches("x").plain[0];
+        assert!(t.delivered(k));
+        assert!(t.get(k).is_some());
+        assert!(t.delivered(k));
+        assert!(t.get(k).is_none());
+        assert!(!t.conn_has_sid(1, "a"));
+        t.apply(sub(1, "b", "x", None, None)).unwrap();
+        t.apply(Command::Unsubscribe { conn: 1, sid: "b".into(), after: Some(1) }).unwrap();
+        let k = t.matches("x").plain[0];
+        t.delivered(k);
+        assert!(t.matches("x").is_empty());
+    }
+}
