@@ -1,0 +1,53 @@
+# gombus: build, run and test. `make run` starts a single node on
+# 127.0.0.1:8080 with ./data; `make test` runs every test, installing what
+# the interop tests need first.
+
+CARGO ?= cargo
+TARGET := x86_64-unknown-linux-gnu
+RUSTFLAGS_STATIC := -C target-feature=+crt-static
+BIN := bin/broker
+
+.PHONY: all build run test test-deps unit fmt fmt-check clippy bench conformance clean
+
+all: build
+
+build: $(BIN)
+
+# A statically linked, stripped release binary.
+$(BIN): Cargo.toml Cargo.lock $(shell find src -name '*.rs')
+	RUSTFLAGS="$(RUSTFLAGS_STATIC)" $(CARGO) build --release --locked --target $(TARGET) --bin broker
+	mkdir -p bin
+	cp target/$(TARGET)/release/broker $(BIN)
+
+run: build
+	mkdir -p data
+	./$(BIN) -addr=127.0.0.1:8080 -data=./data
+
+test-deps:
+	scripts/test-deps.sh
+
+fmt:
+	$(CARGO) fmt
+
+fmt-check:
+	$(CARGO) fmt --check
+
+clippy:
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+# Every test: formatting, lints, unit and integration tests (against the
+# release binary in bin/), interop tests with real Socket.IO clients.
+test: build test-deps fmt-check clippy
+	GOMBUS_BIN=$(CURDIR)/$(BIN) $(CARGO) test --locked --all-targets
+
+# The conformance fixture for the official Engine.IO/Socket.IO suites.
+conformance:
+	$(CARGO) run --release --example conformance
+
+# Side-by-side load test against nats-server and a Node socket.io relay.
+bench: build
+	GOMBUS_BIN=$(CURDIR)/$(BIN) ../shared/bench/run.sh
+
+clean:
+	$(CARGO) clean
+	rm -rf bin
