@@ -13,20 +13,37 @@ use crate::protocol::messages::{parse_arg, GroupSet};
 
 impl Broker {
     /// Answers one `/control` event; the ack body as text.
-    pub(crate) fn control_event(&mut self, io: &Io<'_>, name: &str, arg: Option<&RawValue>) -> Result<String, ApiError> {
+    pub(crate) fn control_event(
+        &mut self,
+        io: &Io<'_>,
+        name: &str,
+        arg: Option<&RawValue>,
+    ) -> Result<String, ApiError> {
         match name {
             "group.set" => {
                 let req: GroupSet = parse_arg(arg)?;
-                let mode = GroupMode::parse(&req.mode)
-                    .ok_or_else(|| ApiError::new(Code::BadRequest, "mode must be \"loadbalance\" or \"broadcast\""))?;
+                let mode = GroupMode::parse(&req.mode).ok_or_else(|| {
+                    ApiError::new(
+                        Code::BadRequest,
+                        "mode must be \"loadbalance\" or \"broadcast\"",
+                    )
+                })?;
                 if req.queue.is_empty() {
                     return Err(ApiError::new(Code::BadRequest, "queue must not be empty"));
                 }
-                self.subs.apply(Command::GroupSet { queue: req.queue, mode })?;
+                self.subs.apply(Command::GroupSet {
+                    queue: req.queue,
+                    mode,
+                })?;
                 Ok(ok_body(""))
             }
             "group.list" => {
-                let groups: Vec<_> = self.subs.groups.list().map(|(q, m)| json!({"queue": q, "mode": m.as_str()})).collect();
+                let groups: Vec<_> = self
+                    .subs
+                    .groups
+                    .list()
+                    .map(|(q, m)| json!({"queue": q, "mode": m.as_str()}))
+                    .collect();
                 Ok(ok_with(json!({ "groups": groups })))
             }
             "server.info" => Ok(ok_with(json!({
@@ -45,7 +62,10 @@ impl Broker {
                 "commit_index": 0,
                 "peers": [{"id": self.cfg.node_id, "state": "leader", "match_index": 0}],
             }))),
-            other => Err(ApiError::new(Code::BadRequest, format!("unknown event {other:?} on /control"))),
+            other => Err(ApiError::new(
+                Code::BadRequest,
+                format!("unknown event {other:?} on /control"),
+            )),
         }
     }
 }

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
 
+use super::groups::GroupMode;
 use super::metrics::Metrics;
 use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
 use super::session::{token_eq, Session, NSP_CONTROL, NSP_ROOT};
 use super::subject;
 use super::subs::{Command, SubKey, SubTable};
-use super::groups::GroupMode;
 use crate::net::{ConnId, Handler, Io, Payload, Request, Response};
 use crate::protocol::errors::{ok_body, raw_text, ApiError, Code, OK_BODY};
 use crate::protocol::messages::{self, parse_arg, Pub, Sub, Unsub};
@@ -52,7 +52,11 @@ enum Answer {
 impl Broker {
     pub fn new(cfg: BrokerConfig) -> Broker {
         let rng = crate::net::server::random_seed();
-        let requests = Requests::new(&format!("{}.{:x}", sanitize(&cfg.node_id), rng & 0xffff_ffff));
+        let requests = Requests::new(&format!(
+            "{}.{:x}",
+            sanitize(&cfg.node_id),
+            rng & 0xffff_ffff
+        ));
         Broker {
             cfg,
             started: Instant::now(),
@@ -78,7 +82,9 @@ impl Broker {
     }
 
     fn on_text(&mut self, io: &mut Io<'_>, conn: ConnId, text: &str) {
-        let Some(session) = self.session(conn) else { return };
+        let Some(session) = self.session(conn) else {
+            return;
+        };
         if session.attachments.pending() {
             // Text while attachments are awaited breaks the packet format.
             return io.close(conn);
@@ -96,7 +102,9 @@ impl Broker {
 
     fn on_binary(&mut self, io: &mut Io<'_>, conn: ConnId, bytes: &[u8]) {
         let bytes_max = self.cfg.max_payload + ENVELOPE_BYTES;
-        let Some(session) = self.session(conn) else { return };
+        let Some(session) = self.session(conn) else {
+            return;
+        };
         match session.attachments.push(bytes, bytes_max) {
             Ok(None) => {}
             Ok(Some((text, parts))) => match socketio::decode(&text) {
@@ -107,7 +115,13 @@ impl Broker {
         }
     }
 
-    fn on_packet(&mut self, io: &mut Io<'_>, conn: ConnId, p: &Packet<'_>, attachments: &[Vec<u8>]) {
+    fn on_packet(
+        &mut self,
+        io: &mut Io<'_>,
+        conn: ConnId,
+        p: &Packet<'_>,
+        attachments: &[Vec<u8>],
+    ) {
         match p.kind {
             Kind::Connect => self.connect(io, conn, p),
             Kind::Disconnect => self.leave(io, conn, p.nsp),
@@ -137,7 +151,9 @@ impl Broker {
             }
         }
         let id = self.random_id();
-        let Some(session) = self.session(conn) else { return };
+        let Some(session) = self.session(conn) else {
+            return;
+        };
         if p.nsp == NSP_ROOT {
             session.root = true;
         } else {
@@ -150,7 +166,9 @@ impl Broker {
     }
 
     fn leave(&mut self, io: &mut Io<'_>, conn: ConnId, nsp: &str) {
-        let Some(session) = self.session(conn) else { return };
+        let Some(session) = self.session(conn) else {
+            return;
+        };
         match nsp {
             NSP_ROOT if session.root => {
                 session.root = false;
@@ -175,7 +193,9 @@ impl Broker {
         if p.attachments > 0 && !socketio::placeholders_valid(p.data, p.attachments) {
             return io.close(conn);
         }
-        let Some(session) = self.session(conn) else { return };
+        let Some(session) = self.session(conn) else {
+            return;
+        };
         let (root, control) = (session.root, session.control);
         let arg = ev.args.first().copied();
         let result = match p.nsp {
@@ -217,12 +237,19 @@ impl Broker {
             "unsub" => {
                 let u: Unsub = parse_arg(arg)?;
                 let sid = u.sid.into_string();
-                self.subs.apply(Command::Unsubscribe { conn, sid, after: u.after })?;
+                self.subs.apply(Command::Unsubscribe {
+                    conn,
+                    sid,
+                    after: u.after,
+                })?;
                 Ok(Answer::Now(OK_BODY.to_string()))
             }
             "request" => self.request(io, conn, arg, ack_id, attachments),
             "ping" => Ok(Answer::Now(OK_BODY.to_string())),
-            other => Err(ApiError::new(Code::BadRequest, format!("unknown event {other:?}"))),
+            other => Err(ApiError::new(
+                Code::BadRequest,
+                format!("unknown event {other:?}"),
+            )),
         }
     }
 
@@ -241,29 +268,53 @@ impl Broker {
         };
         let sid_json = serde_json::Value::from(sid.as_str()).to_string();
         let queue = s.queue.map(|q| q.into_owned());
-        self.subs.apply(Command::Subscribe { conn, sid, pattern: s.subject.into_owned(), queue, max: s.max })?;
+        self.subs.apply(Command::Subscribe {
+            conn,
+            sid,
+            pattern: s.subject.into_owned(),
+            queue,
+            max: s.max,
+        })?;
         Ok(ok_body(&format!("\"sid\":{sid_json}")))
     }
 
     /// Checks a message's subject, headers and size; returns its size.
-    fn check_message(&self, subject: &str, data: &str, headers: Option<&RawValue>, attachments: &[Vec<u8>]) -> Result<usize, ApiError> {
-        subject::validate_subject(subject).map_err(|e| ApiError::new(Code::BadSubject, format!("{e}: {subject:?}")))?;
+    fn check_message(
+        &self,
+        subject: &str,
+        data: &str,
+        headers: Option<&RawValue>,
+        attachments: &[Vec<u8>],
+    ) -> Result<usize, ApiError> {
+        subject::validate_subject(subject)
+            .map_err(|e| ApiError::new(Code::BadSubject, format!("{e}: {subject:?}")))?;
         messages::check_headers(headers)?;
-        let size = data.len() + headers.map_or(0, |h| h.get().len()) + attachments.iter().map(Vec::len).sum::<usize>();
+        let size = data.len()
+            + headers.map_or(0, |h| h.get().len())
+            + attachments.iter().map(Vec::len).sum::<usize>();
         if size > self.cfg.max_payload {
             return Err(ApiError::new(
                 Code::PayloadTooLarge,
-                format!("payload is {size} bytes, the limit is {}", self.cfg.max_payload),
+                format!(
+                    "payload is {size} bytes, the limit is {}",
+                    self.cfg.max_payload
+                ),
             ));
         }
         Ok(size)
     }
 
-    fn publish(&mut self, io: &mut Io<'_>, p: &Pub<'_>, attachments: &[Vec<u8>]) -> Result<(), ApiError> {
+    fn publish(
+        &mut self,
+        io: &mut Io<'_>,
+        p: &Pub<'_>,
+        attachments: &[Vec<u8>],
+    ) -> Result<(), ApiError> {
         let data = raw_text(p.data);
         let size = self.check_message(&p.subject, data, p.headers, attachments)?;
         if let Some(reply) = &p.reply {
-            subject::validate_subject(reply).map_err(|e| ApiError::new(Code::BadSubject, format!("reply: {e}")))?;
+            subject::validate_subject(reply)
+                .map_err(|e| ApiError::new(Code::BadSubject, format!("reply: {e}")))?;
         }
         self.metrics.msgs_in += 1;
         self.metrics.bytes_in += size as u64;
@@ -273,7 +324,15 @@ impl Broker {
                 answer_request(io, &pending, &p.subject, data, headers, attachments);
             }
         }
-        self.deliver(io, &p.subject, data, p.reply.as_deref(), headers, attachments, size);
+        self.deliver(
+            io,
+            &p.subject,
+            data,
+            p.reply.as_deref(),
+            headers,
+            attachments,
+            size,
+        );
         Ok(())
     }
 
@@ -294,19 +353,39 @@ impl Broker {
         };
         self.metrics.requests += 1;
         if self.subs.matches(&r.subject).is_empty() {
-            return Err(ApiError::new(Code::NoResponders, format!("no subscribers on {:?}", r.subject)));
+            return Err(ApiError::new(
+                Code::NoResponders,
+                format!("no subscribers on {:?}", r.subject),
+            ));
         }
-        let timeout = r.timeout_ms.map_or(REQUEST_TIMEOUT_DEFAULT, Duration::from_millis).clamp(Duration::from_millis(1), REQUEST_TIMEOUT_MAX);
+        let timeout = r
+            .timeout_ms
+            .map_or(REQUEST_TIMEOUT_DEFAULT, Duration::from_millis)
+            .clamp(Duration::from_millis(1), REQUEST_TIMEOUT_MAX);
         let inbox = self
             .requests
             .open(conn, ack_id, io.now() + timeout)
-            .ok_or_else(|| ApiError::new(Code::Limit, "too many requests waiting on this socket"))?;
+            .ok_or_else(|| {
+                ApiError::new(Code::Limit, "too many requests waiting on this socket")
+            })?;
         self.metrics.msgs_in += 1;
         self.metrics.bytes_in += size as u64;
         let headers = r.headers.map(RawValue::get).filter(|h| *h != "null");
-        if self.deliver(io, &r.subject, data, Some(&inbox), headers, attachments, size) == 0 {
+        if self.deliver(
+            io,
+            &r.subject,
+            data,
+            Some(&inbox),
+            headers,
+            attachments,
+            size,
+        ) == 0
+        {
             self.requests.take(&inbox);
-            return Err(ApiError::new(Code::NoResponders, format!("no subscribers on {:?}", r.subject)));
+            return Err(ApiError::new(
+                Code::NoResponders,
+                format!("no subscribers on {:?}", r.subject),
+            ));
         }
         Ok(Answer::Later)
     }
@@ -350,7 +429,11 @@ impl Broker {
             tail.extend_from_slice(h.as_bytes());
         }
         tail.extend_from_slice(b"}]");
-        let out = Out { head: &head, tail: &tail, attachments };
+        let out = Out {
+            head: &head,
+            tail: &tail,
+            attachments,
+        };
         let mut sent = 0;
         for &key in &m.plain {
             sent += usize::from(self.send_to(io, key, &out));
@@ -382,7 +465,9 @@ impl Broker {
     }
 
     fn send_to(&mut self, io: &mut Io<'_>, key: SubKey, out: &Out<'_>) -> bool {
-        let Some(s) = self.subs.get(key) else { return false };
+        let Some(s) = self.subs.get(key) else {
+            return false;
+        };
         let conn = s.conn;
         if !io.send_text(conn, &[out.head, s.sid_json.as_bytes(), out.tail]) {
             return false;
@@ -403,8 +488,19 @@ struct Out<'a> {
 }
 
 /// Acks a waiting request with the reply published to its inbox.
-fn answer_request(io: &mut Io<'_>, p: &Pending, inbox: &str, data: &str, headers: Option<&str>, attachments: &[Vec<u8>]) {
-    let kind = if attachments.is_empty() { Kind::Ack } else { Kind::BinaryAck };
+fn answer_request(
+    io: &mut Io<'_>,
+    p: &Pending,
+    inbox: &str,
+    data: &str,
+    headers: Option<&str>,
+    attachments: &[Vec<u8>],
+) {
+    let kind = if attachments.is_empty() {
+        Kind::Ack
+    } else {
+        Kind::BinaryAck
+    };
     let mut head = Vec::with_capacity(24);
     socketio::write_header(&mut head, kind, attachments.len(), "/", Some(p.ack_id));
     let mut body = Vec::with_capacity(data.len() + inbox.len() + 48);
@@ -441,13 +537,24 @@ fn auth_token_ok(data: &str, expected: &str) -> bool {
     struct Auth {
         token: Option<String>,
     }
-    let given = serde_json::from_str::<Auth>(data).ok().and_then(|a| a.token).unwrap_or_default();
+    let given = serde_json::from_str::<Auth>(data)
+        .ok()
+        .and_then(|a| a.token)
+        .unwrap_or_default();
     token_eq(given.as_bytes(), expected.as_bytes())
 }
 
 /// Keeps a node id usable inside a subject token.
 fn sanitize(id: &str) -> String {
-    id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
+    id.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 impl Handler for Broker {
@@ -465,7 +572,10 @@ impl Handler for Broker {
         match req.path.as_str() {
             "/healthz" => Response::json(200, r#"{"status":"ok"}"#),
             "/metrics" => {
-                let uptime = io.now().saturating_duration_since(self.started).as_secs_f64();
+                let uptime = io
+                    .now()
+                    .saturating_duration_since(self.started)
+                    .as_secs_f64();
                 let body = self.metrics.render(io.stats(), self.subs.len(), uptime);
                 Response::new(200, "text/plain; version=0.0.4; charset=utf-8", body)
             }

@@ -47,7 +47,10 @@ impl Groups {
         if self.rules.is_empty() {
             return GroupMode::LoadBalance;
         }
-        self.rules.get(queue).copied().unwrap_or(GroupMode::LoadBalance)
+        self.rules
+            .get(queue)
+            .copied()
+            .unwrap_or(GroupMode::LoadBalance)
     }
 
     /// Every rule, by queue name (load-balanced queues have no rule).
@@ -72,7 +75,10 @@ mod tests {
         assert_eq!(g.mode("q"), GroupMode::LoadBalance);
         g.set("q", GroupMode::Broadcast);
         assert_eq!(g.mode("q"), GroupMode::Broadcast);
-        assert_eq!(g.list().collect::<Vec<_>>(), vec![("q", GroupMode::Broadcast)]);
+        assert_eq!(
+            g.list().collect::<Vec<_>>(),
+            vec![("q", GroupMode::Broadcast)]
+        );
         g.set("q", GroupMode::LoadBalance);
         assert_eq!(g.mode("q"), GroupMode::LoadBalance);
         assert_eq!(GroupMode::parse("broadcast"), Some(GroupMode::Broadcast));

@@ -26,21 +26,89 @@ impl Metrics {
     pub fn render(&self, net: &NetStats, subscriptions: usize, uptime_s: f64) -> String {
         let mut out = String::with_capacity(2048);
         let mut metric = |name: &str, kind: &str, help: &str, value: String| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
         };
-        metric("gombus_uptime_seconds", "gauge", "Seconds since the broker started.", format!("{uptime_s:.3}"));
-        metric("gombus_connections", "gauge", "Open TCP connections.", net.connections_open.to_string());
-        metric("gombus_sessions", "gauge", "Open Engine.IO sessions.", net.sessions_open.to_string());
-        metric("gombus_connections_total", "counter", "TCP connections accepted.", net.connections_total.to_string());
-        metric("gombus_subscriptions", "gauge", "Active subscriptions.", subscriptions.to_string());
-        metric("gombus_messages_in_total", "counter", "Messages published.", self.msgs_in.to_string());
-        metric("gombus_bytes_in_total", "counter", "Payload bytes published.", self.bytes_in.to_string());
-        metric("gombus_messages_out_total", "counter", "Messages delivered to subscribers.", self.msgs_out.to_string());
-        metric("gombus_bytes_out_total", "counter", "Payload bytes delivered to subscribers.", self.bytes_out.to_string());
-        metric("gombus_requests_total", "counter", "Requests made with the request event.", self.requests.to_string());
-        metric("gombus_slow_consumers_total", "counter", "Connections closed for exceeding -max-pending.", net.slow_consumers.to_string());
-        metric("gombus_socket_bytes_in_total", "counter", "Bytes read from sockets.", net.bytes_in.to_string());
-        metric("gombus_socket_bytes_out_total", "counter", "Bytes written to sockets.", net.bytes_out.to_string());
+        metric(
+            "gombus_uptime_seconds",
+            "gauge",
+            "Seconds since the broker started.",
+            format!("{uptime_s:.3}"),
+        );
+        metric(
+            "gombus_connections",
+            "gauge",
+            "Open TCP connections.",
+            net.connections_open.to_string(),
+        );
+        metric(
+            "gombus_sessions",
+            "gauge",
+            "Open Engine.IO sessions.",
+            net.sessions_open.to_string(),
+        );
+        metric(
+            "gombus_connections_total",
+            "counter",
+            "TCP connections accepted.",
+            net.connections_total.to_string(),
+        );
+        metric(
+            "gombus_subscriptions",
+            "gauge",
+            "Active subscriptions.",
+            subscriptions.to_string(),
+        );
+        metric(
+            "gombus_messages_in_total",
+            "counter",
+            "Messages published.",
+            self.msgs_in.to_string(),
+        );
+        metric(
+            "gombus_bytes_in_total",
+            "counter",
+            "Payload bytes published.",
+            self.bytes_in.to_string(),
+        );
+        metric(
+            "gombus_messages_out_total",
+            "counter",
+            "Messages delivered to subscribers.",
+            self.msgs_out.to_string(),
+        );
+        metric(
+            "gombus_bytes_out_total",
+            "counter",
+            "Payload bytes delivered to subscribers.",
+            self.bytes_out.to_string(),
+        );
+        metric(
+            "gombus_requests_total",
+            "counter",
+            "Requests made with the request event.",
+            self.requests.to_string(),
+        );
+        metric(
+            "gombus_slow_consumers_total",
+            "counter",
+            "Connections closed for exceeding -max-pending.",
+            net.slow_consumers.to_string(),
+        );
+        metric(
+            "gombus_socket_bytes_in_total",
+            "counter",
+            "Bytes read from sockets.",
+            net.bytes_in.to_string(),
+        );
+        metric(
+            "gombus_socket_bytes_out_total",
+            "counter",
+            "Bytes written to sockets.",
+            net.bytes_out.to_string(),
+        );
         let _ = writeln!(out, "# HELP gombus_errors_total Requests refused, by error code.\n# TYPE gombus_errors_total counter");
         for (code, n) in Code::ALL.iter().zip(self.errors.iter()) {
             let _ = writeln!(out, "gombus_errors_total{{code=\"{}\"}} {n}", code.as_str());

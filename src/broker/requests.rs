@@ -51,7 +51,14 @@ impl Requests {
         *n += 1;
         self.next += 1;
         let inbox = format!("{}{}", self.prefix, self.next);
-        self.open.insert(inbox.clone(), Pending { conn, ack_id, deadline });
+        self.open.insert(
+            inbox.clone(),
+            Pending {
+                conn,
+                ack_id,
+                deadline,
+            },
+        );
         self.deadlines.push(Reverse((deadline, inbox.clone())));
         Some(inbox)
     }
@@ -91,7 +98,9 @@ impl Requests {
             if *at > now {
                 break;
             }
-            let Some(Reverse((_, inbox))) = self.deadlines.pop() else { break };
+            let Some(Reverse((_, inbox))) = self.deadlines.pop() else {
+                break;
+            };
             if let Some(p) = self.open.remove(&inbox) {
                 self.release(p.conn);
                 out.push(p);
@@ -142,7 +151,13 @@ mod tests {
         r.open(2, 2, t0 + Duration::from_millis(20));
         r.open(2, 3, t0 + Duration::from_millis(30));
         assert!(r.expired(t0).is_empty());
-        assert_eq!(r.expired(t0 + Duration::from_millis(20)).iter().map(|p| p.ack_id).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(
+            r.expired(t0 + Duration::from_millis(20))
+                .iter()
+                .map(|p| p.ack_id)
+                .collect::<Vec<_>>(),
+            vec![1, 2]
+        );
         r.drop_conn(2);
         assert!(r.is_empty());
         assert!(r.expired(t0 + Duration::from_secs(1)).is_empty());

@@ -35,11 +35,26 @@ pub struct Subscription {
 /// A change to control state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
-    Subscribe { conn: ConnId, sid: String, pattern: String, queue: Option<String>, max: Option<u64> },
-    Unsubscribe { conn: ConnId, sid: String, after: Option<u64> },
+    Subscribe {
+        conn: ConnId,
+        sid: String,
+        pattern: String,
+        queue: Option<String>,
+        max: Option<u64>,
+    },
+    Unsubscribe {
+        conn: ConnId,
+        sid: String,
+        after: Option<u64>,
+    },
     /// Every subscription of a connection, when it closes or leaves `/`.
-    RemoveConn { conn: ConnId },
-    GroupSet { queue: String, mode: GroupMode },
+    RemoveConn {
+        conn: ConnId,
+    },
+    GroupSet {
+        queue: String,
+        mode: GroupMode,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -60,7 +75,13 @@ impl SubTable {
     /// Applies one command; the only way control state changes.
     pub fn apply(&mut self, cmd: Command) -> Result<(), ApiError> {
         match cmd {
-            Command::Subscribe { conn, sid, pattern, queue, max } => self.subscribe(conn, sid, pattern, queue, max),
+            Command::Subscribe {
+                conn,
+                sid,
+                pattern,
+                queue,
+                max,
+            } => self.subscribe(conn, sid, pattern, queue, max),
             Command::Unsubscribe { conn, sid, after } => self.unsubscribe(conn, &sid, after),
             Command::RemoveConn { conn } => {
                 self.remove_conn(conn);
@@ -74,38 +95,80 @@ impl SubTable {
     }
 
     /// Checks a subscribe before it is applied, so a refusal needs no round.
-    pub fn check_subscribe(&self, conn: ConnId, sid: &str, pattern: &str, queue: Option<&str>) -> Result<(), ApiError> {
-        subject::validate_pattern(pattern).map_err(|e| ApiError::new(Code::BadSubject, format!("{e}: {pattern:?}")))?;
+    pub fn check_subscribe(
+        &self,
+        conn: ConnId,
+        sid: &str,
+        pattern: &str,
+        queue: Option<&str>,
+    ) -> Result<(), ApiError> {
+        subject::validate_pattern(pattern)
+            .map_err(|e| ApiError::new(Code::BadSubject, format!("{e}: {pattern:?}")))?;
         if let Some(q) = queue {
-            if q.is_empty() || q.len() > subject::SUBJECT_BYTES_MAX || q.chars().any(char::is_whitespace) {
-                return Err(ApiError::new(Code::BadRequest, "queue must be a non-empty name without whitespace"));
+            if q.is_empty()
+                || q.len() > subject::SUBJECT_BYTES_MAX
+                || q.chars().any(char::is_whitespace)
+            {
+                return Err(ApiError::new(
+                    Code::BadRequest,
+                    "queue must be a non-empty name without whitespace",
+                ));
             }
         }
         if sid.is_empty() || sid.len() > SID_BYTES_MAX {
-            return Err(ApiError::new(Code::BadRequest, "sid must be 1 to 128 bytes"));
+            return Err(ApiError::new(
+                Code::BadRequest,
+                "sid must be 1 to 128 bytes",
+            ));
         }
         if let Some(mine) = self.by_conn.get(&conn) {
             if mine.contains_key(sid) {
-                return Err(ApiError::new(Code::BadRequest, format!("sid {sid:?} is already in use on this socket")));
+                return Err(ApiError::new(
+                    Code::BadRequest,
+                    format!("sid {sid:?} is already in use on this socket"),
+                ));
             }
             if mine.len() >= SUBS_PER_CONN_MAX {
-                return Err(ApiError::new(Code::Limit, "too many subscriptions on this socket"));
+                return Err(ApiError::new(
+                    Code::Limit,
+                    "too many subscriptions on this socket",
+                ));
             }
         }
         Ok(())
     }
 
-    fn subscribe(&mut self, conn: ConnId, sid: String, pattern: String, queue: Option<String>, max: Option<u64>) -> Result<(), ApiError> {
+    fn subscribe(
+        &mut self,
+        conn: ConnId,
+        sid: String,
+        pattern: String,
+        queue: Option<String>,
+        max: Option<u64>,
+    ) -> Result<(), ApiError> {
         self.check_subscribe(conn, &sid, &pattern, queue.as_deref())?;
         let key = self.next_key;
         self.next_key += 1;
         self.index.insert(&pattern, queue.as_deref(), key);
         let sid: Box<str> = sid.into();
-        self.by_conn.entry(conn).or_default().insert(sid.clone(), key);
+        self.by_conn
+            .entry(conn)
+            .or_default()
+            .insert(sid.clone(), key);
         let sid_json = serde_json::Value::from(&*sid).to_string().into_boxed_str();
         let queue = queue.map(Rc::from);
         let remaining = max.filter(|&m| m > 0);
-        self.subs.insert(key, Subscription { conn, sid, sid_json, pattern: pattern.into(), queue, remaining });
+        self.subs.insert(
+            key,
+            Subscription {
+                conn,
+                sid,
+                sid_json,
+                pattern: pattern.into(),
+                queue,
+                remaining,
+            },
+        );
         Ok(())
     }
 
@@ -115,7 +178,9 @@ impl SubTable {
             .get(&conn)
             .and_then(|m| m.get(sid))
             .copied()
-            .ok_or_else(|| ApiError::new(Code::NotFound, format!("no subscription with sid {sid:?}")))?;
+            .ok_or_else(|| {
+                ApiError::new(Code::NotFound, format!("no subscription with sid {sid:?}"))
+            })?;
         match after {
             Some(n) if n > 0 => {
                 if let Some(s) = self.subs.get_mut(&key) {
@@ -128,7 +193,9 @@ impl SubTable {
     }
 
     fn remove_conn(&mut self, conn: ConnId) {
-        let Some(mine) = self.by_conn.remove(&conn) else { return };
+        let Some(mine) = self.by_conn.remove(&conn) else {
+            return;
+        };
         for key in mine.into_values() {
             if let Some(s) = self.subs.remove(&key) {
                 self.index.remove(&s.pattern, s.queue.as_deref(), key);
@@ -137,7 +204,9 @@ impl SubTable {
     }
 
     fn remove_key(&mut self, key: SubKey) {
-        let Some(s) = self.subs.remove(&key) else { return };
+        let Some(s) = self.subs.remove(&key) else {
+            return;
+        };
         self.index.remove(&s.pattern, s.queue.as_deref(), key);
         if let Some(mine) = self.by_conn.get_mut(&s.conn) {
             mine.remove(&s.sid);
@@ -150,7 +219,9 @@ impl SubTable {
     /// Counts one delivery to `key`; ends the subscription when its `max`
     /// (or `after`) is used up. Returns false if it no longer exists.
     pub fn delivered(&mut self, key: SubKey) -> bool {
-        let Some(s) = self.subs.get_mut(&key) else { return false };
+        let Some(s) = self.subs.get_mut(&key) else {
+            return false;
+        };
         if let Some(left) = s.remaining.as_mut() {
             *left -= 1;
             if *left == 0 {
@@ -189,8 +260,20 @@ impl SubTable {
 mod tests {
     use super::*;
 
-    fn sub(conn: ConnId, sid: &str, pattern: &str, queue: Option<&str>, max: Option<u64>) -> Command {
-        Command::Subscribe { conn, sid: sid.into(), pattern: pattern.into(), queue: queue.map(Into::into), max }
+    fn sub(
+        conn: ConnId,
+        sid: &str,
+        pattern: &str,
+        queue: Option<&str>,
+        max: Option<u64>,
+    ) -> Command {
+        Command::Subscribe {
+            conn,
+            sid: sid.into(),
+            pattern: pattern.into(),
+            queue: queue.map(Into::into),
+            max,
+        }
     }
 
     #[test]
@@ -201,10 +284,30 @@ mod tests {
         let m = t.matches("x.y");
         assert_eq!(m.plain.len(), 1);
         assert_eq!(m.groups.len(), 1);
-        assert_eq!(t.apply(sub(1, "a", "y", None, None)).unwrap_err().code, Code::BadRequest);
-        assert_eq!(t.apply(sub(1, "b", "y..z", None, None)).unwrap_err().code, Code::BadSubject);
-        assert_eq!(t.apply(Command::Unsubscribe { conn: 1, sid: "zz".into(), after: None }).unwrap_err().code, Code::NotFound);
-        t.apply(Command::Unsubscribe { conn: 1, sid: "a".into(), after: None }).unwrap();
+        assert_eq!(
+            t.apply(sub(1, "a", "y", None, None)).unwrap_err().code,
+            Code::BadRequest
+        );
+        assert_eq!(
+            t.apply(sub(1, "b", "y..z", None, None)).unwrap_err().code,
+            Code::BadSubject
+        );
+        assert_eq!(
+            t.apply(Command::Unsubscribe {
+                conn: 1,
+                sid: "zz".into(),
+                after: None
+            })
+            .unwrap_err()
+            .code,
+            Code::NotFound
+        );
+        t.apply(Command::Unsubscribe {
+            conn: 1,
+            sid: "a".into(),
+            after: None,
+        })
+        .unwrap();
         assert!(t.matches("x.y").plain.is_empty());
         t.apply(Command::RemoveConn { conn: 2 }).unwrap();
         assert!(t.is_empty());
@@ -222,7 +325,12 @@ mod tests {
         assert!(t.get(k).is_none());
         assert!(!t.conn_has_sid(1, "a"));
         t.apply(sub(1, "b", "x", None, None)).unwrap();
-        t.apply(Command::Unsubscribe { conn: 1, sid: "b".into(), after: Some(1) }).unwrap();
+        t.apply(Command::Unsubscribe {
+            conn: 1,
+            sid: "b".into(),
+            after: Some(1),
+        })
+        .unwrap();
         let k = t.matches("x").plain[0];
         t.delivered(k);
         assert!(t.matches("x").is_empty());

@@ -122,7 +122,9 @@ impl Io<'_> {
     /// Queues an Engine.IO message packet (`4` + the parts) as one text frame.
     pub fn send_text(&mut self, conn: ConnId, parts: &[&[u8]]) -> bool {
         let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
-        let Some(c) = self.writable(conn, len + 10) else { return false };
+        let Some(c) = self.writable(conn, len + 10) else {
+            return false;
+        };
         ws::write_header(&mut c.out, ws::TEXT, len);
         c.out.push(b'4');
         for p in parts {
@@ -134,7 +136,9 @@ impl Io<'_> {
 
     /// Queues a binary Engine.IO message (a Socket.IO attachment).
     pub fn send_binary(&mut self, conn: ConnId, bytes: &[u8]) -> bool {
-        let Some(c) = self.writable(conn, bytes.len() + 10) else { return false };
+        let Some(c) = self.writable(conn, bytes.len() + 10) else {
+            return false;
+        };
         ws::write_header(&mut c.out, ws::BINARY, bytes.len());
         c.out.extend_from_slice(bytes);
         self.mark_dirty(conn);
@@ -143,7 +147,9 @@ impl Io<'_> {
 
     /// Queues a raw Engine.IO packet (e.g. `2` ping) as a text frame.
     pub(crate) fn send_engine(&mut self, conn: ConnId, packet: &[u8]) -> bool {
-        let Some(c) = self.writable(conn, packet.len() + 10) else { return false };
+        let Some(c) = self.writable(conn, packet.len() + 10) else {
+            return false;
+        };
         ws::write_header(&mut c.out, ws::TEXT, packet.len());
         c.out.extend_from_slice(packet);
         self.mark_dirty(conn);
@@ -192,7 +198,9 @@ impl Io<'_> {
     }
 
     pub(crate) fn close_with(&mut self, conn: ConnId, code: u16) {
-        let Some(Some(c)) = self.conns.get_mut(conn) else { return };
+        let Some(Some(c)) = self.conns.get_mut(conn) else {
+            return;
+        };
         if c.state == State::Closing {
             return;
         }
@@ -206,10 +214,16 @@ impl Io<'_> {
 
     /// Sets (or clears) the handler's deadline for `conn`.
     pub fn set_timer(&mut self, conn: ConnId, at: Option<Instant>) {
-        let Some(Some(c)) = self.conns.get_mut(conn) else { return };
+        let Some(Some(c)) = self.conns.get_mut(conn) else {
+            return;
+        };
         c.app_deadline = at;
         if let Some(at) = at {
-            self.timers.push(std::cmp::Reverse(TimerEntry { at, conn, serial: c.serial }));
+            self.timers.push(std::cmp::Reverse(TimerEntry {
+                at,
+                conn,
+                serial: c.serial,
+            }));
         }
     }
 
@@ -219,7 +233,11 @@ impl Io<'_> {
 
     pub(crate) fn schedule(&mut self, conn: ConnId, at: Instant) {
         if let Some(Some(c)) = self.conns.get(conn) {
-            self.timers.push(std::cmp::Reverse(TimerEntry { at, conn, serial: c.serial }));
+            self.timers.push(std::cmp::Reverse(TimerEntry {
+                at,
+                conn,
+                serial: c.serial,
+            }));
         }
     }
 }

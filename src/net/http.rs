@@ -17,12 +17,16 @@ pub struct Request {
 impl Request {
     /// The first header named `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 
     /// Whether a comma-separated header holds `token` (case-insensitive).
     pub fn header_has_token(&self, name: &str, token: &str) -> bool {
-        self.header(name).is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        self.header(name)
+            .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
     }
 
     /// A query parameter's raw value.
@@ -55,7 +59,11 @@ impl HttpError {
 /// has arrived yet. On success, also returns the bytes the head used.
 pub fn parse_request(buf: &[u8]) -> Result<Option<(Request, usize)>, HttpError> {
     let Some(end) = find_head_end(buf) else {
-        return if buf.len() > HEAD_BYTES_MAX { Err(HttpError::HeadTooLarge) } else { Ok(None) };
+        return if buf.len() > HEAD_BYTES_MAX {
+            Err(HttpError::HeadTooLarge)
+        } else {
+            Ok(None)
+        };
     };
     if end > HEAD_BYTES_MAX {
         return Err(HttpError::HeadTooLarge);
@@ -64,10 +72,15 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<(Request, usize)>, HttpError> 
     let mut lines = head.split("\r\n").filter(|l| !l.is_empty());
     let first = lines.next().ok_or(HttpError::BadRequest)?;
     let mut parts = first.split(' ');
-    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
         return Err(HttpError::BadRequest);
     };
-    if !version.starts_with("HTTP/1.") || method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+    if !version.starts_with("HTTP/1.")
+        || method.is_empty()
+        || !method.bytes().all(|b| b.is_ascii_uppercase())
+    {
         return Err(HttpError::BadRequest);
     }
     if !target.starts_with('/') {
@@ -85,7 +98,12 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<(Request, usize)>, HttpError> 
         }
         headers.push((k.to_string(), v.trim().to_string()));
     }
-    let req = Request { method: method.to_string(), path: path.to_string(), query: query.to_string(), headers };
+    let req = Request {
+        method: method.to_string(),
+        path: path.to_string(),
+        query: query.to_string(),
+        headers,
+    };
     Ok(Some((req, end)))
 }
 
@@ -105,7 +123,12 @@ pub struct Response {
 
 impl Response {
     pub fn new(status: u16, content_type: &'static str, body: impl Into<Vec<u8>>) -> Response {
-        Response { status, content_type, headers: Vec::new(), body: body.into() }
+        Response {
+            status,
+            content_type,
+            headers: Vec::new(),
+            body: body.into(),
+        }
     }
 
     pub fn json(status: u16, body: impl Into<Vec<u8>>) -> Response {
@@ -182,11 +205,26 @@ mod tests {
 
     #[test]
     fn refuses_bad_and_huge_heads() {
-        assert_eq!(parse_request(b"garbage\r\n\r\n"), Err(HttpError::BadRequest));
-        assert_eq!(parse_request(b"GET / HTTP/2\r\n\r\n"), Err(HttpError::BadRequest));
-        assert_eq!(parse_request(b"GET nopath HTTP/1.1\r\n\r\n"), Err(HttpError::BadRequest));
-        assert_eq!(parse_request(b"GET / HTTP/1.1\r\nno colon\r\n\r\n"), Err(HttpError::BadRequest));
-        assert_eq!(parse_request(b"GET / HTTP/1.1\r\n\xff: x\r\n\r\n"), Err(HttpError::BadRequest));
+        assert_eq!(
+            parse_request(b"garbage\r\n\r\n"),
+            Err(HttpError::BadRequest)
+        );
+        assert_eq!(
+            parse_request(b"GET / HTTP/2\r\n\r\n"),
+            Err(HttpError::BadRequest)
+        );
+        assert_eq!(
+            parse_request(b"GET nopath HTTP/1.1\r\n\r\n"),
+            Err(HttpError::BadRequest)
+        );
+        assert_eq!(
+            parse_request(b"GET / HTTP/1.1\r\nno colon\r\n\r\n"),
+            Err(HttpError::BadRequest)
+        );
+        assert_eq!(
+            parse_request(b"GET / HTTP/1.1\r\n\xff: x\r\n\r\n"),
+            Err(HttpError::BadRequest)
+        );
         let big = vec![b'a'; HEAD_BYTES_MAX + 1];
         assert_eq!(parse_request(&big), Err(HttpError::HeadTooLarge));
         let mut many = b"GET / HTTP/1.1\r\n".to_vec();

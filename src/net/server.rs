@@ -87,7 +87,8 @@ impl<H: Handler> Server<H> {
     pub fn bind(addr: SocketAddr, settings: Settings, handler: H) -> io::Result<Server<H>> {
         let poll = Poll::new()?;
         let mut listener = TcpListener::bind(addr)?;
-        poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
         let shell = Shell {
             conns: Vec::new(),
             free: Vec::new(),
@@ -99,7 +100,15 @@ impl<H: Handler> Server<H> {
             serial: 0,
             out_bytes_max: settings.out_bytes_max,
         };
-        Ok(Server { poll, listener, handler, settings, shell, scratch: vec![0; SCRATCH_BYTES], sid_rng: random_seed() })
+        Ok(Server {
+            poll,
+            listener,
+            handler,
+            settings,
+            shell,
+            scratch: vec![0; SCRATCH_BYTES],
+            sid_rng: random_seed(),
+        })
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -169,7 +178,12 @@ impl<H: Handler> Server<H> {
                         self.shell.conns.len() - 1
                     });
                     let interest = Interest::READABLE | Interest::WRITABLE;
-                    if self.poll.registry().register(&mut stream, Token(id), interest).is_err() {
+                    if self
+                        .poll
+                        .registry()
+                        .register(&mut stream, Token(id), interest)
+                        .is_err()
+                    {
                         self.shell.free.push(id);
                         continue;
                     }
@@ -202,7 +216,9 @@ impl<H: Handler> Server<H> {
     fn read(&mut self, id: ConnId, now: Instant) {
         let mut budget = READ_TURN_BYTES_MAX;
         loop {
-            let Some(Some(c)) = self.shell.conns.get_mut(id) else { return };
+            let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+                return;
+            };
             if c.state == State::Closing {
                 return;
             }
@@ -250,7 +266,9 @@ impl<H: Handler> Server<H> {
     }
 
     fn ingest_http(&mut self, id: ConnId, n: usize, now: Instant) {
-        let Some(Some(c)) = self.shell.conns.get_mut(id) else { return };
+        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+            return;
+        };
         let room = (http::HEAD_BYTES_MAX + 1).saturating_sub(c.inbuf.len());
         c.inbuf.extend_from_slice(&self.scratch[..n.min(room)]);
         match http::parse_request(&c.inbuf) {
@@ -282,12 +300,17 @@ impl<H: Handler> Server<H> {
         if let Err(e) = self.check_engine_request(req) {
             let mut resp = Response::json(400, e.body());
             if let Some(origin) = &self.settings.cors_origin {
-                resp.headers.push(("Access-Control-Allow-Origin".into(), origin.clone()));
+                resp.headers
+                    .push(("Access-Control-Allow-Origin".into(), origin.clone()));
             }
             return self.respond(id, &resp, now);
         }
         let Some(key) = req.header("Sec-WebSocket-Key").map(str::to_string) else {
-            return self.respond(id, &Response::json(400, HandshakeError::BadRequest.body()), now);
+            return self.respond(
+                id,
+                &Response::json(400, HandshakeError::BadRequest.body()),
+                now,
+            );
         };
         self.upgrade(id, endpoint, &key, now);
     }
@@ -304,8 +327,13 @@ impl<H: Handler> Server<H> {
         if req.method != "GET" {
             return Err(HandshakeError::BadHandshakeMethod);
         }
-        let upgrade = req.header("Upgrade").is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-        if !upgrade || !req.header_has_token("Connection", "upgrade") || req.header("Sec-WebSocket-Version") != Some("13") {
+        let upgrade = req
+            .header("Upgrade")
+            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+        if !upgrade
+            || !req.header_has_token("Connection", "upgrade")
+            || req.header("Sec-WebSocket-Version") != Some("13")
+        {
             return Err(HandshakeError::BadRequest);
         }
         Ok(())
@@ -321,11 +349,14 @@ impl<H: Handler> Server<H> {
             max_payload: self.settings.message_bytes_max,
         }
         .encode();
-        let Some(Some(c)) = self.shell.conns.get_mut(id) else { return };
+        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+            return;
+        };
         c.state = State::WebSocket;
         c.endpoint = endpoint;
         c.session = true;
-        c.out.extend_from_slice(&http::upgrade_response(&ws::accept_key(key)));
+        c.out
+            .extend_from_slice(&http::upgrade_response(&ws::accept_key(key)));
         let hb = Heartbeat::new(now, self.settings.ping_interval, self.settings.ping_timeout);
         let deadline = hb.deadline();
         c.heartbeat = Some(hb);
@@ -343,7 +374,8 @@ impl<H: Handler> Server<H> {
     }
 
     fn next_sid(&mut self) -> String {
-        const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        const ALPHABET: &[u8; 64] =
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
         let mut out = String::with_capacity(20);
         for _ in 0..2 {
             let mut v = splitmix(&mut self.sid_rng);
@@ -357,17 +389,31 @@ impl<H: Handler> Server<H> {
 
     /// Decodes frames from the conn's held bytes plus `n` new scratch bytes.
     fn ingest_ws(&mut self, id: ConnId, n: usize, now: Instant) {
-        let Server { shell, handler, scratch, settings, .. } = self;
-        let Some(Some(c)) = shell.conns.get_mut(id) else { return };
+        let Server {
+            shell,
+            handler,
+            scratch,
+            settings,
+            ..
+        } = self;
+        let Some(Some(c)) = shell.conns.get_mut(id) else {
+            return;
+        };
         let mut decoder = std::mem::take(&mut c.decoder);
         let mut held = std::mem::take(&mut c.inbuf);
         let from_scratch = held.is_empty();
         if !from_scratch {
             held.extend_from_slice(&scratch[..n]);
         }
-        let buf: &mut [u8] = if from_scratch { &mut scratch[..n] } else { &mut held[..] };
+        let buf: &mut [u8] = if from_scratch {
+            &mut scratch[..n]
+        } else {
+            &mut held[..]
+        };
         let mut io = shell.io(now);
-        let result = decoder.decode(buf, settings.message_bytes_max, &mut |ev| on_ws_event(&mut io, handler, id, ev));
+        let result = decoder.decode(buf, settings.message_bytes_max, &mut |ev| {
+            on_ws_event(&mut io, handler, id, ev)
+        });
         let rest: Vec<u8> = match result {
             Ok(used) if from_scratch => buf[used..].to_vec(),
             Ok(used) => {
@@ -379,9 +425,15 @@ impl<H: Handler> Server<H> {
                 Vec::new()
             }
         };
-        let Some(Some(c)) = shell.conns.get_mut(id) else { return };
+        let Some(Some(c)) = shell.conns.get_mut(id) else {
+            return;
+        };
         c.decoder = decoder;
-        c.inbuf = if rest.is_empty() && rest.capacity() > BUFFER_KEEP_BYTES_MAX { Vec::new() } else { rest };
+        c.inbuf = if rest.is_empty() && rest.capacity() > BUFFER_KEEP_BYTES_MAX {
+            Vec::new()
+        } else {
+            rest
+        };
     }
 
     fn fire_timers(&mut self, now: Instant) {
@@ -390,7 +442,9 @@ impl<H: Handler> Server<H> {
                 return;
             }
             self.shell.timers.pop();
-            let Some(Some(c)) = self.shell.conns.get_mut(t.conn) else { continue };
+            let Some(Some(c)) = self.shell.conns.get_mut(t.conn) else {
+                continue;
+            };
             if c.serial != t.serial || c.state == State::Closing {
                 continue;
             }
@@ -431,7 +485,9 @@ impl<H: Handler> Server<H> {
     fn flush_dirty(&mut self) {
         let dirty = std::mem::take(&mut self.shell.dirty);
         for &id in &dirty {
-            let Some(Some(c)) = self.shell.conns.get_mut(id) else { continue };
+            let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+                continue;
+            };
             c.dirty = false;
             match flush(c) {
                 Ok(written) => self.shell.stats.bytes_out += written as u64,
@@ -455,9 +511,13 @@ impl<H: Handler> Server<H> {
     /// Drops connections that are closing, after a last flush attempt.
     fn finish_closing(&mut self, now: Instant) {
         while let Some(id) = self.shell.closing.pop() {
-            let Some(Some(c)) = self.shell.conns.get_mut(id) else { continue };
+            let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+                continue;
+            };
             let _ = flush(c);
-            let Some(mut c) = self.shell.conns[id].take() else { continue };
+            let Some(mut c) = self.shell.conns[id].take() else {
+                continue;
+            };
             let _ = c.stream.shutdown(std::net::Shutdown::Both);
             let _ = self.poll.registry().deregister(&mut c.stream);
             self.shell.free.push(id);
@@ -554,9 +614,14 @@ fn splitmix(state: &mut u64) -> u64 {
 /// A seed from the kernel's random source, else from the clock and pid.
 pub fn random_seed() -> u64 {
     let mut b = [0u8; 8];
-    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).is_ok() {
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_ok()
+    {
         return u64::from_ne_bytes(b);
     }
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
     t ^ ((std::process::id() as u64) << 32)
 }

@@ -163,7 +163,11 @@ impl Decoder {
     }
 }
 
-fn deliver(kind: Data, payload: &[u8], on_event: &mut dyn FnMut(WsEvent<'_>) -> Flow) -> Result<Flow, WsError> {
+fn deliver(
+    kind: Data,
+    payload: &[u8],
+    on_event: &mut dyn FnMut(WsEvent<'_>) -> Flow,
+) -> Result<Flow, WsError> {
     match kind {
         Data::Text => {
             let text = std::str::from_utf8(payload).map_err(|_| WsError::BadUtf8)?;
@@ -188,7 +192,14 @@ pub fn unmask(buf: &mut [u8], mask: [u8; 4]) {
 
 /// Appends an unmasked server frame header for a payload of `len` bytes.
 pub fn write_header(out: &mut Vec<u8>, opcode: OpCode, len: usize) {
-    let header = FrameHeader { is_final: true, rsv1: false, rsv2: false, rsv3: false, opcode, mask: None };
+    let header = FrameHeader {
+        is_final: true,
+        rsv1: false,
+        rsv2: false,
+        rsv3: false,
+        opcode,
+        mask: None,
+    };
     // Writing into a Vec cannot fail.
     let _ = header.format(len as u64, out);
 }
@@ -231,7 +242,11 @@ mod tests {
         out
     }
 
-    fn collect(dec: &mut Decoder, buf: &mut [u8], max: usize) -> (Result<usize, WsError>, Vec<String>) {
+    fn collect(
+        dec: &mut Decoder,
+        buf: &mut [u8],
+        max: usize,
+    ) -> (Result<usize, WsError>, Vec<String>) {
         let mut seen = Vec::new();
         let r = dec.decode(buf, max, &mut |ev| {
             seen.push(match ev {
@@ -249,7 +264,9 @@ mod tests {
     #[test]
     fn rfc6455_masked_hello() {
         // RFC 6455 §5.7: a single-frame masked text message "Hello".
-        let mut frame = vec![0x81, 0x85, 0x37, 0xfa, 0x21, 0x3d, 0x7f, 0x9f, 0x4d, 0x51, 0x58];
+        let mut frame = vec![
+            0x81, 0x85, 0x37, 0xfa, 0x21, 0x3d, 0x7f, 0x9f, 0x4d, 0x51, 0x58,
+        ];
         let (r, seen) = collect(&mut Decoder::default(), &mut frame, 1024);
         assert_eq!(r, Ok(11));
         assert_eq!(seen, vec!["text:Hello"]);
@@ -272,7 +289,10 @@ mod tests {
 
     #[test]
     fn accept_key_from_rfc() {
-        assert_eq!(accept_key("dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+        assert_eq!(
+            accept_key("dGhlIHNhbXBsZSBub25jZQ=="),
+            "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        );
     }
 
     #[test]
@@ -307,19 +327,37 @@ mod tests {
     #[test]
     fn refuses_protocol_violations() {
         let mut unmasked = vec![0x81, 0x02, b'h', b'i'];
-        assert!(matches!(collect(&mut Decoder::default(), &mut unmasked, 1024).0, Err(WsError::Protocol(_))));
+        assert!(matches!(
+            collect(&mut Decoder::default(), &mut unmasked, 1024).0,
+            Err(WsError::Protocol(_))
+        ));
         let mut big = client_frame(true, 2, &[0; 2000], [1, 2, 3, 4]);
-        assert_eq!(collect(&mut Decoder::default(), &mut big, 1000).0, Err(WsError::TooBig));
+        assert_eq!(
+            collect(&mut Decoder::default(), &mut big, 1000).0,
+            Err(WsError::TooBig)
+        );
         let mut bad_utf8 = client_frame(true, 1, &[0xff, 0xfe], [1, 2, 3, 4]);
-        assert_eq!(collect(&mut Decoder::default(), &mut bad_utf8, 1000).0, Err(WsError::BadUtf8));
+        assert_eq!(
+            collect(&mut Decoder::default(), &mut bad_utf8, 1000).0,
+            Err(WsError::BadUtf8)
+        );
         let mut stray = client_frame(true, 0, b"x", [1, 2, 3, 4]);
-        assert!(matches!(collect(&mut Decoder::default(), &mut stray, 1000).0, Err(WsError::Protocol(_))));
+        assert!(matches!(
+            collect(&mut Decoder::default(), &mut stray, 1000).0,
+            Err(WsError::Protocol(_))
+        ));
         let mut rsv = client_frame(true, 1, b"x", [1, 2, 3, 4]);
         rsv[0] |= 0x40;
-        assert!(matches!(collect(&mut Decoder::default(), &mut rsv, 1000).0, Err(WsError::Protocol(_))));
+        assert!(matches!(
+            collect(&mut Decoder::default(), &mut rsv, 1000).0,
+            Err(WsError::Protocol(_))
+        ));
         let mut frag_over = client_frame(false, 1, &[b'a'; 600], [1, 2, 3, 4]);
         frag_over.extend(client_frame(true, 0, &[b'a'; 600], [1, 2, 3, 4]));
-        assert_eq!(collect(&mut Decoder::default(), &mut frag_over, 1000).0, Err(WsError::TooBig));
+        assert_eq!(
+            collect(&mut Decoder::default(), &mut frag_over, 1000).0,
+            Err(WsError::TooBig)
+        );
     }
 
     #[test]

@@ -121,7 +121,11 @@ impl HandshakeError {
 
     /// The JSON body of the 400 answer.
     pub fn body(self) -> String {
-        format!("{{\"code\":{},\"message\":\"{}\"}}", self as u8, self.message())
+        format!(
+            "{{\"code\":{},\"message\":\"{}\"}}",
+            self as u8,
+            self.message()
+        )
     }
 }
 
@@ -149,7 +153,11 @@ pub fn parse_query(query: &str, supported: &[u8]) -> Result<Handshake, Handshake
         Some("websocket") => Transport::WebSocket,
         _ => return Err(HandshakeError::UnknownTransport),
     };
-    Ok(Handshake { eio, transport, sid })
+    Ok(Handshake {
+        eio,
+        transport,
+        sid,
+    })
 }
 
 /// What the heartbeat wants done now.
@@ -175,7 +183,12 @@ pub struct Heartbeat {
 
 impl Heartbeat {
     pub fn new(now: Instant, interval: Duration, timeout: Duration) -> Heartbeat {
-        Heartbeat { interval, timeout, next_ping: now + interval, pong_due: None }
+        Heartbeat {
+            interval,
+            timeout,
+            next_ping: now + interval,
+            pong_due: None,
+        }
     }
 
     /// A pong arrived: the next ping is due one interval from now.
@@ -188,7 +201,11 @@ impl Heartbeat {
     /// Advances to `now`; the caller sends a ping on `SendPing`.
     pub fn poll(&mut self, now: Instant) -> Beat {
         if let Some(due) = self.pong_due {
-            return if now >= due { Beat::TimedOut } else { Beat::Idle };
+            return if now >= due {
+                Beat::TimedOut
+            } else {
+                Beat::Idle
+            };
         }
         if now >= self.next_ping {
             self.pong_due = Some(now + self.timeout);
@@ -236,30 +253,62 @@ mod tests {
             open.encode(),
             r#"0{"sid":"lv_VI97HAXpY6yYWAAAC","upgrades":["websocket"],"pingInterval":25000,"pingTimeout":20000,"maxPayload":1000000}"#
         );
-        let ws_only = OpenInfo { upgrades: &[], ..open };
+        let ws_only = OpenInfo {
+            upgrades: &[],
+            ..open
+        };
         assert!(ws_only.encode().contains(r#""upgrades":[],"#));
     }
 
     #[test]
     fn parses_handshake_queries() {
         let h = parse_query("EIO=4&transport=websocket", &[4]).unwrap();
-        assert_eq!(h, Handshake { eio: 4, transport: Transport::WebSocket, sid: None });
+        assert_eq!(
+            h,
+            Handshake {
+                eio: 4,
+                transport: Transport::WebSocket,
+                sid: None
+            }
+        );
         let h = parse_query("EIO=4&transport=polling&sid=abc&t=N8hyd6w", &[4]).unwrap();
         assert_eq!(h.sid.as_deref(), Some("abc"));
         assert_eq!(h.transport, Transport::Polling);
-        for bad_version in ["transport=websocket", "EIO=abc&transport=websocket", "EIO=3&transport=websocket", "EIO=&transport=websocket"] {
-            assert_eq!(parse_query(bad_version, &[4]), Err(HandshakeError::UnsupportedProtocolVersion), "{bad_version}");
+        for bad_version in [
+            "transport=websocket",
+            "EIO=abc&transport=websocket",
+            "EIO=3&transport=websocket",
+            "EIO=&transport=websocket",
+        ] {
+            assert_eq!(
+                parse_query(bad_version, &[4]),
+                Err(HandshakeError::UnsupportedProtocolVersion),
+                "{bad_version}"
+            );
         }
         for bad_transport in ["EIO=4", "EIO=4&transport=abc", "EIO=4&transport="] {
-            assert_eq!(parse_query(bad_transport, &[4]), Err(HandshakeError::UnknownTransport), "{bad_transport}");
+            assert_eq!(
+                parse_query(bad_transport, &[4]),
+                Err(HandshakeError::UnknownTransport),
+                "{bad_transport}"
+            );
         }
-        assert_eq!(parse_query("EIO=3&transport=polling", &[3, 4]).map(|h| h.eio), Ok(3));
+        assert_eq!(
+            parse_query("EIO=3&transport=polling", &[3, 4]).map(|h| h.eio),
+            Ok(3)
+        );
     }
 
     #[test]
     fn error_bodies_match_engine_io_servers() {
-        assert_eq!(HandshakeError::UnknownTransport.body(), r#"{"code":0,"message":"Transport unknown"}"#);
-        assert_eq!(HandshakeError::UnknownSid.body(), r#"{"code":1,"message":"Session ID unknown"}"#);
+        assert_eq!(
+            HandshakeError::UnknownTransport.body(),
+            r#"{"code":0,"message":"Transport unknown"}"#
+        );
+        assert_eq!(
+            HandshakeError::UnknownSid.body(),
+            r#"{"code":1,"message":"Session ID unknown"}"#
+        );
         assert_eq!(
             HandshakeError::UnsupportedProtocolVersion.body(),
             r#"{"code":5,"message":"Unsupported protocol version"}"#

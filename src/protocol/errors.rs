@@ -59,7 +59,10 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(code: Code, message: impl Into<String>) -> ApiError {
-        ApiError { code, message: message.into() }
+        ApiError {
+            code,
+            message: message.into(),
+        }
     }
 
     /// The ack argument array: `[{"ok":false,"error":{…}}]`.
@@ -137,10 +140,16 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&e.ack_body()).unwrap();
         assert_eq!(v[0]["ok"], false);
         assert_eq!(v[0]["error"]["code"], "bad_subject");
-        assert_eq!(v[0]["error"]["message"], "subject \"a..b\" has an empty token");
+        assert_eq!(
+            v[0]["error"]["message"],
+            "subject \"a..b\" has an empty token"
+        );
         assert_eq!(v.as_array().map(|a| a.len()), Some(1));
         assert_eq!(ok_body(""), r#"[{"ok":true}]"#);
         assert_eq!(ok_body(r#""sid":"1""#), r#"[{"ok":true,"sid":"1"}]"#);
-        assert_eq!(ok_with(serde_json::json!({"groups": []})), r#"[{"ok":true,"groups":[]}]"#);
+        assert_eq!(
+            ok_with(serde_json::json!({"groups": []})),
+            r#"[{"ok":true,"groups":[]}]"#
+        );
     }
 }

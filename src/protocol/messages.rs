@@ -78,8 +78,10 @@ pub struct GroupSet {
 /// Reads an event argument into `T`; a missing argument or wrong shape is
 /// `bad_request` with serde's description of what was wrong.
 pub fn parse_arg<'a, T: Deserialize<'a>>(arg: Option<&'a RawValue>) -> Result<T, ApiError> {
-    let arg = arg.ok_or_else(|| ApiError::new(Code::BadRequest, "the event needs an object argument"))?;
-    serde_json::from_str(arg.get()).map_err(|e| ApiError::new(Code::BadRequest, format!("bad arguments: {e}")))
+    let arg =
+        arg.ok_or_else(|| ApiError::new(Code::BadRequest, "the event needs an object argument"))?;
+    serde_json::from_str(arg.get())
+        .map_err(|e| ApiError::new(Code::BadRequest, format!("bad arguments: {e}")))
 }
 
 /// Checks that headers are an object of string values.
@@ -90,7 +92,12 @@ pub fn check_headers(headers: Option<&RawValue>) -> Result<(), ApiError> {
     }
     serde_json::from_str::<std::collections::BTreeMap<Cow<'_, str>, Cow<'_, str>>>(h.get())
         .map(|_| ())
-        .map_err(|_| ApiError::new(Code::BadRequest, "headers must be an object of string values"))
+        .map_err(|_| {
+            ApiError::new(
+                Code::BadRequest,
+                "headers must be an object of string values",
+            )
+        })
 }
 
 #[cfg(test)]
@@ -115,9 +122,15 @@ mod tests {
     fn refuses_bad_shapes() {
         assert_eq!(parse_arg::<Pub>(None).unwrap_err().code, Code::BadRequest);
         let r = raw(r#"{"data":1}"#);
-        assert_eq!(parse_arg::<Pub>(Some(&r)).unwrap_err().code, Code::BadRequest);
+        assert_eq!(
+            parse_arg::<Pub>(Some(&r)).unwrap_err().code,
+            Code::BadRequest
+        );
         let r = raw(r#""text""#);
-        assert_eq!(parse_arg::<Sub>(Some(&r)).unwrap_err().code, Code::BadRequest);
+        assert_eq!(
+            parse_arg::<Sub>(Some(&r)).unwrap_err().code,
+            Code::BadRequest
+        );
         let h = raw(r#"{"k":1}"#);
         assert_eq!(check_headers(Some(&h)).unwrap_err().code, Code::BadRequest);
         let h = raw(r#"["k"]"#);

@@ -79,7 +79,10 @@ impl std::error::Error for SioError {}
 /// object). The JSON itself is checked by whoever reads it.
 pub fn decode(text: &str) -> Result<Packet<'_>, SioError> {
     let b = text.as_bytes();
-    let kind = b.first().and_then(|&c| Kind::from_byte(c)).ok_or(SioError::UnknownType)?;
+    let kind = b
+        .first()
+        .and_then(|&c| Kind::from_byte(c))
+        .ok_or(SioError::UnknownType)?;
     let mut i = 1;
     let mut attachments = 0;
     if kind.is_binary() {
@@ -90,7 +93,9 @@ pub fn decode(text: &str) -> Result<Packet<'_>, SioError> {
         if i == start || i - start > 2 || b.get(i) != Some(&b'-') {
             return Err(SioError::BadAttachments);
         }
-        attachments = text[start..i].parse::<usize>().map_err(|_| SioError::BadAttachments)?;
+        attachments = text[start..i]
+            .parse::<usize>()
+            .map_err(|_| SioError::BadAttachments)?;
         if attachments > ATTACHMENTS_MAX {
             return Err(SioError::BadAttachments);
         }
@@ -108,7 +113,9 @@ pub fn decode(text: &str) -> Result<Packet<'_>, SioError> {
         i += 1;
     }
     if i > start {
-        let v = text[start..i].parse::<u64>().map_err(|_| SioError::BadAckId)?;
+        let v = text[start..i]
+            .parse::<u64>()
+            .map_err(|_| SioError::BadAckId)?;
         if v > ACK_ID_MAX {
             return Err(SioError::BadAckId);
         }
@@ -126,7 +133,13 @@ pub fn decode(text: &str) -> Result<Packet<'_>, SioError> {
     if !shape_ok || (id.is_some() && matches!(kind, Kind::Connect | Kind::Disconnect)) {
         return Err(SioError::BadPayload);
     }
-    Ok(Packet { kind, attachments, nsp, id, data })
+    Ok(Packet {
+        kind,
+        attachments,
+        nsp,
+        id,
+        data,
+    })
 }
 
 /// An event's name and arguments, borrowed from the packet's JSON.
@@ -146,7 +159,8 @@ pub fn parse_event(data: &str) -> Result<Event<'_>, SioError> {
         return Err(SioError::BadPayload);
     }
     let head = all.remove(0);
-    let name: std::borrow::Cow<'_, str> = serde_json::from_str(head.get()).map_err(|_| SioError::BadPayload)?;
+    let name: std::borrow::Cow<'_, str> =
+        serde_json::from_str(head.get()).map_err(|_| SioError::BadPayload)?;
     Ok(Event { name, args: all })
 }
 
@@ -196,7 +210,10 @@ pub fn placeholders_valid(json: &str, attachments: usize) -> bool {
         match v {
             serde_json::Value::Object(m) => {
                 if m.get("_placeholder") == Some(&serde_json::Value::Bool(true)) {
-                    return m.get("num").and_then(|x| x.as_u64()).is_some_and(|k| (k as usize) < n);
+                    return m
+                        .get("num")
+                        .and_then(|x| x.as_u64())
+                        .is_some_and(|k| (k as usize) < n);
                 }
                 m.values().all(|x| walk(x, n))
             }
@@ -235,7 +252,11 @@ impl Reassembly {
 
     /// Adds one attachment; returns the text packet and all attachments once
     /// complete. `bytes_max` bounds what one packet may hold in total.
-    pub fn push(&mut self, bytes: &[u8], bytes_max: usize) -> Result<Option<(String, Vec<Vec<u8>>)>, SioError> {
+    pub fn push(
+        &mut self,
+        bytes: &[u8],
+        bytes_max: usize,
+    ) -> Result<Option<(String, Vec<Vec<u8>>)>, SioError> {
         if self.header.is_none() {
             return Err(SioError::BadAttachments);
         }
@@ -256,32 +277,92 @@ impl Reassembly {
 mod tests {
     use super::*;
 
-    fn pkt(kind: Kind, attachments: usize, nsp: &str, id: Option<u64>, data: &str) -> Packet<'static> {
+    fn pkt(
+        kind: Kind,
+        attachments: usize,
+        nsp: &str,
+        id: Option<u64>,
+        data: &str,
+    ) -> Packet<'static> {
         let nsp: &'static str = Box::leak(nsp.to_string().into_boxed_str());
         let data: &'static str = Box::leak(data.to_string().into_boxed_str());
-        Packet { kind, attachments, nsp, id, data }
+        Packet {
+            kind,
+            attachments,
+            nsp,
+            id,
+            data,
+        }
     }
 
     #[test]
     fn decodes_spec_examples() {
         // Examples from the Socket.IO v5 protocol document.
         assert_eq!(decode("0"), Ok(pkt(Kind::Connect, 0, "/", None, "")));
-        assert_eq!(decode("0/admin,"), Ok(pkt(Kind::Connect, 0, "/admin", None, "")));
-        assert_eq!(decode(r#"0{"token":"123"}"#), Ok(pkt(Kind::Connect, 0, "/", None, r#"{"token":"123"}"#)));
-        assert_eq!(decode(r#"0/admin,{"sid":"oSO0OpakMV_3jnilAAAA"}"#).map(|p| p.nsp), Ok("/admin"));
-        assert_eq!(decode("1/admin,"), Ok(pkt(Kind::Disconnect, 0, "/admin", None, "")));
+        assert_eq!(
+            decode("0/admin,"),
+            Ok(pkt(Kind::Connect, 0, "/admin", None, ""))
+        );
+        assert_eq!(
+            decode(r#"0{"token":"123"}"#),
+            Ok(pkt(Kind::Connect, 0, "/", None, r#"{"token":"123"}"#))
+        );
+        assert_eq!(
+            decode(r#"0/admin,{"sid":"oSO0OpakMV_3jnilAAAA"}"#).map(|p| p.nsp),
+            Ok("/admin")
+        );
+        assert_eq!(
+            decode("1/admin,"),
+            Ok(pkt(Kind::Disconnect, 0, "/admin", None, ""))
+        );
         assert_eq!(decode("1"), Ok(pkt(Kind::Disconnect, 0, "/", None, "")));
-        assert_eq!(decode(r#"2["hello",1]"#), Ok(pkt(Kind::Event, 0, "/", None, r#"["hello",1]"#)));
-        assert_eq!(decode(r#"2/admin,456["project:delete",123]"#), Ok(pkt(Kind::Event, 0, "/admin", Some(456), r#"["project:delete",123]"#)));
-        assert_eq!(decode("3/admin,456[]"), Ok(pkt(Kind::Ack, 0, "/admin", Some(456), "[]")));
-        assert_eq!(decode(r#"4{"message":"Not authorized"}"#), Ok(pkt(Kind::ConnectError, 0, "/", None, r#"{"message":"Not authorized"}"#)));
+        assert_eq!(
+            decode(r#"2["hello",1]"#),
+            Ok(pkt(Kind::Event, 0, "/", None, r#"["hello",1]"#))
+        );
+        assert_eq!(
+            decode(r#"2/admin,456["project:delete",123]"#),
+            Ok(pkt(
+                Kind::Event,
+                0,
+                "/admin",
+                Some(456),
+                r#"["project:delete",123]"#
+            ))
+        );
+        assert_eq!(
+            decode("3/admin,456[]"),
+            Ok(pkt(Kind::Ack, 0, "/admin", Some(456), "[]"))
+        );
+        assert_eq!(
+            decode(r#"4{"message":"Not authorized"}"#),
+            Ok(pkt(
+                Kind::ConnectError,
+                0,
+                "/",
+                None,
+                r#"{"message":"Not authorized"}"#
+            ))
+        );
         assert_eq!(
             decode(r#"51-["hello",{"_placeholder":true,"num":0}]"#),
-            Ok(pkt(Kind::BinaryEvent, 1, "/", None, r#"["hello",{"_placeholder":true,"num":0}]"#))
+            Ok(pkt(
+                Kind::BinaryEvent,
+                1,
+                "/",
+                None,
+                r#"["hello",{"_placeholder":true,"num":0}]"#
+            ))
         );
         assert_eq!(
             decode(r#"61-/admin,456[{"_placeholder":true,"num":0}]"#),
-            Ok(pkt(Kind::BinaryAck, 1, "/admin", Some(456), r#"[{"_placeholder":true,"num":0}]"#))
+            Ok(pkt(
+                Kind::BinaryAck,
+                1,
+                "/admin",
+                Some(456),
+                r#"[{"_placeholder":true,"num":0}]"#
+            ))
         );
         // A namespace with no comma runs to the end (as the compliance suite sends it).
         assert_eq!(decode("0/random").map(|p| p.nsp), Ok("/random"));
@@ -295,9 +376,18 @@ mod tests {
         assert_eq!(decode("7[]"), Err(SioError::UnknownType));
         assert_eq!(decode("2{}"), Err(SioError::BadPayload));
         assert_eq!(decode("2"), Err(SioError::BadPayload));
-        assert_eq!(decode(r#"2abc["message-with-ack",1]"#), Err(SioError::BadPayload));
-        assert_eq!(decode(r#"299999999999999999999999["ping",{}]"#), Err(SioError::BadAckId));
-        assert_eq!(decode(r#"29007199254740992["ping",{}]"#), Err(SioError::BadAckId));
+        assert_eq!(
+            decode(r#"2abc["message-with-ack",1]"#),
+            Err(SioError::BadPayload)
+        );
+        assert_eq!(
+            decode(r#"299999999999999999999999["ping",{}]"#),
+            Err(SioError::BadAckId)
+        );
+        assert_eq!(
+            decode(r#"29007199254740992["ping",{}]"#),
+            Err(SioError::BadAckId)
+        );
         assert!(decode(r#"29007199254740991["ping",{}]"#).is_ok());
         assert_eq!(decode(r#"5["x"]"#), Err(SioError::BadAttachments));
         assert_eq!(decode(r#"5999-["x"]"#), Err(SioError::BadAttachments));
@@ -324,15 +414,36 @@ mod tests {
 
     #[test]
     fn encodes_headers() {
-        assert_eq!(encode(Kind::Connect, 0, "/", None, r#"{"sid":"x"}"#), br#"0{"sid":"x"}"#.to_vec());
-        assert_eq!(encode(Kind::Connect, 0, "/control", None, r#"{"sid":"x"}"#), br#"0/control,{"sid":"x"}"#.to_vec());
-        assert_eq!(encode(Kind::Ack, 0, "/", Some(456), "[1]"), b"3456[1]".to_vec());
-        assert_eq!(encode(Kind::Ack, 0, "/admin", Some(456), "[]"), b"3/admin,456[]".to_vec());
+        assert_eq!(
+            encode(Kind::Connect, 0, "/", None, r#"{"sid":"x"}"#),
+            br#"0{"sid":"x"}"#.to_vec()
+        );
+        assert_eq!(
+            encode(Kind::Connect, 0, "/control", None, r#"{"sid":"x"}"#),
+            br#"0/control,{"sid":"x"}"#.to_vec()
+        );
+        assert_eq!(
+            encode(Kind::Ack, 0, "/", Some(456), "[1]"),
+            b"3456[1]".to_vec()
+        );
+        assert_eq!(
+            encode(Kind::Ack, 0, "/admin", Some(456), "[]"),
+            b"3/admin,456[]".to_vec()
+        );
         assert_eq!(
             encode(Kind::BinaryAck, 2, "/", Some(789), "[]"),
             b"62-789[]".to_vec()
         );
-        assert_eq!(encode(Kind::ConnectError, 0, "/random", None, r#"{"message":"Invalid namespace"}"#), br#"4/random,{"message":"Invalid namespace"}"#.to_vec());
+        assert_eq!(
+            encode(
+                Kind::ConnectError,
+                0,
+                "/random",
+                None,
+                r#"{"message":"Invalid namespace"}"#
+            ),
+            br#"4/random,{"message":"Invalid namespace"}"#.to_vec()
+        );
         let mut v = Vec::new();
         push_decimal(&mut v, 0);
         push_decimal(&mut v, 1234567890);
@@ -343,7 +454,10 @@ mod tests {
     fn reassembles_attachments() {
         let mut r = Reassembly::default();
         assert!(r.push(b"x", 100).is_err());
-        r.start(r#"52-["m",{"_placeholder":true,"num":0},{"_placeholder":true,"num":1}]"#, 2);
+        r.start(
+            r#"52-["m",{"_placeholder":true,"num":0},{"_placeholder":true,"num":1}]"#,
+            2,
+        );
         assert!(r.pending());
         assert_eq!(r.push(&[1, 2, 3], 100), Ok(None));
         let (text, parts) = r.push(&[4, 5, 6], 100).unwrap().unwrap();
@@ -356,8 +470,14 @@ mod tests {
 
     #[test]
     fn checks_placeholders() {
-        assert!(placeholders_valid(r#"["m",{"_placeholder":true,"num":0}]"#, 1));
-        assert!(!placeholders_valid(r#"["m",{"_placeholder":true,"num":1}]"#, 1));
+        assert!(placeholders_valid(
+            r#"["m",{"_placeholder":true,"num":0}]"#,
+            1
+        ));
+        assert!(!placeholders_valid(
+            r#"["m",{"_placeholder":true,"num":1}]"#,
+            1
+        ));
         assert!(!placeholders_valid(r#"["m",{"_placeholder":true}]"#, 1));
         assert!(placeholders_valid(r#"["m",{"a":[1,2]}]"#, 0));
     }
@@ -387,7 +507,9 @@ mod tests {
                 s[..cut].to_string()
             } else {
                 let len = (next() % 40) as usize;
-                (0..len).map(|_| alphabet[(next() % alphabet.len() as u64) as usize] as char).collect()
+                (0..len)
+                    .map(|_| alphabet[(next() % alphabet.len() as u64) as usize] as char)
+                    .collect()
             };
             let engine = crate::protocol::engineio::decode(&text);
             if let Ok(crate::protocol::engineio::Packet::Message(m)) = engine {
