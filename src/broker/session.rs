@@ -38,10 +38,11 @@ impl Session {
 
 /// Compares secrets in time that does not depend on where they differ.
 pub fn token_eq(given: &[u8], expected: &[u8]) -> bool {
-    let mut diff = (given.len() ^ expected.len()) as u8 | u8::from(given.len() != expected.len());
+    // Walk all of `expected` whatever `given` holds; a length mismatch is
+    // folded into the same accumulator.
+    let mut diff = u8::from(given.len() != expected.len());
     for (i, &e) in expected.iter().enumerate() {
-        let g = given.get(i).copied().unwrap_or(!e);
-        diff |= g ^ e;
+        diff |= given.get(i).copied().unwrap_or(!e) ^ e;
     }
     diff == 0
 }

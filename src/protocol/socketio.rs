@@ -227,6 +227,9 @@ pub fn placeholders_valid(json: &str, attachments: usize) -> bool {
     }
 }
 
+/// A binary packet's text and its attachments, once all have arrived.
+pub type Complete = (String, Vec<Vec<u8>>);
+
 /// Collects a binary packet's attachments as they arrive in binary frames.
 #[derive(Debug, Default)]
 pub struct Reassembly {
@@ -256,7 +259,7 @@ impl Reassembly {
         &mut self,
         bytes: &[u8],
         bytes_max: usize,
-    ) -> Result<Option<(String, Vec<Vec<u8>>)>, SioError> {
+    ) -> Result<Option<Complete>, SioError> {
         if self.header.is_none() {
             return Err(SioError::BadAttachments);
         }
