@@ -1,0 +1,156 @@
+//! Test harness: starts a real `broker` process on a free port with its own
+//! data directory, waits (bounded) until it listens, and cleans up on drop.
+
+#![allow(dead_code)] // Each test binary uses a different part of it.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How long a broker may take to print its `listening on` line.
+const STARTUP_WAIT: Duration = Duration::from_secs(10);
+/// How many stderr lines are kept to show when a test fails.
+const LOG_LINES_MAX: usize = 200;
+/// The marker the broker prints once it accepts connections.
+const LISTENING_MARKER: &str = "listening on ";
+
+static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
+
+/// A running broker process.
+pub struct Broker {
+    child: Child,
+    /// `127.0.0.1:PORT`, ready for `Client::connect`.
+    pub addr: String,
+    data_dir: PathBuf,
+    log: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl Broker {
+    /// Starts the broker (`GOMBUS_BIN`, else the crate's `broker` binary)
+    /// with a free port, node id `test`, a fresh data dir and `extra_args`.
+    pub fn start(extra_args: &[&str]) -> Broker {
+        let bin = std::env::var("GOMBUS_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string());
+        let data_dir = fresh_dir();
+        let mut child = Command::new(&bin)
+            .arg("-addr=127.0.0.1:0")
+            .arg("-node-id=test")
+            .arg(format!("-data={}", data_dir.display()))
+            .args(extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+        let log = Arc::new(Mutex::new(VecDeque::new()));
+        let (lines_tx, lines_rx) = mpsc::channel();
+        if let Some(stderr) = child.stderr.take() {
+            let log = Arc::clone(&log);
+            // Drains stderr for the broker's whole life so it never blocks
+            // on a full pipe; forwards lines until the test stops listening.
+            thread::spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    let _ = lines_tx.send(line.clone());
+                    let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+                    if log.len() == LOG_LINES_MAX {
+                        log.pop_front();
+                    }
+                    log.push_back(line);
+                }
+            });
+        }
+        let mut broker = Broker {
+            child,
+            addr: String::new(),
+            data_dir,
+            log,
+        };
+        broker.addr = broker.await_listening(&lines_rx, extra_args);
+        broker
+    }
+
+    fn await_listening(&mut self, lines: &mpsc::Receiver<String>, args: &[&str]) -> String {
+        let deadline = Instant::now() + STARTUP_WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(addr) = listening_addr(&line) {
+                        return addr;
+                    }
+                }
+                Err(e) => {
+                    self.kill();
+                    panic!(
+                        "broker {args:?} did not print `{LISTENING_MARKER}ADDR` within \
+                         {STARTUP_WAIT:?} ({e}); stderr:\n{}",
+                        self.recent_log()
+                    );
+                }
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident memory of the broker in KiB (VmRSS), 0 if unreadable.
+    pub fn rss_kb(&self) -> u64 {
+        let path = format!("/proc/{}/status", self.pid());
+        let status = std::fs::read_to_string(path).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kb| kb.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The last stderr lines, oldest first.
+    pub fn recent_log(&self) -> String {
+        let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        log.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+
+    /// Kills the process (by its PID) and reaps it; idempotent.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.kill();
+        if thread::panicking() {
+            eprintln!("--- broker stderr (last lines) ---\n{}", self.recent_log());
+        }
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
+
+/// The whitespace-delimited token after `listening on `, if present.
+fn listening_addr(line: &str) -> Option<String> {
+    let (_, rest) = line.split_once(LISTENING_MARKER)?;
+    rest.split_whitespace().next().map(str::to_string)
+}
+
+fn fresh_dir() -> PathBuf {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("gombus-test-{}-{n}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    dir
+}
