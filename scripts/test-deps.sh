@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Installs what the interop tests (tests/interop.rs) need, and nothing else:
+#   - .venv/ at the repository root with python-socketio 5.x and its
+#     websocket transport (websocket-client), every package pinned;
+#   - tests/interop/node/node_modules from the committed package-lock.json
+#     (socket.io-client 4.x), installed with `npm ci`.
+# Idempotent: a stamp file records what was installed, and a second run that
+# finds the same pins (and a working install) does nothing. Quiet on success;
+# on failure the failing tool's output is shown and the exit code is non-zero.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv_dir="${repo_root}/.venv"
+node_dir="${repo_root}/tests/interop/node"
+log_file="$(mktemp "${TMPDIR:-/tmp}/gombus-test-deps.XXXXXX")"
+trap 'rm -f "${log_file}"' EXIT
+
+# Exact versions, checked to install together on CPython 3.11. The first two
+# are what the tests use; the rest are their dependencies, pinned so a new
+# release upstream cannot change what `make test` runs against.
+python_pins=(
+    "python-socketio[client]==5.18.1"
+    "websocket-client==1.9.2"
+    "python-engineio==4.15.1"
+    "bidict==0.24.1"
+    "simple-websocket==1.1.0"
+    "wsproto==1.3.2"
+    "h11==0.16.0"
+    "requests==2.34.2"
+    "urllib3==2.8.0"
+    "idna==3.20"
+    "charset-normalizer==3.5.3"
+    "certifi==2026.10.19.post1"
+)
+
+die() {
+    echo "test-deps: $*" >&2
+    if [[ -s "${log_file}" ]]; then
+        echo "---- output of the failing step ----" >&2
+        cat "${log_file}" >&2
+    fi
+    exit 1
+}
+
+# Runs a command with its output kept aside, shown only if it fails.
+quietly() {
+    : >"${log_file}"
+    "$@" >"${log_file}" 2>&1
+}
+
+need() {
+    command -v "$1" >/dev/null 2>&1 || die "'$1' is not installed; $2"
+}
+
+# ---- Python ---------------------------------------------------------------
+
+python_stamp="${venv_dir}/.gombus-test-deps"
+python_want="$(printf '%s\n' "${python_pins[@]}")"
+
+python_is_current() {
+    [[ -x "${venv_dir}/bin/python" ]] || return 1
+    [[ -f "${python_stamp}" ]] || return 1
+    [[ "$(cat "${python_stamp}")" == "${python_want}" ]] || return 1
+    # The stamp could outlive a broken venv (e.g. the base interpreter moved).
+    "${venv_dir}/bin/python" -c 'import socketio, websocket' >/dev/null 2>&1
+}
+
+make_venv() {
+    need python3 "install Python 3 (3.8 or newer)"
+    if quietly python3 -m venv "${venv_dir}"; then
+        return 0
+    fi
+    # Debian splits the venv module (and ensurepip) into python3-venv.
+    rm -rf "${venv_dir}"
+    if command -v apt-get >/dev/null 2>&1; then
+        quietly apt-get install -y python3-venv ||
+            quietly sh -c 'apt-get update && apt-get install -y python3-venv' ||
+            die "could not install python3-venv with apt-get"
+        quietly python3 -m venv "${venv_dir}" || die "python3 -m venv failed"
+    else
+        die "python3 -m venv failed and apt-get is not available"
+    fi
+}
+
+install_python() {
+    if [[ -d "${venv_dir}" && ! -x "${venv_dir}/bin/python" ]]; then
+        rm -rf "${venv_dir}"
+    fi
+    if [[ ! -x "${venv_dir}/bin/python" ]]; then
+        make_venv
+    fi
+    rm -f "${python_stamp}"
+    quietly "${venv_dir}/bin/python" -m pip install --disable-pip-version-check \
+        --no-input --quiet "${python_pins[@]}" ||
+        die "pip install into ${venv_dir} failed"
+    quietly "${venv_dir}/bin/python" -c 'import socketio, websocket' ||
+        die "the venv cannot import socketio and websocket after installing"
+    printf '%s\n' "${python_want}" >"${python_stamp}"
+}
+
+# ---- Node -----------------------------------------------------------------
+
+node_stamp="${node_dir}/node_modules/.gombus-test-deps"
+
+node_is_current() {
+    [[ -f "${node_stamp}" ]] || return 1
+    # npm ci is keyed on the lock file: reinstall whenever it changed.
+    cmp -s "${node_stamp}" "${node_dir}/package-lock.json" || return 1
+    [[ -f "${node_dir}/node_modules/socket.io-client/package.json" ]]
+}
+
+install_node() {
+    need node "install Node.js 18 or newer"
+    need npm "install npm (it ships with Node.js)"
+    [[ -f "${node_dir}/package-lock.json" ]] ||
+        die "${node_dir}/package-lock.json is missing"
+    quietly npm ci --prefix "${node_dir}" --no-audit --no-fund --loglevel=error ||
+        die "npm ci in ${node_dir} failed"
+    cp "${node_dir}/package-lock.json" "${node_stamp}"
+}
+
+python_is_current || install_python
+node_is_current || install_node

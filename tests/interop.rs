@@ -1,0 +1,178 @@
+//! Interop: real Socket.IO clients that nobody here wrote (python-socketio
+//! 5.x and socket.io-client 4.x, pinned by scripts/test-deps.sh) run the
+//! checks in tests/interop/ against a broker, over the WebSocket transport.
+//! Contract: /work/shared/PROTOCOL.md §2 (namespaces, acks), §3 (subjects),
+//! §4 (pub/sub, request/reply, binary data).
+
+mod common;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How long one client script may run before it is killed. The scripts bound
+/// every wait to 5 s and end themselves after 50 s; this is the backstop.
+const SCRIPT_RUN_MAX: Duration = Duration::from_secs(60);
+
+const CONTROL_TOKEN: &str = "secret";
+
+/// The checks both scripts run, in the names they print (`PASS <name>`).
+const CHECKS: [&str; 7] = [
+    "connect",
+    "control_info",
+    "control_unauthorized",
+    "pubsub_wildcard",
+    "request_reply",
+    "error_acks",
+    "binary",
+];
+
+const DEPS_HINT: &str =
+    "run `scripts/test-deps.sh` (or `make test`) to install the interop clients";
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// What a finished (or killed) script left behind.
+struct Outcome {
+    status: Option<ExitStatus>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Outcome {
+    fn describe(&self) -> String {
+        let status = match self.status {
+            Some(status) => status.to_string(),
+            None => format!("killed after {SCRIPT_RUN_MAX:?}"),
+        };
+        format!(
+            "status: {status}\n---- stdout ----\n{}\n---- stderr ----\n{}",
+            self.stdout, self.stderr
+        )
+    }
+}
+
+/// Reads a pipe to its end on a thread of its own, so neither pipe can fill
+/// up and stall the child while we wait on the other.
+fn drain<R: Read + Send + 'static>(
+    pipe: Option<R>,
+    done: mpsc::Sender<()>,
+) -> thread::JoinHandle<String> {
+    thread::spawn(move || {
+        let mut text = Vec::new();
+        if let Some(mut pipe) = pipe {
+            // A read error just ends the capture; what was read is kept.
+            let _ = pipe.read_to_end(&mut text);
+        }
+        let _ = done.send(());
+        String::from_utf8_lossy(&text).into_owned()
+    })
+}
+
+/// Waits for the child's pipes to close (it exited, or it closed them) and
+/// then for its status; kills it once `SCRIPT_RUN_MAX` has passed.
+fn run_bounded(mut child: Child) -> Outcome {
+    let (done_tx, done_rx) = mpsc::channel();
+    let stdout = drain(child.stdout.take(), done_tx.clone());
+    let stderr = drain(child.stderr.take(), done_tx);
+    let deadline = Instant::now() + SCRIPT_RUN_MAX;
+    let mut finished = 0;
+    while finished < 2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match done_rx.recv_timeout(left) {
+            Ok(()) => finished += 1,
+            Err(_) => break,
+        }
+    }
+    let status = if finished == 2 {
+        child.wait().ok()
+    } else {
+        // Past the bound: kill it, and let the pipes close with it.
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    };
+    Outcome {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}
+
+fn require(path: &Path, what: &str) {
+    assert!(
+        path.exists(),
+        "{what} is missing ({} does not exist): {DEPS_HINT}",
+        path.display()
+    );
+}
+
+fn run_client(program: &Path, script: &Path, client: &str) {
+    require(script, "the interop script");
+    let broker = common::Broker::start(&[&format!("-control-token={CONTROL_TOKEN}")]);
+    let url = format!("http://{}", broker.addr);
+    let child = Command::new(program)
+        .arg(script)
+        .arg(&url)
+        .arg(CONTROL_TOKEN)
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|err| {
+            panic!(
+                "cannot start {} for {client}: {err}; {DEPS_HINT}",
+                program.display()
+            )
+        });
+    let outcome = run_bounded(child);
+    let missing: Vec<&str> = CHECKS
+        .iter()
+        .copied()
+        .filter(|name| {
+            !outcome
+                .stdout
+                .lines()
+                .any(|line| line.trim_end() == format!("PASS {name}"))
+        })
+        .collect();
+    let exited_ok = outcome.status.is_some_and(|status| status.success());
+    assert!(
+        exited_ok && missing.is_empty(),
+        "{client} against {url}: checks not passed: {missing:?}\n{}",
+        outcome.describe()
+    );
+}
+
+#[test]
+fn python_socketio_client_interop() {
+    let root = repo_root();
+    let python = root.join(".venv/bin/python");
+    require(&python, "the Python venv with python-socketio");
+    run_client(
+        &python,
+        &root.join("tests/interop/py_client.py"),
+        "python-socketio",
+    );
+}
+
+#[test]
+fn node_socket_io_client_interop() {
+    let root = repo_root();
+    let node_dir = root.join("tests/interop/node");
+    require(
+        &node_dir.join("node_modules/socket.io-client/package.json"),
+        "socket.io-client in tests/interop/node/node_modules",
+    );
+    run_client(
+        Path::new("node"),
+        &node_dir.join("client.mjs"),
+        "socket.io-client",
+    );
+}

@@ -1,0 +1,279 @@
+// Interop checks with the unmodified socket.io-client 4.x.
+//
+// Usage: node client.mjs URL CONTROL_TOKEN   (URL like http://127.0.0.1:PORT)
+//
+// Prints one line per check, `PASS <name>` or `FAIL <name>: <detail>`, and
+// exits 1 if any check failed. Every wait is bounded by WAIT_MS and a
+// watchdog ends the run after RUN_MAX_MS, so a broken server can make this
+// fail but never hang. tests/interop.rs lists the check names it expects.
+
+import { io } from "socket.io-client";
+import { isDeepStrictEqual } from "node:util";
+
+const WAIT_MS = 5000;
+const RUN_MAX_MS = 50000;
+
+const results = [];
+
+function report(name, error) {
+  results.push(error === null);
+  console.log(error === null ? `PASS ${name}` : `FAIL ${name}: ${error}`);
+}
+
+function show(value) {
+  if (Buffer.isBuffer(value)) return `<${value.length} bytes>`;
+  try {
+    return JSON.stringify(value);
+  } catch {
+    return String(value);
+  }
+}
+
+// Rejects after WAIT_MS unless `promise` settles first.
+function bounded(promise, what) {
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out waiting for ${what}`)), WAIT_MS);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+function open(url, options = {}) {
+  // forceNew: every socket gets its own Engine.IO connection, so one check's
+  // connection state cannot leak into another's.
+  return io(url, {
+    transports: ["websocket"],
+    reconnection: false,
+    forceNew: true,
+    timeout: WAIT_MS,
+    ...options,
+  });
+}
+
+function connected(socket, what) {
+  return bounded(
+    new Promise((resolve, reject) => {
+      socket.once("connect", resolve);
+      socket.once("connect_error", (err) => reject(new Error(`connect_error: ${err.message}`)));
+    }),
+    what,
+  );
+}
+
+// One connection to `/` that queues every `msg` event it receives.
+class Peer {
+  static async open(url) {
+    const peer = new Peer(open(url));
+    await connected(peer.socket, "connect to /");
+    return peer;
+  }
+
+  constructor(socket) {
+    this.socket = socket;
+    this.queued = [];
+    this.waiting = [];
+    socket.on("msg", (msg) => {
+      const waiter = this.waiting.shift();
+      if (waiter) waiter(msg);
+      else this.queued.push(msg);
+    });
+  }
+
+  call(event, data) {
+    return this.socket.timeout(WAIT_MS).emitWithAck(event, data);
+  }
+
+  nextMsg() {
+    if (this.queued.length > 0) return Promise.resolve(this.queued.shift());
+    return bounded(new Promise((resolve) => this.waiting.push(resolve)), "a msg event");
+  }
+
+  close() {
+    this.socket.disconnect();
+  }
+}
+
+function expectOk(ack, what) {
+  if (ack === null || typeof ack !== "object" || ack.ok !== true) {
+    throw new Error(`${what}: expected an ack with ok:true, got ${show(ack)}`);
+  }
+  return ack;
+}
+
+function expectError(ack, code, what) {
+  if (ack?.ok !== false || ack?.error?.code !== code) {
+    throw new Error(`${what}: expected error code "${code}", got ${show(ack)}`);
+  }
+}
+
+async function subscribe(peer, subject) {
+  const ack = expectOk(await peer.call("sub", { subject }), `sub ${subject}`);
+  if (typeof ack.sid !== "string" || ack.sid === "") {
+    throw new Error(`sub ${subject}: ack has no string sid: ${show(ack)}`);
+  }
+  return ack.sid;
+}
+
+async function check(name, body) {
+  try {
+    await body();
+    report(name, null);
+  } catch (err) {
+    report(name, err?.message ?? String(err));
+  }
+}
+
+async function withPeers(url, count, body) {
+  const peers = [];
+  try {
+    for (let i = 0; i < count; i++) peers.push(await Peer.open(url));
+    await body(...peers);
+  } finally {
+    for (const peer of peers) peer.close();
+  }
+}
+
+async function checkConnect(url) {
+  await withPeers(url, 1, async (peer) => {
+    if (!peer.socket.connected || !peer.socket.id) throw new Error("connected without an id");
+    expectOk(await peer.call("ping", {}), "ping");
+  });
+}
+
+async function checkControl(url, token) {
+  const socket = open(`${url}/control`, { auth: { token } });
+  try {
+    await connected(socket, "connect to /control");
+    const info = expectOk(
+      await socket.timeout(WAIT_MS).emitWithAck("server.info", {}),
+      "server.info",
+    );
+    if (typeof info.node_id !== "string" || info.node_id === "") {
+      throw new Error(`server.info has no node_id: ${show(info)}`);
+    }
+  } finally {
+    socket.disconnect();
+  }
+}
+
+async function checkControlRefused(url, token) {
+  const socket = open(`${url}/control`, { auth: { token: `${token}-wrong` } });
+  try {
+    const outcome = await bounded(
+      new Promise((resolve) => {
+        socket.once("connect", () => resolve(null));
+        socket.once("connect_error", resolve);
+      }),
+      "connect_error on /control",
+    );
+    if (outcome === null) throw new Error("a wrong token was accepted");
+    if (outcome.message !== "unauthorized") {
+      throw new Error(`expected message "unauthorized", got "${outcome.message}"`);
+    }
+  } finally {
+    socket.disconnect();
+  }
+}
+
+async function checkPubSub(url) {
+  await withPeers(url, 2, async (sub, pub) => {
+    const sid = await subscribe(sub, "interop.*.x");
+    expectOk(await pub.call("pub", { subject: "interop.a.x", data: { n: 1 } }), "pub interop.a.x");
+    const msg = await sub.nextMsg();
+    const want = { sid, subject: "interop.a.x", data: { n: 1 } };
+    const got = { sid: msg?.sid, subject: msg?.subject, data: msg?.data };
+    if (!isDeepStrictEqual(got, want)) {
+      throw new Error(`expected msg ${show(want)}, got ${show(msg)}`);
+    }
+    // A subject the pattern does not match, then a barrier: the ping ack says
+    // the pub was processed; the matching sentinel must be the next delivery.
+    expectOk(await pub.call("pub", { subject: "interop.a.y", data: 2 }), "pub interop.a.y");
+    expectOk(await pub.call("ping", {}), "ping");
+    expectOk(await pub.call("pub", { subject: "interop.end.x", data: 3 }), "pub interop.end.x");
+    const next = await sub.nextMsg();
+    if (next?.subject !== "interop.end.x") {
+      throw new Error(`expected the sentinel interop.end.x, got ${show(next)}`);
+    }
+  });
+}
+
+async function checkRequestReply(url) {
+  await withPeers(url, 2, async (responder, requester) => {
+    let seenReply;
+    responder.socket.on("msg", (msg) => {
+      seenReply = msg?.reply;
+      if (seenReply) responder.socket.emit("pub", { subject: seenReply, data: msg.data });
+    });
+    await subscribe(responder, "svc.echo");
+    const ack = expectOk(
+      await requester.call("request", { subject: "svc.echo", data: "hi", timeout_ms: 2000 }),
+      "request",
+    );
+    if (ack.data !== "hi" || typeof ack.subject !== "string" || ack.subject !== seenReply) {
+      throw new Error(`expected data "hi" on subject ${show(seenReply)}, got ${show(ack)}`);
+    }
+  });
+}
+
+async function checkErrorAcks(url) {
+  await withPeers(url, 1, async (peer) => {
+    expectError(await peer.call("sub", { subject: "bad..subject" }), "bad_subject", "sub bad..subject");
+    expectError(
+      await peer.call("request", { subject: "interop.nobody.home", data: 1, timeout_ms: 2000 }),
+      "no_responders",
+      "request to a subject with no subscriber",
+    );
+    expectOk(await peer.call("ping", {}), "ping after the errors");
+  });
+}
+
+async function checkBinary(url) {
+  await withPeers(url, 2, async (sub, pub) => {
+    const payload = Buffer.concat([Buffer.from([...Array(256).keys()]), Buffer.from("\0end")]);
+    const sid = await subscribe(sub, "interop.bin");
+    expectOk(await pub.call("pub", { subject: "interop.bin", data: payload }), "pub bytes");
+    const msg = await sub.nextMsg();
+    if (msg?.sid !== sid) throw new Error(`expected a msg for sid ${sid}, got ${show(msg)}`);
+    const data = msg.data;
+    const isBinary = Buffer.isBuffer(data) || data instanceof ArrayBuffer || ArrayBuffer.isView(data);
+    if (!isBinary) throw new Error(`expected binary data, got ${show(data)}`);
+    const got = Buffer.from(data instanceof ArrayBuffer ? data : data.buffer.slice(
+      data.byteOffset, data.byteOffset + data.byteLength));
+    if (!got.equals(payload)) {
+      throw new Error(`expected ${payload.length} equal bytes, got ${got.length} bytes`);
+    }
+  });
+}
+
+async function main() {
+  const [url, token] = process.argv.slice(2);
+  if (!url || token === undefined) {
+    console.error("usage: node client.mjs URL CONTROL_TOKEN");
+    return 2;
+  }
+  const watchdog = setTimeout(() => {
+    console.log(`FAIL watchdog: run exceeded ${RUN_MAX_MS / 1000} s`);
+    process.exit(3);
+  }, RUN_MAX_MS);
+  await check("connect", () => checkConnect(url));
+  await check("control_info", () => checkControl(url, token));
+  await check("control_unauthorized", () => checkControlRefused(url, token));
+  await check("pubsub_wildcard", () => checkPubSub(url));
+  await check("request_reply", () => checkRequestReply(url));
+  await check("error_acks", () => checkErrorAcks(url));
+  await check("binary", () => checkBinary(url));
+  clearTimeout(watchdog);
+  const failed = results.filter((ok) => !ok).length;
+  console.log(`summary: ${results.length - failed} of ${results.length} checks passed`);
+  return failed === 0 ? 0 : 1;
+}
+
+// Exit explicitly: a socket left half-open by a misbehaving server must not
+// keep the event loop (and so the test) alive.
+main().then(
+  (code) => process.exit(code),
+  (err) => {
+    console.log(`FAIL internal: ${err?.stack ?? err}`);
+    process.exit(1);
+  },
+);
