@@ -15,7 +15,7 @@ use super::subject;
 use super::subs::{Command, SubKey, SubTable};
 use crate::net::{ConnId, Handler, Io, Payload, Request, Response};
 use crate::protocol::errors::{ok_body, raw_text, ApiError, Code, OK_BODY};
-use crate::protocol::messages::{self, parse_arg, Pub, Sub, Unsub};
+use crate::protocol::messages::{self, event_arg, ArgError, Pub, Sub, Unsub};
 use crate::protocol::socketio::{self, Kind, Packet};
 
 /// Room the open packet's maxPayload leaves above `-max-payload` for the
@@ -186,9 +186,8 @@ impl Broker {
     }
 
     fn event(&mut self, io: &mut Io<'_>, conn: ConnId, p: &Packet<'_>, attachments: &[Vec<u8>]) {
-        let ev = match socketio::parse_event(p.data) {
-            Ok(ev) => ev,
-            Err(_) => return io.close(conn),
+        let Some(name) = socketio::event_name(p.data) else {
+            return io.close(conn);
         };
         if p.attachments > 0 && !socketio::placeholders_valid(p.data, p.attachments) {
             return io.close(conn);
@@ -197,45 +196,55 @@ impl Broker {
             return;
         };
         let (root, control) = (session.root, session.control);
-        let arg = ev.args.first().copied();
         let result = match p.nsp {
-            NSP_ROOT if root => self.root_event(io, conn, &ev.name, arg, p.id, attachments),
-            NSP_CONTROL if control => self.control_event(io, &ev.name, arg).map(Answer::Now),
+            NSP_ROOT if root => self.root_event(io, conn, &name, p.data, p.id, attachments),
+            NSP_CONTROL if control => match socketio::parse_event(p.data) {
+                Ok(ev) => self
+                    .control_event(io, &ev.name, ev.args.first().copied())
+                    .map(Answer::Now)
+                    .map_err(ArgError::Api),
+                Err(_) => Err(ArgError::Malformed),
+            },
             // Events for a namespace the socket has not joined are ignored,
             // as Socket.IO servers do.
             _ => return,
         };
-        let Some(id) = p.id else { return };
         let body = match result {
             Ok(Answer::Now(body)) => body,
             Ok(Answer::Later) => return,
-            Err(e) => {
+            Err(ArgError::Malformed) => return io.close(conn),
+            Err(ArgError::Api(e)) => {
                 self.metrics.count_error(e.code);
                 e.ack_body()
             }
         };
+        let Some(id) = p.id else { return };
         let head = socketio::encode(Kind::Ack, 0, p.nsp, Some(id), "");
         io.send_text(conn, &[&head, body.as_bytes()]);
     }
 
+    /// A `/` event; `data` is the whole event array, read in one pass.
     fn root_event(
         &mut self,
         io: &mut Io<'_>,
         conn: ConnId,
         name: &str,
-        arg: Option<&RawValue>,
+        data: &str,
         ack_id: Option<u64>,
         attachments: &[Vec<u8>],
-    ) -> Result<Answer, ApiError> {
+    ) -> Result<Answer, ArgError> {
         match name {
             "pub" => {
-                let p: Pub = parse_arg(arg)?;
+                let p: Pub = event_arg(data)?;
                 self.publish(io, &p, attachments)?;
                 Ok(Answer::Now(OK_BODY.to_string()))
             }
-            "sub" => self.subscribe(conn, arg).map(Answer::Now),
+            "sub" => {
+                let s: Sub = event_arg(data)?;
+                Ok(Answer::Now(self.subscribe(conn, s)?))
+            }
             "unsub" => {
-                let u: Unsub = parse_arg(arg)?;
+                let u: Unsub = event_arg(data)?;
                 let sid = u.sid.into_string();
                 self.subs.apply(Command::Unsubscribe {
                     conn,
@@ -244,17 +253,25 @@ impl Broker {
                 })?;
                 Ok(Answer::Now(OK_BODY.to_string()))
             }
-            "request" => self.request(io, conn, arg, ack_id, attachments),
-            "ping" => Ok(Answer::Now(OK_BODY.to_string())),
-            other => Err(ApiError::new(
-                Code::BadRequest,
-                format!("unknown event {other:?}"),
-            )),
+            "request" => {
+                let r: messages::Request = event_arg(data)?;
+                Ok(self.request(io, conn, &r, ack_id, attachments)?)
+            }
+            "ping" => {
+                socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
+                Ok(Answer::Now(OK_BODY.to_string()))
+            }
+            other => {
+                socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
+                Err(ArgError::Api(ApiError::new(
+                    Code::BadRequest,
+                    format!("unknown event {other:?}"),
+                )))
+            }
         }
     }
 
-    fn subscribe(&mut self, conn: ConnId, arg: Option<&RawValue>) -> Result<String, ApiError> {
-        let s: Sub = parse_arg(arg)?;
+    fn subscribe(&mut self, conn: ConnId, s: Sub<'_>) -> Result<String, ApiError> {
         let sid = match s.sid {
             Some(v) => v.into_string(),
             None => {
@@ -340,11 +357,10 @@ impl Broker {
         &mut self,
         io: &mut Io<'_>,
         conn: ConnId,
-        arg: Option<&RawValue>,
+        r: &messages::Request<'_>,
         ack_id: Option<u64>,
         attachments: &[Vec<u8>],
     ) -> Result<Answer, ApiError> {
-        let r: messages::Request = parse_arg(arg)?;
         let data = raw_text(r.data);
         let size = self.check_message(&r.subject, data, r.headers, attachments)?;
         let Some(ack_id) = ack_id else {

@@ -60,10 +60,13 @@ pub enum Command {
 #[derive(Debug, Default)]
 pub struct SubTable {
     index: Sublist<SubKey>,
-    subs: HashMap<SubKey, Subscription>,
+    /// Slab of subscriptions indexed by key: a delivery finds its
+    /// subscription without hashing. Freed keys are reused.
+    subs: Vec<Option<Subscription>>,
+    free: Vec<SubKey>,
+    count: usize,
     /// Per connection: client sid -> key.
     by_conn: HashMap<ConnId, HashMap<Box<str>, SubKey>>,
-    next_key: SubKey,
     pub groups: Groups,
 }
 
@@ -147,8 +150,7 @@ impl SubTable {
         max: Option<u64>,
     ) -> Result<(), ApiError> {
         self.check_subscribe(conn, &sid, &pattern, queue.as_deref())?;
-        let key = self.next_key;
-        self.next_key += 1;
+        let key = self.free.pop().unwrap_or(self.subs.len() as SubKey);
         self.index.insert(&pattern, queue.as_deref(), key);
         let sid: Box<str> = sid.into();
         self.by_conn
@@ -158,17 +160,19 @@ impl SubTable {
         let sid_json = serde_json::Value::from(&*sid).to_string().into_boxed_str();
         let queue = queue.map(Rc::from);
         let remaining = max.filter(|&m| m > 0);
-        self.subs.insert(
-            key,
-            Subscription {
-                conn,
-                sid,
-                sid_json,
-                pattern: pattern.into(),
-                queue,
-                remaining,
-            },
-        );
+        let sub = Subscription {
+            conn,
+            sid,
+            sid_json,
+            pattern: pattern.into(),
+            queue,
+            remaining,
+        };
+        match self.subs.get_mut(key as usize) {
+            Some(slot) => *slot = Some(sub),
+            None => self.subs.push(Some(sub)),
+        }
+        self.count += 1;
         Ok(())
     }
 
@@ -183,7 +187,7 @@ impl SubTable {
             })?;
         match after {
             Some(n) if n > 0 => {
-                if let Some(s) = self.subs.get_mut(&key) {
+                if let Some(s) = self.slot_mut(key) {
                     s.remaining = Some(n);
                 }
             }
@@ -197,14 +201,14 @@ impl SubTable {
             return;
         };
         for key in mine.into_values() {
-            if let Some(s) = self.subs.remove(&key) {
+            if let Some(s) = self.take(key) {
                 self.index.remove(&s.pattern, s.queue.as_deref(), key);
             }
         }
     }
 
     fn remove_key(&mut self, key: SubKey) {
-        let Some(s) = self.subs.remove(&key) else {
+        let Some(s) = self.take(key) else {
             return;
         };
         self.index.remove(&s.pattern, s.queue.as_deref(), key);
@@ -219,7 +223,7 @@ impl SubTable {
     /// Counts one delivery to `key`; ends the subscription when its `max`
     /// (or `after`) is used up. Returns false if it no longer exists.
     pub fn delivered(&mut self, key: SubKey) -> bool {
-        let Some(s) = self.subs.get_mut(&key) else {
+        let Some(s) = self.slot_mut(key) else {
             return false;
         };
         if let Some(left) = s.remaining.as_mut() {
@@ -236,7 +240,19 @@ impl SubTable {
     }
 
     pub fn get(&self, key: SubKey) -> Option<&Subscription> {
-        self.subs.get(&key)
+        self.subs.get(key as usize)?.as_ref()
+    }
+
+    fn slot_mut(&mut self, key: SubKey) -> Option<&mut Subscription> {
+        self.subs.get_mut(key as usize)?.as_mut()
+    }
+
+    /// Empties a slot and frees its key for reuse.
+    fn take(&mut self, key: SubKey) -> Option<Subscription> {
+        let s = self.subs.get_mut(key as usize)?.take()?;
+        self.free.push(key);
+        self.count -= 1;
+        Some(s)
     }
 
     pub fn group_mode(&self, queue: &str) -> GroupMode {
@@ -244,11 +260,11 @@ impl SubTable {
     }
 
     pub fn len(&self) -> usize {
-        self.subs.len()
+        self.count
     }
 
     pub fn is_empty(&self) -> bool {
-        self.subs.is_empty()
+        self.count == 0
     }
 
     pub fn conn_has_sid(&self, conn: ConnId, sid: &str) -> bool {

@@ -144,3 +144,83 @@ mod tests {
         assert_eq!(s.sid.map(SidValue::into_string).as_deref(), Some("7"));
     }
 }
+
+/// Why an event's argument could not be read.
+#[derive(Debug)]
+pub enum ArgError {
+    /// The packet's JSON is broken: the connection closes.
+    Malformed,
+    /// Well-formed JSON with the wrong shape: a `bad_request` ack.
+    Api(ApiError),
+}
+
+impl From<ApiError> for ArgError {
+    fn from(e: ApiError) -> ArgError {
+        ArgError::Api(e)
+    }
+}
+
+/// Reads the first argument of an event packet `["name", arg, …]` as `T` in
+/// one pass over the JSON (the publish hot path parses each byte once).
+pub fn event_arg<'a, T: Deserialize<'a>>(data: &'a str) -> Result<T, ArgError> {
+    use serde::de::{Deserializer as _, IgnoredAny, SeqAccess, Visitor};
+    struct FirstArg<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for FirstArg<T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an event array")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<T>, A::Error> {
+            seq.next_element::<IgnoredAny>()?;
+            let arg = seq.next_element::<T>()?;
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(arg)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(data);
+    let parsed = de
+        .deserialize_seq(FirstArg(std::marker::PhantomData))
+        .and_then(|v| de.end().map(|()| v));
+    match parsed {
+        Ok(Some(v)) => Ok(v),
+        Ok(None) => Err(ArgError::Api(ApiError::new(
+            Code::BadRequest,
+            "the event needs an object argument",
+        ))),
+        Err(e) if e.classify() == serde_json::error::Category::Data => Err(ArgError::Api(
+            ApiError::new(Code::BadRequest, format!("bad arguments: {e}")),
+        )),
+        Err(_) => Err(ArgError::Malformed),
+    }
+}
+
+#[cfg(test)]
+mod event_arg_tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_first_argument_in_one_pass() {
+        let p: Pub = event_arg(r#"["pub",{"subject":"a","data":[1,2]},"extra"]"#).unwrap();
+        assert_eq!(p.subject, "a");
+        assert_eq!(p.data.map(|d| d.get()), Some("[1,2]"));
+        assert!(
+            matches!(event_arg::<Pub>(r#"["pub"]"#), Err(ArgError::Api(e)) if e.code == Code::BadRequest)
+        );
+        assert!(matches!(
+            event_arg::<Pub>(r#"["pub",{"data":1}]"#),
+            Err(ArgError::Api(_))
+        ));
+        assert!(matches!(
+            event_arg::<Pub>(r#"["pub",5]"#),
+            Err(ArgError::Api(_))
+        ));
+        assert!(matches!(
+            event_arg::<Pub>(r#"["pub",{"#),
+            Err(ArgError::Malformed)
+        ));
+        assert!(matches!(
+            event_arg::<Pub>(r#"["pub",{"subject":"a"}] x"#),
+            Err(ArgError::Malformed)
+        ));
+    }
+}

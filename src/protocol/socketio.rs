@@ -164,6 +164,20 @@ pub fn parse_event(data: &str) -> Result<Event<'_>, SioError> {
     Ok(Event { name, args: all })
 }
 
+/// The name of an event packet `["name", …]`, read without parsing the
+/// arguments; None when the packet does not start with a string.
+pub fn event_name(data: &str) -> Option<std::borrow::Cow<'_, str>> {
+    let fast = data
+        .strip_prefix("[\"")
+        .and_then(|rest| rest.find('"').map(|end| &rest[..end]))
+        .filter(|name| !name.contains('\\'));
+    match fast {
+        Some(name) => Some(std::borrow::Cow::Borrowed(name)),
+        // Whitespace or escapes: let the JSON parser read it.
+        None => parse_event(data).ok().map(|e| e.name),
+    }
+}
+
 /// Appends a packet header: type, attachment count, namespace, ack id.
 pub fn write_header(out: &mut Vec<u8>, kind: Kind, attachments: usize, nsp: &str, id: Option<u64>) {
     out.push(b'0' + kind as u8);
@@ -255,11 +269,7 @@ impl Reassembly {
 
     /// Adds one attachment; returns the text packet and all attachments once
     /// complete. `bytes_max` bounds what one packet may hold in total.
-    pub fn push(
-        &mut self,
-        bytes: &[u8],
-        bytes_max: usize,
-    ) -> Result<Option<Complete>, SioError> {
+    pub fn push(&mut self, bytes: &[u8], bytes_max: usize) -> Result<Option<Complete>, SioError> {
         if self.header.is_none() {
             return Err(SioError::BadAttachments);
         }
@@ -399,6 +409,18 @@ mod tests {
         assert_eq!(decode("1{}"), Err(SioError::BadPayload));
         assert_eq!(decode("3[]"), Err(SioError::BadPayload));
         assert_eq!(decode("01"), Err(SioError::BadPayload));
+    }
+
+    #[test]
+    fn reads_event_names_without_parsing_arguments() {
+        assert_eq!(
+            event_name(r#"["pub",{"subject":"a"}]"#).as_deref(),
+            Some("pub")
+        );
+        assert_eq!(event_name(r#"["a\"b",1]"#).as_deref(), Some("a\"b"));
+        assert_eq!(event_name("[1]"), None);
+        assert_eq!(event_name(r#"[ "x"]"#).as_deref(), Some("x"));
+        assert_eq!(event_name(r#"["x"#), None);
     }
 
     #[test]
