@@ -3,6 +3,7 @@
 //! writes through a bounded outbound buffer; past the bound it is closed as
 //! a slow consumer, so a client that stops reading cannot grow memory.
 
+use std::io::Write as _;
 use std::time::Instant;
 
 use mio::net::TcpStream;
@@ -74,6 +75,36 @@ impl Conn {
 
     pub fn pending_out(&self) -> usize {
         self.out.len() - self.out_pos
+    }
+
+    /// Writes queued bytes until done or WouldBlock; returns bytes written.
+    pub fn flush(&mut self) -> std::io::Result<usize> {
+        let c = self;
+        let mut written = 0;
+        while c.out_pos < c.out.len() {
+            match c.stream.write(&c.out[c.out_pos..]) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    c.out_pos += n;
+                    written += n;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        if c.out_pos == c.out.len() {
+            c.out_pos = 0;
+            if c.out.capacity() > super::server::BUFFER_KEEP_BYTES_MAX {
+                c.out = Vec::new();
+            } else {
+                c.out.clear();
+            }
+        } else if c.out_pos > c.out.len() / 2 {
+            c.out.drain(..c.out_pos);
+            c.out_pos = 0;
+        }
+        Ok(written)
     }
 }
 

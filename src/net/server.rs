@@ -9,7 +9,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -29,7 +29,7 @@ const READ_TURN_BYTES_MAX: usize = 1 << 20;
 const SCRATCH_BYTES: usize = 64 * 1024;
 /// A buffer this large is released when it empties, so idle connections
 /// hold no memory.
-const BUFFER_KEEP_BYTES_MAX: usize = 64 * 1024;
+pub(crate) const BUFFER_KEEP_BYTES_MAX: usize = 64 * 1024;
 const _: () = assert!(READ_TURN_BYTES_MAX >= SCRATCH_BYTES);
 
 /// Engine.IO settings the loop applies to every session.
@@ -357,6 +357,11 @@ impl<H: Handler> Server<H> {
         c.session = true;
         c.out
             .extend_from_slice(&http::upgrade_response(&ws::accept_key(key)));
+        // The 101 leaves in a write of its own, as Engine.IO servers send
+        // it: some clients take the open packet only after the upgrade.
+        if c.flush().is_err() {
+            return self.drop_peer(id, now);
+        }
         let hb = Heartbeat::new(now, self.settings.ping_interval, self.settings.ping_timeout);
         let deadline = hb.deadline();
         c.heartbeat = Some(hb);
@@ -489,7 +494,7 @@ impl<H: Handler> Server<H> {
                 continue;
             };
             c.dirty = false;
-            match flush(c) {
+            match c.flush() {
                 Ok(written) => self.shell.stats.bytes_out += written as u64,
                 Err(_) => {
                     c.out.clear();
@@ -514,7 +519,7 @@ impl<H: Handler> Server<H> {
             let Some(Some(c)) = self.shell.conns.get_mut(id) else {
                 continue;
             };
-            let _ = flush(c);
+            let _ = c.flush();
             let Some(mut c) = self.shell.conns[id].take() else {
                 continue;
             };
@@ -572,35 +577,6 @@ fn on_ws_event<H: Handler>(io: &mut Io<'_>, handler: &mut H, id: ConnId, ev: WsE
     } else {
         Flow::Stop
     }
-}
-
-/// Writes queued bytes until done or WouldBlock; returns bytes written.
-fn flush(c: &mut Conn) -> io::Result<usize> {
-    let mut written = 0;
-    while c.out_pos < c.out.len() {
-        match c.stream.write(&c.out[c.out_pos..]) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => {
-                c.out_pos += n;
-                written += n;
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    if c.out_pos == c.out.len() {
-        c.out_pos = 0;
-        if c.out.capacity() > BUFFER_KEEP_BYTES_MAX {
-            c.out = Vec::new();
-        } else {
-            c.out.clear();
-        }
-    } else if c.out_pos > c.out.len() / 2 {
-        c.out.drain(..c.out_pos);
-        c.out_pos = 0;
-    }
-    Ok(written)
 }
 
 fn splitmix(state: &mut u64) -> u64 {

@@ -1,0 +1,574 @@
+//! The conformance fixture (examples/conformance.rs) checked the way the
+//! official Engine.IO v4 and Socket.IO v5 suites check a server over
+//! WebSocket (PROTOCOL.md §8), with our own raw clients: tungstenite for
+//! WebSocket sessions, a bare `TcpStream` for the HTTP error answers. The
+//! long-polling cases are not here: the transport has no polling yet.
+//!
+//! Every wait has a deadline; nothing sleeps to synchronise. Timings are
+//! checked only where the spec gives them (heartbeat, connect timeout), with
+//! slack for a loaded machine.
+
+#[path = "../examples/conformance.rs"]
+mod fixture;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tungstenite::{Error as WsError, Message, WebSocket};
+
+use fixture::{CONNECT_TIMEOUT, MESSAGE_BYTES_MAX, PING_INTERVAL, PING_TIMEOUT};
+
+/// Bound on any single expected frame or HTTP answer.
+const WAIT: Duration = Duration::from_secs(3);
+/// What a deadline from the spec may be overrun by on a busy machine.
+const SLACK: Duration = Duration::from_millis(700);
+
+const ENGINE: &str = "/engine.io/";
+const SOCKET: &str = "/socket.io/";
+
+/// One fixture for the whole test binary, on a port of its own.
+fn server() -> SocketAddr {
+    static ADDR: OnceLock<SocketAddr> = OnceLock::new();
+    *ADDR.get_or_init(|| {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        match fixture::start(any) {
+            Ok((addr, _thread)) => addr,
+            Err(e) => panic!("the conformance fixture did not start: {e}"),
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------
+// A raw Engine.IO client over tungstenite.
+
+/// What one read gave before its deadline.
+#[derive(Debug, PartialEq)]
+enum Frame {
+    Text(String),
+    Binary(Vec<u8>),
+    /// A close frame, or the connection ended.
+    Closed,
+    TimedOut,
+}
+
+struct Peer {
+    ws: WebSocket<TcpStream>,
+    /// The Engine.IO open packet, `0{…}`.
+    open: String,
+}
+
+impl Peer {
+    /// Upgrades at `path` and reads the open packet.
+    fn open(path: &str) -> Peer {
+        let addr = server();
+        let stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        stream.set_nodelay(true).expect("nodelay");
+        stream.set_read_timeout(Some(WAIT)).expect("read timeout");
+        stream.set_write_timeout(Some(WAIT)).expect("write timeout");
+        let url = format!("ws://{addr}{path}?EIO=4&transport=websocket");
+        let (ws, _) = tungstenite::client(url.as_str(), stream)
+            .unwrap_or_else(|e| panic!("upgrade at {url}: {e}"));
+        let mut peer = Peer {
+            ws,
+            open: String::new(),
+        };
+        match peer.next(Instant::now() + WAIT) {
+            Frame::Text(t) if t.starts_with('0') => peer.open = t,
+            other => panic!("expected the open packet at {path}, got {other:?}"),
+        }
+        peer
+    }
+
+    /// Opens `/socket.io/`, joins `nsp` (`40…`) and checks the answer and
+    /// the `auth` emit; returns the peer ready for events.
+    fn joined(nsp: &str) -> Peer {
+        let mut peer = Peer::open(SOCKET);
+        peer.send(&format!("40{}", nsp_prefix(nsp)));
+        peer.expect_connect(nsp);
+        peer.expect(&format!("42{}[\"auth\",{{}}]", nsp_prefix(nsp)));
+        peer
+    }
+
+    fn send(&mut self, text: &str) {
+        self.ws
+            .send(Message::text(text))
+            .unwrap_or_else(|e| panic!("send {text:?}: {e}"));
+    }
+
+    fn send_binary(&mut self, bytes: &[u8]) {
+        self.ws
+            .send(Message::binary(bytes.to_vec()))
+            .unwrap_or_else(|e| panic!("send {} binary bytes: {e}", bytes.len()));
+    }
+
+    /// The next frame, Engine.IO pings included.
+    fn next(&mut self, deadline: Instant) -> Frame {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Frame::TimedOut;
+            }
+            if self.ws.get_ref().set_read_timeout(Some(left)).is_err() {
+                return Frame::Closed;
+            }
+            match self.ws.read() {
+                Ok(Message::Text(t)) => return Frame::Text(t.as_str().to_string()),
+                Ok(Message::Binary(b)) => return Frame::Binary(b.to_vec()),
+                Ok(Message::Close(_)) => return Frame::Closed,
+                // WebSocket-level ping/pong: tungstenite answers on its own.
+                Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_)) => {}
+                Err(WsError::Io(e))
+                    if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+                {
+                    return Frame::TimedOut;
+                }
+                Err(_) => return Frame::Closed,
+            }
+        }
+    }
+
+    /// The next frame that is not an Engine.IO ping; pings are answered, as
+    /// a client would, so the heartbeat never ends the session.
+    fn next_app(&mut self, deadline: Instant) -> Frame {
+        loop {
+            match self.next(deadline) {
+                Frame::Text(t) if t == "2" => {
+                    // The peer may be gone already; the next read says so.
+                    let _ = self.ws.send(Message::text("3"));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// The next non-ping frame must be exactly `text`.
+    fn expect(&mut self, text: &str) {
+        let got = self.next_app(Instant::now() + WAIT);
+        assert_eq!(got, Frame::Text(text.to_string()), "expected {text:?}");
+    }
+
+    fn expect_binary(&mut self, bytes: &[u8]) {
+        let got = self.next_app(Instant::now() + WAIT);
+        assert_eq!(got, Frame::Binary(bytes.to_vec()));
+    }
+
+    /// The CONNECT answer for `nsp`: `40[nsp,]{"sid":"…"}` and nothing else.
+    fn expect_connect(&mut self, nsp: &str) {
+        let head = format!("40{}", nsp_prefix(nsp));
+        let text = match self.next_app(Instant::now() + WAIT) {
+            Frame::Text(t) if t.starts_with(&head) => t,
+            other => panic!("expected the CONNECT answer {head}{{…}}, got {other:?}"),
+        };
+        let body: Value = serde_json::from_str(&text[head.len()..])
+            .unwrap_or_else(|e| panic!("CONNECT answer {text:?}: {e}"));
+        let keys: Vec<&String> = body
+            .as_object()
+            .map(|m| m.keys().collect())
+            .unwrap_or_default();
+        assert_eq!(keys, ["sid"], "CONNECT answer {text:?}");
+        assert!(
+            body["sid"].as_str().is_some_and(|s| !s.is_empty()),
+            "sid in {text:?}"
+        );
+    }
+
+    /// The server must close the session before `deadline`; pings are
+    /// answered meanwhile and any other frame is a failure.
+    fn expect_closed_by(&mut self, deadline: Instant, why: &str) {
+        match self.next_app(deadline) {
+            Frame::Closed => {}
+            other => panic!("{why}: expected the session to close, got {other:?}"),
+        }
+    }
+}
+
+/// `/custom` -> `/custom,`; the root namespace has no prefix.
+fn nsp_prefix(nsp: &str) -> String {
+    if nsp == "/" {
+        String::new()
+    } else {
+        format!("{nsp},")
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Raw HTTP, for the handshake errors.
+
+struct HttpAnswer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl HttpAnswer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Sends a WebSocket upgrade request for `target` and reads the answer up
+/// to the server's close (it answers errors with `Connection: close`).
+fn upgrade_request(target: &str) -> HttpAnswer {
+    let addr = server();
+    let mut stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    stream.set_read_timeout(Some(WAIT)).expect("read timeout");
+    let request = format!(
+        "GET {target} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: AAECAwQFBgcICQoLDA0ODw==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).expect("write request");
+    let deadline = Instant::now() + WAIT;
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        assert!(Instant::now() < deadline, "no complete answer for {target}");
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => panic!("reading the answer for {target}: {e}"),
+        }
+    }
+    let text = String::from_utf8(raw).expect("a UTF-8 answer");
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no blank line in {text:?}"));
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    HttpAnswer {
+        status,
+        headers,
+        body: body.to_string(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Engine.IO: handshake.
+
+#[test]
+fn open_packet_carries_the_suite_settings() {
+    for path in [ENGINE, SOCKET] {
+        let peer = Peer::open(path);
+        let open: Value = serde_json::from_str(&peer.open[1..])
+            .unwrap_or_else(|e| panic!("open packet {:?}: {e}", peer.open));
+        let mut keys: Vec<&String> = open
+            .as_object()
+            .map(|m| m.keys().collect())
+            .unwrap_or_default();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "maxPayload",
+                "pingInterval",
+                "pingTimeout",
+                "sid",
+                "upgrades"
+            ],
+            "{path}"
+        );
+        assert!(
+            open["sid"].as_str().is_some_and(|s| !s.is_empty()),
+            "{path}"
+        );
+        assert_eq!(open["upgrades"], serde_json::json!([]), "{path}");
+        assert_eq!(open["pingInterval"], PING_INTERVAL.as_millis() as u64);
+        assert_eq!(open["pingTimeout"], PING_TIMEOUT.as_millis() as u64);
+        assert_eq!(open["maxPayload"], MESSAGE_BYTES_MAX as u64);
+        assert_eq!(
+            (PING_INTERVAL.as_millis(), PING_TIMEOUT.as_millis()),
+            (300, 200),
+            "the suites hard-code these"
+        );
+    }
+}
+
+#[test]
+fn bad_eio_and_bad_transport_get_400_with_engine_io_bodies() {
+    let version = r#"{"code":5,"message":"Unsupported protocol version"}"#;
+    let transport = r#"{"code":0,"message":"Transport unknown"}"#;
+    let cases = [
+        ("?transport=websocket", version),
+        ("?EIO=abc&transport=websocket", version),
+        ("?EIO=4", transport),
+        ("?EIO=4&transport=abc", transport),
+    ];
+    for path in [ENGINE, SOCKET] {
+        for (query, body) in cases {
+            let target = format!("{path}{query}");
+            let answer = upgrade_request(&target);
+            assert_eq!(answer.status, 400, "{target}");
+            assert_eq!(answer.body, body, "{target}");
+            assert_eq!(
+                answer.header("Content-Type"),
+                Some("application/json"),
+                "{target}"
+            );
+            assert_eq!(
+                answer.header("Access-Control-Allow-Origin"),
+                Some("*"),
+                "{target}"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Engine.IO: messages, heartbeat, close.
+
+#[test]
+fn engine_io_echoes_a_text_packet() {
+    let mut peer = Peer::open(ENGINE);
+    peer.send("4hello");
+    peer.expect("4hello");
+    peer.send("4€ and \"quotes\"");
+    peer.expect("4€ and \"quotes\"");
+}
+
+#[test]
+fn engine_io_echoes_a_binary_packet() {
+    let mut peer = Peer::open(ENGINE);
+    peer.send_binary(&[1, 2, 3, 4]);
+    peer.expect_binary(&[1, 2, 3, 4]);
+}
+
+#[test]
+fn engine_io_closes_on_an_invalid_packet() {
+    let mut peer = Peer::open(ENGINE);
+    peer.send("abc");
+    peer.expect_closed_by(Instant::now() + WAIT, "after \"abc\"");
+}
+
+#[test]
+fn heartbeat_pings_three_times_while_pongs_come_back() {
+    for path in [ENGINE, SOCKET] {
+        let mut peer = Peer::open(path);
+        if path == SOCKET {
+            // Joined, so the connect timeout does not end the session.
+            peer.send("40");
+            peer.expect_connect("/");
+            peer.expect("42[\"auth\",{}]");
+        }
+        for round in 0..3 {
+            let got = peer.next(Instant::now() + PING_INTERVAL + SLACK);
+            assert_eq!(got, Frame::Text("2".into()), "{path}: ping {round}");
+            peer.send("3");
+        }
+        // Still open: the Engine.IO echo or a Socket.IO event answers.
+        if path == ENGINE {
+            peer.send("4still here");
+            peer.expect("4still here");
+        } else {
+            peer.send(r#"42["message","still here"]"#);
+            peer.expect(r#"42["message-back","still here"]"#);
+        }
+    }
+}
+
+#[test]
+fn heartbeat_closes_when_no_pong_comes_back() {
+    let started = Instant::now();
+    let mut peer = Peer::open(ENGINE);
+    let got = peer.next(started + PING_INTERVAL + SLACK);
+    assert_eq!(got, Frame::Text("2".into()), "the first ping");
+    let got = peer.next(Instant::now() + PING_TIMEOUT + SLACK);
+    assert_eq!(got, Frame::Closed, "no pong: the session must close");
+    assert!(
+        started.elapsed() >= PING_INTERVAL + PING_TIMEOUT,
+        "closed after {:?}, before the ping timeout ran out",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn close_packet_ends_the_session() {
+    for path in [ENGINE, SOCKET] {
+        let mut peer = Peer::open(path);
+        peer.send("1");
+        peer.expect_closed_by(Instant::now() + WAIT, path);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Socket.IO: connect.
+
+#[test]
+fn connect_to_the_main_namespace_emits_auth() {
+    let _ = Peer::joined("/");
+}
+
+#[test]
+fn connect_to_the_main_namespace_with_a_payload_emits_it_back() {
+    let mut peer = Peer::open(SOCKET);
+    peer.send(r#"40{"token":"123"}"#);
+    peer.expect_connect("/");
+    peer.expect(r#"42["auth",{"token":"123"}]"#);
+}
+
+#[test]
+fn connect_to_the_custom_namespace_emits_auth() {
+    let _ = Peer::joined("/custom");
+}
+
+#[test]
+fn connect_to_the_custom_namespace_with_a_payload_emits_it_back() {
+    let mut peer = Peer::open(SOCKET);
+    peer.send(r#"40/custom,{"token":"abc"}"#);
+    peer.expect_connect("/custom");
+    peer.expect(r#"42/custom,["auth",{"token":"abc"}]"#);
+}
+
+#[test]
+fn connect_to_an_unknown_namespace_is_refused() {
+    // The suite sends the namespace without the trailing comma.
+    for packet in ["40/random", "40/random,"] {
+        let mut peer = Peer::open(SOCKET);
+        peer.send(packet);
+        peer.expect(r#"44/random,{"message":"Invalid namespace"}"#);
+    }
+}
+
+#[test]
+fn an_invalid_handshake_closes_the_connection() {
+    let mut peer = Peer::open(SOCKET);
+    peer.send("4abc");
+    peer.expect_closed_by(Instant::now() + WAIT, "after \"4abc\"");
+}
+
+#[test]
+fn no_handshake_closes_the_connection_after_the_connect_timeout() {
+    let started = Instant::now();
+    let mut peer = Peer::open(SOCKET);
+    // Pings are answered, so only the connect timeout can end the session.
+    peer.expect_closed_by(started + CONNECT_TIMEOUT + SLACK, "no CONNECT");
+    assert!(
+        started.elapsed() >= CONNECT_TIMEOUT,
+        "closed after {:?}, before the connect timeout",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_joined_session_outlives_the_connect_timeout() {
+    let mut peer = Peer::joined("/");
+    let until = Instant::now() + CONNECT_TIMEOUT + PING_INTERVAL;
+    assert_eq!(peer.next_app(until), Frame::TimedOut, "nothing but pings");
+    peer.send(r#"42["message","late"]"#);
+    peer.expect(r#"42["message-back","late"]"#);
+}
+
+// ---------------------------------------------------------------------------
+// Socket.IO: disconnect.
+
+#[test]
+fn disconnect_from_the_main_namespace_keeps_the_session() {
+    let mut peer = Peer::joined("/");
+    peer.send("41");
+    // The suite's check: the next thing to arrive is a ping, not a close.
+    let got = peer.next(Instant::now() + PING_INTERVAL + SLACK);
+    assert_eq!(got, Frame::Text("2".into()));
+    // Events to a namespace left are ignored; joining again works.
+    peer.send("3");
+    peer.send(r#"42["message","ignored"]"#);
+    peer.send("40");
+    peer.expect_connect("/");
+    peer.expect(r#"42["auth",{}]"#);
+}
+
+#[test]
+fn connect_then_disconnect_from_the_custom_namespace() {
+    let mut peer = Peer::joined("/");
+    peer.send("40/custom");
+    peer.expect_connect("/custom");
+    peer.expect(r#"42/custom,["auth",{}]"#);
+    peer.send("41/custom");
+    peer.send(r#"42/custom,["message","to custom, ignored"]"#);
+    peer.send(r#"42["message","message to main namespace"]"#);
+    peer.expect(r#"42["message-back","message to main namespace"]"#);
+}
+
+// ---------------------------------------------------------------------------
+// Socket.IO: messages and acks.
+
+#[test]
+fn message_comes_back_as_message_back() {
+    let mut peer = Peer::joined("/");
+    peer.send(r#"42["message",1,"2",{"3":[true]}]"#);
+    peer.expect(r#"42["message-back",1,"2",{"3":[true]}]"#);
+    peer.send(r#"42["message"]"#);
+    peer.expect(r#"42["message-back"]"#);
+}
+
+#[test]
+fn message_in_the_custom_namespace_comes_back_there() {
+    let mut peer = Peer::joined("/custom");
+    peer.send(r#"42/custom,["message",{"a":null}]"#);
+    peer.expect(r#"42/custom,["message-back",{"a":null}]"#);
+}
+
+#[test]
+fn message_with_attachments_comes_back_with_them() {
+    let mut peer = Peer::joined("/");
+    peer.send(r#"452-["message",{"_placeholder":true,"num":0},{"_placeholder":true,"num":1}]"#);
+    peer.send_binary(&[1, 2, 3]);
+    peer.send_binary(&[4, 5, 6]);
+    peer.expect(
+        r#"452-["message-back",{"_placeholder":true,"num":0},{"_placeholder":true,"num":1}]"#,
+    );
+    peer.expect_binary(&[1, 2, 3]);
+    peer.expect_binary(&[4, 5, 6]);
+}
+
+#[test]
+fn message_with_ack_is_acked_with_its_arguments() {
+    let mut peer = Peer::joined("/");
+    peer.send(r#"42456["message-with-ack",1,"2",{"3":[false]}]"#);
+    peer.expect(r#"43456[1,"2",{"3":[false]}]"#);
+}
+
+#[test]
+fn message_with_ack_and_attachments_is_acked_with_them() {
+    let mut peer = Peer::joined("/");
+    peer.send(
+        r#"452-789["message-with-ack",{"_placeholder":true,"num":0},{"_placeholder":true,"num":1}]"#,
+    );
+    peer.send_binary(&[1, 2, 3]);
+    peer.send_binary(&[4, 5, 6]);
+    peer.expect(r#"462-789[{"_placeholder":true,"num":0},{"_placeholder":true,"num":1}]"#);
+    peer.expect_binary(&[1, 2, 3]);
+    peer.expect_binary(&[4, 5, 6]);
+}
+
+#[test]
+fn invalid_packets_close_the_connection() {
+    let cases = [
+        ("unknown packet type", Message::text("4abc")),
+        ("invalid payload format", Message::text("42{}")),
+        (
+            "invalid ack id",
+            Message::text(r#"42abc["message-with-ack",1,"2",{"3":[false]}]"#),
+        ),
+        ("unannounced attachment", Message::binary(vec![1, 2, 3])),
+    ];
+    for (what, message) in cases {
+        let mut peer = Peer::joined("/");
+        peer.ws
+            .send(message)
+            .unwrap_or_else(|e| panic!("send ({what}): {e}"));
+        peer.expect_closed_by(Instant::now() + WAIT, what);
+    }
+}
