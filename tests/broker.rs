@@ -531,3 +531,21 @@ fn broker_exit_closes_client() {
     assert_eq!(client.ping().unwrap_err(), Error::Closed);
     assert!(client.is_closed());
 }
+
+#[test]
+fn request_without_ack_id_is_still_delivered() {
+    let broker = Broker::start(&[]);
+    let responder = connect(&broker);
+    let requests = responder.subscribe("svc.fire").unwrap();
+    let requester = connect(&broker);
+    requester
+        .emit("request", json!({"subject": "svc.fire", "data": 7}))
+        .unwrap();
+    let msg = recv(&requests);
+    assert_eq!(msg.data, json!(7));
+    let reply = msg.reply.expect("a reply subject even when nobody waits");
+    // Replying to it is fine and reaches nobody; both sockets stay usable.
+    responder.publish_acked(&reply, json!("late")).unwrap();
+    requester.ping().unwrap();
+    responder.ping().unwrap();
+}

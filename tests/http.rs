@@ -171,3 +171,28 @@ fn help_lists_every_flag_and_bad_flags_exit_2() {
         );
     }
 }
+
+#[test]
+fn head_requests_get_headers_only() {
+    let b = Broker::start(&[]);
+    let head = exchange(&b.addr, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(head.contains("Content-Length: 15\r\n"), "{head}");
+    assert!(head.ends_with("\r\n\r\n"), "{head}");
+}
+
+#[test]
+fn engine_io_errors_carry_the_cors_origin() {
+    let b = Broker::start(&["-cors-origin=https://app.example"]);
+    for target in [
+        "/socket.io/?EIO=9&transport=websocket",
+        "/socket.io/?EIO=4&transport=websocket",
+    ] {
+        let answer = get(&b.addr, target);
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{target}: {answer}");
+        assert!(
+            answer.contains("Access-Control-Allow-Origin: https://app.example\r\n"),
+            "{target}: {answer}"
+        );
+    }
+}

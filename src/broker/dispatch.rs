@@ -363,11 +363,25 @@ impl Broker {
     ) -> Result<Answer, ApiError> {
         let data = raw_text(r.data);
         let size = self.check_message(&r.subject, data, r.headers, attachments)?;
+        self.metrics.requests += 1;
         let Some(ack_id) = ack_id else {
-            // Nobody could receive the reply: nothing to do.
+            // Fire and forget: the request is delivered, and replies to its
+            // inbox reach nobody since no ack waits for them.
+            let inbox = self.requests.unanswered_inbox();
+            let headers = r.headers.map(RawValue::get).filter(|h| *h != "null");
+            self.metrics.msgs_in += 1;
+            self.metrics.bytes_in += size as u64;
+            self.deliver(
+                io,
+                &r.subject,
+                data,
+                Some(&inbox),
+                headers,
+                attachments,
+                size,
+            );
             return Ok(Answer::Later);
         };
-        self.metrics.requests += 1;
         if self.subs.matches(&r.subject).is_empty() {
             return Err(ApiError::new(
                 Code::NoResponders,

@@ -63,6 +63,12 @@ impl Requests {
         Some(inbox)
     }
 
+    /// A fresh inbox subject that no request waits on.
+    pub fn unanswered_inbox(&mut self) -> String {
+        self.next += 1;
+        format!("{}{}", self.prefix, self.next)
+    }
+
     /// Whether `subject` may be one of our inboxes (cheap pre-check).
     pub fn may_be_inbox(&self, subject: &str) -> bool {
         !self.open.is_empty() && subject.starts_with(&self.prefix)

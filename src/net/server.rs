@@ -286,8 +286,18 @@ impl<H: Handler> Server<H> {
     }
 
     fn respond(&mut self, id: ConnId, resp: &Response, now: Instant) {
+        self.respond_to(id, resp, false, now);
+    }
+
+    /// Queues the answer and closes after it; `head_only` leaves the body
+    /// out (a HEAD request) while keeping its Content-Length.
+    fn respond_to(&mut self, id: ConnId, resp: &Response, head_only: bool, now: Instant) {
+        let mut bytes = resp.encode();
+        if head_only {
+            bytes.truncate(bytes.len() - resp.body.len());
+        }
         let mut io = self.shell.io(now);
-        io.send_raw(id, &resp.encode());
+        io.send_raw(id, &bytes);
         io.close(id);
     }
 
@@ -295,28 +305,26 @@ impl<H: Handler> Server<H> {
         let Some(endpoint) = self.handler.endpoint(&req.path) else {
             let Server { shell, handler, .. } = self;
             let resp = handler.http(&mut shell.io(now), req);
-            return self.respond(id, &resp, now);
+            return self.respond_to(id, &resp, req.method == "HEAD", now);
         };
-        if let Err(e) = self.check_engine_request(req) {
-            let mut resp = Response::json(400, e.body());
-            if let Some(origin) = &self.settings.cors_origin {
-                resp.headers
-                    .push(("Access-Control-Allow-Origin".into(), origin.clone()));
+        let key = self.check_engine_request(req);
+        let key = match key {
+            Ok(k) => k,
+            Err(e) => {
+                let mut resp = Response::json(400, e.body());
+                if let Some(origin) = &self.settings.cors_origin {
+                    resp.headers
+                        .push(("Access-Control-Allow-Origin".into(), origin.clone()));
+                }
+                return self.respond(id, &resp, now);
             }
-            return self.respond(id, &resp, now);
-        }
-        let Some(key) = req.header("Sec-WebSocket-Key").map(str::to_string) else {
-            return self.respond(
-                id,
-                &Response::json(400, HandshakeError::BadRequest.body()),
-                now,
-            );
         };
         self.upgrade(id, endpoint, &key, now);
     }
 
-    /// Engine.IO's checks on a request to its endpoint (WebSocket only here).
-    fn check_engine_request(&self, req: &Request) -> Result<(), HandshakeError> {
+    /// Engine.IO's checks on a request to its endpoint (WebSocket only
+    /// here); the client's WebSocket key when all pass.
+    fn check_engine_request(&self, req: &Request) -> Result<String, HandshakeError> {
         let hs = engineio::parse_query(&req.query, &[4])?;
         if hs.transport != Transport::WebSocket {
             return Err(HandshakeError::UnknownTransport);
@@ -336,7 +344,9 @@ impl<H: Handler> Server<H> {
         {
             return Err(HandshakeError::BadRequest);
         }
-        Ok(())
+        req.header("Sec-WebSocket-Key")
+            .map(str::to_string)
+            .ok_or(HandshakeError::BadRequest)
     }
 
     fn upgrade(&mut self, id: ConnId, endpoint: u8, key: &str, now: Instant) {
