@@ -35,10 +35,11 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 
-# Every test: formatting, lints, unit and integration tests (against the
-# release binary in bin/), interop tests with real Socket.IO clients.
+# Every test: formatting, lints, then unit, integration (against the
+# release binary in bin/), interop (real Socket.IO clients), abuse and
+# conformance tests, ending with a "tests: N passed, N failed" line.
 test: build test-deps fmt-check clippy
-	GOMBUS_BIN=$(CURDIR)/$(BIN) $(CARGO) test --locked --all-targets
+	GOMBUS_BIN=$(CURDIR)/$(BIN) scripts/run-tests.sh
 
 # The conformance fixture for the official Engine.IO/Socket.IO suites.
 conformance:
