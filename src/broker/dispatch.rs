@@ -124,7 +124,7 @@ impl Broker {
     ) {
         match p.kind {
             Kind::Connect => self.connect(io, conn, p),
-            Kind::Disconnect => self.leave(io, conn, p.nsp),
+            Kind::Disconnect => self.leave(conn, p.nsp),
             Kind::Event | Kind::BinaryEvent => self.event(io, conn, p, attachments),
             // The broker asks clients for no acks; stray ones are ignored.
             Kind::Ack | Kind::BinaryAck => {}
@@ -165,7 +165,7 @@ impl Broker {
         io.set_timer(conn, None);
     }
 
-    fn leave(&mut self, io: &mut Io<'_>, conn: ConnId, nsp: &str) {
+    fn leave(&mut self, conn: ConnId, nsp: &str) {
         let Some(session) = self.session(conn) else {
             return;
         };
@@ -177,7 +177,6 @@ impl Broker {
             NSP_CONTROL => session.control = false,
             _ => {}
         }
-        let _ = io;
     }
 
     fn drop_root_state(&mut self, conn: ConnId) {

@@ -347,6 +347,8 @@ struct Shared {
     /// A third handle on the socket so shutdown never waits for a writer.
     socket: TcpStream,
     next_sid: AtomicU64,
+    /// Engine.IO pings answered since the connection opened.
+    pongs: AtomicU64,
 }
 
 impl Shared {
@@ -567,6 +569,7 @@ impl Client {
             closed_signal: Condvar::new(),
             socket: stream.try_clone()?,
             next_sid: AtomicU64::new(1),
+            pongs: AtomicU64::new(0),
         });
         let reader_shared = Arc::clone(&shared);
         let reader = thread::Builder::new()
@@ -724,6 +727,11 @@ impl Client {
     pub fn unsubscribe_after(&self, sid: &str, after: u64) -> Result<(), Error> {
         self.call("unsub", json!({ "sid": sid, "after": after }))
             .map(|_| ())
+    }
+
+    /// How many of the server's heartbeat pings this client has answered.
+    pub fn heartbeats(&self) -> u64 {
+        self.shared.pongs.load(Ordering::Relaxed)
     }
 
     /// Whether the connection is closed (by either side).
@@ -1085,6 +1093,7 @@ impl Reader {
             // Engine.IO v4 "heartbeat": the server pings, the client pongs.
             EioPacket::Ping => {
                 let _ = self.shared.writer().send_packet("3", &[]);
+                self.shared.pongs.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
             EioPacket::Close => Err(Stop),
