@@ -40,11 +40,15 @@ pub struct Broker {
     pub(crate) metrics: Metrics,
     /// Reused buffer for the shared part of a delivery.
     tail: Vec<u8>,
+    /// Reused buffer for ack headers.
+    ack_head: Vec<u8>,
     rng: u64,
 }
 
-/// What a root-namespace event answers: an ack now, or later (a request).
+/// What a root-namespace event answers: `{ok:true}`, another body now, or
+/// an ack later (a request).
 enum Answer {
+    Ok,
     Now(String),
     Later,
 }
@@ -65,6 +69,7 @@ impl Broker {
             requests,
             metrics: Metrics::default(),
             tail: Vec::with_capacity(1024),
+            ack_head: Vec::with_capacity(32),
             rng,
         }
     }
@@ -209,17 +214,20 @@ impl Broker {
             _ => return,
         };
         let body = match result {
-            Ok(Answer::Now(body)) => body,
+            Ok(Answer::Ok) => None,
+            Ok(Answer::Now(body)) => Some(body),
             Ok(Answer::Later) => return,
             Err(ArgError::Malformed) => return io.close(conn),
             Err(ArgError::Api(e)) => {
                 self.metrics.count_error(e.code);
-                e.ack_body()
+                Some(e.ack_body())
             }
         };
         let Some(id) = p.id else { return };
-        let head = socketio::encode(Kind::Ack, 0, p.nsp, Some(id), "");
-        io.send_text(conn, &[&head, body.as_bytes()]);
+        let body = body.as_deref().unwrap_or(OK_BODY);
+        self.ack_head.clear();
+        socketio::write_header(&mut self.ack_head, Kind::Ack, 0, p.nsp, Some(id));
+        io.send_text(conn, &[&self.ack_head, body.as_bytes()]);
     }
 
     /// A `/` event; `data` is the whole event array, read in one pass.
@@ -236,7 +244,7 @@ impl Broker {
             "pub" => {
                 let p: Pub = event_arg(data)?;
                 self.publish(io, &p, attachments)?;
-                Ok(Answer::Now(OK_BODY.to_string()))
+                Ok(Answer::Ok)
             }
             "sub" => {
                 let s: Sub = event_arg(data)?;
@@ -250,7 +258,7 @@ impl Broker {
                     sid,
                     after: u.after,
                 })?;
-                Ok(Answer::Now(OK_BODY.to_string()))
+                Ok(Answer::Ok)
             }
             "request" => {
                 let r: messages::Request = event_arg(data)?;
@@ -258,7 +266,7 @@ impl Broker {
             }
             "ping" => {
                 socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
-                Ok(Answer::Now(OK_BODY.to_string()))
+                Ok(Answer::Ok)
             }
             other => {
                 socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
@@ -436,13 +444,21 @@ impl Broker {
         if m.is_empty() {
             return 0;
         }
-        let mut head = Vec::with_capacity(16);
-        if attachments.is_empty() {
-            head.extend_from_slice(b"2[\"msg\",{\"sid\":");
+        const MSG_HEAD: &[u8] = b"2[\"msg\",{\"sid\":";
+        let mut binary_head = Vec::new();
+        let head: &[u8] = if attachments.is_empty() {
+            MSG_HEAD
         } else {
-            socketio::write_header(&mut head, Kind::BinaryEvent, attachments.len(), "/", None);
-            head.extend_from_slice(b"[\"msg\",{\"sid\":");
-        }
+            socketio::write_header(
+                &mut binary_head,
+                Kind::BinaryEvent,
+                attachments.len(),
+                "/",
+                None,
+            );
+            binary_head.extend_from_slice(&MSG_HEAD[1..]);
+            &binary_head
+        };
         let mut tail = std::mem::take(&mut self.tail);
         tail.clear();
         tail.extend_from_slice(b",\"subject\":");
@@ -459,7 +475,7 @@ impl Broker {
         }
         tail.extend_from_slice(b"}]");
         let out = Out {
-            head: &head,
+            head,
             tail: &tail,
             attachments,
         };

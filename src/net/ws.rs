@@ -190,18 +190,21 @@ pub fn unmask(buf: &mut [u8], mask: [u8; 4]) {
     }
 }
 
-/// Appends an unmasked server frame header for a payload of `len` bytes.
+/// Appends an unmasked, final server frame header for a payload of `len`
+/// bytes (RFC 6455 §5.2). Written by hand because it runs once per
+/// delivery; `header_bytes_match_tungstenite` holds it to tungstenite's
+/// `FrameHeader::format` for every length class and opcode.
 pub fn write_header(out: &mut Vec<u8>, opcode: OpCode, len: usize) {
-    let header = FrameHeader {
-        is_final: true,
-        rsv1: false,
-        rsv2: false,
-        rsv3: false,
-        opcode,
-        mask: None,
-    };
-    // Writing into a Vec cannot fail.
-    let _ = header.format(len as u64, out);
+    let first = 0x80 | u8::from(opcode);
+    if len < 126 {
+        out.extend_from_slice(&[first, len as u8]);
+    } else if let Ok(short) = u16::try_from(len) {
+        let [hi, lo] = short.to_be_bytes();
+        out.extend_from_slice(&[first, 126, hi, lo]);
+    } else {
+        out.extend_from_slice(&[first, 127]);
+        out.extend_from_slice(&(len as u64).to_be_bytes());
+    }
 }
 
 pub const TEXT: OpCode = OpCode::Data(Data::Text);
@@ -285,6 +288,37 @@ mod tests {
         let mut out = Vec::new();
         write_header(&mut out, BINARY, 65536);
         assert_eq!(out, vec![0x82, 0x7F, 0, 0, 0, 0, 0, 1, 0, 0]);
+    }
+
+    #[test]
+    fn header_bytes_match_tungstenite() {
+        for opcode in [TEXT, BINARY, PONG, CLOSE] {
+            for len in [
+                0,
+                1,
+                125,
+                126,
+                127,
+                65535,
+                65536,
+                1 << 20,
+                u32::MAX as usize + 7,
+            ] {
+                let mut ours = Vec::new();
+                write_header(&mut ours, opcode, len);
+                let header = FrameHeader {
+                    is_final: true,
+                    rsv1: false,
+                    rsv2: false,
+                    rsv3: false,
+                    opcode,
+                    mask: None,
+                };
+                let mut theirs = Vec::new();
+                header.format(len as u64, &mut theirs).unwrap();
+                assert_eq!(ours, theirs, "{opcode:?} {len}");
+            }
+        }
     }
 
     #[test]
