@@ -24,6 +24,9 @@ pub enum State {
     Closing,
 }
 
+/// How long a lagging receiver may pause the connections that write to it.
+pub const LAG_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Counters the loop keeps; the handler reports them in metrics.
 #[derive(Debug, Default, Clone)]
 pub struct NetStats {
@@ -53,6 +56,11 @@ pub struct Conn {
     pub endpoint: u8,
     /// Whether `Handler::opened` was called (so `closed` is owed).
     pub session: bool,
+    /// Since when its outbound bytes are past the stall mark (it is then
+    /// listed in `Io::lagging`); cleared once it drains to half the mark.
+    pub lag_since: Option<Instant>,
+    /// Reading from it is paused until lagging receivers catch up.
+    pub stalled: bool,
 }
 
 impl Conn {
@@ -70,6 +78,8 @@ impl Conn {
             serial,
             endpoint: 0,
             session: false,
+            lag_since: None,
+            stalled: false,
         }
     }
 
@@ -125,6 +135,12 @@ pub struct Io<'a> {
     pub(crate) stats: &'a mut NetStats,
     pub(crate) now: Instant,
     pub(crate) out_bytes_max: usize,
+    /// Connections whose outbound bytes passed `stall_bytes`.
+    pub(crate) lagging: &'a mut Vec<ConnId>,
+    /// Set when a write lands in a lagging connection: the connection
+    /// being read is then paused (backpressure on the publisher).
+    pub(crate) pressure: &'a mut bool,
+    pub(crate) stall_bytes: usize,
 }
 
 impl Io<'_> {
@@ -156,6 +172,7 @@ impl Io<'_> {
         let Some(c) = self.writable(conn, len + 10) else {
             return false;
         };
+        c.out.reserve(len + 10);
         ws::write_header(&mut c.out, ws::TEXT, len);
         c.out.push(b'4');
         for p in parts {
@@ -203,13 +220,27 @@ impl Io<'_> {
         if c.state != State::WebSocket {
             return None;
         }
-        if c.pending_out() + extra > bound {
+        let pending = c.pending_out() + extra;
+        if pending > bound {
             c.out = Vec::new();
             c.out_pos = 0;
             c.state = State::Closing;
             self.stats.slow_consumers += 1;
             self.closing.push(conn);
             return None;
+        }
+        if pending > self.stall_bytes {
+            match c.lag_since {
+                None => {
+                    c.lag_since = Some(self.now);
+                    self.lagging.push(conn);
+                    *self.pressure = true;
+                }
+                // Past the grace a receiver no longer holds publishers
+                // back: it catches up or ends as a slow consumer.
+                Some(since) if self.now < since + LAG_GRACE => *self.pressure = true,
+                Some(_) => {}
+            }
         }
         self.conns.get_mut(conn)?.as_mut()
     }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 
-use super::conn::{Conn, ConnId, Io, NetStats, State, TimerEntry};
+use super::conn::{Conn, ConnId, Io, NetStats, State, TimerEntry, LAG_GRACE};
 use super::http::{self, Request, Response};
 use super::ws::{self, Flow, WsEvent};
 use super::{Handler, Payload};
@@ -62,6 +62,15 @@ struct Shell {
     dirty: Vec<ConnId>,
     closing: Vec<ConnId>,
     again: Vec<ConnId>,
+    /// Connections whose reading is paused, and since when.
+    stalled: Vec<ConnId>,
+    /// When the earliest lagging receiver's grace ends.
+    stall_until: Option<Instant>,
+    lagging: Vec<ConnId>,
+    pressure: bool,
+    /// Outbound bytes past which a receiver counts as lagging: a quarter of
+    /// the slow-consumer bound.
+    stall_bytes: usize,
     timers: BinaryHeap<Reverse<TimerEntry>>,
     stats: NetStats,
     serial: u64,
@@ -78,6 +87,9 @@ impl Shell {
             stats: &mut self.stats,
             now,
             out_bytes_max: self.out_bytes_max,
+            lagging: &mut self.lagging,
+            pressure: &mut self.pressure,
+            stall_bytes: self.stall_bytes,
         }
     }
 }
@@ -95,6 +107,11 @@ impl<H: Handler> Server<H> {
             dirty: Vec::new(),
             closing: Vec::new(),
             again: Vec::new(),
+            stalled: Vec::new(),
+            stall_until: None,
+            lagging: Vec::new(),
+            pressure: false,
+            stall_bytes: settings.out_bytes_max / 4,
             timers: BinaryHeap::new(),
             stats: NetStats::default(),
             serial: 0,
@@ -135,7 +152,8 @@ impl<H: Handler> Server<H> {
                 match ev.token() {
                     LISTENER => self.accept(now),
                     Token(id) => {
-                        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                        let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
+                        if readable && !self.is_stalled(id) {
                             self.read(id, now);
                         }
                         if ev.is_writable() {
@@ -146,13 +164,63 @@ impl<H: Handler> Server<H> {
             }
             let again = std::mem::take(&mut self.shell.again);
             for id in again {
-                self.read(id, now);
+                if !self.is_stalled(id) {
+                    self.read(id, now);
+                }
             }
             self.fire_timers(now);
             let Server { shell, handler, .. } = self;
             handler.tick(&mut shell.io(now));
             self.flush_dirty();
             self.finish_closing(now);
+            self.resume_stalled(now);
+        }
+    }
+
+    fn is_stalled(&self, id: ConnId) -> bool {
+        matches!(self.shell.conns.get(id), Some(Some(c)) if c.stalled)
+    }
+
+    /// Pauses reading `id`: what it sent went to receivers that lag.
+    fn stall(&mut self, id: ConnId) {
+        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+            return;
+        };
+        if !c.stalled {
+            c.stalled = true;
+            self.shell.stalled.push(id);
+        }
+    }
+
+    /// Reads paused connections again once no receiver lags within its
+    /// grace (a receiver stops lagging when its queue is back under half
+    /// the stall mark, see `flush_dirty`).
+    fn resume_stalled(&mut self, now: Instant) {
+        let conns = &self.shell.conns;
+        let mut grace_end: Option<Instant> = None;
+        self.shell.lagging.retain(|&id| {
+            let end = match conns.get(id) {
+                Some(Some(c)) => c.lag_since.map(|t| t + LAG_GRACE),
+                _ => None,
+            };
+            match end {
+                Some(end) if now < end => {
+                    grace_end = Some(grace_end.map_or(end, |g| g.min(end)));
+                    true
+                }
+                _ => false,
+            }
+        });
+        // The loop wakes when the first grace ends, if nothing drains first.
+        self.shell.stall_until = grace_end;
+        if self.shell.stalled.is_empty() || !self.shell.lagging.is_empty() {
+            return;
+        }
+        for id in std::mem::take(&mut self.shell.stalled) {
+            if let Some(Some(c)) = self.shell.conns.get_mut(id) {
+                c.stalled = false;
+                self.shell.again.push(id);
+            }
         }
     }
 
@@ -160,7 +228,16 @@ impl<H: Handler> Server<H> {
         if !self.shell.again.is_empty() || !self.shell.dirty.is_empty() {
             return Some(Duration::ZERO);
         }
+        let stall_end = if self.shell.stalled.is_empty() {
+            None
+        } else {
+            self.shell.stall_until
+        };
         let next_timer = self.shell.timers.peek().map(|Reverse(t)| t.at);
+        let next_timer = match (next_timer, stall_end) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let next = match (next_timer, self.handler.next_deadline()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -214,6 +291,14 @@ impl<H: Handler> Server<H> {
 
     /// Reads what the socket has (up to the turn budget) and processes it.
     fn read(&mut self, id: ConnId, now: Instant) {
+        self.shell.pressure = false;
+        self.read_some(id, now);
+        if std::mem::take(&mut self.shell.pressure) {
+            self.stall(id);
+        }
+    }
+
+    fn read_some(&mut self, id: ConnId, now: Instant) {
         let mut budget = READ_TURN_BYTES_MAX;
         loop {
             let Some(Some(c)) = self.shell.conns.get_mut(id) else {
@@ -227,6 +312,10 @@ impl<H: Handler> Server<H> {
                 Ok(n) => {
                     self.shell.stats.bytes_in += n as u64;
                     self.ingest(id, n, now);
+                    if self.shell.pressure {
+                        // Its messages went to a lagging receiver.
+                        return;
+                    }
                     budget = budget.saturating_sub(n);
                     if budget == 0 {
                         self.shell.again.push(id);
@@ -505,7 +594,12 @@ impl<H: Handler> Server<H> {
             };
             c.dirty = false;
             match c.flush() {
-                Ok(written) => self.shell.stats.bytes_out += written as u64,
+                Ok(written) => {
+                    self.shell.stats.bytes_out += written as u64;
+                    if c.lag_since.is_some() && c.pending_out() <= self.shell.stall_bytes / 2 {
+                        c.lag_since = None;
+                    }
+                }
                 Err(_) => {
                     c.out.clear();
                     c.out_pos = 0;
