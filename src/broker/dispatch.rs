@@ -371,44 +371,33 @@ impl Broker {
         let data = raw_text(r.data);
         let size = self.check_message(&r.subject, data, r.headers, attachments)?;
         self.metrics.requests += 1;
-        let Some(ack_id) = ack_id else {
-            // Fire and forget: the request is delivered, and replies to its
-            // inbox reach nobody since no ack waits for them.
-            let inbox = self.requests.unanswered_inbox();
-            let headers = r.headers.map(RawValue::get).filter(|h| *h != "null");
-            self.metrics.msgs_in += 1;
-            self.metrics.bytes_in += size as u64;
-            self.deliver(
-                io,
-                &r.subject,
-                data,
-                Some(&inbox),
-                headers,
-                attachments,
-                size,
-            );
-            return Ok(Answer::Later);
-        };
-        if self.subs.matches(&r.subject).is_empty() {
-            return Err(ApiError::new(
+        let no_responders = || {
+            ApiError::new(
                 Code::NoResponders,
                 format!("no subscribers on {:?}", r.subject),
-            ));
-        }
-        let timeout = r
-            .timeout_ms
-            .map_or(REQUEST_TIMEOUT_DEFAULT, Duration::from_millis)
-            .clamp(Duration::from_millis(1), REQUEST_TIMEOUT_MAX);
-        let inbox = self
-            .requests
-            .open(conn, ack_id, io.now() + timeout)
-            .ok_or_else(|| {
-                ApiError::new(Code::Limit, "too many requests waiting on this socket")
-            })?;
+            )
+        };
+        let inbox = match ack_id {
+            // Fire and forget: the request is delivered, and replies to its
+            // inbox reach nobody since no ack waits for them.
+            None => self.requests.unanswered_inbox(),
+            Some(_) if self.subs.matches(&r.subject).is_empty() => return Err(no_responders()),
+            Some(ack_id) => {
+                let timeout = r
+                    .timeout_ms
+                    .map_or(REQUEST_TIMEOUT_DEFAULT, Duration::from_millis)
+                    .clamp(Duration::from_millis(1), REQUEST_TIMEOUT_MAX);
+                self.requests
+                    .open(conn, ack_id, io.now() + timeout)
+                    .ok_or_else(|| {
+                        ApiError::new(Code::Limit, "too many requests waiting on this socket")
+                    })?
+            }
+        };
         self.metrics.msgs_in += 1;
         self.metrics.bytes_in += size as u64;
         let headers = r.headers.map(RawValue::get).filter(|h| *h != "null");
-        if self.deliver(
+        let sent = self.deliver(
             io,
             &r.subject,
             data,
@@ -416,13 +405,11 @@ impl Broker {
             headers,
             attachments,
             size,
-        ) == 0
-        {
+        );
+        if sent == 0 && ack_id.is_some() {
+            // Every match was a connection on its way out.
             self.requests.take(&inbox);
-            return Err(ApiError::new(
-                Code::NoResponders,
-                format!("no subscribers on {:?}", r.subject),
-            ));
+            return Err(no_responders());
         }
         Ok(Answer::Later)
     }

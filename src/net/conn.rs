@@ -10,6 +10,7 @@ use mio::net::TcpStream;
 
 use super::ws;
 use crate::protocol::engineio::Heartbeat;
+use tungstenite::protocol::frame::coding::OpCode;
 
 /// Index of a connection in the loop's slab.
 pub type ConnId = usize;
@@ -168,38 +169,37 @@ impl Io<'_> {
 
     /// Queues an Engine.IO message packet (`4` + the parts) as one text frame.
     pub fn send_text(&mut self, conn: ConnId, parts: &[&[u8]]) -> bool {
-        let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
-        let Some(c) = self.writable(conn, len + 10) else {
-            return false;
-        };
-        c.out.reserve(len + 10);
-        ws::write_header(&mut c.out, ws::TEXT, len);
-        c.out.push(b'4');
-        for p in parts {
-            c.out.extend_from_slice(p);
-        }
-        self.mark_dirty(conn);
-        true
+        self.queue_frame(conn, ws::TEXT, b"4", parts)
     }
 
     /// Queues a binary Engine.IO message (a Socket.IO attachment).
     pub fn send_binary(&mut self, conn: ConnId, bytes: &[u8]) -> bool {
-        let Some(c) = self.writable(conn, bytes.len() + 10) else {
-            return false;
-        };
-        ws::write_header(&mut c.out, ws::BINARY, bytes.len());
-        c.out.extend_from_slice(bytes);
-        self.mark_dirty(conn);
-        true
+        self.queue_frame(conn, ws::BINARY, b"", &[bytes])
     }
 
     /// Queues a raw Engine.IO packet (e.g. `2` ping) as a text frame.
     pub(crate) fn send_engine(&mut self, conn: ConnId, packet: &[u8]) -> bool {
-        let Some(c) = self.writable(conn, packet.len() + 10) else {
+        self.queue_frame(conn, ws::TEXT, b"", &[packet])
+    }
+
+    /// One WebSocket frame of `prefix` and `parts`, within the bound.
+    fn queue_frame(
+        &mut self,
+        conn: ConnId,
+        opcode: OpCode,
+        prefix: &[u8],
+        parts: &[&[u8]],
+    ) -> bool {
+        let len = prefix.len() + parts.iter().map(|p| p.len()).sum::<usize>();
+        let Some(c) = self.writable(conn, len + 10) else {
             return false;
         };
-        ws::write_header(&mut c.out, ws::TEXT, packet.len());
-        c.out.extend_from_slice(packet);
+        c.out.reserve(len + 10);
+        ws::write_header(&mut c.out, opcode, len);
+        c.out.extend_from_slice(prefix);
+        for p in parts {
+            c.out.extend_from_slice(p);
+        }
         self.mark_dirty(conn);
         true
     }
