@@ -497,7 +497,7 @@ impl Broker {
     }
 
     fn send_to(&mut self, io: &mut Io<'_>, key: SubKey, out: &Out<'_>) -> bool {
-        let Some(s) = self.subs.get(key) else {
+        let Some(s) = self.subs.deliverable(key) else {
             return false;
         };
         let conn = s.conn;
@@ -507,7 +507,10 @@ impl Broker {
         for a in out.attachments {
             io.send_binary(conn, a);
         }
-        self.subs.delivered(key);
+        if let Some(end) = self.subs.delivered(key) {
+            // Cannot fail: the subscription exists.
+            let _ = self.subs.apply(end);
+        }
         true
     }
 }

@@ -26,6 +26,9 @@ impl GroupMode {
     }
 }
 
+/// The most queue-group rules the broker keeps.
+pub const GROUP_RULES_MAX: usize = 10_000;
+
 /// The rules set with `group.set`; a queue without one load-balances.
 #[derive(Debug, Default)]
 pub struct Groups {
@@ -35,12 +38,14 @@ pub struct Groups {
 }
 
 impl Groups {
-    pub fn set(&mut self, queue: &str, mode: GroupMode) {
-        if mode == GroupMode::LoadBalance {
-            self.rules.remove(queue);
-        } else {
-            self.rules.insert(queue.to_string(), mode);
+    /// Sets a queue's mode; false (and nothing changes) when the rule is
+    /// new and `GROUP_RULES_MAX` rules exist already.
+    pub fn set(&mut self, queue: &str, mode: GroupMode) -> bool {
+        if self.rules.len() >= GROUP_RULES_MAX && !self.rules.contains_key(queue) {
+            return false;
         }
+        self.rules.insert(queue.to_string(), mode);
+        true
     }
 
     pub fn mode(&self, queue: &str) -> GroupMode {
@@ -53,7 +58,7 @@ impl Groups {
             .unwrap_or(GroupMode::LoadBalance)
     }
 
-    /// Every rule, by queue name (load-balanced queues have no rule).
+    /// Every rule set, by queue name (queues never set load-balance too).
     pub fn list(&self) -> impl Iterator<Item = (&str, GroupMode)> {
         self.rules.iter().map(|(k, v)| (k.as_str(), *v))
     }
@@ -81,8 +86,25 @@ mod tests {
         );
         g.set("q", GroupMode::LoadBalance);
         assert_eq!(g.mode("q"), GroupMode::LoadBalance);
+        assert_eq!(
+            g.list().collect::<Vec<_>>(),
+            vec![("q", GroupMode::LoadBalance)]
+        );
         assert_eq!(GroupMode::parse("broadcast"), Some(GroupMode::Broadcast));
         assert_eq!(GroupMode::parse("x"), None);
+    }
+
+    #[test]
+    fn rules_are_bounded() {
+        let mut g = Groups::default();
+        for i in 0..GROUP_RULES_MAX {
+            assert!(g.set(&format!("q{i}"), GroupMode::Broadcast));
+        }
+        assert!(!g.set("one-too-many", GroupMode::Broadcast));
+        assert!(
+            g.set("q0", GroupMode::LoadBalance),
+            "changing a rule is always allowed"
+        );
     }
 
     #[test]

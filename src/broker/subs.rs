@@ -91,8 +91,11 @@ impl SubTable {
                 Ok(())
             }
             Command::GroupSet { queue, mode } => {
-                self.groups.set(&queue, mode);
-                Ok(())
+                if self.groups.set(&queue, mode) {
+                    Ok(())
+                } else {
+                    Err(ApiError::new(Code::Limit, "too many queue-group rules"))
+                }
             }
         }
     }
@@ -220,19 +223,24 @@ impl SubTable {
         }
     }
 
-    /// Counts one delivery to `key`; ends the subscription when its `max`
-    /// (or `after`) is used up. Returns false if it no longer exists.
-    pub fn delivered(&mut self, key: SubKey) -> bool {
-        let Some(s) = self.slot_mut(key) else {
-            return false;
-        };
-        if let Some(left) = s.remaining.as_mut() {
-            *left -= 1;
-            if *left == 0 {
-                self.remove_key(key);
-            }
-        }
-        true
+    /// Counts one delivery to `key`. When its `max` (or `after`) is used
+    /// up, returns the command that ends it, for the caller to apply like
+    /// any other change (so the removal takes the one `apply` path).
+    pub fn delivered(&mut self, key: SubKey) -> Option<Command> {
+        let s = self.slot_mut(key)?;
+        let left = s.remaining.as_mut()?;
+        *left = left.saturating_sub(1);
+        (*left == 0).then(|| Command::Unsubscribe {
+            conn: s.conn,
+            sid: s.sid.to_string(),
+            after: None,
+        })
+    }
+
+    /// Whether `key` may receive: it exists and its `max` is not used up
+    /// (a used-up one waits for its removal to be applied).
+    pub fn deliverable(&self, key: SubKey) -> Option<&Subscription> {
+        self.get(key).filter(|s| s.remaining != Some(0))
     }
 
     pub fn matches(&mut self, subject: &str) -> Rc<Match<SubKey>> {
@@ -335,20 +343,33 @@ mod tests {
         let mut t = SubTable::new();
         t.apply(sub(1, "a", "x", None, Some(2))).unwrap();
         let k = t.matches("x").plain[0];
-        assert!(t.delivered(k));
-        assert!(t.get(k).is_some());
-        assert!(t.delivered(k));
+        assert_eq!(t.delivered(k), None);
+        assert!(t.deliverable(k).is_some());
+        let end = t.delivered(k).expect("max reached");
+        assert_eq!(
+            end,
+            Command::Unsubscribe {
+                conn: 1,
+                sid: "a".into(),
+                after: None
+            }
+        );
+        // Used up: no more deliveries while the removal is pending.
+        assert!(t.deliverable(k).is_none());
+        t.apply(end).unwrap();
         assert!(t.get(k).is_none());
         assert!(!t.conn_has_sid(1, "a"));
         t.apply(sub(1, "b", "x", None, None)).unwrap();
+        let k = t.matches("x").plain[0];
+        assert_eq!(t.delivered(k), None, "no max: never ends by itself");
         t.apply(Command::Unsubscribe {
             conn: 1,
             sid: "b".into(),
             after: Some(1),
         })
         .unwrap();
-        let k = t.matches("x").plain[0];
-        t.delivered(k);
+        let end = t.delivered(k).expect("after reached");
+        t.apply(end).unwrap();
         assert!(t.matches("x").is_empty());
     }
 }
