@@ -25,6 +25,10 @@ pub enum State {
     Closing,
 }
 
+/// A buffer this large is released when it empties, so idle connections
+/// hold no memory.
+pub const BUFFER_KEEP_BYTES_MAX: usize = 64 * 1024;
+
 /// How long a lagging receiver may pause the connections that write to it.
 pub const LAG_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -88,6 +92,16 @@ impl Conn {
         self.out.len() - self.out_pos
     }
 
+    /// Drops what is queued and marks the connection closing; true if it
+    /// was not closing already (the caller then lists it for closing).
+    pub fn abort(&mut self) -> bool {
+        self.out = Vec::new();
+        self.out_pos = 0;
+        let was_open = self.state != State::Closing;
+        self.state = State::Closing;
+        was_open
+    }
+
     /// Writes queued bytes until done or WouldBlock; returns bytes written.
     pub fn flush(&mut self) -> std::io::Result<usize> {
         let c = self;
@@ -106,7 +120,7 @@ impl Conn {
         }
         if c.out_pos == c.out.len() {
             c.out_pos = 0;
-            if c.out.capacity() > super::server::BUFFER_KEEP_BYTES_MAX {
+            if c.out.capacity() > BUFFER_KEEP_BYTES_MAX {
                 c.out = Vec::new();
             } else {
                 c.out.clear();
@@ -222,11 +236,10 @@ impl Io<'_> {
         }
         let pending = c.pending_out() + extra;
         if pending > bound {
-            c.out = Vec::new();
-            c.out_pos = 0;
-            c.state = State::Closing;
+            if c.abort() {
+                self.closing.push(conn);
+            }
             self.stats.slow_consumers += 1;
-            self.closing.push(conn);
             return None;
         }
         if pending > self.stall_bytes {

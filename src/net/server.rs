@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 
-use super::conn::{Conn, ConnId, Io, NetStats, State, TimerEntry, LAG_GRACE};
+use super::conn::{
+    Conn, ConnId, Io, NetStats, State, TimerEntry, BUFFER_KEEP_BYTES_MAX, LAG_GRACE,
+};
 use super::http::{self, Request, Response};
 use super::ws::{self, Flow, WsEvent};
 use super::{Handler, Payload};
@@ -27,9 +29,6 @@ const LISTENER: Token = Token(usize::MAX);
 const READ_TURN_BYTES_MAX: usize = 1 << 20;
 /// The shared read buffer; partial frames are copied out of it.
 const SCRATCH_BYTES: usize = 64 * 1024;
-/// A buffer this large is released when it empties, so idle connections
-/// hold no memory.
-pub(crate) const BUFFER_KEEP_BYTES_MAX: usize = 64 * 1024;
 const _: () = assert!(READ_TURN_BYTES_MAX >= SCRATCH_BYTES);
 
 /// Engine.IO settings the loop applies to every session.
@@ -332,10 +331,7 @@ impl<H: Handler> Server<H> {
     /// The peer went away: its session ends without a goodbye.
     fn drop_peer(&mut self, id: ConnId, now: Instant) {
         if let Some(Some(c)) = self.shell.conns.get_mut(id) {
-            c.out.clear();
-            c.out_pos = 0;
-            if c.state != State::Closing {
-                c.state = State::Closing;
+            if c.abort() {
                 self.shell.closing.push(id);
             }
         }
@@ -601,10 +597,7 @@ impl<H: Handler> Server<H> {
                     }
                 }
                 Err(_) => {
-                    c.out.clear();
-                    c.out_pos = 0;
-                    if c.state != State::Closing {
-                        c.state = State::Closing;
+                    if c.abort() {
                         self.shell.closing.push(id);
                     }
                 }
