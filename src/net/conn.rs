@@ -104,13 +104,12 @@ impl Conn {
 
     /// Writes queued bytes until done or WouldBlock; returns bytes written.
     pub fn flush(&mut self) -> std::io::Result<usize> {
-        let c = self;
         let mut written = 0;
-        while c.out_pos < c.out.len() {
-            match c.stream.write(&c.out[c.out_pos..]) {
+        while self.out_pos < self.out.len() {
+            match self.stream.write(&self.out[self.out_pos..]) {
                 Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
                 Ok(n) => {
-                    c.out_pos += n;
+                    self.out_pos += n;
                     written += n;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -118,16 +117,16 @@ impl Conn {
                 Err(e) => return Err(e),
             }
         }
-        if c.out_pos == c.out.len() {
-            c.out_pos = 0;
-            if c.out.capacity() > BUFFER_KEEP_BYTES_MAX {
-                c.out = Vec::new();
+        if self.out_pos == self.out.len() {
+            self.out_pos = 0;
+            if self.out.capacity() > BUFFER_KEEP_BYTES_MAX {
+                self.out = Vec::new();
             } else {
-                c.out.clear();
+                self.out.clear();
             }
-        } else if c.out_pos > c.out.len() / 2 {
-            c.out.drain(..c.out_pos);
-            c.out_pos = 0;
+        } else if self.out_pos > self.out.len() / 2 {
+            self.out.drain(..self.out_pos);
+            self.out_pos = 0;
         }
         Ok(written)
     }
@@ -171,14 +170,6 @@ impl Io<'_> {
     /// Whether `conn` is an open Engine.IO session.
     pub fn is_open(&self, conn: ConnId) -> bool {
         matches!(self.conns.get(conn), Some(Some(c)) if c.state == State::WebSocket)
-    }
-
-    /// Bytes queued for `conn` and not yet written.
-    pub fn pending(&self, conn: ConnId) -> usize {
-        match self.conns.get(conn) {
-            Some(Some(c)) => c.pending_out(),
-            _ => 0,
-        }
     }
 
     /// Queues an Engine.IO message packet (`4` + the parts) as one text frame.

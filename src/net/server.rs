@@ -131,10 +131,6 @@ impl<H: Handler> Server<H> {
         self.listener.local_addr()
     }
 
-    pub fn handler(&self) -> &H {
-        &self.handler
-    }
-
     /// Runs the loop until an I/O error on the poller itself.
     pub fn run(&mut self) -> io::Result<()> {
         let mut events = Events::with_capacity(1024);

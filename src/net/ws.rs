@@ -66,11 +66,6 @@ pub struct Decoder {
 }
 
 impl Decoder {
-    /// Bytes held for a fragmented message.
-    pub fn held_bytes(&self) -> usize {
-        self.frag.capacity()
-    }
-
     /// Decodes whole frames from `buf` (unmasking in place) and hands each
     /// message to `on_event`. Returns the bytes consumed; the rest is a
     /// partial frame to keep until more arrives. `message_max` bounds a
