@@ -9,6 +9,7 @@
 //! - [`broker`]: subjects, the subscription index, queue groups, request/reply,
 //!   the control namespace, metrics; every state change goes through one
 //!   `apply` path.
+//! - [`stream`]: streams and consumers over an append-only segment store.
 //! - [`client`]: the Rust client module used by the examples, tests and tools.
 
 pub mod broker;
@@ -16,3 +17,4 @@ pub mod client;
 pub mod config;
 pub mod net;
 pub mod protocol;
+pub mod stream;

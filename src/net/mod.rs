@@ -14,6 +14,7 @@ pub mod http;
 pub mod server;
 pub mod ws;
 
+use std::sync::Arc;
 use std::time::Instant;
 
 pub use conn::{ConnId, Io, NetStats};
@@ -45,4 +46,9 @@ pub trait Handler {
     fn tick(&mut self, io: &mut Io<'_>);
     /// The next handler-wide deadline, so the loop wakes for it.
     fn next_deadline(&self) -> Option<Instant>;
+    /// Called once, before the loop runs, with the loop's waker: a
+    /// handler that starts helper threads (fsync) gives it to them.
+    fn attach(&mut self, _waker: Arc<mio::Waker>) {}
+    /// Some thread called the waker; the handler collects what it reported.
+    fn woken(&mut self, _io: &mut Io<'_>) {}
 }

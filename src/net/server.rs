@@ -11,10 +11,11 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io::{self, Read};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::net::TcpListener;
-use mio::{Events, Interest, Poll, Token};
+use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::conn::{
     Conn, ConnId, Io, NetStats, State, TimerEntry, BUFFER_KEEP_BYTES_MAX, LAG_GRACE,
@@ -25,6 +26,8 @@ use super::{Handler, Payload};
 use crate::protocol::engineio::{self, Beat, HandshakeError, Heartbeat, OpenInfo, Transport};
 
 const LISTENER: Token = Token(usize::MAX);
+/// The loop's waker: other threads (the fsync thread) report through it.
+const WAKER: Token = Token(usize::MAX - 1);
 /// Bytes read from one socket per loop turn before others get a turn.
 const READ_TURN_BYTES_MAX: usize = 1 << 20;
 /// The shared read buffer; partial frames are copied out of it.
@@ -100,6 +103,9 @@ impl<H: Handler> Server<H> {
         let mut listener = TcpListener::bind(addr)?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let mut handler = handler;
+        handler.attach(waker);
         let shell = Shell {
             conns: Vec::new(),
             free: Vec::new(),
@@ -146,6 +152,10 @@ impl<H: Handler> Server<H> {
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept(now),
+                    WAKER => {
+                        let Server { shell, handler, .. } = self;
+                        handler.woken(&mut shell.io(now));
+                    }
                     Token(id) => {
                         let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
                         if readable && !self.is_stalled(id) {
