@@ -3,4 +3,10 @@
 //!
 //! - [`record`]: length + crc32 record framing shared by every append-only
 //!   file (segments, the durable Raft log, state files).
+//! - [`consumer`]: one consumer's pure state machine (cursor, pending acks,
+//!   redelivery schedule).
+//! - [`stream`]: one stream's messages, limits, dedup window and retention.
+pub mod consumer;
 pub mod record;
+#[allow(clippy::module_inception)] // stream::stream is one stream, as the layout asks.
+pub mod stream;
