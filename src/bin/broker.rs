@@ -7,6 +7,7 @@ use gombus::broker::dispatch::ENVELOPE_BYTES;
 use gombus::broker::{Broker, BrokerConfig};
 use gombus::config::{self, ConfigError};
 use gombus::net::server::{Server, Settings};
+use gombus::stream::sync::SyncPolicy;
 
 fn main() -> ExitCode {
     let cfg = match config::parse(std::env::args().skip(1)) {
@@ -20,13 +21,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let broker = Broker::new(BrokerConfig {
+    let mut broker = Broker::new(BrokerConfig {
         node_id: cfg.node_id.clone(),
         control_token: cfg.control_token.clone(),
         auth_token: cfg.auth_token.clone(),
         max_payload: cfg.max_payload,
         connect_timeout: cfg.connect_timeout,
     });
+    if let Err(e) = broker.open_streams(&cfg.data_dir, SyncPolicy::Always) {
+        eprintln!("[error] streams unavailable: {e}");
+    }
     let settings = Settings {
         ping_interval: cfg.ping_interval,
         ping_timeout: cfg.ping_timeout,

@@ -11,6 +11,7 @@ use super::groups::GroupMode;
 use super::metrics::Metrics;
 use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
 use super::session::{token_eq, Session, NSP_CONTROL, NSP_ROOT};
+use super::streams::Streams;
 use super::subject;
 use super::subs::{Command, SubKey, SubTable};
 use crate::net::{ConnId, Handler, Io, Payload, Request, Response};
@@ -38,6 +39,7 @@ pub struct Broker {
     pub(crate) subs: SubTable,
     requests: Requests,
     pub(crate) metrics: Metrics,
+    pub(crate) streams: Streams,
     /// Reused buffer for the shared part of a delivery.
     tail: Vec<u8>,
     /// Reused buffer for ack headers.
@@ -68,10 +70,23 @@ impl Broker {
             subs: SubTable::new(),
             requests,
             metrics: Metrics::default(),
+            streams: Streams::default(),
             tail: Vec::with_capacity(1024),
             ack_head: Vec::with_capacity(32),
             rng,
         }
+    }
+
+    /// Opens the streams under `<data>/streams` (recovering what is there)
+    /// with the given fsync policy. Until this succeeds, stream events are
+    /// refused with `unavailable`.
+    pub fn open_streams(
+        &mut self,
+        data: &std::path::Path,
+        policy: crate::stream::sync::SyncPolicy,
+    ) -> Result<(), String> {
+        self.streams = Streams::open(data, policy)?;
+        Ok(())
     }
 
     fn session(&mut self, conn: ConnId) -> Option<&mut Session> {
@@ -243,8 +258,10 @@ impl Broker {
         match name {
             "pub" => {
                 let p: Pub = event_arg(data)?;
-                self.publish(io, &p, attachments)?;
-                Ok(Answer::Ok)
+                match self.publish(io, conn, ack_id, &p, attachments)? {
+                    true => Ok(Answer::Later),
+                    false => Ok(Answer::Ok),
+                }
             }
             "sub" => {
                 let s: Sub = event_arg(data)?;
@@ -269,7 +286,11 @@ impl Broker {
                 Ok(Answer::Ok)
             }
             other => {
-                socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
+                let ev = socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
+                let arg = ev.args.first().copied();
+                if let Some(r) = self.streams.event(io, conn, other, arg, ack_id) {
+                    return Ok(r?.map_or(Answer::Later, Answer::Now));
+                }
                 Err(ArgError::Api(ApiError::new(
                     Code::BadRequest,
                     format!("unknown event {other:?}"),
@@ -328,21 +349,36 @@ impl Broker {
         Ok(size)
     }
 
+    /// Delivers a publish; true when a stream captured it and its ack is
+    /// held until the message is stored.
     fn publish(
         &mut self,
         io: &mut Io<'_>,
+        conn: ConnId,
+        ack_id: Option<u64>,
         p: &Pub<'_>,
         attachments: &[Vec<u8>],
-    ) -> Result<(), ApiError> {
+    ) -> Result<bool, ApiError> {
         let data = raw_text(p.data);
         let size = self.check_message(&p.subject, data, p.headers, attachments)?;
         if let Some(reply) = &p.reply {
             subject::validate_subject(reply)
                 .map_err(|e| ApiError::new(Code::BadSubject, format!("reply: {e}")))?;
         }
+        let headers = p.headers.map(RawValue::get).filter(|h| *h != "null");
+        let held = self.streams.captures(&p.subject);
+        if held {
+            if !attachments.is_empty() {
+                return Err(ApiError::new(
+                    Code::BadRequest,
+                    "binary attachments cannot be stored in a stream",
+                ));
+            }
+            self.streams
+                .publish(conn, ack_id, &p.subject, data, headers)?;
+        }
         self.metrics.msgs_in += 1;
         self.metrics.bytes_in += size as u64;
-        let headers = p.headers.map(RawValue::get).filter(|h| *h != "null");
         if self.requests.may_be_inbox(&p.subject) {
             if let Some(pending) = self.requests.take(&p.subject) {
                 answer_request(io, &pending, &p.subject, data, headers, attachments);
@@ -357,7 +393,7 @@ impl Broker {
             attachments,
             size,
         );
-        Ok(())
+        Ok(held && ack_id.is_some())
     }
 
     fn request(
@@ -635,6 +671,7 @@ impl Handler for Broker {
 
     fn closed(&mut self, _io: &mut Io<'_>, conn: ConnId) {
         self.drop_root_state(conn);
+        self.streams.closed(conn);
         if let Some(slot) = self.sessions.get_mut(conn) {
             *slot = None;
         }
@@ -648,6 +685,7 @@ impl Handler for Broker {
     }
 
     fn tick(&mut self, io: &mut Io<'_>) {
+        self.streams.tick(io, &mut self.subs);
         if self.requests.is_empty() {
             return;
         }
@@ -660,6 +698,17 @@ impl Handler for Broker {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        self.requests.next_deadline()
+        match (self.requests.next_deadline(), self.streams.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn attach(&mut self, waker: std::sync::Arc<mio::Waker>) {
+        self.streams.attach(waker);
+    }
+
+    fn woken(&mut self, io: &mut Io<'_>) {
+        self.streams.woken(io);
     }
 }

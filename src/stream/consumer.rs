@@ -311,6 +311,11 @@ impl Consumer {
         self.timers.first().map(|&(at, _)| at)
     }
 
+    /// Forgets `seq` if it is pending (the message is gone); true if it was.
+    pub fn forget(&mut self, seq: u64) -> bool {
+        self.finish(seq)
+    }
+
     /// Forgets pending sequences that are no longer stored (after a purge
     /// or a limit dropped them).
     pub fn forget_missing(&mut self, src: &impl Source, events: &mut Vec<Event>) {

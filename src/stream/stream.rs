@@ -121,17 +121,17 @@ impl Stream {
         self.cfg.subjects.iter().any(|p| subject::matches(p, subj))
     }
 
-    pub fn get(&self, seq: u64) -> Option<&Msg> {
-        self.msgs.get(&seq)
+    pub fn get(&self, seq: u64) -> Option<Msg> {
+        self.msgs.get(&seq).cloned()
     }
 
     /// The newest message on exactly `subj` (or matching it, if a pattern).
-    pub fn last_by_subject(&self, subj: &str) -> Option<(u64, &Msg)> {
+    pub fn last_by_subject(&self, subj: &str) -> Option<(u64, Msg)> {
         self.msgs
             .iter()
             .rev()
             .find(|(_, m)| subject::matches(subj, &m.subject))
-            .map(|(&s, m)| (s, m))
+            .map(|(&s, m)| (s, m.clone()))
     }
 
     fn bytes_max(&self) -> u64 {
@@ -409,8 +409,8 @@ impl Stream {
 }
 
 impl Msgs<'_> {
-    pub fn get(&self, seq: u64) -> Option<&Msg> {
-        self.msgs.get(&seq)
+    pub fn get(&self, seq: u64) -> Option<Msg> {
+        self.msgs.get(&seq).cloned()
     }
 }
 
