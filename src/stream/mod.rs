@@ -3,4 +3,13 @@
 //!
 //! - [`record`]: length + crc32 record framing shared by every append-only
 //!   file (segments, the durable Raft log, state files).
+//! - [`segment`]: the record kinds of a stream segment file and its name.
+//! - [`store`]: one stream's segment store (append, read, remove, limits,
+//!   the in-memory index) and its API contract.
+//! - [`recover`]: opening a store: torn tails cut, corruption refused.
+//! - [`sync`]: the broker's fsync thread (group commit, tickets, policies).
 pub mod record;
+pub mod recover;
+pub mod segment;
+pub mod store;
+pub mod sync;
