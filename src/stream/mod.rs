@@ -7,9 +7,12 @@
 //! - [`store`]: one stream's segment store (append, read, remove, limits,
 //!   the in-memory index) and its API contract.
 //! - [`recover`]: opening a store: torn tails cut, corruption refused.
+//! - [`statefile`]: small state files replaced atomically (configs, hard
+//!   state).
 //! - [`sync`]: the broker's fsync thread (group commit, tickets, policies).
 pub mod record;
 pub mod recover;
 pub mod segment;
+pub mod statefile;
 pub mod store;
 pub mod sync;
