@@ -7,7 +7,6 @@ use gombus::broker::dispatch::ENVELOPE_BYTES;
 use gombus::broker::{Broker, BrokerConfig};
 use gombus::config::{self, ConfigError};
 use gombus::net::server::{Server, Settings};
-use gombus::stream::sync::SyncPolicy;
 
 fn main() -> ExitCode {
     let cfg = match config::parse(std::env::args().skip(1)) {
@@ -28,7 +27,7 @@ fn main() -> ExitCode {
         max_payload: cfg.max_payload,
         connect_timeout: cfg.connect_timeout,
     });
-    if let Err(e) = broker.open_streams(&cfg.data_dir, SyncPolicy::Always) {
+    if let Err(e) = broker.open_streams(&cfg.data_dir, cfg.sync, cfg.segment_size as u64) {
         eprintln!("[error] streams unavailable: {e}");
     }
     let settings = Settings {

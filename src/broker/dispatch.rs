@@ -84,8 +84,9 @@ impl Broker {
         &mut self,
         data: &std::path::Path,
         policy: crate::stream::sync::SyncPolicy,
+        segment_bytes: u64,
     ) -> Result<(), String> {
-        self.streams = Streams::open(data, policy)?;
+        self.streams = Streams::open(data, policy, segment_bytes)?;
         Ok(())
     }
 

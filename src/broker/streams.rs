@@ -33,6 +33,7 @@ use crate::protocol::stream_messages::{
 };
 use crate::stream::consumer::{Consumer, Event};
 use crate::stream::meta::{ConsumerSnap, MetaLog, Snapshot};
+use crate::stream::store::Options;
 use crate::stream::stream::{Member, Msg, Stored, Stream, CONSUMERS_PER_STREAM_MAX};
 use crate::stream::sync::{FileKey, SyncPolicy, Syncer, Ticket};
 
@@ -104,6 +105,8 @@ pub struct Streams {
     pick: usize,
     /// When the loop must call `tick` again (computed by `tick`).
     next_at: Option<Instant>,
+    /// `-segment-size`.
+    segment_bytes: u64,
 }
 
 /// Milliseconds since the Unix epoch (message times).
@@ -144,11 +147,12 @@ impl Streams {
             body: Vec::with_capacity(256),
             pick: 0,
             next_at: None,
+            segment_bytes: Options::default().segment_bytes,
         }
     }
 
     /// Opens (or creates) `<data>/streams` and recovers every stream in it.
-    pub fn open(data: &Path, policy: SyncPolicy) -> Result<Streams, String> {
+    pub fn open(data: &Path, policy: SyncPolicy, segment_bytes: u64) -> Result<Streams, String> {
         let root = data.join("streams");
         std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
         let syncer = Syncer::start(policy).map_err(|e| format!("fsync thread: {e}"))?;
@@ -157,6 +161,7 @@ impl Streams {
         s.policy = policy;
         s.syncer = Some(Arc::new(syncer));
         s.root = Some(root.clone());
+        s.segment_bytes = segment_bytes;
         let mut names: Vec<String> = std::fs::read_dir(&root)
             .map_err(|e| format!("{}: {e}", root.display()))?
             .flatten()
@@ -174,8 +179,7 @@ impl Streams {
 
     fn recover(&self, dir: &Path) -> Result<Slot, String> {
         let (snap, events, meta) = MetaLog::open(dir).map_err(|e| e.to_string())?;
-        let mut stream = Stream::new(snap.config.clone());
-        stream.set_last_seq(snap.last_seq);
+        let mut stream = Stream::open(snap.config.clone(), dir, self.store_opts(), epoch_ms())?;
         let now = Instant::now();
         for c in &snap.consumers {
             let mut consumer = Consumer::new(c.config.clone(), c.next_seq);
@@ -204,6 +208,14 @@ impl Streams {
             meta_key,
             touched: true,
         })
+    }
+
+    fn store_opts(&self) -> Options {
+        Options {
+            segment_bytes: self.segment_bytes,
+            syncer: self.syncer.clone(),
+            ..Options::default()
+        }
     }
 
     fn register(&self, file: &std::fs::File) -> Option<FileKey> {
@@ -418,10 +430,12 @@ impl Streams {
             consumers: Vec::new(),
         };
         let meta = MetaLog::create(&dir, &mut snap).map_err(internal)?;
+        let stream =
+            Stream::open(cfg.clone(), &dir, self.store_opts(), epoch_ms()).map_err(internal)?;
         let meta_key = self.register(meta.file());
         let slot = Slot {
             name: Rc::from(cfg.name.as_str()),
-            stream: Stream::new(cfg.clone()),
+            stream,
             meta,
             meta_key,
             touched: false,
@@ -479,12 +493,12 @@ impl Streams {
                 .map_err(|e| ApiError::new(Code::BadSubject, format!("{e}: {f:?}")))?;
         }
         let slot = self.slot(&r.name)?;
-        let removed = slot.stream.purge(r.subject.as_deref());
-        forget_removed(slot, &removed);
+        let purged = slot.stream.purge(r.subject.as_deref())?;
+        forget_missing(slot);
         slot.touched = true;
         if let Some(ack_id) = ack_id {
             let stream = Rc::clone(&slot.name);
-            let body = ok_with(json!({ "purged": removed.len() }));
+            let body = ok_with(json!({ "purged": purged }));
             self.unflushed.push(Held {
                 conn,
                 ack_id,
@@ -498,8 +512,8 @@ impl Streams {
     fn stream_get(&mut self, r: GetReq) -> Result<Option<Value>, ApiError> {
         let slot = self.slot(&r.name)?;
         let found = match (r.seq, &r.last_by_subject) {
-            (Some(seq), None) => slot.stream.get(seq).map(|m| (seq, m)),
-            (None, Some(subj)) => slot.stream.last_by_subject(subj),
+            (Some(seq), None) => slot.stream.get(seq)?.map(|m| (seq, m)),
+            (None, Some(subj)) => slot.stream.last_by_subject(subj)?,
             _ => {
                 return Err(ApiError::new(
                     Code::BadRequest,
@@ -800,6 +814,13 @@ impl Streams {
                     failed = Some(e.message);
                 }
             }
+            if let Err(e) = slot
+                .stream
+                .flush()
+                .map(|t| self.ticket = self.ticket.max(t))
+            {
+                failed = Some(e.to_string());
+            }
             match slot.meta.flush() {
                 Ok(true) => {
                     if let (Some(s), Some(k)) = (&self.syncer, slot.meta_key) {
@@ -950,7 +971,9 @@ fn push_one(
             break;
         };
         let targets = push_targets(subs, &subject, group.as_deref(), pick);
-        let Some(m) = msgs.get(d.seq) else { continue };
+        let Ok(Some(m)) = msgs.get(d.seq) else {
+            continue;
+        };
         tail.clear();
         tail.extend_from_slice(b",\"subject\":");
         push_str(&mut tail, &m.subject);
@@ -1054,7 +1077,7 @@ fn push_targets(
 
 /// Age limits, the duplicate window and redelivery timers of one stream.
 fn maintain(slot: &mut Slot, now: Instant, now_ms: u64) {
-    let removed = slot.stream.expire(now_ms);
+    let removed = slot.stream.expire(now_ms).unwrap_or_default();
     if !removed.is_empty() {
         forget_removed(slot, &removed);
         slot.touched = true;
@@ -1101,13 +1124,28 @@ fn after_events(slot: &mut Slot, consumer: &str, events: &[Event], done: &[u64])
 fn remove_seqs(slot: &mut Slot, seqs: &[u64]) {
     let mut removed = Vec::with_capacity(seqs.len());
     for &s in seqs {
-        if slot.stream.remove(s) {
+        if slot.stream.remove(s).unwrap_or(false) {
             removed.push(s);
         }
     }
     if !removed.is_empty() {
         forget_removed(slot, &removed);
         slot.touched = true;
+    }
+}
+
+/// Consumers stop waiting for acks of messages that are gone (after a
+/// purge).
+fn forget_missing(slot: &mut Slot) {
+    let names: Vec<String> = slot.stream.consumers.keys().cloned().collect();
+    for name in names {
+        let mut events = Vec::new();
+        if let Some((msgs, m)) = slot.stream.split(&name) {
+            m.consumer.forget_missing(&msgs, &mut events);
+        }
+        for e in events {
+            slot.meta.push(&name, e);
+        }
     }
 }
 
@@ -1134,7 +1172,10 @@ fn start_seq(stream: &Stream, cfg: &ConsumerConfig) -> u64 {
         DeliverPolicy::ByStartSeq => cfg.opt_start_seq.unwrap_or(1),
         DeliverPolicy::Last => {
             let filter = cfg.filter_subject.as_deref().unwrap_or(">");
-            stream.last_by_subject(filter).map_or(last + 1, |(s, _)| s)
+            match stream.last_by_subject(filter) {
+                Ok(Some((s, _))) => s,
+                _ => last + 1,
+            }
         }
     }
 }
@@ -1241,7 +1282,9 @@ fn take_batch(
         let Some(d) = member.consumer.next(now, &msgs, &mut events) else {
             break;
         };
-        let Some(m) = msgs.get(d.seq) else { continue };
+        let Ok(Some(m)) = msgs.get(d.seq) else {
+            continue;
+        };
         if n > 0 {
             body.push(b',');
         }

@@ -2,9 +2,9 @@
 //! consumers' configs and their cursors (deliveries made, pending acks with
 //! delivery counts), in `<data>/streams/<name>/`:
 //!
-//! - `meta.snap`: one crc-framed record (written to a temporary file,
-//!   fsynced, renamed, directory fsynced) holding a [`Snapshot`] as JSON,
-//!   including `gen`, the number of the log that continues it;
+//! - `meta.snap`: a [`statefile`] (one crc-framed record, replaced
+//!   atomically) holding a [`Snapshot`] as JSON, including `gen`, the
+//!   number of the log that continues it;
 //! - `meta.<gen>.log`: crc-framed binary records of consumer [`Event`]s
 //!   made since that snapshot, appended once per loop turn.
 //!
@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::consumer::Event;
 use super::record;
+use super::statefile;
 use crate::protocol::stream_messages::{ConsumerConfig, StreamConfig};
 
 /// Log size past which the next loop turn writes a fresh snapshot.
@@ -51,6 +52,10 @@ pub struct Snapshot {
     pub last_seq: u64,
     pub consumers: Vec<ConsumerSnap>,
 }
+
+/// What [`MetaLog::open`] read: the snapshot, the events logged since
+/// (consumer name, event), and the log open for appending.
+pub type Opened = (Snapshot, Vec<(String, Event)>, MetaLog);
 
 /// The event log of one stream, open for appending.
 #[derive(Debug)]
@@ -88,29 +93,9 @@ fn log_path(dir: &Path, gen: u64) -> PathBuf {
     dir.join(format!("meta.{gen}.log"))
 }
 
-/// Writes `body` as one crc-framed record to `dir/name` atomically: a
-/// temporary file, fsync, rename over, fsync of the directory.
-pub fn write_state_file(dir: &Path, name: &str, body: &[u8]) -> io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let mut out = Vec::with_capacity(body.len() + record::HEAD_BYTES);
-    record::encode(&mut out, body);
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(&out)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, dir.join(name))?;
-    File::open(dir)?.sync_all()
-}
-
-/// Reads a file written by [`write_state_file`].
-pub fn read_state_file(path: &Path) -> Result<Vec<u8>, MetaError> {
-    let bytes = fs::read(path).map_err(io_err(path))?;
-    match record::read(&bytes, 0) {
-        Ok(Some((body, end))) if end == bytes.len() => Ok(body.to_vec()),
-        Ok(_) => Err(MetaError::Corrupt(path.into(), "not one record".into())),
-        Err(e) => Err(MetaError::Corrupt(path.into(), format!("{e} at offset 0"))),
-    }
+fn write_snap(dir: &Path, body: &[u8]) -> Result<(), MetaError> {
+    let path = dir.join(SNAP);
+    statefile::write(&path, body).map_err(io_err(&path))
 }
 
 impl MetaLog {
@@ -121,15 +106,17 @@ impl MetaLog {
         let body =
             serde_json::to_vec(snap).map_err(|e| MetaError::Corrupt(dir.into(), e.to_string()))?;
         let log = open_log(dir, 1, true)?;
-        write_state_file(dir, SNAP, &body).map_err(io_err(dir))?;
+        write_snap(dir, &body)?;
         Ok(log)
     }
 
     /// Reads a stream's snapshot and the events logged since; the log is
     /// cut at its first bad record (a torn tail) and opened for appending.
-    pub fn open(dir: &Path) -> Result<(Snapshot, Vec<(String, Event)>, MetaLog), MetaError> {
+    pub fn open(dir: &Path) -> Result<Opened, MetaError> {
         let path = dir.join(SNAP);
-        let body = read_state_file(&path)?;
+        let body = statefile::read(&path)
+            .map_err(io_err(&path))?
+            .ok_or_else(|| MetaError::Corrupt(path.clone(), "missing".into()))?;
         let snap: Snapshot = serde_json::from_slice(&body)
             .map_err(|e| MetaError::Corrupt(path.clone(), e.to_string()))?;
         let lpath = log_path(dir, snap.gen);
@@ -207,7 +194,7 @@ impl MetaLog {
         let body = serde_json::to_vec(snap)
             .map_err(|e| MetaError::Corrupt(self.dir.clone(), e.to_string()))?;
         let next = open_log(&self.dir, snap.gen, true)?;
-        write_state_file(&self.dir, SNAP, &body).map_err(io_err(&self.dir))?;
+        write_snap(&self.dir, &body)?;
         let old = std::mem::replace(self, next);
         let _ = fs::remove_file(log_path(&self.dir, old.gen));
         Ok(old.file)

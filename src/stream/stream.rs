@@ -1,23 +1,27 @@
-//! One stream, pure (no I/O; time comes in as milliseconds since the Unix
-//! epoch): its validated config, the messages it holds, its limits
-//! (`max_msgs`, `max_bytes`, `max_age_ms`, `max_msg_size`, discard old or
-//! new), the `Msg-Id` duplicate window, its consumers, and the retention
-//! rule that says when an acked message goes.
+//! One stream: its validated config, its messages in a segment
+//! [`Store`], its limits (`max_msgs`, `max_bytes`, `max_age_ms`,
+//! `max_msg_size`, discard old or new), the `Msg-Id` duplicate window, its
+//! consumers, and the retention rule that says when an acked message goes.
+//! Time comes in as milliseconds since the Unix epoch; the only I/O is the
+//! store's (buffered appends, reads of older messages).
 //!
-//! Messages are kept in memory as well as on disk (the store is the
-//! durable copy, read back at start-up), so a stream without `max_bytes`
-//! is held to [`STREAM_BYTES_DEFAULT_MAX`].
+//! `bytes` (state and `max_bytes`) counts messages as stored, record
+//! framing included; a stream configured without `max_bytes` is held to
+//! [`STREAM_BYTES_DEFAULT_MAX`] so that no client can fill the disk.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io;
+use std::path::Path;
 
 use super::consumer::{Consumer, Source};
+use super::store::{Options, Store};
+use super::sync::Ticket;
 use crate::broker::subject;
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::stream_messages::{Discard, Retention, StreamConfig};
 
-/// The byte limit of a stream configured without `max_bytes` (1 GiB):
-/// memory stays bounded whatever clients publish.
-pub const STREAM_BYTES_DEFAULT_MAX: u64 = 1 << 30;
+/// The byte limit of a stream configured without `max_bytes` (16 GiB).
+pub const STREAM_BYTES_DEFAULT_MAX: u64 = 16 << 30;
 /// Most `Msg-Id`s remembered per stream; the oldest go first.
 pub const DEDUP_IDS_MAX: usize = 100_000;
 /// Most consumers per stream.
@@ -25,7 +29,7 @@ pub const CONSUMERS_PER_STREAM_MAX: usize = 1_000;
 /// The header naming a message for duplicate detection.
 pub const MSG_ID_HEADER: &str = "Msg-Id";
 
-/// A stored message. `data` and `headers` are raw JSON text.
+/// A message. `data` and `headers` are raw JSON text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Msg {
     pub subject: Box<str>,
@@ -35,7 +39,7 @@ pub struct Msg {
 }
 
 impl Msg {
-    /// What counts against `max_bytes` and `max_msg_size`.
+    /// What counts against `max_msg_size`.
     pub fn size(&self) -> u64 {
         (self.subject.len() + self.data.len() + self.headers.as_ref().map_or(0, |h| h.len())) as u64
     }
@@ -59,15 +63,18 @@ pub struct Member {
     pub since: u64,
 }
 
-#[derive(Debug)]
 pub struct Stream {
     pub cfg: StreamConfig,
-    msgs: BTreeMap<u64, Msg>,
-    bytes: u64,
-    last_seq: u64,
+    store: Store,
     dedup: HashMap<Box<str>, (u64, u64)>,
     dedup_order: VecDeque<(u64, Box<str>)>,
     pub consumers: BTreeMap<String, Member>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream").field("cfg", &self.cfg).finish()
+    }
 }
 
 /// `stream.info`'s state.
@@ -80,40 +87,47 @@ pub struct State {
     pub consumer_count: usize,
 }
 
+fn store_err(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(Code::Internal, format!("stream store: {e}"))
+}
+
 impl Stream {
-    pub fn new(cfg: StreamConfig) -> Stream {
-        Stream {
+    /// Opens (or creates) the stream's store in `dir`, recovering what is
+    /// there; the duplicate window is re-learned from recent messages.
+    pub fn open(
+        cfg: StreamConfig,
+        dir: &Path,
+        opts: Options,
+        now_ms: u64,
+    ) -> Result<Stream, String> {
+        let (store, report) = Store::open(dir, opts).map_err(|e| e.to_string())?;
+        for cut in &report.cuts {
+            eprintln!("[warn] stream {:?}: {cut}", cfg.name);
+        }
+        let mut s = Stream {
             cfg,
-            msgs: BTreeMap::new(),
-            bytes: 0,
-            last_seq: 0,
+            store,
             dedup: HashMap::new(),
             dedup_order: VecDeque::new(),
             consumers: BTreeMap::new(),
-        }
+        };
+        s.relearn_ids(now_ms);
+        Ok(s)
     }
 
     pub fn state(&self) -> State {
+        let st = self.store.state();
         State {
-            messages: self.msgs.len() as u64,
-            bytes: self.bytes,
-            first_seq: self.first_seq(),
-            last_seq: self.last_seq,
+            messages: st.messages,
+            bytes: st.bytes,
+            first_seq: st.first_seq,
+            last_seq: st.last_seq,
             consumer_count: self.consumers.len(),
         }
     }
 
-    /// The first stored seq; `last_seq + 1` when empty (0 when new).
-    pub fn first_seq(&self) -> u64 {
-        match self.msgs.keys().next() {
-            Some(&s) => s,
-            None if self.last_seq == 0 => 0,
-            None => self.last_seq + 1,
-        }
-    }
-
     pub fn last_seq(&self) -> u64 {
-        self.last_seq
+        self.store.state().last_seq
     }
 
     /// Whether a subject published belongs to this stream.
@@ -121,17 +135,29 @@ impl Stream {
         self.cfg.subjects.iter().any(|p| subject::matches(p, subj))
     }
 
-    pub fn get(&self, seq: u64) -> Option<Msg> {
-        self.msgs.get(&seq).cloned()
+    pub fn get(&self, seq: u64) -> Result<Option<Msg>, ApiError> {
+        read_msg(&self.store, seq)
     }
 
-    /// The newest message on exactly `subj` (or matching it, if a pattern).
-    pub fn last_by_subject(&self, subj: &str) -> Option<(u64, Msg)> {
-        self.msgs
-            .iter()
-            .rev()
-            .find(|(_, m)| subject::matches(subj, &m.subject))
-            .map(|(&s, m)| (s, m.clone()))
+    /// The newest message whose subject matches `subj` (a subject or a
+    /// pattern).
+    pub fn last_by_subject(&self, subj: &str) -> Result<Option<(u64, Msg)>, ApiError> {
+        let seq = if subject::has_wildcard(subj) {
+            let names: Vec<String> = self
+                .store
+                .subjects()
+                .filter(|(n, _)| subject::matches(subj, n))
+                .map(|(n, _)| n.to_string())
+                .collect();
+            names
+                .iter()
+                .filter_map(|n| self.store.last_seq_for_subject(n))
+                .max()
+        } else {
+            self.store.last_seq_for_subject(subj)
+        };
+        let Some(seq) = seq else { return Ok(None) };
+        Ok(self.get(seq)?.map(|m| (seq, m)))
     }
 
     fn bytes_max(&self) -> u64 {
@@ -141,7 +167,7 @@ impl Stream {
         }
     }
 
-    /// Stores a captured publish.
+    /// Stores a captured publish (buffered; [`Stream::flush`] writes it).
     pub fn store(&mut self, msg: Msg, now_ms: u64) -> Result<Stored, ApiError> {
         let size = msg.size();
         if self.cfg.max_msg_size > 0 && size > self.cfg.max_msg_size {
@@ -153,15 +179,16 @@ impl Stream {
                 ),
             ));
         }
-        let id = self.msg_id(&msg);
+        let id = self.msg_id(msg.headers.as_deref());
         if let Some(id) = &id {
             self.forget_ids(now_ms);
             if let Some(&(seq, _)) = self.dedup.get(id.as_str()) {
                 return Ok(Stored::Duplicate(seq));
             }
         }
-        let full = (self.cfg.max_msgs > 0 && self.msgs.len() as u64 >= self.cfg.max_msgs)
-            || self.bytes + size > self.bytes_max();
+        let st = self.store.state();
+        let full = (self.cfg.max_msgs > 0 && st.messages >= self.cfg.max_msgs)
+            || st.bytes + size > self.bytes_max();
         if full && self.cfg.discard == Discard::New {
             return Err(ApiError::new(
                 Code::Limit,
@@ -177,55 +204,66 @@ impl Stream {
                 ),
             ));
         }
-        self.last_seq += 1;
-        let seq = self.last_seq;
+        let seq = self
+            .store
+            .append(
+                &msg.subject,
+                msg.headers.as_deref(),
+                msg.data.as_bytes(),
+                false,
+                msg.time_ms,
+            )
+            .map_err(store_err)?;
         if let Some(id) = id {
             self.remember(id.into_boxed_str(), seq, now_ms);
         }
         let mut removed = Vec::new();
         if self.cfg.retention == Retention::Interest && !self.has_interest(&msg.subject) {
+            self.store.remove(seq).map_err(store_err)?;
             removed.push(seq);
             return Ok(Stored::New { seq, removed });
         }
-        self.insert(seq, msg);
-        self.enforce_limits(&mut removed);
+        self.enforce_limits(&mut removed)?;
         Ok(Stored::New { seq, removed })
     }
 
-    /// Puts a message back at start-up (no limits, no dedup window: the
-    /// store holds what was accepted).
-    pub fn insert(&mut self, seq: u64, msg: Msg) {
-        self.bytes += msg.size();
-        if let Some(old) = self.msgs.insert(seq, msg) {
-            self.bytes -= old.size();
-        }
-        self.last_seq = self.last_seq.max(seq);
+    /// Writes what was buffered (one write(2)); the ticket of the fsync
+    /// round that covers it.
+    pub fn flush(&mut self) -> io::Result<Ticket> {
+        self.store.flush()
     }
 
-    /// Raises `last_seq` (a recovered stream whose tail was removed).
-    pub fn set_last_seq(&mut self, seq: u64) {
-        self.last_seq = self.last_seq.max(seq);
-    }
-
-    /// Re-learns the `Msg-Id` of a recovered message.
-    pub fn recover_msg_id(&mut self, seq: u64, now_ms: u64) {
-        let Some(msg) = self.msgs.get(&seq) else {
+    fn relearn_ids(&mut self, now_ms: u64) {
+        let window = self.cfg.duplicate_window_ms;
+        if window == 0 {
             return;
-        };
-        if let Some(id) = self.msg_id(msg) {
-            if msg.time_ms + self.cfg.duplicate_window_ms > now_ms {
-                let t = msg.time_ms;
-                self.remember(id.into_boxed_str(), seq, t);
+        }
+        let st = self.store.state();
+        let mut seq = st.last_seq;
+        let mut found = Vec::new();
+        while seq >= st.first_seq && seq > 0 && found.len() < DEDUP_IDS_MAX {
+            match self.store.meta(seq) {
+                Some((_, t)) if t + window <= now_ms => break,
+                Some((_, t)) => {
+                    let headers = self.store.get(seq).ok().flatten().and_then(|m| m.headers);
+                    if let Some(id) = self.msg_id(headers.as_deref()) {
+                        found.push((id, seq, t));
+                    }
+                }
+                None => {}
             }
+            seq -= 1;
+        }
+        for (id, seq, t) in found.into_iter().rev() {
+            self.remember(id.into_boxed_str(), seq, t);
         }
     }
 
-    fn msg_id(&self, msg: &Msg) -> Option<String> {
+    fn msg_id(&self, headers: Option<&str>) -> Option<String> {
         if self.cfg.duplicate_window_ms == 0 {
             return None;
         }
-        let h = msg.headers.as_deref()?;
-        let map: HashMap<String, String> = serde_json::from_str(h).ok()?;
+        let map: HashMap<String, String> = serde_json::from_str(headers?).ok()?;
         map.get(MSG_ID_HEADER).cloned()
     }
 
@@ -261,34 +299,38 @@ impl Stream {
         })
     }
 
-    fn enforce_limits(&mut self, removed: &mut Vec<u64>) {
-        while (self.cfg.max_msgs > 0 && self.msgs.len() as u64 > self.cfg.max_msgs)
-            || self.bytes > self.bytes_max()
-        {
-            let Some((seq, m)) = self.msgs.pop_first() else {
-                break;
-            };
-            self.bytes -= m.size();
-            removed.push(seq);
+    fn enforce_limits(&mut self, removed: &mut Vec<u64>) -> Result<(), ApiError> {
+        loop {
+            let st = self.store.state();
+            let over = (self.cfg.max_msgs > 0 && st.messages > self.cfg.max_msgs)
+                || st.bytes > self.bytes_max();
+            // The message just stored stays even if it alone is over.
+            if !over || st.messages <= 1 {
+                return Ok(());
+            }
+            self.store.remove(st.first_seq).map_err(store_err)?;
+            removed.push(st.first_seq);
         }
     }
 
     /// Drops messages older than `max_age_ms` and forgets `Msg-Id`s past
-    /// the duplicate window.
-    pub fn expire(&mut self, now_ms: u64) -> Vec<u64> {
+    /// the duplicate window; returns the seqs dropped.
+    pub fn expire(&mut self, now_ms: u64) -> Result<Vec<u64>, ApiError> {
         self.forget_ids(now_ms);
         let mut removed = Vec::new();
         if self.cfg.max_age_ms == 0 {
-            return removed;
+            return Ok(removed);
         }
-        while let Some((&seq, m)) = self.msgs.first_key_value() {
-            if m.time_ms + self.cfg.max_age_ms > now_ms {
-                break;
+        loop {
+            let first = self.store.state().first_seq;
+            match self.store.meta(first) {
+                Some((_, t)) if t + self.cfg.max_age_ms <= now_ms => {
+                    self.store.remove(first).map_err(store_err)?;
+                    removed.push(first);
+                }
+                _ => return Ok(removed),
             }
-            self.remove(seq);
-            removed.push(seq);
         }
-        removed
     }
 
     /// When the oldest message will be past `max_age_ms` (ms since epoch).
@@ -296,35 +338,21 @@ impl Stream {
         if self.cfg.max_age_ms == 0 {
             return None;
         }
-        let (_, m) = self.msgs.first_key_value()?;
-        Some(m.time_ms + self.cfg.max_age_ms)
+        let (_, t) = self.store.meta(self.store.state().first_seq)?;
+        Some(t + self.cfg.max_age_ms)
     }
 
-    pub fn remove(&mut self, seq: u64) -> bool {
-        match self.msgs.remove(&seq) {
-            Some(m) => {
-                self.bytes -= m.size();
-                true
-            }
-            None => false,
-        }
+    pub fn remove(&mut self, seq: u64) -> Result<bool, ApiError> {
+        self.store.remove(seq).map_err(store_err)
     }
 
     /// `stream.purge`: every message, or those whose subject matches.
-    pub fn purge(&mut self, filter: Option<&str>) -> Vec<u64> {
-        let seqs: Vec<u64> = match filter {
-            None => self.msgs.keys().copied().collect(),
-            Some(f) => self
-                .msgs
-                .iter()
-                .filter(|(_, m)| subject::matches(f, &m.subject))
-                .map(|(&s, _)| s)
-                .collect(),
-        };
-        for &s in &seqs {
-            self.remove(s);
+    pub fn purge(&mut self, filter: Option<&str>) -> Result<u64, ApiError> {
+        match filter {
+            None => self.store.purge(),
+            Some(f) => self.store.purge_subjects(|s| subject::matches(f, s)),
         }
-        seqs
+        .map_err(store_err)
     }
 
     /// Whether an acked `seq` may go under the stream's retention.
@@ -333,7 +361,7 @@ impl Stream {
             Retention::Limits => false,
             Retention::Workqueue => true,
             Retention::Interest => {
-                let Some(msg) = self.msgs.get(&seq) else {
+                let Some((subj, _)) = self.store.meta(seq) else {
                     return false;
                 };
                 self.consumers.values().all(|m| {
@@ -342,7 +370,7 @@ impl Stream {
                         && c.cfg
                             .filter_subject
                             .as_deref()
-                            .is_none_or(|f| subject::matches(f, &msg.subject));
+                            .is_none_or(|f| subject::matches(f, subj));
                     !wants || c.has_acked(seq)
                 })
             }
@@ -351,86 +379,95 @@ impl Stream {
 
     /// Messages matching `filter` with a seq `>= from` (for `num_pending`).
     pub fn count_from(&self, from: u64, filter: Option<&str>) -> u64 {
-        let range = self.msgs.range(from..);
-        match filter {
-            None => range.count() as u64,
-            Some(f) => range
-                .filter(|(_, m)| subject::matches(f, &m.subject))
-                .count() as u64,
+        let st = self.store.state();
+        if filter.is_none() && from <= st.first_seq {
+            return st.messages;
         }
+        let mut n = 0;
+        let mut at = from;
+        while let Some(seq) = self.next_matching(at, filter) {
+            n += 1;
+            at = seq + 1;
+        }
+        n
     }
 
     /// Every stored seq (interest retention re-checks them when a consumer
     /// goes away).
     pub fn seqs(&self) -> Vec<u64> {
-        self.msgs.keys().copied().collect()
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some(seq) = self.store.next_matching(at, |_| true) {
+            out.push(seq);
+            at = seq + 1;
+        }
+        out
+    }
+
+    /// The messages and one consumer, borrowed apart.
+    pub fn split(&mut self, consumer: &str) -> Option<(Msgs<'_>, &mut Member)> {
+        let member = self.consumers.get_mut(consumer)?;
+        Some((Msgs { store: &self.store }, member))
+    }
+}
+
+fn read_msg(store: &Store, seq: u64) -> Result<Option<Msg>, ApiError> {
+    let Some(m) = store.get(seq).map_err(store_err)? else {
+        return Ok(None);
+    };
+    let data = String::from_utf8(m.data).map_err(store_err)?;
+    Ok(Some(Msg {
+        subject: m.subject.into(),
+        data: data.into(),
+        headers: m.headers.map(Into::into),
+        time_ms: m.time_ms,
+    }))
+}
+
+fn next_in(store: &Store, from: u64, filter: Option<&str>) -> Option<u64> {
+    match filter {
+        None => store.next_matching(from, |_| true),
+        Some(f) => store.next_matching(from, |s| subject::matches(f, s)),
     }
 }
 
 impl Source for Stream {
     fn next_matching(&self, from: u64, filter: Option<&str>) -> Option<u64> {
-        let mut range = self.msgs.range(from..);
-        match filter {
-            None => range.next().map(|(&s, _)| s),
-            Some(f) => range
-                .find(|(_, m)| subject::matches(f, &m.subject))
-                .map(|(&s, _)| s),
-        }
+        next_in(&self.store, from, filter)
     }
 
     fn contains(&self, seq: u64) -> bool {
-        self.msgs.contains_key(&seq)
+        self.store.meta(seq).is_some()
     }
 
     fn last_seq(&self) -> u64 {
-        self.last_seq
+        self.store.state().last_seq
     }
 }
 
-/// A read-only view of a stream's messages for consumers: it lets the
-/// caller borrow one consumer mutably while the messages are read.
+/// A read-only view of a stream's messages, borrowed apart from its
+/// consumers.
 pub struct Msgs<'a> {
-    msgs: &'a BTreeMap<u64, Msg>,
-    last_seq: u64,
-}
-
-impl Stream {
-    /// The messages and one consumer, borrowed apart.
-    pub fn split(&mut self, consumer: &str) -> Option<(Msgs<'_>, &mut Member)> {
-        let member = self.consumers.get_mut(consumer)?;
-        Some((
-            Msgs {
-                msgs: &self.msgs,
-                last_seq: self.last_seq,
-            },
-            member,
-        ))
-    }
+    store: &'a Store,
 }
 
 impl Msgs<'_> {
-    pub fn get(&self, seq: u64) -> Option<Msg> {
-        self.msgs.get(&seq).cloned()
+    pub fn get(&self, seq: u64) -> Result<Option<Msg>, ApiError> {
+        read_msg(self.store, seq)
     }
 }
 
 impl Source for Msgs<'_> {
     fn next_matching(&self, from: u64, filter: Option<&str>) -> Option<u64> {
-        let mut range = self.msgs.range(from..);
-        match filter {
-            None => range.next().map(|(&s, _)| s),
-            Some(f) => range
-                .find(|(_, m)| subject::matches(f, &m.subject))
-                .map(|(&s, _)| s),
-        }
+        next_in(self.store, from, filter)
     }
 
     fn contains(&self, seq: u64) -> bool {
-        self.msgs.contains_key(&seq)
+        self.store.meta(seq).is_some()
     }
 
     fn last_seq(&self) -> u64 {
-        self.last_seq
+        self.store.state().last_seq
     }
 }
 
@@ -445,7 +482,17 @@ mod tests {
         };
         let mut c: StreamConfig = read_config(m).unwrap();
         c.validate().unwrap();
-        Stream::new(c)
+        Stream::open(c, &temp_dir(), Options::default(), 0).unwrap()
+    }
+
+    fn temp_dir() -> std::path::PathBuf {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        std::env::temp_dir().join(format!(
+            "gombus-stream-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ))
     }
 
     fn msg(subj: &str, data: &str, headers: Option<&str>, t: u64) -> Msg {
@@ -470,9 +517,11 @@ mod tests {
             }
         );
         s.store(msg("a.c", "2", None, 0), 0).unwrap();
-        assert_eq!(s.last_by_subject("a.b").map(|(q, _)| q), Some(1));
-        assert_eq!(s.purge(Some("a.c")), vec![2]);
-        assert_eq!(s.purge(None), vec![1]);
+        assert_eq!(s.last_by_subject("a.b").unwrap().map(|(q, _)| q), Some(1));
+        assert_eq!(s.last_by_subject("a.*").unwrap().map(|(q, _)| q), Some(2));
+        assert_eq!(s.get(2).unwrap().map(|m| m.data), Some("2".into()));
+        assert_eq!(s.purge(Some("a.c")).unwrap(), 1);
+        assert_eq!(s.purge(None).unwrap(), 1);
         let st = s.state();
         assert_eq!((st.messages, st.first_seq, st.last_seq), (0, 3, 2));
     }
@@ -509,7 +558,7 @@ mod tests {
             s.store(msg("a", "1", h, 1010), 1010).unwrap(),
             Stored::Duplicate(1)
         );
-        assert!(s.expire(1049).is_empty());
+        assert!(s.expire(1049).unwrap().is_empty());
         assert_eq!(
             s.store(msg("a", "1", h, 1050), 1050).unwrap(),
             Stored::New {
@@ -517,7 +566,7 @@ mod tests {
                 removed: vec![]
             }
         );
-        assert_eq!(s.expire(1100), vec![1]);
+        assert_eq!(s.expire(1100).unwrap(), vec![1]);
         assert_eq!(s.next_expiry_ms(), Some(1150));
     }
 
