@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use super::groups::GroupMode;
 use super::subs::SubTable;
 use crate::net::{ConnId, Io};
-use crate::protocol::errors::{ok_with, ApiError, Code};
+use crate::protocol::errors::{ok_with, ApiError, Code, OK_BODY};
 use crate::protocol::socketio::{self, Kind};
 use crate::protocol::stream_messages::{
     self as sm, AckPolicy, AckReq, ConsumerConfig, ConsumerCreate, ConsumerReq, DeliverPolicy,
@@ -61,6 +61,8 @@ struct Held {
 enum Reply {
     /// `{ok, stream, seq, duplicate?}` for a captured publish.
     Stored { seq: u64, duplicate: bool },
+    /// `{ok:true}`.
+    Ok,
     /// Any other body, ready.
     Body(String),
 }
@@ -259,18 +261,18 @@ impl Streams {
         data: &str,
         headers: Option<&str>,
     ) -> Result<(), ApiError> {
+        if let Some(why) = &self.down {
+            return Err(ApiError::new(
+                Code::Unavailable,
+                format!("streams are unavailable: {why}"),
+            ));
+        }
         let slot = self
             .set
             .values_mut()
             .find(|s| s.stream.captures(subject))
             .ok_or_else(|| not_found("stream capturing", subject))?;
-        let msg = Msg {
-            subject: subject.into(),
-            data: data.into(),
-            headers: headers.map(Into::into),
-            time_ms: epoch_ms(),
-        };
-        let stored = slot.stream.store(msg, epoch_ms())?;
+        let stored = slot.stream.store(subject, data, headers, epoch_ms())?;
         slot.touched = true;
         let reply = match stored {
             Stored::New { seq, removed } => {
@@ -460,7 +462,9 @@ impl Streams {
             .remove(name)
             .ok_or_else(|| not_found("stream", name))?;
         if let (Some(s), Some(k)) = (&self.syncer, slot.meta_key) {
-            s.forget(k);
+            // Retired, not forgotten: a round already counting on it still
+            // runs (and so completes) before its descriptor is dropped.
+            s.retire(k);
         }
         let dir = self.root.as_ref().map(|r| r.join(name));
         drop(slot);
@@ -530,6 +534,7 @@ impl Streams {
     fn consumer_create(&mut self, r: ConsumerCreate) -> Result<Option<Value>, ApiError> {
         let mut cfg: ConsumerConfig = sm::read_config(r.config)?;
         cfg.validate()?;
+        let syncer = self.syncer.clone();
         let slot = self.slot(&r.stream)?;
         let stream = &mut slot.stream;
         if let Some(m) = stream.consumers.get(&cfg.name) {
@@ -570,7 +575,7 @@ impl Streams {
                 since,
             },
         );
-        if let Err(e) = save(slot) {
+        if let Err(e) = save(slot, syncer.as_deref()) {
             slot.stream.consumers.remove(&name);
             return Err(e);
         }
@@ -598,13 +603,14 @@ impl Streams {
     }
 
     fn consumer_delete(&mut self, stream: &str, name: &str) -> Result<Option<Value>, ApiError> {
+        let syncer = self.syncer.clone();
         let slot = self.slot(stream)?;
         let gone = slot
             .stream
             .consumers
             .remove(name)
             .ok_or_else(|| not_found("consumer", name))?;
-        if let Err(e) = save(slot) {
+        if let Err(e) = save(slot, syncer.as_deref()) {
             slot.stream.consumers.insert(name.to_string(), gone);
             return Err(e);
         }
@@ -729,7 +735,7 @@ impl Streams {
                 conn,
                 ack_id,
                 stream,
-                reply: Reply::Body(crate::protocol::errors::OK_BODY.to_string()),
+                reply: Reply::Ok,
             });
         }
         Ok(())
@@ -810,7 +816,7 @@ impl Streams {
             }
             slot.touched = false;
             if slot.meta.wants_compaction() {
-                if let Err(e) = save_with(slot, self.syncer.as_deref()) {
+                if let Err(e) = save(slot, self.syncer.as_deref()) {
                     failed = Some(e.message);
                 }
             }
@@ -857,6 +863,7 @@ impl Streams {
                     let e = ApiError::new(Code::Internal, format!("not stored: {f}"));
                     self.body.extend_from_slice(e.ack_body().as_bytes());
                 }
+                (_, Reply::Ok) => self.body.extend_from_slice(OK_BODY.as_bytes()),
                 (_, Reply::Body(b)) => self.body.extend_from_slice(b.as_bytes()),
                 (_, Reply::Stored { seq, duplicate }) => {
                     self.body.extend_from_slice(b"[{\"ok\":true,\"stream\":");
@@ -1182,11 +1189,8 @@ fn start_seq(stream: &Stream, cfg: &ConsumerConfig) -> u64 {
 
 /// Writes a stream's snapshot now (consumer created or deleted, or the log
 /// grown past its bound).
-fn save(slot: &mut Slot) -> Result<(), ApiError> {
-    save_with(slot, None)
-}
-
-fn save_with(slot: &mut Slot, _syncer: Option<&Syncer>) -> Result<(), ApiError> {
+/// The new log replaces the old one in the fsync thread's registry.
+fn save(slot: &mut Slot, syncer: Option<&Syncer>) -> Result<(), ApiError> {
     let mut snap = Snapshot {
         gen: 0,
         config: slot.stream.cfg.clone(),
@@ -1207,7 +1211,14 @@ fn save_with(slot: &mut Slot, _syncer: Option<&Syncer>) -> Result<(), ApiError> 
             })
             .collect(),
     };
-    slot.meta.compact(&mut snap).map_err(internal)?;
+    let old = slot.meta.compact(&mut snap).map_err(internal)?;
+    drop(old);
+    if let Some(s) = syncer {
+        if let Some(k) = slot.meta_key.take() {
+            s.retire(k);
+        }
+        slot.meta_key = s.register(slot.meta.file()).ok();
+    }
     Ok(())
 }
 
