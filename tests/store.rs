@@ -298,3 +298,79 @@ fn corruption_of_fsynced_data_is_refused() {
         Ok(_) => panic!("corrupt fsynced data was served"),
     }
 }
+
+fn indexes(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "idx"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Everything a reader can see, for comparing two opens.
+fn snapshot(s: &Store) -> (State, Vec<Option<(String, Vec<u8>)>>) {
+    let last = s.state().last_seq;
+    let msgs = (0..=last + 1)
+        .map(|q| s.get(q).unwrap().map(|m| (m.subject, m.data)))
+        .collect();
+    (s.state(), msgs)
+}
+
+#[test]
+fn missing_damaged_or_stale_index_is_rebuilt() {
+    let dir = TempDir::new("index");
+    let opts = small(600);
+    let mut s = open(&dir.0, &opts);
+    for i in 1..=120u64 {
+        s.append(&subject(i), None, &payload(i), false, i).unwrap();
+    }
+    // Removals recorded in sealed segments, some naming earlier segments.
+    for i in (2..=110u64).step_by(3) {
+        s.remove(i).unwrap();
+        s.append("late", None, b"x", false, 500 + i).unwrap();
+    }
+    s.expire_before(20).unwrap();
+    s.flush().unwrap();
+    let want = snapshot(&s);
+    drop(s);
+    let sealed = segments(&dir.0).len() - 1;
+    assert!(sealed >= 5, "{sealed} sealed segments");
+
+    let (s, report) = Store::open(&dir.0, opts.clone()).unwrap();
+    assert_eq!(report.from_index, 0);
+    assert_eq!(report.rebuilt_indexes.len(), sealed);
+    assert_eq!(indexes(&dir.0), report.rebuilt_indexes);
+    assert_eq!(snapshot(&s), want);
+    drop(s);
+
+    let (s, report) = Store::open(&dir.0, opts.clone()).unwrap();
+    assert_eq!(report.from_index, sealed);
+    assert!(report.rebuilt_indexes.is_empty());
+    assert_eq!(snapshot(&s), want);
+    drop(s);
+
+    let idx = indexes(&dir.0);
+    // Missing.
+    fs::remove_file(&idx[1]).unwrap();
+    // Damaged.
+    let mut b = fs::read(&idx[2]).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 4;
+    fs::write(&idx[2], b).unwrap();
+    // Stale: another segment's index (wrong first seq and length).
+    fs::copy(&idx[4], &idx[3]).unwrap();
+    let (s, report) = Store::open(&dir.0, opts.clone()).unwrap();
+    assert_eq!(report.from_index, sealed - 3);
+    assert_eq!(
+        report.rebuilt_indexes,
+        vec![idx[1].clone(), idx[2].clone(), idx[3].clone()]
+    );
+    assert_eq!(snapshot(&s), want);
+    drop(s);
+    let (s, report) = Store::open(&dir.0, opts).unwrap();
+    assert_eq!(report.from_index, sealed);
+    assert_eq!(snapshot(&s), want);
+    drop(s);
+}

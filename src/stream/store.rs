@@ -77,6 +77,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::index;
 use super::record;
 use super::segment::{self, MsgRef, Rec};
 use super::sync::{FileKey, SyncPolicy, Syncer, Ticket};
@@ -165,6 +166,10 @@ pub struct Recovery {
     pub messages: u64,
     /// Segment files deleted at open because every message in them is gone.
     pub deleted: usize,
+    /// Sealed segments loaded from their index file without reading them.
+    pub from_index: usize,
+    /// Index files written because they were missing, damaged or stale.
+    pub rebuilt_indexes: Vec<PathBuf>,
 }
 
 /// Why a store cannot be opened.
@@ -793,6 +798,13 @@ impl Store {
             };
             if let (Some(s), Some(k)) = (&self.opts.syncer, seg.key) {
                 s.forget(k);
+            }
+            // The index first: a segment without one is rebuilt, an index
+            // without its segment would be an orphan.
+            match fs::remove_file(self.dir.join(index::file_name(seg.first_seq))) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
             }
             fs::remove_file(&seg.path)?;
             self.dir_dirty = true;
