@@ -309,8 +309,11 @@ fn indexes(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
+/// Subject and payload of each seq, `None` where nothing is live.
+type Contents = Vec<Option<(String, Vec<u8>)>>;
+
 /// Everything a reader can see, for comparing two opens.
-fn snapshot(s: &Store) -> (State, Vec<Option<(String, Vec<u8>)>>) {
+fn snapshot(s: &Store) -> (State, Contents) {
     let last = s.state().last_seq;
     let msgs = (0..=last + 1)
         .map(|q| s.get(q).unwrap().map(|m| (m.subject, m.data)))
