@@ -45,6 +45,12 @@
 //! alone. The last segment is the active one; it rolls (a new file named
 //! after the next seq) once it holds `segment_bytes`.
 //!
+//! A sealed segment gets an index file (`{first_seq:020}.idx`, see
+//! [`super::index`]) the first time the store is opened after it was
+//! sealed; later opens load the segment from it without reading the
+//! segment, as long as the segment's length and last record still match.
+//! A missing, damaged or stale index means one scan and a new index.
+//!
 //! After each completed fsync round the store remembers up to where the
 //! active segment was fsynced, and the next record it appends is preceded
 //! by a `Synced` mark holding that offset. At open, a segment is read from
@@ -452,7 +458,11 @@ impl Store {
                 if let Some(k) = self.active().key {
                     let t = s.dirty(k);
                     self.last_ticket = self.last_ticket.max(t);
-                    self.rounds.push_back((t, self.written));
+                    // One entry per round: bounded by the rounds in flight.
+                    match self.rounds.back_mut() {
+                        Some(r) if r.0 == t => r.1 = self.written,
+                        _ => self.rounds.push_back((t, self.written)),
+                    }
                 }
                 self.undirtied = false;
             }
