@@ -377,3 +377,94 @@ fn missing_damaged_or_stale_index_is_rebuilt() {
     assert_eq!(snapshot(&s), want);
     drop(s);
 }
+
+/// Fills several segments; returns the options used.
+fn fill_segments(dir: &Path, syncer: Option<Arc<Syncer>>) -> Options {
+    let opts = Options {
+        segment_bytes: 400,
+        syncer: syncer.clone(),
+        ..Options::default()
+    };
+    let mut s = open(dir, &opts);
+    for i in 1..=40u64 {
+        s.append(&subject(i), None, &payload(i), false, i).unwrap();
+        let t = s.flush().unwrap();
+        if let Some(sy) = &syncer {
+            sy.wait(t).unwrap();
+        }
+    }
+    drop(s);
+    opts
+}
+
+#[test]
+fn torn_sealed_segment_without_sync_marks_is_cut() {
+    let dir = TempDir::new("sealed-torn");
+    let opts = fill_segments(&dir.0, None);
+    let segs = segments(&dir.0);
+    assert!(segs.len() >= 4);
+    let victim = &segs[1];
+    let len = fs::metadata(victim).unwrap().len();
+    let f = fs::OpenOptions::new().write(true).open(victim).unwrap();
+    f.set_len(len - 3).unwrap();
+    drop(f);
+    let (s, report) = Store::open(&dir.0, opts).unwrap();
+    assert_eq!(report.cuts.len(), 1);
+    assert_eq!(&report.cuts[0].file, victim);
+    // The messages of later segments are still served.
+    let st = s.state();
+    assert_eq!(st.last_seq, 40);
+    assert_eq!(s.get(40).unwrap().unwrap().data, payload(40));
+    assert_eq!(st.messages, 39, "only the torn record is gone");
+}
+
+#[test]
+fn corrupt_sealed_segment_with_later_sync_marks_is_refused() {
+    let dir = TempDir::new("sealed-corrupt");
+    let syncer = Arc::new(Syncer::start(SyncPolicy::Always).unwrap());
+    let opts = fill_segments(&dir.0, Some(syncer));
+    let segs = segments(&dir.0);
+    assert!(segs.len() >= 4);
+    let victim = &segs[1];
+    let mut bytes = fs::read(victim).unwrap();
+    let n = bytes.len();
+    bytes[n - 2] ^= 0x08;
+    fs::write(victim, &bytes).unwrap();
+    match Store::open(&dir.0, opts) {
+        Err(StoreError::Corrupt { file, offset, .. }) => {
+            assert_eq!(&file, victim);
+            assert!(offset < n as u64);
+        }
+        Err(e) => panic!("wrong error {e}"),
+        Ok(_) => panic!("corrupt fsynced data was served"),
+    }
+}
+
+#[test]
+fn a_damaged_record_found_by_a_read_names_file_and_offset() {
+    let dir = TempDir::new("read-corrupt");
+    let opts = Options {
+        cache_bytes: 0,
+        ..small(400)
+    };
+    let mut s = open(&dir.0, &opts);
+    for i in 1..=30u64 {
+        s.append(&subject(i), None, &payload(i), false, i).unwrap();
+    }
+    s.flush().unwrap();
+    let seg = segments(&dir.0)[0].clone();
+    let mut bytes = fs::read(&seg).unwrap();
+    let at = bytes
+        .windows(16)
+        .position(|w| w == b"message number 2")
+        .unwrap();
+    bytes[at] ^= 1;
+    fs::write(&seg, &bytes).unwrap();
+    let err = s.get(2).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    assert!(
+        err.to_string().contains(&seg.display().to_string()),
+        "{err}"
+    );
+    assert_eq!(s.get(1).unwrap().unwrap().data, payload(1));
+}
