@@ -3,8 +3,9 @@
 //! acked rate one publisher with a window of outstanding acks reaches under
 //! group commit (`-sync=always`).
 //!
-//! `cargo run --release --example store_bench [dir]` (default: a fresh
-//! directory under the system temp dir, removed at the end).
+//! `cargo run --release --example store_bench [parts] [dir]`: parts is a
+//! comma list of `fsync,group,append,read` (default: all); dir defaults to
+//! a fresh directory under the system temp dir, removed at the end.
 
 use std::collections::VecDeque;
 use std::fs::{self, OpenOptions};
@@ -158,20 +159,34 @@ fn reads(base: &Path, total: usize) {
 }
 
 fn main() {
-    let base = std::env::args().nth(1).map_or_else(
+    let parts = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "fsync,group,append,read".into());
+    let base = std::env::args().nth(2).map_or_else(
         || std::env::temp_dir().join(format!("gombus-store-bench-{}", std::process::id())),
         PathBuf::from,
     );
     fs::create_dir_all(&base).expect("bench dir");
-    for (size, total) in [(128, 1_000_000), (4096, 100_000)] {
-        appends(&base, size, 1, total);
-        appends(&base, size, 256, total);
+    let run = |part: &str| parts.split(',').any(|p| p == part);
+    // Fsync-bound parts first: the append runs leave hundreds of MB of
+    // dirty pages whose writeback slows every fsync that follows.
+    if run("fsync") {
+        fsync_latency(&base, 2000);
     }
-    fsync_latency(&base, 2000);
-    for window in [64, 256] {
-        group_commit(&base, 128, window, 1_000_000);
+    if run("group") {
+        for window in [64, 256] {
+            group_commit(&base, 128, window, 1_000_000);
+        }
+        group_commit(&base, 4096, 256, 100_000);
     }
-    group_commit(&base, 4096, 256, 100_000);
-    reads(&base, 300_000);
+    if run("append") {
+        for (size, total) in [(128, 1_000_000), (4096, 100_000)] {
+            appends(&base, size, 1, total);
+            appends(&base, size, 256, total);
+        }
+    }
+    if run("read") {
+        reads(&base, 300_000);
+    }
     let _ = fs::remove_dir_all(&base);
 }
