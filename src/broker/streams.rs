@@ -452,7 +452,11 @@ impl Streams {
     }
 
     fn stream_list(&self) -> Result<Option<Value>, ApiError> {
-        let list: Vec<Value> = self.set.values().map(|s| stream_json(&s.stream)).collect();
+        let list: Vec<Value> = self
+            .set
+            .values()
+            .map(|s| stream_json(&s.stream)["stream"].take())
+            .collect();
         Ok(Some(json!({ "streams": list })))
     }
 
@@ -597,7 +601,7 @@ impl Streams {
             .stream
             .consumers
             .keys()
-            .map(|n| consumer_json(&slot.stream, n))
+            .map(|n| consumer_json(&slot.stream, n)["consumer"].take())
             .collect();
         Ok(Some(json!({ "consumers": list })))
     }
