@@ -648,7 +648,8 @@ impl Handler for Broker {
                     .now()
                     .saturating_duration_since(self.started)
                     .as_secs_f64();
-                let body = self.metrics.render(io.stats(), self.subs.len(), uptime);
+                let mut body = self.metrics.render(io.stats(), self.subs.len(), uptime);
+                self.streams.render_metrics(&mut body);
                 Response::new(200, "text/plain; version=0.0.4; charset=utf-8", body)
             }
             _ => Response::json(404, r#"{"error":"not found"}"#),

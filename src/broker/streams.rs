@@ -238,6 +238,33 @@ impl Streams {
         self.set.is_empty()
     }
 
+    /// Appends the per-stream gauges to a `/metrics` body (Prometheus
+    /// text): `gombus_stream_messages{stream="…"}` and
+    /// `gombus_stream_bytes{stream="…"}`, plus `gombus_streams`.
+    pub fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            out,
+            "# HELP gombus_streams Streams held by this node.\n# TYPE gombus_streams gauge\ngombus_streams {}",
+            self.set.len()
+        );
+        let gauges = [
+            ("gombus_stream_messages", "Messages stored in a stream."),
+            (
+                "gombus_stream_bytes",
+                "Bytes stored in a stream (record framing included).",
+            ),
+        ];
+        for (i, (name, help)) in gauges.iter().enumerate() {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for (stream, messages, bytes) in self.sizes() {
+                let v = if i == 0 { messages } else { bytes };
+                // Stream names are [A-Za-z0-9_-]: nothing to escape.
+                let _ = writeln!(out, "{name}{{stream=\"{stream}\"}} {v}");
+            }
+        }
+    }
+
     /// `(name, messages, bytes)` of every stream, for `/metrics`.
     pub fn sizes(&self) -> impl Iterator<Item = (&str, u64, u64)> {
         self.set.values().map(|s| {
