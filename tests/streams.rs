@@ -570,6 +570,37 @@ fn restart_recovers_streams_and_cursors() {
 }
 
 #[test]
+fn a_stream_that_cannot_be_recovered_is_refused_not_overwritten() {
+    let mut b = Broker::start(&[]);
+    let c = connect(&b);
+    stream(&c, "GOOD", &["good"]);
+    stream(&c, "BAD", &["bad"]);
+    c.publish_stream("good", 1).unwrap();
+    c.publish_stream("bad", 1).unwrap();
+    drop(c);
+    b.kill();
+    let snap = b.data_dir().join("streams/BAD/meta.snap");
+    let mut bytes = std::fs::read(&snap).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&snap, bytes).unwrap();
+    b.restart();
+    let c = connect(&b);
+    assert_eq!(code(c.stream_info("BAD")), "internal");
+    assert_eq!(
+        code(c.stream_create(&StreamConfig::new("BAD", &["bad"]))),
+        "internal"
+    );
+    assert_eq!(code(c.stream_delete("BAD")), "internal");
+    assert!(
+        b.data_dir().join("streams/BAD/meta.snap").exists(),
+        "left alone"
+    );
+    assert_eq!(c.stream_info("GOOD").unwrap().state.messages, 1);
+    assert_eq!(c.publish_stream("good", 2).unwrap().seq, 2);
+}
+
+#[test]
 fn bad_input_gets_clear_errors() {
     let b = Broker::start(&[]);
     let c = connect(&b);

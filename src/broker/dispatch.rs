@@ -367,8 +367,8 @@ impl Broker {
                 .map_err(|e| ApiError::new(Code::BadSubject, format!("reply: {e}")))?;
         }
         let headers = p.headers.map(RawValue::get).filter(|h| *h != "null");
-        let held = self.streams.captures(&p.subject);
-        if held {
+        let captured = self.streams.captures(&p.subject);
+        if let Some(stream) = captured {
             if !attachments.is_empty() {
                 return Err(ApiError::new(
                     Code::BadRequest,
@@ -376,7 +376,7 @@ impl Broker {
                 ));
             }
             self.streams
-                .publish(conn, ack_id, &p.subject, data, headers)?;
+                .publish(stream, conn, ack_id, &p.subject, data, headers)?;
         }
         self.metrics.msgs_in += 1;
         self.metrics.bytes_in += size as u64;
@@ -394,7 +394,7 @@ impl Broker {
             attachments,
             size,
         );
-        Ok(held && ack_id.is_some())
+        Ok(captured.is_some() && ack_id.is_some())
     }
 
     fn request(

@@ -14,7 +14,7 @@
 //! `batch` up to [`FETCH_BATCH_MAX`] messages and about
 //! [`FETCH_BYTES_MAX`] bytes per fetch answer.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -23,6 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use super::groups::GroupMode;
+use super::sublist::Sublist;
 use super::subs::SubTable;
 use crate::net::{ConnId, Io};
 use crate::protocol::errors::{ok_with, ApiError, Code, OK_BODY};
@@ -57,6 +58,18 @@ struct Held {
     reply: Reply,
 }
 
+impl Held {
+    /// An empty value to move a real one out of a queue with.
+    fn placeholder() -> Held {
+        Held {
+            conn: 0,
+            ack_id: 0,
+            stream: Rc::from(""),
+            reply: Reply::Ok,
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Reply {
     /// `{ok, stream, seq, duplicate?}` for a captured publish.
@@ -79,6 +92,8 @@ struct Wait {
 }
 
 struct Slot {
+    /// Its key in the capture index.
+    id: u64,
     name: Rc<str>,
     stream: Stream,
     meta: MetaLog,
@@ -94,6 +109,14 @@ pub struct Streams {
     syncer: Option<Arc<Syncer>>,
     policy: SyncPolicy,
     set: BTreeMap<String, Slot>,
+    /// Subjects -> the id of the stream capturing them (streams never
+    /// overlap, so a subject matches at most one).
+    capture: Sublist<u64>,
+    by_id: HashMap<u64, String>,
+    next_id: u64,
+    /// Streams whose files could not be recovered, with why: their names
+    /// stay taken, so that nothing overwrites what is on disk.
+    broken: BTreeMap<String, String>,
     /// Acks of this turn, waiting for its write(2).
     unflushed: Vec<Held>,
     /// Acks written, waiting for their fsync ticket.
@@ -141,6 +164,10 @@ impl Streams {
             syncer: None,
             policy: SyncPolicy::Never,
             set: BTreeMap::new(),
+            capture: Sublist::new(),
+            by_id: HashMap::new(),
+            next_id: 1,
+            broken: BTreeMap::new(),
             unflushed: Vec::new(),
             held: VecDeque::new(),
             ticket: 0,
@@ -173,8 +200,13 @@ impl Streams {
             .collect();
         names.sort();
         for name in names {
-            let slot = s.recover(&root.join(&name))?;
-            s.set.insert(name, slot);
+            match s.recover(&root.join(&name)) {
+                Ok(slot) => s.add(slot),
+                Err(e) => {
+                    eprintln!("[error] stream {name:?} is not served: {e}");
+                    s.broken.insert(name, e);
+                }
+            }
         }
         Ok(s)
     }
@@ -204,6 +236,7 @@ impl Streams {
         }
         let meta_key = self.register(meta.file());
         Ok(Slot {
+            id: 0,
             name: Rc::from(snap.config.name.as_str()),
             stream,
             meta,
@@ -273,15 +306,31 @@ impl Streams {
         })
     }
 
-    /// The stream capturing `subject`, if any.
-    pub fn captures(&self, subject: &str) -> bool {
-        !self.set.is_empty() && self.set.values().any(|s| s.stream.captures(subject))
+    /// Adds a stream to the set and its subjects to the capture index.
+    fn add(&mut self, mut slot: Slot) {
+        slot.id = self.next_id;
+        self.next_id += 1;
+        for p in &slot.stream.cfg.subjects {
+            self.capture.insert(p, None, slot.id);
+        }
+        self.by_id.insert(slot.id, slot.name.to_string());
+        self.set.insert(slot.name.to_string(), slot);
     }
 
-    /// Stores a captured publish; its ack (if `ack_id`) is held until the
-    /// message is written. Call only when [`Streams::captures`] said so.
+    /// The id of the stream capturing `subject`, if any (for
+    /// [`Streams::publish`]).
+    pub fn captures(&mut self, subject: &str) -> Option<u64> {
+        if self.set.is_empty() {
+            return None;
+        }
+        self.capture.matches(subject).plain.first().copied()
+    }
+
+    /// Stores a publish captured by stream `id`; its ack (if `ack_id`) is
+    /// held until the message is written.
     pub fn publish(
         &mut self,
+        id: u64,
         conn: ConnId,
         ack_id: Option<u64>,
         subject: &str,
@@ -295,9 +344,9 @@ impl Streams {
             ));
         }
         let slot = self
-            .set
-            .values_mut()
-            .find(|s| s.stream.captures(subject))
+            .by_id
+            .get(&id)
+            .and_then(|name| self.set.get_mut(name))
             .ok_or_else(|| not_found("stream capturing", subject))?;
         let stored = slot.stream.store(subject, data, headers, epoch_ms())?;
         slot.touched = true;
@@ -370,7 +419,9 @@ impl Streams {
             "stream.create" => v(self.stream_create(parse_obj(arg)).map(Some)),
             "stream.info" => v(sm_arg::<NameReq>(arg).and_then(|r| self.stream_info(&r.name))),
             "stream.list" => v(self.stream_list()),
-            "stream.delete" => v(sm_arg::<NameReq>(arg).and_then(|r| self.stream_delete(&r.name))),
+            "stream.delete" => {
+                v(sm_arg::<NameReq>(arg).and_then(|r| self.stream_delete(io, &r.name)))
+            }
             "stream.purge" => sm_arg::<PurgeReq>(arg)
                 .and_then(|r| self.stream_purge(conn, ack_id, r, now))
                 .map(|()| None),
@@ -400,6 +451,12 @@ impl Streams {
     // ---- streams ---------------------------------------------------------
 
     fn slot(&mut self, name: &str) -> Result<&mut Slot, ApiError> {
+        if let Some(why) = self.broken.get(name) {
+            return Err(ApiError::new(
+                Code::Internal,
+                format!("stream {name:?} could not be recovered: {why}"),
+            ));
+        }
         self.set
             .get_mut(name)
             .ok_or_else(|| not_found("stream", name))
@@ -411,6 +468,12 @@ impl Streams {
     ) -> Result<Value, ApiError> {
         let mut cfg: StreamConfig = sm::read_config(fields?)?;
         cfg.validate()?;
+        if let Some(why) = self.broken.get(&cfg.name) {
+            return Err(ApiError::new(
+                Code::Internal,
+                format!("stream {:?} could not be recovered: {why}", cfg.name),
+            ));
+        }
         if let Some(slot) = self.set.get(&cfg.name) {
             if slot.stream.cfg == cfg {
                 return Ok(stream_json(&slot.stream));
@@ -463,6 +526,7 @@ impl Streams {
             Stream::open(cfg.clone(), &dir, self.store_opts(), epoch_ms()).map_err(internal)?;
         let meta_key = self.register(meta.file());
         let slot = Slot {
+            id: 0,
             name: Rc::from(cfg.name.as_str()),
             stream,
             meta,
@@ -470,7 +534,7 @@ impl Streams {
             touched: false,
         };
         let v = stream_json(&slot.stream);
-        self.set.insert(cfg.name, slot);
+        self.add(slot);
         Ok(v)
     }
 
@@ -487,11 +551,21 @@ impl Streams {
         Ok(Some(json!({ "streams": list })))
     }
 
-    fn stream_delete(&mut self, name: &str) -> Result<Option<Value>, ApiError> {
+    fn stream_delete(&mut self, io: &mut Io<'_>, name: &str) -> Result<Option<Value>, ApiError> {
+        if self.broken.contains_key(name) {
+            return Err(self
+                .slot(name)
+                .err()
+                .unwrap_or_else(|| not_found("stream", name)));
+        }
         let slot = self
             .set
             .remove(name)
             .ok_or_else(|| not_found("stream", name))?;
+        for p in &slot.stream.cfg.subjects {
+            self.capture.remove(p, None, slot.id);
+        }
+        self.by_id.remove(&slot.id);
         if let (Some(s), Some(k)) = (&self.syncer, slot.meta_key) {
             // Retired, not forgotten: a round already counting on it still
             // runs (and so completes) before its descriptor is dropped.
@@ -502,18 +576,28 @@ impl Streams {
         if let Some(dir) = dir {
             std::fs::remove_dir_all(&dir).map_err(internal)?;
         }
-        let ok = Some(json!({}));
         // Acks waiting on the deleted stream's files have nothing left to
-        // wait for; fetches waiting on it end empty.
-        let gone = |h: &Held| &*h.stream == name;
-        for (_, h) in self.held.iter_mut() {
-            if gone(h) {
-                h.ack_id = u64::MAX;
+        // wait for: they are answered now. Fetches waiting on it end empty
+        // at their expiry.
+        let mut now = Vec::new();
+        self.held.retain_mut(|(_, h)| {
+            let gone = &*h.stream == name;
+            if gone {
+                now.push(std::mem::replace(h, Held::placeholder()));
             }
+            !gone
+        });
+        self.unflushed.retain_mut(|h| {
+            let gone = &*h.stream == name;
+            if gone {
+                now.push(std::mem::replace(h, Held::placeholder()));
+            }
+            !gone
+        });
+        for h in now {
+            self.answer(io, &h, None);
         }
-        self.held.retain(|(_, h)| h.ack_id != u64::MAX);
-        self.unflushed.retain(|h| !gone(h));
-        Ok(ok)
+        Ok(Some(json!({})))
     }
 
     fn stream_purge(
@@ -888,29 +972,36 @@ impl Streams {
             let Some((_, h)) = self.held.pop_front() else {
                 break;
             };
-            self.body.clear();
-            match (&failure, &h.reply) {
-                (Some(f), _) if !covered => {
-                    let e = ApiError::new(Code::Internal, format!("not stored: {f}"));
-                    self.body.extend_from_slice(e.ack_body().as_bytes());
-                }
-                (_, Reply::Ok) => self.body.extend_from_slice(OK_BODY.as_bytes()),
-                (_, Reply::Body(b)) => self.body.extend_from_slice(b.as_bytes()),
-                (_, Reply::Stored { seq, duplicate }) => {
-                    self.body.extend_from_slice(b"[{\"ok\":true,\"stream\":");
-                    push_str(&mut self.body, &h.stream);
-                    self.body.extend_from_slice(b",\"seq\":");
-                    self.body.extend_from_slice(seq.to_string().as_bytes());
-                    if *duplicate {
-                        self.body.extend_from_slice(b",\"duplicate\":true");
-                    }
-                    self.body.extend_from_slice(b"}]");
-                }
-            }
-            self.head.clear();
-            socketio::write_header(&mut self.head, Kind::Ack, 0, "/", Some(h.ack_id));
-            io.send_text(h.conn, &[&self.head, &self.body]);
+            let error = if covered { None } else { failure.as_deref() };
+            self.answer(io, &h, error);
         }
+    }
+
+    /// Sends one held ack: its reply, or `internal` when what it confirms
+    /// could not be made durable.
+    fn answer(&mut self, io: &mut Io<'_>, h: &Held, error: Option<&str>) {
+        self.body.clear();
+        match (error, &h.reply) {
+            (Some(f), _) => {
+                let e = ApiError::new(Code::Internal, format!("not stored: {f}"));
+                self.body.extend_from_slice(e.ack_body().as_bytes());
+            }
+            (None, Reply::Ok) => self.body.extend_from_slice(OK_BODY.as_bytes()),
+            (None, Reply::Body(b)) => self.body.extend_from_slice(b.as_bytes()),
+            (None, Reply::Stored { seq, duplicate }) => {
+                self.body.extend_from_slice(b"[{\"ok\":true,\"stream\":");
+                push_str(&mut self.body, &h.stream);
+                self.body.extend_from_slice(b",\"seq\":");
+                self.body.extend_from_slice(seq.to_string().as_bytes());
+                if *duplicate {
+                    self.body.extend_from_slice(b",\"duplicate\":true");
+                }
+                self.body.extend_from_slice(b"}]");
+            }
+        }
+        self.head.clear();
+        socketio::write_header(&mut self.head, Kind::Ack, 0, "/", Some(h.ack_id));
+        io.send_text(h.conn, &[&self.head, &self.body]);
     }
 
     fn serve_waits(&mut self, io: &mut Io<'_>, now: Instant) {
