@@ -137,6 +137,45 @@ impl Drop for Broker {
     }
 }
 
+impl Broker {
+    /// Kills the process with SIGKILL (by PID) and starts a new one on the
+    /// same address and data directory with `extra_args`, waiting (bounded)
+    /// until it listens. For tests of clients that outlive a crash.
+    pub fn restart(&mut self, extra_args: &[&str]) {
+        self.kill();
+        let bin = std::env::var("GOMBUS_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string());
+        let mut child = Command::new(&bin)
+            .arg(format!("-addr={}", self.addr))
+            .arg("-node-id=test")
+            .arg(format!("-data={}", self.data_dir.display()))
+            .args(extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot restart {bin}: {e}"));
+        let (lines_tx, lines_rx) = mpsc::channel();
+        if let Some(stderr) = child.stderr.take() {
+            let log = Arc::clone(&self.log);
+            thread::spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    let _ = lines_tx.send(line.clone());
+                    let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+                    if log.len() == LOG_LINES_MAX {
+                        log.pop_front();
+                    }
+                    log.push_back(line);
+                }
+            });
+        }
+        self.child = child;
+        let addr = self.await_listening(&lines_rx, extra_args);
+        assert_eq!(addr, self.addr, "the restarted broker moved");
+    }
+}
+
 /// The whitespace-delimited token after `listening on `, if present.
 fn listening_addr(line: &str) -> Option<String> {
     let (_, rest) = line.split_once(LISTENING_MARKER)?;
