@@ -299,3 +299,18 @@ fn a_full_subscription_queue_drops_its_oldest_messages() {
     let kept: Vec<_> = (0..4).map(|_| recv_data(&sub)).collect();
     assert_eq!(kept, vec![json!(6), json!(7), json!(8), json!(9)]);
 }
+
+#[test]
+fn a_clean_close_reports_only_closed() {
+    let broker = Broker::start(&[]);
+    let client = Client::connect_any(&[&broker.addr]).unwrap();
+    let events = client.events();
+    client.close().unwrap();
+    assert_eq!(
+        events.try_recv(),
+        Ok(Some(Event::Closed {
+            reason: "closed by the client".to_string()
+        }))
+    );
+    assert_eq!(events.try_recv(), Err(Error::Closed));
+}

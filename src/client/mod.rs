@@ -732,11 +732,15 @@ impl Shared {
     /// client either starts reconnecting (returns true) or closes for good.
     pub(crate) fn link_lost(&self, link: &Link, reason: &str) -> bool {
         let mut state = self.state();
+        if state.closing {
+            self.close_for_good(&mut state, "closed by the client");
+            return false;
+        }
         self.push_event(Event::Disconnected {
             url: link.url.clone(),
             reason: reason.to_string(),
         });
-        if state.closing || self.opts.reconnect.is_none() {
+        if self.opts.reconnect.is_none() {
             self.close_for_good(&mut state, reason);
             return false;
         }
@@ -1336,6 +1340,14 @@ mod tests {
             json!({"subject": "b", "data": {"_placeholder": true, "num": 0}})
         );
         assert_eq!(attachments, vec![vec![9]]);
+    }
+
+    #[test]
+    fn handles_can_be_shared_between_threads() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Client>();
+        shareable::<Subscription>();
+        shareable::<Events>();
     }
 
     #[test]
