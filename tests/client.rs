@@ -7,6 +7,7 @@
 mod common;
 
 use std::net::TcpListener;
+use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -313,4 +314,49 @@ fn a_clean_close_reports_only_closed() {
         }))
     );
     assert_eq!(events.try_recv(), Err(Error::Closed));
+}
+
+/// Sends `signal` (e.g. `STOP`, `CONT`) to the process `pid` with kill(1).
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid} failed");
+}
+
+/// Resumes a stopped process even if the test fails half-way.
+struct Resume(u32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        signal(self.0, "CONT");
+    }
+}
+
+#[test]
+fn a_server_gone_silent_counts_as_gone() {
+    // The server pings every 100 ms and allows 100 ms for the pong, so the
+    // client may call it dead after 200 ms without a word.
+    let broker = Broker::start(&["-ping-interval=100ms", "-ping-timeout=100ms"]);
+    let opts = Options {
+        timeout: Duration::from_secs(1),
+        ..resilient(0)
+    };
+    let client = Client::connect_with(&broker.addr, opts).unwrap();
+    let events = client.events();
+    let sub = client.subscribe("quiet").unwrap();
+    // A stopped process keeps its sockets open but sends nothing.
+    signal(broker.pid(), "STOP");
+    let resume = Resume(broker.pid());
+    let Event::Disconnected { reason, .. } = await_event(&events, is_disconnected) else {
+        unreachable!()
+    };
+    assert!(reason.contains("heartbeat"), "{reason}");
+    drop(resume);
+    await_event(&events, is_reconnected);
+    let publisher = Client::connect(&broker.addr).unwrap();
+    publisher.publish_acked("quiet", "again").unwrap();
+    assert_eq!(recv_data(&sub), json!("again"));
 }

@@ -1288,6 +1288,157 @@ mod tests {
         }
     }
 
+    /// A client state with no connection, as while reconnecting.
+    fn down(publish_buffer: usize) -> Shared {
+        let opts = Options {
+            reconnect: Some(Reconnect::default()),
+            publish_buffer,
+            timeout: Duration::from_millis(50),
+            ..Options::default()
+        };
+        Shared {
+            opts,
+            urls: vec!["127.0.0.1:1".to_string()],
+            state: Mutex::new(State {
+                phase: Phase::Down,
+                closing: false,
+                next_ack_id: 0,
+                pending: HashMap::new(),
+                subs: HashMap::new(),
+                held: VecDeque::new(),
+                max_payload: Some(64),
+                dialing: None,
+            }),
+            changed: Condvar::new(),
+            next_sid: AtomicU64::new(1),
+            pongs: AtomicU64::new(0),
+            events: Arc::new(Inbox::new(EVENTS_MAX)),
+        }
+    }
+
+    fn route(shared: &Shared, sid: &str, left: Option<u64>) -> Arc<Inbox<Message>> {
+        let inbox = Arc::new(Inbox::new(8));
+        let route = SubRoute {
+            subject: "a".to_string(),
+            queue: None,
+            left,
+            inbox: Arc::clone(&inbox),
+        };
+        shared.state().subs.insert(sid.to_string(), route);
+        inbox
+    }
+
+    #[test]
+    fn while_down_only_publishes_are_held_and_only_up_to_the_buffer() {
+        let fail_fast = down(0);
+        let publish = |shared: &Shared, n: i32| {
+            shared.emit("pub", json!({"subject": "a", "data": n}), &[], None, true)
+        };
+        assert_eq!(publish(&fail_fast, 1).unwrap_err(), Error::Reconnecting);
+
+        let shared = down(2);
+        assert!(publish(&shared, 1).unwrap().is_none());
+        assert!(publish(&shared, 2).unwrap().is_none());
+        assert_eq!(publish(&shared, 3).unwrap_err(), Error::BufferFull);
+        let not_publish = shared.emit("ping", json!({}), &[], None, false);
+        assert_eq!(not_publish.unwrap_err(), Error::Reconnecting);
+        let held: Vec<_> = shared.state().held.iter().map(|h| h.text.clone()).collect();
+        assert_eq!(
+            held,
+            vec![
+                r#"42["pub",{"data":1,"subject":"a"}]"#,
+                r#"42["pub",{"data":2,"subject":"a"}]"#
+            ]
+        );
+    }
+
+    #[test]
+    fn a_held_publish_is_checked_against_the_last_max_payload() {
+        let shared = down(4);
+        let big = json!({"subject": "a", "data": "x".repeat(100)});
+        assert!(matches!(
+            shared.emit("pub", big, &[], None, true),
+            Err(Error::Protocol(_))
+        ));
+        assert!(shared.state().held.is_empty());
+    }
+
+    #[test]
+    fn an_acked_publish_held_while_down_times_out_without_a_leak() {
+        let shared = down(4);
+        let arg = json!({"subject": "a", "data": 1});
+        let wait = Some(Duration::from_millis(20));
+        assert_eq!(
+            shared.emit("pub", arg, &[], wait, true).unwrap_err(),
+            Error::Timeout
+        );
+        let state = shared.state();
+        assert_eq!(state.held.len(), 1);
+        assert!(state.held[0].text.starts_with("420[\"pub\""));
+        assert!(state.pending.is_empty());
+    }
+
+    #[test]
+    fn deliveries_count_down_what_is_left_of_max() {
+        let shared = down(0);
+        let inbox = route(&shared, "1", Some(2));
+        let msg = |sid: &str| Message {
+            sid: sid.to_string(),
+            subject: "a".to_string(),
+            data: json!(1),
+            reply: None,
+            headers: None,
+            attachments: Vec::new(),
+        };
+        shared.deliver(msg("1"));
+        shared.deliver(msg("unknown"));
+        assert_eq!(shared.state().subs["1"].left, Some(1));
+        assert_eq!(inbox.len(), 1);
+    }
+
+    #[test]
+    fn a_refused_resubscribe_closes_its_subscription_and_says_so() {
+        let shared = down(0);
+        let inbox = route(&shared, "7", None);
+        let kept = route(&shared, "8", None);
+        let id = shared.state().register(Waiter::Resub("7".to_string()));
+        let ok_id = shared.state().register(Waiter::Resub("8".to_string()));
+        let refusal = json!({"ok": false, "error": {"code": "bad_request", "message": "no"}});
+        shared.acked(id, reply(refusal));
+        shared.acked(ok_id, reply(json!({"ok": true, "sid": "8"})));
+        assert_eq!(inbox.recv(None), Err(Empty::Closed));
+        assert_eq!(kept.try_recv(), Ok(None));
+        assert!(shared.state().pending.is_empty());
+        assert_eq!(
+            shared.events.try_recv(),
+            Ok(Some(Event::ResubscribeFailed {
+                sid: "7".to_string(),
+                error: "server error bad_request: no".to_string()
+            }))
+        );
+        assert_eq!(shared.events.try_recv(), Ok(None));
+    }
+
+    #[test]
+    fn closing_for_good_ends_every_wait() {
+        let shared = down(4);
+        let inbox = route(&shared, "1", None);
+        let (_, rx) = shared.state().register_call();
+        shared.close_for_good(&mut shared.state(), "gave up");
+        assert!(matches!(rx.try_recv(), Ok(Err(Error::Closed))));
+        assert_eq!(inbox.recv(None), Err(Empty::Closed));
+        assert_eq!(
+            shared.emit("pub", json!({}), &[], None, true).unwrap_err(),
+            Error::Closed
+        );
+        assert_eq!(
+            shared.events.try_recv(),
+            Ok(Some(Event::Closed {
+                reason: "gave up".to_string()
+            }))
+        );
+    }
+
     #[test]
     fn acks_map_to_results() {
         assert!(check_ack(reply(json!({"ok": true, "sid": "1"}))).is_ok());
