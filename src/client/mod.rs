@@ -141,7 +141,9 @@ pub struct Options {
     /// Reconnect after the connection drops; `None` closes the client.
     pub reconnect: Option<Reconnect>,
     /// Publishes held while reconnecting, sent once connected again.
-    /// 0 (the default) fails them at once with [`Error::Reconnecting`].
+    /// 0 (the default) fails them at once with [`Error::Reconnecting`]. An
+    /// acked publish still waits at most `timeout` for its ack; one that
+    /// times out while held is sent all the same.
     pub publish_buffer: usize,
     /// Messages each [`Subscription`] queues before dropping the oldest.
     pub subscription_capacity: usize,
@@ -652,29 +654,10 @@ impl Shared {
         let link = match &state.phase {
             Phase::Closed => return Err(Error::Closed),
             Phase::Up(link) => Arc::clone(link),
-            Phase::Down => {
-                if !holdable || self.opts.publish_buffer == 0 {
-                    return Err(Error::Reconnecting);
-                }
-                if state.held.len() >= self.opts.publish_buffer {
-                    return Err(Error::BufferFull);
-                }
-                let ack = ack_wait.map(|_| state.register_call());
-                let ack_id = ack.as_ref().map(|(id, _)| *id);
-                let text = wire::encode_sio(kind, attachments.len(), namespace, ack_id, &payload);
-                if let Err(e) = check_size(state.max_payload, &text, attachments) {
-                    if let Some(id) = ack_id {
-                        state.pending.remove(&id);
-                    }
-                    return Err(e);
-                }
-                state.held.push_back(Held {
-                    text,
-                    attachments: attachments.to_vec(),
-                });
-                drop(state);
-                return self.await_ack(ack, ack_wait);
+            Phase::Down if holdable => {
+                return self.hold(state, kind, attachments, &payload, ack_wait);
             }
+            Phase::Down => return Err(Error::Reconnecting),
         };
         let ack = ack_wait.map(|_| state.register_call());
         drop(state);
@@ -683,7 +666,7 @@ impl Shared {
         let sent = check_size(link.max_payload, &text, attachments).and_then(|()| {
             link.send(&text, attachments).map_err(|e| {
                 link.abort();
-                self.write_error(&link, e)
+                self.write_error(e)
             })
         });
         if let Err(e) = sent {
@@ -692,6 +675,40 @@ impl Shared {
             }
             return Err(e);
         }
+        self.await_ack(ack, ack_wait)
+    }
+
+    /// Puts a publish made while down in the publish buffer, then waits for
+    /// its ack like any call. One that times out there is still sent later.
+    fn hold(
+        &self,
+        mut state: MutexGuard<'_, State>,
+        kind: SioKind,
+        attachments: &[Vec<u8>],
+        payload: &str,
+        ack_wait: Option<Duration>,
+    ) -> Result<Option<Reply>, Error> {
+        if self.opts.publish_buffer == 0 {
+            return Err(Error::Reconnecting);
+        }
+        if state.held.len() >= self.opts.publish_buffer {
+            return Err(Error::BufferFull);
+        }
+        let namespace = &self.opts.namespace;
+        let ack = ack_wait.map(|_| state.register_call());
+        let ack_id = ack.as_ref().map(|(id, _)| *id);
+        let text = wire::encode_sio(kind, attachments.len(), namespace, ack_id, payload);
+        if let Err(e) = check_size(state.max_payload, &text, attachments) {
+            if let Some(id) = ack_id {
+                state.pending.remove(&id);
+            }
+            return Err(e);
+        }
+        state.held.push_back(Held {
+            text,
+            attachments: attachments.to_vec(),
+        });
+        drop(state);
         self.await_ack(ack, ack_wait)
     }
 
@@ -714,13 +731,14 @@ impl Shared {
         }
     }
 
-    /// The error for a write that failed on `link`: what the client became
-    /// if the link is gone already, else the I/O error itself.
-    fn write_error(&self, link: &Arc<Link>, e: io::Error) -> Error {
+    /// The error for a write that failed: [`Error::Closed`] once closed,
+    /// [`Error::Disconnected`] when the client will reconnect, else the
+    /// I/O error itself.
+    fn write_error(&self, e: io::Error) -> Error {
         match &self.state().phase {
             Phase::Closed => Error::Closed,
-            Phase::Up(current) if Arc::ptr_eq(current, link) => Error::Io(e),
-            Phase::Up(_) | Phase::Down => Error::Disconnected,
+            Phase::Up(_) | Phase::Down if self.opts.reconnect.is_some() => Error::Disconnected,
+            Phase::Up(_) | Phase::Down => Error::Io(e),
         }
     }
 
@@ -1159,7 +1177,7 @@ impl Client {
             result = writer
                 .send_packet(&text, &[])
                 .and_then(|()| writer.send_close(CLOSE_NORMAL))
-                .map_err(|e| shared.write_error(&link, e));
+                .map_err(|e| shared.write_error(e));
             drop(writer);
             // Half-close so a server that waits for EOF sees it.
             let _ = link.socket.shutdown(Shutdown::Write);
