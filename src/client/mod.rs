@@ -47,8 +47,9 @@
 //!   publishes when [`Options::publish_buffer`] is non-zero: up to that many
 //!   are held and sent after the reconnect ([`Error::BufferFull`] past it);
 //! - [`Client::events`] reports [`Event::Disconnected`],
-//!   [`Event::Reconnected`], [`Event::ResubscribeFailed`] and, once, the
-//!   final [`Event::Closed`].
+//!   [`Event::Reconnected`] (once the server acked every re-sent
+//!   subscription), [`Event::ResubscribeFailed`] and, once, the final
+//!   [`Event::Closed`].
 //!
 //! Messages published while a subscriber is disconnected are not delivered
 //! to it: the broker keeps no state for a connection that is gone.
@@ -381,8 +382,10 @@ pub enum Event {
     /// The link to `url` ended; with [`Options::reconnect`] set the client
     /// is now reconnecting, else it is closed.
     Disconnected { url: String, reason: String },
-    /// Connected again, to `url`, on the `attempts`-th attempt, with every
-    /// subscription re-sent and the held publishes flushed.
+    /// Connected again, to `url`, on the `attempts`-th attempt. Reported
+    /// once the server has acked every re-sent subscription (and the held
+    /// publishes are sent), so what is published anywhere after this event
+    /// reaches the subscriptions.
     Reconnected { url: String, attempts: u32 },
     /// The server refused subscription `sid` on reconnect; its
     /// [`Subscription`] is closed.
@@ -518,6 +521,10 @@ struct State {
     max_payload: Option<u64>,
     /// The socket of a connect attempt in progress, so `close` can cut it.
     dialing: Option<TcpStream>,
+    /// Re-sent subscriptions whose ack has not come back yet.
+    resubs_unacked: usize,
+    /// The [`Event::Reconnected`] to report once they all have.
+    announce: Option<Event>,
 }
 
 impl State {
@@ -533,8 +540,11 @@ impl State {
         (self.register(Waiter::Call(tx)), rx)
     }
 
-    /// Ends every wait for an ack with `error` (a fresh one per caller).
+    /// Ends every wait for an ack with `error` (a fresh one per caller),
+    /// and the wait for re-sent subscriptions with it.
     fn fail_pending(&mut self, error: impl Fn() -> Error) {
+        self.resubs_unacked = 0;
+        self.announce = None;
         for (_, waiter) in self.pending.drain() {
             if let Waiter::Call(tx) = waiter {
                 let _ = tx.try_send(Err(error()));
@@ -807,16 +817,23 @@ impl Shared {
                 let _ = tx.try_send(Ok(reply));
             }
             Some(Waiter::Resub(sid)) => {
+                let mut state = self.state();
                 if let Err(e) = check_ack(reply) {
                     // The server refused the subscription back: end it
                     // visibly rather than leave its handle waiting forever.
-                    if let Some(route) = self.state().subs.remove(&sid) {
+                    if let Some(route) = state.subs.remove(&sid) {
                         route.inbox.close();
                     }
                     self.push_event(Event::ResubscribeFailed {
                         sid,
                         error: e.to_string(),
                     });
+                }
+                state.resubs_unacked = state.resubs_unacked.saturating_sub(1);
+                if state.resubs_unacked == 0 {
+                    if let Some(event) = state.announce.take() {
+                        self.push_event(event);
+                    }
                 }
             }
             None => {}
@@ -938,6 +955,8 @@ impl Client {
             held: VecDeque::new(),
             max_payload: link.max_payload,
             dialing: None,
+            resubs_unacked: 0,
+            announce: None,
         };
         let shared = Arc::new(Shared {
             opts,
@@ -1326,6 +1345,8 @@ mod tests {
                 held: VecDeque::new(),
                 max_payload: Some(64),
                 dialing: None,
+                resubs_unacked: 0,
+                announce: None,
             }),
             changed: Condvar::new(),
             next_sid: AtomicU64::new(1),
@@ -1434,6 +1455,43 @@ mod tests {
                 error: "server error bad_request: no".to_string()
             }))
         );
+        assert_eq!(shared.events.try_recv(), Ok(None));
+    }
+
+    #[test]
+    fn reconnected_is_reported_once_every_resubscribe_is_acked() {
+        let shared = down(0);
+        let ids: Vec<u64> = ["1", "2"]
+            .iter()
+            .map(|sid| {
+                route(&shared, sid, None);
+                shared.state().register(Waiter::Resub(sid.to_string()))
+            })
+            .collect();
+        let event = Event::Reconnected {
+            url: "u".to_string(),
+            attempts: 3,
+        };
+        {
+            let mut state = shared.state();
+            state.resubs_unacked = 2;
+            state.announce = Some(event.clone());
+        }
+        shared.acked(ids[0], reply(json!({"ok": true})));
+        assert_eq!(shared.events.try_recv(), Ok(None));
+        shared.acked(ids[1], reply(json!({"ok": true})));
+        assert_eq!(shared.events.try_recv(), Ok(Some(event)));
+        // A link lost before the acks came voids the announcement.
+        let id = shared.state().register(Waiter::Resub("1".to_string()));
+        {
+            let mut state = shared.state();
+            state.resubs_unacked = 1;
+            state.announce = Some(Event::Closed {
+                reason: "x".to_string(),
+            });
+            state.fail_pending(|| Error::Disconnected);
+        }
+        shared.acked(id, reply(json!({"ok": true})));
         assert_eq!(shared.events.try_recv(), Ok(None));
     }
 

@@ -97,25 +97,23 @@ fn reconnect(shared: &Shared, last: usize) -> Option<(Arc<Link>, ReadHalf, usize
             shared.give_up("no address to reconnect to");
             return None;
         };
-        match attempt(shared, url) {
-            Ok((link, half)) => {
-                shared.push_event(Event::Reconnected {
-                    url: url.clone(),
-                    attempts: backoff.attempts(),
-                });
-                return Some((link, half, index));
-            }
+        let announce = Event::Reconnected {
+            url: url.clone(),
+            attempts: backoff.attempts(),
+        };
+        match attempt(shared, url, announce) {
+            Ok((link, half)) => return Some((link, half, index)),
             Err(e) => last_error = format!("{url}: {e}"),
         }
     }
 }
 
 /// One attempt: connect, then bring the new link up to date.
-fn attempt(shared: &Shared, url: &str) -> Result<(Arc<Link>, ReadHalf), Error> {
+fn attempt(shared: &Shared, url: &str, announce: Event) -> Result<(Arc<Link>, ReadHalf), Error> {
     let dialed = dial(url, &shared.opts, |socket| shared.watch_dial(socket));
     shared.state().dialing = None;
     let (link, half) = link_up(dialed?)?;
-    if let Err(e) = resume(shared, &link) {
+    if let Err(e) = resume(shared, &link, announce) {
         link.abort();
         // Acks for what went out on this link will never come.
         shared.state().fail_pending(|| Error::Disconnected);
@@ -127,8 +125,9 @@ fn attempt(shared: &Shared, url: &str) -> Result<(Arc<Link>, ReadHalf), Error> {
 /// Re-sends every subscription, then every held publish, then opens the
 /// link to callers. Everything goes out in this order on one socket, and
 /// the server handles one socket's events in order, so a replayed publish
-/// already sees the subscriptions.
-fn resume(shared: &Shared, link: &Arc<Link>) -> Result<(), Error> {
+/// already sees the subscriptions. `announce` is reported once the server
+/// has acked every re-sent subscription (the reader counts them down).
+fn resume(shared: &Shared, link: &Arc<Link>, announce: Event) -> Result<(), Error> {
     let namespace = &shared.opts.namespace;
     let resubs: Vec<String> = {
         let mut state = shared.state();
@@ -142,6 +141,7 @@ fn resume(shared: &Shared, link: &Arc<Link>) -> Result<(), Error> {
                 (sid.clone(), arg)
             })
             .collect();
+        state.resubs_unacked = args.len();
         args.into_iter()
             .map(|(sid, arg)| {
                 let id = state.register(Waiter::Resub(sid));
@@ -160,6 +160,12 @@ fn resume(shared: &Shared, link: &Arc<Link>) -> Result<(), Error> {
         }
         let Some(held) = state.held.pop_front() else {
             state.phase = Phase::Up(Arc::clone(link));
+            if state.resubs_unacked == 0 {
+                shared.push_event(announce);
+            } else {
+                // The reader, not yet started, reports it after the acks.
+                state.announce = Some(announce);
+            }
             drop(state);
             shared.changed.notify_all();
             return Ok(());
