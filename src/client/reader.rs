@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::shared::{Link, Reply, Shared};
 use super::wire::{self, EioPacket, FrameDecoder, SioKind, WsMessage};
-use super::{Link, Message, Reply, Shared, CLOSE_NORMAL, READ_CHUNK_BYTES};
+use super::{Message, CLOSE_NORMAL, READ_CHUNK_BYTES};
 
 /// A binary packet whose attachments are still arriving.
 struct PartialBinary {

@@ -16,8 +16,9 @@ use serde_json::json;
 use super::backoff::Backoff;
 use super::dial::{dial, Dialed};
 use super::reader::{ReadHalf, Reader};
+use super::shared::{Link, Phase, Shared, Waiter, Writer};
 use super::wire::{self, SioKind};
-use super::{sub_arg, Error, Event, Link, Phase, Shared, Waiter, Writer};
+use super::{sub_arg, Error, Event};
 
 /// Splits a finished handshake into the write side callers share and the
 /// read side the background thread keeps.
