@@ -360,3 +360,34 @@ fn a_server_gone_silent_counts_as_gone() {
     publisher.publish_acked("quiet", "again").unwrap();
     assert_eq!(recv_data(&sub), json!("again"));
 }
+
+#[test]
+fn a_subscription_queue_is_bounded_in_bytes_too() {
+    let broker = Broker::start(&[]);
+    let opts = Options {
+        subscription_bytes_max: 1000,
+        ..Options::default()
+    };
+    let client = Client::connect_with(&broker.addr, opts).unwrap();
+    let sub = client.subscribe("big").unwrap();
+    let filler = "x".repeat(300);
+    for n in 0..10 {
+        client
+            .publish("big", json!({ "n": n, "filler": filler }))
+            .unwrap();
+    }
+    client.ping().unwrap();
+    // About 340 bytes each on the wire: two fit in 1000 bytes, three do not.
+    let kept = sub.pending();
+    assert_eq!((kept, sub.dropped()), (2, 8));
+    let first = sub.recv_timeout(WAIT).unwrap();
+    assert_eq!(first.data["n"], json!(8));
+    // A single message larger than the bound still gets through.
+    let huge = "y".repeat(5000);
+    client
+        .publish("big", json!({ "n": 99, "filler": huge }))
+        .unwrap();
+    client.ping().unwrap();
+    assert_eq!(sub.pending(), 1);
+    assert_eq!(recv_data(&sub)["n"], json!(99));
+}

@@ -78,8 +78,10 @@
 //! # Bounded queues
 //!
 //! Each subscription queues at most [`Options::subscription_capacity`]
-//! messages (default 65 536). When a new message finds the queue full, the
-//! oldest queued one is dropped and counted ([`Subscription::dropped`]).
+//! messages (default 65 536) and [`Options::subscription_bytes_max`] bytes
+//! (default 64 MiB, counted as received on the wire). When a new message
+//! does not fit, the oldest queued ones are dropped and counted
+//! ([`Subscription::dropped`]).
 //! The background thread never blocks on a slow reader: blocking it would
 //! also hold up acks and heartbeats of every other call on the connection,
 //! and a single forgotten subscription would stall the whole client. The
@@ -120,6 +122,8 @@ const CLOSE_WAIT_MAX: Duration = Duration::from_secs(2);
 const CLOSE_NORMAL: u16 = 1000;
 /// Default of [`Options::subscription_capacity`], in messages.
 const SUBSCRIPTION_CAPACITY_DEFAULT: usize = 65_536;
+/// Default of [`Options::subscription_bytes_max`]: 64 MiB.
+const SUBSCRIPTION_BYTES_DEFAULT: usize = 64 * 1024 * 1024;
 /// Events kept for [`Client::events`] before the oldest is dropped.
 const EVENTS_MAX: usize = 1024;
 
@@ -129,8 +133,8 @@ const EVENTS_MAX: usize = 1024;
 
 /// Connection options; [`Options::default`] connects to `/` without a token,
 /// waits at most 5 s for the handshake and for each ack, does not
-/// reconnect, holds no publishes and queues up to 65 536 messages per
-/// subscription.
+/// reconnect, holds no publishes and queues up to 65 536 messages or 64 MiB
+/// per subscription.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Sent as the CONNECT auth payload `{"token": …}` when set.
@@ -148,6 +152,9 @@ pub struct Options {
     pub publish_buffer: usize,
     /// Messages each [`Subscription`] queues before dropping the oldest.
     pub subscription_capacity: usize,
+    /// Bytes (as received on the wire) each [`Subscription`] queues before
+    /// dropping the oldest; the newest message is always kept.
+    pub subscription_bytes_max: usize,
 }
 
 impl Default for Options {
@@ -159,6 +166,7 @@ impl Default for Options {
             reconnect: None,
             publish_buffer: 0,
             subscription_capacity: SUBSCRIPTION_CAPACITY_DEFAULT,
+            subscription_bytes_max: SUBSCRIPTION_BYTES_DEFAULT,
         }
     }
 }
@@ -432,6 +440,7 @@ fn empty_error(empty: Empty) -> Error {
         Empty::Closed => Error::Closed,
     }
 }
+
 // ---------------------------------------------------------------------------
 // The client.
 // ---------------------------------------------------------------------------
@@ -519,7 +528,7 @@ impl Client {
             changed: Condvar::new(),
             next_sid: AtomicU64::new(1),
             pongs: AtomicU64::new(0),
-            events: Arc::new(Inbox::new(EVENTS_MAX)),
+            events: Arc::new(Inbox::new(EVENTS_MAX, usize::MAX)),
         });
         let thread_shared = Arc::clone(&shared);
         let thread = thread::Builder::new()
@@ -555,7 +564,11 @@ impl Client {
             .next_sid
             .fetch_add(1, Ordering::Relaxed)
             .to_string();
-        let inbox = Arc::new(Inbox::new(self.shared.opts.subscription_capacity));
+        let opts = &self.shared.opts;
+        let inbox = Arc::new(Inbox::new(
+            opts.subscription_capacity,
+            opts.subscription_bytes_max,
+        ));
         {
             let mut state = self.shared.state();
             match state.phase {
@@ -792,8 +805,9 @@ fn sub_arg(sid: &str, subject: &str, queue: Option<&str>, max: Option<u64>) -> V
 // ---------------------------------------------------------------------------
 
 /// Deliveries of one subscription, queued up to
-/// [`Options::subscription_capacity`] (the oldest is dropped past it, see
-/// [`Subscription::dropped`]). Survives reconnects under the same sid.
+/// [`Options::subscription_capacity`] messages and
+/// [`Options::subscription_bytes_max`] bytes (the oldest are dropped past
+/// that, see [`Subscription::dropped`]). Survives reconnects under the same sid.
 /// Dropping it unsubscribes (best effort, without waiting).
 #[derive(Debug)]
 pub struct Subscription {

@@ -20,6 +20,8 @@ struct PartialBinary {
     args: Value,
     expected: usize,
     attachments: Vec<Vec<u8>>,
+    /// Bytes on the wire so far: the packet text and its attachments.
+    bytes: usize,
 }
 
 /// The reader must stop, and why: the peer closed, went silent, or broke
@@ -140,7 +142,7 @@ impl<'a> Reader<'a> {
                 let args: Value = serde_json::from_str(packet.payload)
                     .map_err(|e| stop(format!("bad packet arguments: {e}")))?;
                 if packet.attachments == 0 {
-                    self.dispatch(packet.kind, packet.ack_id, args, Vec::new());
+                    self.dispatch(packet.kind, packet.ack_id, args, Vec::new(), body.len());
                 } else {
                     self.partial = Some(PartialBinary {
                         kind: packet.kind,
@@ -148,6 +150,7 @@ impl<'a> Reader<'a> {
                         args,
                         expected: packet.attachments,
                         attachments: Vec::new(),
+                        bytes: body.len(),
                     });
                 }
                 Ok(())
@@ -160,6 +163,7 @@ impl<'a> Reader<'a> {
             // An attachment nobody announced breaks the Socket.IO format.
             return Err(stop("a binary attachment nobody announced"));
         };
+        partial.bytes = partial.bytes.saturating_add(bytes.len());
         partial.attachments.push(bytes);
         if partial.attachments.len() < partial.expected {
             self.partial = Some(partial);
@@ -169,12 +173,21 @@ impl<'a> Reader<'a> {
                 partial.ack_id,
                 partial.args,
                 partial.attachments,
+                partial.bytes,
             );
         }
         Ok(())
     }
 
-    fn dispatch(&self, kind: SioKind, ack_id: Option<u64>, args: Value, attachments: Vec<Vec<u8>>) {
+    /// Routes one complete packet that took `bytes` on the wire.
+    fn dispatch(
+        &self,
+        kind: SioKind,
+        ack_id: Option<u64>,
+        args: Value,
+        attachments: Vec<Vec<u8>>,
+        bytes: usize,
+    ) {
         let Value::Array(mut args) = args else {
             return;
         };
@@ -196,7 +209,7 @@ impl<'a> Reader<'a> {
                 let Some(message) = Message::from_event(arg, attachments) else {
                     return;
                 };
-                self.shared.deliver(message);
+                self.shared.deliver(message, bytes);
             }
             _ => {}
         }

@@ -337,7 +337,7 @@ impl Shared {
     }
 
     pub(super) fn push_event(&self, event: Event) {
-        self.events.push(event);
+        self.events.push(event, 0);
     }
 
     /// The link ended with `reason`. Calls waiting on it fail, and the
@@ -381,14 +381,15 @@ impl Shared {
         self.changed.notify_all();
     }
 
-    /// Delivers a `msg` to its subscription, counting down its `max`.
-    pub(super) fn deliver(&self, message: Message) {
+    /// Delivers a `msg` of `bytes` on the wire to its subscription,
+    /// counting down its `max`.
+    pub(super) fn deliver(&self, message: Message, bytes: usize) {
         let mut state = self.state();
         if let Some(route) = state.subs.get_mut(&message.sid) {
             if let Some(left) = route.left.as_mut() {
                 *left = left.saturating_sub(1);
             }
-            route.inbox.push(message);
+            route.inbox.push(message, bytes);
         }
     }
 
@@ -505,12 +506,12 @@ mod tests {
             changed: Condvar::new(),
             next_sid: AtomicU64::new(1),
             pongs: AtomicU64::new(0),
-            events: Arc::new(Inbox::new(EVENTS_MAX)),
+            events: Arc::new(Inbox::new(EVENTS_MAX, usize::MAX)),
         }
     }
 
     fn route(shared: &Shared, sid: &str, left: Option<u64>) -> Arc<Inbox<Message>> {
-        let inbox = Arc::new(Inbox::new(8));
+        let inbox = Arc::new(Inbox::new(8, usize::MAX));
         let route = SubRoute {
             subject: "a".to_string(),
             queue: None,
@@ -583,8 +584,8 @@ mod tests {
             headers: None,
             attachments: Vec::new(),
         };
-        shared.deliver(msg("1"));
-        shared.deliver(msg("unknown"));
+        shared.deliver(msg("1"), 10);
+        shared.deliver(msg("unknown"), 10);
         assert_eq!(shared.state().subs["1"].left, Some(1));
         assert_eq!(inbox.len(), 1);
     }
