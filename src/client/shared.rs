@@ -401,27 +401,42 @@ impl Shared {
             Some(Waiter::Call(tx)) => {
                 let _ = tx.try_send(Ok(reply));
             }
-            Some(Waiter::Resub(sid)) => {
-                let mut state = self.state();
-                if let Err(e) = check_ack(reply) {
-                    // The server refused the subscription back: end it
-                    // visibly rather than leave its handle waiting forever.
-                    if let Some(route) = state.subs.remove(&sid) {
-                        route.inbox.close();
-                    }
-                    self.push_event(Event::ResubscribeFailed {
-                        sid,
-                        error: e.to_string(),
-                    });
-                }
-                state.resubs_unacked = state.resubs_unacked.saturating_sub(1);
-                if state.resubs_unacked == 0 {
-                    if let Some(event) = state.announce.take() {
-                        self.push_event(event);
-                    }
-                }
+            Some(Waiter::Resub(sid)) => self.resubscribed(sid, reply),
+            None => {}
+        }
+    }
+
+    /// The ack of subscription `sid`, re-sent after a reconnect; the last
+    /// one outstanding reports the reconnect.
+    fn resubscribed(&self, sid: String, reply: Reply) {
+        let refused = check_ack(reply).err();
+        let mut state = self.state();
+        match refused {
+            None if !state.subs.contains_key(&sid) => {
+                // Dropped while it was being re-sent: end it on the server
+                // too. Not under the lock: the write takes the link's.
+                drop(state);
+                let _ = self.emit("unsub", json!({ "sid": sid }), &[], None, false);
+                state = self.state();
             }
             None => {}
+            Some(e) => {
+                // The server refused the subscription back: end it visibly
+                // rather than leave its handle waiting forever.
+                if let Some(route) = state.subs.remove(&sid) {
+                    route.inbox.close();
+                }
+                self.push_event(Event::ResubscribeFailed {
+                    sid,
+                    error: e.to_string(),
+                });
+            }
+        }
+        state.resubs_unacked = state.resubs_unacked.saturating_sub(1);
+        if state.resubs_unacked == 0 {
+            if let Some(event) = state.announce.take() {
+                self.push_event(event);
+            }
         }
     }
 }
@@ -648,6 +663,45 @@ mod tests {
         }
         shared.acked(id, reply(json!({"ok": true})));
         assert_eq!(shared.events.try_recv(), Ok(None));
+    }
+
+    #[test]
+    fn a_subscription_dropped_while_re_sent_is_ended_on_the_server() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut theirs, _) = listener.accept().unwrap();
+        let link = Arc::new(Link {
+            url: "test".to_string(),
+            writer: Mutex::new(Writer {
+                stream: ours.try_clone().unwrap(),
+                rng: MaskRng::new(),
+                buf: Vec::new(),
+                close_sent: false,
+            }),
+            socket: ours,
+            max_payload: None,
+        });
+        let shared = down(0);
+        shared.state().phase = Phase::Up(link);
+        let id = shared.state().register(Waiter::Resub("9".to_string()));
+        shared.acked(id, reply(json!({"ok": true, "sid": "9"})));
+        let mut decoder = wire::FrameDecoder::new(1024);
+        let mut chunk = [0u8; 256];
+        theirs
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let message = loop {
+            if let Some(message) = decoder.next().unwrap() {
+                break message;
+            }
+            let n = std::io::Read::read(&mut theirs, &mut chunk).unwrap();
+            assert!(n > 0, "the link closed without an unsub");
+            decoder.push(&chunk[..n]);
+        };
+        assert_eq!(
+            message,
+            wire::WsMessage::Text(r#"42["unsub",{"sid":"9"}]"#.to_string())
+        );
     }
 
     #[test]
