@@ -51,6 +51,9 @@
 //!   subscription), [`Event::ResubscribeFailed`] and, once, the final
 //!   [`Event::Closed`].
 //!
+//! A link counts as dropped when the socket closes or fails, and also when
+//! the server stays silent past its `pingInterval + pingTimeout` (Engine.IO
+//! v4 "heartbeat"), which catches a peer that vanished without a word.
 //! Messages published while a subscriber is disconnected are not delivered
 //! to it: the broker keeps no state for a connection that is gone.
 //!
@@ -81,8 +84,7 @@
 //! messages (default 65 536) and [`Options::subscription_bytes_max`] bytes
 //! (default 64 MiB, counted as received on the wire). When a new message
 //! does not fit, the oldest queued ones are dropped and counted
-//! ([`Subscription::dropped`]).
-//! The background thread never blocks on a slow reader: blocking it would
+//! ([`Subscription::dropped`]). The background thread never blocks on a slow reader: blocking it would
 //! also hold up acks and heartbeats of every other call on the connection,
 //! and a single forgotten subscription would stall the whole client. The
 //! event queue holds the latest 1 024 events the same way.
