@@ -186,7 +186,7 @@ fn acked_messages_and_acks_survive_sigkill() {
         let run = Duration::from_millis(150 + rng.next() % 450);
         thread::sleep(run);
         // SIGKILL by PID mid-traffic, then a new process on the same data.
-        b.restart();
+        b.restart(&[]);
         stop.store(true, Ordering::Relaxed);
         next = p.join().expect("publisher thread");
         w.join().expect("worker thread");

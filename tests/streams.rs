@@ -553,7 +553,7 @@ fn restart_recovers_streams_and_cursors() {
         c.ack("K", "c", s).unwrap();
     }
     drop(c);
-    b.restart();
+    b.restart(&[]);
     let c = connect(&b);
     let info = c.stream_info("K").unwrap();
     assert_eq!(info.config["max_msgs"], 100);
@@ -584,7 +584,7 @@ fn a_stream_that_cannot_be_recovered_is_refused_not_overwritten() {
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     std::fs::write(&snap, bytes).unwrap();
-    b.restart();
+    b.restart(&[]);
     let c = connect(&b);
     assert_eq!(code(c.stream_info("BAD")), "internal");
     assert_eq!(
