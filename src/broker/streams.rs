@@ -48,6 +48,9 @@ pub const WAITS_PER_CONN_MAX: usize = 64;
 pub const FETCH_BYTES_MAX: usize = 8 << 20;
 /// Push deliveries per consumer per loop turn (fairness between them).
 pub const PUSH_PER_TURN_MAX: usize = 256;
+/// Acks waiting for their write or fsync, over all sockets; past it,
+/// captured publishes are refused with `limit` until the disk catches up.
+pub const HELD_ACKS_MAX: usize = 1_000_000;
 
 /// An ack to send once what it confirms is written (and synced).
 #[derive(Debug)]
@@ -341,6 +344,12 @@ impl Streams {
             return Err(ApiError::new(
                 Code::Unavailable,
                 format!("streams are unavailable: {why}"),
+            ));
+        }
+        if self.held.len() + self.unflushed.len() >= HELD_ACKS_MAX {
+            return Err(ApiError::new(
+                Code::Limit,
+                "too many stream acks are waiting for the disk",
             ));
         }
         let slot = self
@@ -1054,13 +1063,20 @@ fn push_slot(
     now: Instant,
     pick: &mut usize,
 ) -> bool {
+    let last_seq = slot.stream.last_seq();
+    let any =
+        slot.stream.consumers.values().any(|m| {
+            m.consumer.cfg.deliver_subject.is_some() && m.consumer.may_have_work(last_seq)
+        });
+    if !any {
+        return false;
+    }
     let names: Vec<String> = slot
         .stream
         .consumers
         .iter()
         .filter(|(_, m)| {
-            m.consumer.cfg.deliver_subject.is_some()
-                && m.consumer.may_have_work(slot.stream.last_seq())
+            m.consumer.cfg.deliver_subject.is_some() && m.consumer.may_have_work(last_seq)
         })
         .map(|(n, _)| n.clone())
         .collect();
