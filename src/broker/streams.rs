@@ -22,20 +22,22 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use super::groups::GroupMode;
+use super::stream_out::{
+    consumer_json, fetch_body, message_json, push_slot, push_str, stream_json, take_batch,
+};
 use super::sublist::Sublist;
 use super::subs::SubTable;
 use crate::net::{ConnId, Io};
 use crate::protocol::errors::{ok_with, ApiError, Code, OK_BODY};
 use crate::protocol::socketio::{self, Kind};
 use crate::protocol::stream_messages::{
-    self as sm, AckPolicy, AckReq, ConsumerConfig, ConsumerCreate, ConsumerReq, DeliverPolicy,
-    FetchReq, GetReq, NameReq, PurgeReq, Retention, StreamConfig, StreamReq,
+    self as sm, AckReq, ConsumerConfig, ConsumerCreate, ConsumerReq, DeliverPolicy, FetchReq,
+    GetReq, NameReq, PurgeReq, Retention, StreamConfig, StreamReq,
 };
 use crate::stream::consumer::{Consumer, Event};
 use crate::stream::meta::{ConsumerSnap, MetaLog, Snapshot};
 use crate::stream::store::Options;
-use crate::stream::stream::{Member, Msg, Stored, Stream, CONSUMERS_PER_STREAM_MAX};
+use crate::stream::stream::{Member, Stored, Stream, CONSUMERS_PER_STREAM_MAX};
 use crate::stream::sync::{FileKey, SyncPolicy, Syncer, Ticket};
 
 pub use crate::protocol::stream_messages::FETCH_BATCH_MAX;
@@ -94,15 +96,15 @@ struct Wait {
     deadline: Instant,
 }
 
-struct Slot {
+pub(super) struct Slot {
     /// Its key in the capture index.
     id: u64,
-    name: Rc<str>,
-    stream: Stream,
+    pub(super) name: Rc<str>,
+    pub(super) stream: Stream,
     meta: MetaLog,
     meta_key: Option<FileKey>,
     /// Something changed this turn: files to write, consumers to serve.
-    touched: bool,
+    pub(super) touched: bool,
 }
 
 pub struct Streams {
@@ -1054,171 +1056,8 @@ impl Streams {
     }
 }
 
-/// Push deliveries of one stream's push consumers; true if one of them
-/// stopped at its per-turn cap with more to send.
-fn push_slot(
-    io: &mut Io<'_>,
-    subs: &mut SubTable,
-    slot: &mut Slot,
-    now: Instant,
-    pick: &mut usize,
-) -> bool {
-    let last_seq = slot.stream.last_seq();
-    let any =
-        slot.stream.consumers.values().any(|m| {
-            m.consumer.cfg.deliver_subject.is_some() && m.consumer.may_have_work(last_seq)
-        });
-    if !any {
-        return false;
-    }
-    let names: Vec<String> = slot
-        .stream
-        .consumers
-        .iter()
-        .filter(|(_, m)| {
-            m.consumer.cfg.deliver_subject.is_some() && m.consumer.may_have_work(last_seq)
-        })
-        .map(|(n, _)| n.clone())
-        .collect();
-    let mut more = false;
-    for name in names {
-        more |= push_one(io, subs, slot, &name, now, pick);
-    }
-    more
-}
-
-fn push_one(
-    io: &mut Io<'_>,
-    subs: &mut SubTable,
-    slot: &mut Slot,
-    name: &str,
-    now: Instant,
-    pick: &mut usize,
-) -> bool {
-    let stream_name = Rc::clone(&slot.name);
-    let Some((msgs, member)) = slot.stream.split(name) else {
-        return false;
-    };
-    let Some(subject) = member.consumer.cfg.deliver_subject.clone() else {
-        return false;
-    };
-    let group = member.consumer.cfg.deliver_group.clone();
-    let none = member.consumer.cfg.ack_policy == AckPolicy::None;
-    let mut events = Vec::new();
-    let mut done = Vec::new();
-    let mut sent = 0;
-    let mut tail = Vec::new();
-    while sent < PUSH_PER_TURN_MAX {
-        if !has_targets(subs, &subject, group.as_deref()) {
-            break;
-        }
-        let Some(d) = member.consumer.next(now, &msgs, &mut events) else {
-            break;
-        };
-        let targets = push_targets(subs, &subject, group.as_deref(), pick);
-        let Ok(Some(m)) = msgs.get(d.seq) else {
-            continue;
-        };
-        tail.clear();
-        tail.extend_from_slice(b",\"subject\":");
-        push_str(&mut tail, &m.subject);
-        tail.extend_from_slice(b",\"data\":");
-        tail.extend_from_slice(m.data.as_bytes());
-        if let Some(h) = &m.headers {
-            tail.extend_from_slice(b",\"headers\":");
-            tail.extend_from_slice(h.as_bytes());
-        }
-        tail.extend_from_slice(b",\"stream\":");
-        push_str(&mut tail, &stream_name);
-        tail.extend_from_slice(b",\"consumer\":");
-        push_str(&mut tail, name);
-        tail.extend_from_slice(
-            format!(",\"seq\":{},\"delivered\":{}}}]", d.seq, d.deliveries).as_bytes(),
-        );
-        for key in targets {
-            let Some(s) = subs.deliverable(key) else {
-                continue;
-            };
-            let conn = s.conn;
-            io.send_text(
-                conn,
-                &[b"2[\"msg\",{\"sid\":", s.sid_json.as_bytes(), &tail],
-            );
-            if let Some(end) = subs.delivered(key) {
-                let _ = subs.apply(end);
-            }
-        }
-        if none {
-            done.push(d.seq);
-        }
-        sent += 1;
-    }
-    let more = sent == PUSH_PER_TURN_MAX;
-    if !events.is_empty() || !done.is_empty() {
-        after_events(slot, name, &events, &done);
-        slot.touched = true;
-    }
-    more
-}
-
 /// Largest `nak` delay (one day).
 pub const NAK_DELAY_MS_MAX: u64 = 86_400_000;
-
-/// Whether a push delivery on `subject` (to `group`) would reach anyone.
-fn has_targets(subs: &mut SubTable, subject: &str, group: Option<&str>) -> bool {
-    let m = subs.matches(subject);
-    let live = |keys: &[u64]| keys.iter().any(|&k| subs.deliverable(k).is_some());
-    match group {
-        Some(g) => m.groups.iter().any(|q| &*q.queue == g && live(&q.members)),
-        None => live(&m.plain) || m.groups.iter().any(|q| live(&q.members)),
-    }
-}
-
-/// Who gets a push delivery on `subject`: with a group, one member of it;
-/// without, every plain subscriber and one member per queue group.
-fn push_targets(
-    subs: &mut SubTable,
-    subject: &str,
-    group: Option<&str>,
-    pick: &mut usize,
-) -> Vec<u64> {
-    let m = subs.matches(subject);
-    let mut out = Vec::new();
-    let mut one_of = |members: &[u64], out: &mut Vec<u64>| {
-        let live: Vec<u64> = members
-            .iter()
-            .copied()
-            .filter(|&k| subs.deliverable(k).is_some())
-            .collect();
-        if !live.is_empty() {
-            *pick = pick.wrapping_add(1);
-            out.push(live[*pick % live.len()]);
-        }
-    };
-    match group {
-        Some(g) => {
-            if let Some(q) = m.groups.iter().find(|q| &*q.queue == g) {
-                one_of(&q.members, &mut out);
-            }
-        }
-        None => {
-            out.extend(
-                m.plain
-                    .iter()
-                    .copied()
-                    .filter(|&k| subs.deliverable(k).is_some()),
-            );
-            for q in &m.groups {
-                if subs.group_mode(&q.queue) == GroupMode::Broadcast {
-                    out.extend(q.members.iter().copied());
-                } else {
-                    one_of(&q.members, &mut out);
-                }
-            }
-        }
-    }
-    out
-}
 
 /// Age limits, the duplicate window and redelivery timers of one stream.
 fn maintain(slot: &mut Slot, now: Instant, now_ms: u64) {
@@ -1246,7 +1085,7 @@ fn maintain(slot: &mut Slot, now: Instant, now_ms: u64) {
 
 /// Logs a consumer's events and applies the stream's retention to the
 /// sequences it is done with.
-fn after_events(slot: &mut Slot, consumer: &str, events: &[Event], done: &[u64]) {
+pub(super) fn after_events(slot: &mut Slot, consumer: &str, events: &[Event], done: &[u64]) {
     for &e in events {
         slot.meta.push(consumer, e);
     }
@@ -1358,126 +1197,6 @@ fn save(slot: &mut Slot, syncer: Option<&Syncer>) -> Result<(), ApiError> {
         slot.meta_key = s.register(slot.meta.file()).ok();
     }
     Ok(())
-}
-
-fn stream_json(s: &Stream) -> Value {
-    let st = s.state();
-    json!({
-        "stream": {
-            "config": s.cfg,
-            "state": {
-                "messages": st.messages,
-                "bytes": st.bytes,
-                "first_seq": st.first_seq,
-                "last_seq": st.last_seq,
-                "consumer_count": st.consumer_count,
-            }
-        }
-    })
-}
-
-fn consumer_json(s: &Stream, name: &str) -> Value {
-    let Some(m) = s.consumers.get(name) else {
-        return json!({});
-    };
-    let c = &m.consumer;
-    let d = c.delivered();
-    let f = c.ack_floor();
-    json!({
-        "consumer": {
-            "stream": s.cfg.name,
-            "name": name,
-            "config": c.cfg,
-            "delivered": {"stream_seq": d.stream_seq, "consumer_seq": d.consumer_seq},
-            "ack_floor": {"stream_seq": f.stream_seq, "consumer_seq": f.consumer_seq},
-            "num_pending": s.count_from(c.next_seq(), c.cfg.filter_subject.as_deref()),
-            "num_ack_pending": c.num_ack_pending(),
-            "num_redelivered": c.num_redelivered(),
-        }
-    })
-}
-
-/// A message as `stream.get` shows it (`data`/`headers` are raw JSON).
-fn message_json(seq: u64, m: &Msg, delivered: Option<u64>) -> Value {
-    let data: Value = serde_json::from_str(&m.data).unwrap_or(Value::Null);
-    let mut v = json!({"seq": seq, "subject": &*m.subject, "data": data, "time": m.time_ms});
-    if let Some(h) = &m.headers {
-        v["headers"] = serde_json::from_str(h).unwrap_or(Value::Null);
-    }
-    if let Some(d) = delivered {
-        v["delivered"] = d.into();
-    }
-    v
-}
-
-/// Up to `batch` deliveries of consumer `name` as JSON objects joined by
-/// commas into `body`; returns how many.
-fn take_batch(
-    slot: &mut Slot,
-    name: &str,
-    batch: usize,
-    now: Instant,
-    body: &mut Vec<u8>,
-) -> usize {
-    body.clear();
-    let Some((msgs, member)) = slot.stream.split(name) else {
-        return 0;
-    };
-    let none = member.consumer.cfg.ack_policy == AckPolicy::None;
-    let mut events = Vec::new();
-    let mut done = Vec::new();
-    let mut n = 0;
-    while n < batch && body.len() < FETCH_BYTES_MAX {
-        let Some(d) = member.consumer.next(now, &msgs, &mut events) else {
-            break;
-        };
-        let Ok(Some(m)) = msgs.get(d.seq) else {
-            continue;
-        };
-        if n > 0 {
-            body.push(b',');
-        }
-        body.extend_from_slice(format!("{{\"seq\":{},\"subject\":", d.seq).as_bytes());
-        push_str(body, &m.subject);
-        body.extend_from_slice(b",\"data\":");
-        body.extend_from_slice(m.data.as_bytes());
-        if let Some(h) = &m.headers {
-            body.extend_from_slice(b",\"headers\":");
-            body.extend_from_slice(h.as_bytes());
-        }
-        body.extend_from_slice(
-            format!(",\"time\":{},\"delivered\":{}}}", m.time_ms, d.deliveries).as_bytes(),
-        );
-        if none {
-            done.push(d.seq);
-        }
-        n += 1;
-    }
-    if !events.is_empty() || !done.is_empty() {
-        after_events(slot, name, &events, &done);
-        slot.touched = true;
-    }
-    n
-}
-
-/// `[{"ok":true,"messages":[…]}]` around messages joined by `take_batch`.
-fn fetch_body(messages: &[u8]) -> String {
-    let mut out = String::with_capacity(messages.len() + 32);
-    out.push_str("[{\"ok\":true,\"messages\":[");
-    out.push_str(std::str::from_utf8(messages).unwrap_or(""));
-    out.push_str("]}]");
-    out
-}
-
-/// Appends `s` as a JSON string literal.
-fn push_str(out: &mut Vec<u8>, s: &str) {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
-        out.push(b'"');
-        out.extend_from_slice(s.as_bytes());
-        out.push(b'"');
-    } else {
-        out.extend_from_slice(Value::from(s).to_string().as_bytes());
-    }
 }
 
 fn parse_obj(
