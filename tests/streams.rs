@@ -410,9 +410,15 @@ fn waiting_fetch_wakes_on_publish_and_expires_empty() {
         .is_empty());
     assert!(t0.elapsed() >= Duration::from_millis(180));
     let addr = b.addr.clone();
+    // Publishes once the fetch below is seen waiting on the broker.
     let publisher = std::thread::spawn(move || {
         let p = Client::connect(&addr).unwrap();
-        std::thread::sleep(Duration::from_millis(200));
+        let waiting = || {
+            p.call("consumer.info", json!({"stream": "F", "name": "c"}))
+                .unwrap()["consumer"]["num_waiting"]
+                == json!(1)
+        };
+        assert!(eventually(Duration::from_secs(5), waiting));
         p.publish_stream("f", "late").unwrap();
     });
     let t0 = Instant::now();
@@ -422,6 +428,34 @@ fn waiting_fetch_wakes_on_publish_and_expires_empty() {
     assert_eq!(got.len(), 1);
     assert!(t0.elapsed() < Duration::from_secs(5), "answered on arrival");
     publisher.join().unwrap();
+}
+
+#[test]
+fn a_waiting_fetch_ends_when_its_consumer_is_deleted() {
+    let b = Broker::start(&[]);
+    let c = connect(&b);
+    stream(&c, "WD", &["wd"]);
+    c.consumer_create("WD", &ConsumerConfig::new("c")).unwrap();
+    let addr = b.addr.clone();
+    let waiter = std::thread::spawn(move || {
+        let w = Client::connect(&addr).unwrap();
+        let t0 = Instant::now();
+        let r = w.fetch("WD", "c", 1, Some(Duration::from_secs(20)));
+        (code(r), t0.elapsed())
+    });
+    let waiting = |c: &Client| {
+        c.call("consumer.info", json!({"stream":"WD","name":"c"}))
+            .unwrap()["consumer"]["num_waiting"]
+            .clone()
+    };
+    assert!(eventually(Duration::from_secs(5), || waiting(&c) == json!(1)));
+    c.consumer_delete("WD", "c").unwrap();
+    let (got, waited) = waiter.join().unwrap();
+    assert_eq!(got, "not_found");
+    assert!(
+        waited < Duration::from_secs(10),
+        "answered at the delete, not at expiry"
+    );
 }
 
 #[test]

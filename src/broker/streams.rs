@@ -446,9 +446,8 @@ impl Streams {
             "consumer.list" => {
                 v(sm_arg::<StreamReq>(arg).and_then(|r| self.consumer_list(&r.stream)))
             }
-            "consumer.delete" => v(
-                sm_arg::<ConsumerReq>(arg).and_then(|r| self.consumer_delete(&r.stream, &r.name))
-            ),
+            "consumer.delete" => v(sm_arg::<ConsumerReq>(arg)
+                .and_then(|r| self.consumer_delete(io, &r.stream, &r.name))),
             "consumer.fetch" => {
                 sm_arg::<FetchReq>(arg).and_then(|r| self.fetch(conn, ack_id, r, now))
             }
@@ -588,8 +587,8 @@ impl Streams {
             std::fs::remove_dir_all(&dir).map_err(internal)?;
         }
         // Acks waiting on the deleted stream's files have nothing left to
-        // wait for: they are answered now. Fetches waiting on it end empty
-        // at their expiry.
+        // wait for: they are answered now, and so are fetches waiting on it.
+        self.end_waits(io, |w| &*w.stream == name);
         let mut now = Vec::new();
         self.held.retain_mut(|(_, h)| {
             let gone = &*h.stream == name;
@@ -714,7 +713,15 @@ impl Streams {
         if !slot.stream.consumers.contains_key(name) {
             return Err(not_found("consumer", name));
         }
-        Ok(Some(consumer_json(&slot.stream, name)))
+        let mut v = consumer_json(&slot.stream, name);
+        let stream_name = Rc::clone(&slot.name);
+        let waiting = self
+            .waits
+            .iter()
+            .filter(|w| w.stream == stream_name && w.consumer == name)
+            .count();
+        v["consumer"]["num_waiting"] = waiting.into();
+        Ok(Some(v))
     }
 
     fn consumer_list(&mut self, stream: &str) -> Result<Option<Value>, ApiError> {
@@ -728,7 +735,12 @@ impl Streams {
         Ok(Some(json!({ "consumers": list })))
     }
 
-    fn consumer_delete(&mut self, stream: &str, name: &str) -> Result<Option<Value>, ApiError> {
+    fn consumer_delete(
+        &mut self,
+        io: &mut Io<'_>,
+        stream: &str,
+        name: &str,
+    ) -> Result<Option<Value>, ApiError> {
         let syncer = self.syncer.clone();
         let slot = self.slot(stream)?;
         let gone = slot
@@ -751,9 +763,29 @@ impl Streams {
         }
         slot.touched = true;
         let stream_name = Rc::clone(&slot.name);
-        self.waits
-            .retain(|w| !(w.stream == stream_name && w.consumer == name));
+        self.end_waits(io, |w| w.stream == stream_name && w.consumer == name);
         Ok(Some(json!({})))
+    }
+
+    /// Answers the waiting fetches that `gone` picks with `not_found`:
+    /// their consumer or stream was deleted.
+    fn end_waits(&mut self, io: &mut Io<'_>, gone: impl Fn(&Wait) -> bool) {
+        let mut i = 0;
+        while i < self.waits.len() {
+            if !gone(&self.waits[i]) {
+                i += 1;
+                continue;
+            }
+            let w = self.waits.remove(i);
+            let e = not_found("consumer", &w.consumer);
+            let e = ApiError::new(
+                e.code,
+                format!("{}: deleted while the fetch waited", e.message),
+            );
+            self.head.clear();
+            socketio::write_header(&mut self.head, Kind::Ack, 0, "/", Some(w.ack_id));
+            io.send_text(w.conn, &[&self.head, e.ack_body().as_bytes()]);
+        }
     }
 
     fn fetch(
