@@ -618,6 +618,10 @@ fn a_stream_that_cannot_be_recovered_is_refused_not_overwritten() {
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     std::fs::write(&snap, bytes).unwrap();
+    // A create that died before its snapshot leaves a log and nothing else.
+    let half = b.data_dir().join("streams/HALF");
+    std::fs::create_dir_all(&half).unwrap();
+    std::fs::write(half.join("meta.1.log"), b"").unwrap();
     b.restart(&[]);
     let c = connect(&b);
     assert_eq!(code(c.stream_info("BAD")), "internal");
@@ -632,6 +636,8 @@ fn a_stream_that_cannot_be_recovered_is_refused_not_overwritten() {
     );
     assert_eq!(c.stream_info("GOOD").unwrap().state.messages, 1);
     assert_eq!(c.publish_stream("good", 2).unwrap().seq, 2);
+    assert_eq!(code(c.stream_info("HALF")), "not_found");
+    stream(&c, "HALF", &["half"]);
 }
 
 #[test]

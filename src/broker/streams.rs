@@ -205,7 +205,18 @@ impl Streams {
             .collect();
         names.sort();
         for name in names {
-            match s.recover(&root.join(&name)) {
+            let dir = root.join(&name);
+            if abandoned(&dir) {
+                // A create that died before its first snapshot: nothing
+                // was ever acknowledged in it.
+                eprintln!(
+                    "[warn] removing {}: a stream create that never completed",
+                    dir.display()
+                );
+                let _ = std::fs::remove_dir_all(&dir);
+                continue;
+            }
+            match s.recover(&dir) {
                 Ok(slot) => s.add(slot),
                 Err(e) => {
                     eprintln!("[error] stream {name:?} is not served: {e}");
@@ -218,6 +229,13 @@ impl Streams {
 
     fn recover(&self, dir: &Path) -> Result<Slot, String> {
         let (snap, events, meta) = MetaLog::open(dir).map_err(|e| e.to_string())?;
+        if dir.file_name().and_then(|n| n.to_str()) != Some(snap.config.name.as_str()) {
+            return Err(format!(
+                "{} holds stream {:?}",
+                dir.display(),
+                snap.config.name
+            ));
+        }
         let mut stream = Stream::open(snap.config.clone(), dir, self.store_opts(), epoch_ms())?;
         let now = Instant::now();
         for c in &snap.consumers {
@@ -1086,6 +1104,20 @@ impl Streams {
         }
         self.body = body;
     }
+}
+
+/// Whether a stream directory is what a create left when it died before
+/// writing its first snapshot: no `meta.snap` and no segment file.
+fn abandoned(dir: &Path) -> bool {
+    if dir.join("meta.snap").exists() {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    !entries
+        .flatten()
+        .any(|e| e.file_name().to_str().is_some_and(|n| n.ends_with(".seg")))
 }
 
 /// Largest `nak` delay (one day).
