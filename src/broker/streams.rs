@@ -254,7 +254,9 @@ impl Streams {
                 m.consumer.replay(e, now);
             }
         }
+        let last_seq = stream.last_seq();
         for m in stream.consumers.values_mut() {
+            m.consumer.clamp(last_seq);
             m.consumer.resume();
         }
         let meta_key = self.register(meta.file());
@@ -991,17 +993,18 @@ impl Streams {
                 continue;
             }
             slot.touched = false;
-            if slot.meta.wants_compaction() {
-                if let Err(e) = save(slot, self.syncer.as_deref()) {
-                    failed = Some(e.message);
-                }
-            }
+            // Messages are written before the cursors that refer to them.
             if let Err(e) = slot
                 .stream
                 .flush()
                 .map(|t| self.ticket = self.ticket.max(t))
             {
                 failed = Some(e.to_string());
+            }
+            if slot.meta.wants_compaction() {
+                if let Err(e) = save(slot, self.syncer.as_deref()) {
+                    failed = Some(e.message);
+                }
             }
             match slot.meta.flush() {
                 Ok(true) => {
@@ -1232,6 +1235,9 @@ fn start_seq(stream: &Stream, cfg: &ConsumerConfig) -> u64 {
 /// grown past its bound).
 /// The new log replaces the old one in the fsync thread's registry.
 fn save(slot: &mut Slot, syncer: Option<&Syncer>) -> Result<(), ApiError> {
+    // The snapshot may name deliveries of messages appended this turn:
+    // they are written first.
+    slot.stream.flush().map_err(internal)?;
     let mut snap = Snapshot {
         gen: 0,
         config: slot.stream.cfg.clone(),
