@@ -254,6 +254,6 @@ fn store_matches_model() {
     };
     for seed in seeds {
         eprintln!("store model: seed {seed} (replay with GOMBUS_SEED={seed})");
-        run(seed, 2500);
+        run(seed, 4000);
     }
 }

@@ -422,6 +422,12 @@ impl Store {
         self.put_mark();
         let seq = self.next_seq;
         let off = self.active_len();
+        if off + (body + record::HEAD_BYTES) as u64 > u64::from(u32::MAX) {
+            // Only an active segment holding no message can get here (it
+            // cannot roll to a file of the same name): removal records alone
+            // past 4 GiB.
+            return Err(io::Error::other("active segment past 4 GiB"));
+        }
         let len = segment::put_msg(
             &mut self.cache,
             &MsgRef {
