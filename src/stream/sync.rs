@@ -486,6 +486,59 @@ mod tests {
     }
 
     #[test]
+    fn one_round_covers_every_dirty_file_and_retired_files_are_dropped() {
+        let s = Syncer::start(SyncPolicy::Always).unwrap();
+        let (pa, fa) = temp_file("multi-a");
+        let (pb, fb) = temp_file("multi-b");
+        let a = s.register(&fa).unwrap();
+        let b = s.register(&fb).unwrap();
+        let ta = s.dirty(a);
+        let tb = s.dirty(b);
+        s.retire(a);
+        s.wait(ta.max(tb)).unwrap();
+        assert!(s.covered(ta) && s.covered(tb));
+        let (_, files) = s.counts();
+        assert!(files >= 2, "both files fsynced: {files}");
+        // `a` was retired: once its last round ran it is forgotten, and a
+        // write reported for it has nothing to wait for.
+        assert_eq!(s.dirty(a), 0);
+        let tb2 = s.dirty(b);
+        assert!(tb2 > 0);
+        s.wait(tb2).unwrap();
+        s.forget(b);
+        assert_eq!(s.dirty(b), 0);
+        assert_eq!(s.failure(), None);
+        drop(s);
+        std::fs::remove_file(pa).unwrap();
+        std::fs::remove_file(pb).unwrap();
+    }
+
+    #[test]
+    fn the_waker_is_called_after_a_round() {
+        let mut poll = mio::Poll::new().unwrap();
+        let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(7)).unwrap());
+        let s = Syncer::start(SyncPolicy::Always).unwrap();
+        s.set_waker(waker);
+        let (path, f) = temp_file("waker");
+        let key = s.register(&f).unwrap();
+        let t = s.dirty(key);
+        let mut events = mio::Events::with_capacity(4);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(std::time::Instant::now() < deadline, "no wake within 10 s");
+            poll.poll(&mut events, Some(Duration::from_millis(100)))
+                .unwrap();
+            if events.iter().any(|e| e.token() == mio::Token(7)) {
+                break;
+            }
+        }
+        // The round is published before the loop is woken.
+        assert!(s.covered(t));
+        drop(s);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
     fn never_covers_everything() {
         let s = Syncer::start(SyncPolicy::Never).unwrap();
         let (path, f) = temp_file("never");
