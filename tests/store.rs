@@ -372,10 +372,20 @@ fn missing_damaged_or_stale_index_is_rebuilt() {
     );
     assert_eq!(snapshot(&s), want);
     drop(s);
-    let (s, report) = Store::open(&dir.0, opts).unwrap();
+    let (s, report) = Store::open(&dir.0, opts.clone()).unwrap();
     assert_eq!(report.from_index, sealed);
     assert_eq!(snapshot(&s), want);
     drop(s);
+
+    // Leftovers of a crash: a temp index and an index whose segment is gone.
+    let tmp = dir.0.join("00000000000000000001.idx.tmp");
+    let orphan = dir.0.join("00000000000000999999.idx");
+    fs::write(&tmp, b"partial").unwrap();
+    fs::copy(&idx[0], &orphan).unwrap();
+    let (s, _) = Store::open(&dir.0, opts).unwrap();
+    assert!(!tmp.exists() && !orphan.exists());
+    assert_eq!(indexes(&dir.0), idx);
+    assert_eq!(snapshot(&s), want);
 }
 
 /// Fills several segments; returns the options used.

@@ -212,6 +212,15 @@ pub fn file_name(first_seq: u64) -> String {
     format!("{first_seq:020}.idx")
 }
 
+/// The first sequence an index file name stands for, if it is one.
+pub fn parse_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".idx")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,6 +247,14 @@ mod tests {
         }
         s.ops = vec![Op::Remove(3), Op::Floor(11), Op::Remove(12)];
         s
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(file_name(42), "00000000000000000042.idx");
+        assert_eq!(parse_name(&file_name(42)), Some(42));
+        assert_eq!(parse_name("00000000000000000042.seg"), None);
+        assert_eq!(parse_name("42.idx"), None);
     }
 
     #[test]

@@ -350,13 +350,29 @@ impl Store {
         }
         fs::create_dir_all(dir).map_err(io_at(dir))?;
         let mut names = Vec::new();
+        let mut idx_files = Vec::new();
         for ent in fs::read_dir(dir).map_err(io_at(dir))? {
             let ent = ent.map_err(io_at(dir))?;
-            if let Some(first) = ent.file_name().to_str().and_then(segment::parse_name) {
+            let name = ent.file_name();
+            let Some(name) = name.to_str() else {
+                continue;
+            };
+            if let Some(first) = segment::parse_name(name) {
                 names.push(first);
+            } else if let Some(first) = index::parse_name(name) {
+                idx_files.push((first, ent.path()));
+            } else if name.ends_with(".idx.tmp") {
+                // Left by a crash while an index was written.
+                let _ = fs::remove_file(ent.path());
             }
         }
         names.sort_unstable();
+        for (first, path) in idx_files {
+            if names.binary_search(&first).is_err() {
+                // Its segment was deleted after it (a crash in between).
+                let _ = fs::remove_file(path);
+            }
+        }
         let mut store = Store {
             dir: dir.to_path_buf(),
             opts,

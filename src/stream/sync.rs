@@ -78,11 +78,14 @@ impl fmt::Display for SyncPolicy {
     }
 }
 
+/// Shortest interval `-sync` accepts.
+pub const SYNC_INTERVAL_MIN: Duration = Duration::from_millis(1);
 /// Longest interval `-sync` accepts.
 pub const SYNC_INTERVAL_MAX: Duration = Duration::from_secs(60);
 
 /// Parses `-sync`: `always`, `none`, or a duration such as `100ms`, `2s`,
-/// `500us` (1us ..= 60s).
+/// `2500us` (1ms ..= 60s; a shorter interval would keep the thread busy
+/// for nothing: `always` is the policy for syncing as soon as possible).
 pub fn parse_policy(s: &str) -> Result<SyncPolicy, String> {
     let t = s.trim().to_ascii_lowercase();
     match t.as_str() {
@@ -102,8 +105,8 @@ pub fn parse_policy(s: &str) -> Result<SyncPolicy, String> {
         "s" => Duration::from_secs(n),
         _ => return Err(bad()),
     };
-    if d.is_zero() || d > SYNC_INTERVAL_MAX {
-        return Err(format!("{s:?}: the interval must be between 1us and 60s"));
+    if d < SYNC_INTERVAL_MIN || d > SYNC_INTERVAL_MAX {
+        return Err(format!("{s:?}: the interval must be between 1ms and 60s"));
     }
     Ok(SyncPolicy::Every(d))
 }
@@ -424,13 +427,15 @@ mod tests {
             Ok(SyncPolicy::Every(Duration::from_secs(2)))
         );
         assert_eq!(
-            parse_policy("250us"),
-            Ok(SyncPolicy::Every(Duration::from_micros(250)))
+            parse_policy("2500us"),
+            Ok(SyncPolicy::Every(Duration::from_micros(2500)))
         );
-        for bad in ["", "ms", "0ms", "61s", "1.5s", "10", "-1ms", "fast"] {
+        for bad in [
+            "", "ms", "0ms", "999us", "61s", "1.5s", "10", "-1ms", "fast",
+        ] {
             assert!(parse_policy(bad).is_err(), "{bad:?}");
         }
-        for s in ["always", "none", "100ms", "250us", "2000ms"] {
+        for s in ["always", "none", "100ms", "2500us", "2000ms"] {
             let p = parse_policy(s).unwrap();
             assert_eq!(parse_policy(&p.to_string()), Ok(p), "{s}");
         }
