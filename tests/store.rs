@@ -478,3 +478,52 @@ fn a_damaged_record_found_by_a_read_names_file_and_offset() {
     );
     assert_eq!(s.get(1).unwrap().unwrap().data, payload(1));
 }
+
+#[test]
+fn input_bounds_and_edge_values() {
+    let dir = TempDir::new("bounds");
+    let mut s = open(&dir.0, &Options::default());
+    let long = "s".repeat(65_535);
+    assert_eq!(s.append(&long, None, b"", false, 0).unwrap(), 1);
+    let err = s
+        .append(&"s".repeat(65_536), None, b"", false, 0)
+        .unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    let err = s.append("", None, b"x", false, 0).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    // Empty headers text and empty payload are kept as given.
+    assert_eq!(s.append("h", Some(""), b"", true, u64::MAX).unwrap(), 2);
+    let big = vec![0xa5u8; 3 << 20];
+    assert_eq!(s.append("big", None, &big, true, 5).unwrap(), 3);
+    s.flush().unwrap();
+    drop(s);
+    let s = open(&dir.0, &Options::default());
+    assert_eq!(s.get(1).unwrap().unwrap().subject, long);
+    let m = s.get(2).unwrap().unwrap();
+    assert_eq!(
+        (m.headers.as_deref(), m.data.len(), m.binary, m.time_ms),
+        (Some(""), 0, true, u64::MAX)
+    );
+    assert_eq!(s.get(3).unwrap().unwrap().data, big);
+    assert_eq!(s.state().last_seq, 3);
+}
+
+#[test]
+fn expiry_stops_at_the_first_message_not_older() {
+    let dir = TempDir::new("expiry");
+    let mut s = open(&dir.0, &small(300));
+    // Times out of order (a clock step back): expiry walks in seq order.
+    for (i, t) in [10u64, 20, 5, 30, 40].iter().enumerate() {
+        s.append("t", None, &payload(i as u64), false, *t).unwrap();
+    }
+    assert_eq!(s.expire_before(15).unwrap(), 1, "stops at seq 2 (t=20)");
+    assert_eq!(s.state().first_seq, 2);
+    assert_eq!(s.expire_before(35).unwrap(), 3);
+    assert_eq!(s.state().first_seq, 5);
+    assert_eq!(s.expire_before(35).unwrap(), 0);
+    s.flush().unwrap();
+    drop(s);
+    let s = open(&dir.0, &small(300));
+    let st = s.state();
+    assert_eq!((st.messages, st.first_seq, st.last_seq), (1, 5, 5));
+}
