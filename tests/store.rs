@@ -527,3 +527,50 @@ fn expiry_stops_at_the_first_message_not_older() {
     let st = s.state();
     assert_eq!((st.messages, st.first_seq, st.last_seq), (1, 5, 5));
 }
+
+#[test]
+fn a_log_cuts_its_suffix_across_segments_and_compacts_its_prefix() {
+    let dir = TempDir::new("log");
+    let syncer = Arc::new(Syncer::start(SyncPolicy::Always).unwrap());
+    let opts = Options {
+        segment_bytes: 300,
+        syncer: Some(Arc::clone(&syncer)),
+        ..Options::default()
+    };
+    let mut s = open(&dir.0, &opts);
+    for i in 1..=60u64 {
+        s.append("t1", None, &payload(i), true, i).unwrap();
+    }
+    let t = s.flush().unwrap();
+    syncer.wait(t).unwrap();
+    let segs = s.segment_count();
+    assert!(segs > 5);
+    // Compact a prefix, then cut back into an early segment.
+    assert_eq!(s.remove_below(11).unwrap(), 10);
+    assert_eq!(s.truncate_from(20).unwrap(), 41);
+    assert!(s.segment_count() < segs);
+    assert_eq!(s.state().last_seq, 19);
+    for i in 20..=25u64 {
+        assert_eq!(s.append("t2", None, b"new", true, i).unwrap(), i);
+    }
+    s.flush().unwrap();
+    drop(s);
+    let s = open(&dir.0, &opts);
+    let st = s.state();
+    assert_eq!((st.messages, st.first_seq, st.last_seq), (15, 11, 25));
+    assert_eq!(s.get(10).unwrap(), None);
+    assert_eq!(s.get(19).unwrap().unwrap().data, payload(19));
+    assert_eq!(s.get(20).unwrap().unwrap().subject, "t2");
+    assert_eq!(s.get(26).unwrap(), None);
+    drop(s);
+
+    // Cutting below the first segment is refused; compaction past the end
+    // moves the next seq on (a snapshot ahead of the log).
+    let mut s = open(&dir.0, &opts);
+    s.remove_below(40).unwrap();
+    let st = s.state();
+    assert_eq!((st.messages, st.first_seq, st.last_seq), (0, 40, 39));
+    let err = s.truncate_from(30).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    assert_eq!(s.append("t3", None, b"x", true, 1).unwrap(), 40);
+}

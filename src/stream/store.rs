@@ -38,6 +38,16 @@
 //!   a segment is deleted whole once every message in it is gone and every
 //!   segment before it is deleted.
 //!
+//! # As a log
+//!
+//! The same store can hold a Raft log: an entry is a message whose seq is
+//! its index (the term can go in the subject or the payload).
+//! [`Store::remove_below`] compacts the prefix a snapshot covers (and
+//! moves the next seq past a snapshot that is ahead of the log), and
+//! [`Store::truncate_from`] cuts a conflicting suffix, after which seqs go
+//! back. Everything else (group commit through the [`Syncer`], recovery,
+//! index files) is shared with streams.
+//!
 //! # Files and recovery
 //!
 //! One directory per stream holds `{first_seq:020}.seg` segment files (the
@@ -703,6 +713,75 @@ impl Store {
         Ok(n)
     }
 
+    /// Removes every message below `seq` (a log compacted up to a
+    /// snapshot); when `seq` is past the last message, the next append gets
+    /// `seq`. Returns how many were removed.
+    pub fn remove_below(&mut self, seq: u64) -> io::Result<u64> {
+        self.check()?;
+        let end = seq.min(self.next_seq);
+        let n = (self.base..end)
+            .filter(|&s| self.entry(s).is_some())
+            .count() as u64;
+        if n == 0 && seq <= self.next_seq {
+            return Ok(0);
+        }
+        self.floor(seq);
+        self.put_mark();
+        segment::put_floor(&mut self.cache, seq);
+        self.settle()?;
+        self.write_if_full()?;
+        Ok(n)
+    }
+
+    /// Removes every message at or after `seq`; the next append gets
+    /// `seq`. This is the suffix cut a Raft log needs when a leader
+    /// overwrites conflicting entries; seqs go back, so a stream never
+    /// calls it. `seq` may not be below the first live seq (or, with none
+    /// live, the next one): Raft never cuts what it compacted. Segments
+    /// wholly past `seq` are deleted (and the directory fsynced) before the
+    /// Truncate record is written, so a power loss cannot bring them back
+    /// behind it. Returns how many messages were removed.
+    pub fn truncate_from(&mut self, seq: u64) -> io::Result<u64> {
+        self.check()?;
+        if seq >= self.next_seq {
+            return Ok(0);
+        }
+        // Below `base` everything is gone already (compacted or removed):
+        // a cut there would bring back seqs a compaction passed. It also
+        // keeps the cut inside the segments there are.
+        if seq < self.base.max(1) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "cannot truncate from {seq}: everything below {} is already gone",
+                    self.base
+                ),
+            ));
+        }
+        let n = (seq.max(self.base)..self.next_seq)
+            .filter(|&s| self.entry(s).is_some())
+            .count() as u64;
+        let j = self.seg_of(seq);
+        self.write_pending()?;
+        self.truncate_mem(seq);
+        if j + 1 < self.segs.len() {
+            self.drop_segments_after(j)?;
+            self.reactivate_last()?;
+            // The deleted segments may have held the removal records of
+            // messages that remain: say them again.
+            let dead: Vec<u64> = (self.base..seq)
+                .filter(|&s| self.entry(s).is_none())
+                .collect();
+            segment::put_floor(&mut self.cache, self.base);
+            segment::put_remove(&mut self.cache, &dead);
+        }
+        self.put_mark();
+        segment::put_truncate(&mut self.cache, seq);
+        self.settle()?;
+        self.write_if_full()?;
+        Ok(n)
+    }
+
     /// Segment files (for tests and metrics).
     pub fn segment_count(&self) -> usize {
         self.segs.len()
@@ -814,6 +893,59 @@ impl Store {
         self.next_seq = self.next_seq.max(seq);
     }
 
+    /// Every message at or after `seq` is gone; `seq` is the next one.
+    pub(super) fn truncate_mem(&mut self, seq: u64) {
+        if seq >= self.next_seq {
+            return;
+        }
+        for s in seq.max(self.base)..self.next_seq {
+            self.unindex(s);
+        }
+        let keep = usize::try_from(seq.saturating_sub(self.base)).unwrap_or(usize::MAX);
+        self.entries.truncate(keep);
+        self.next_seq = seq;
+        if self.entries.is_empty() {
+            self.base = seq;
+        }
+    }
+
+    /// Deletes the segments after index `j`, last first, and fsyncs the
+    /// directory.
+    fn drop_segments_after(&mut self, j: usize) -> io::Result<()> {
+        while self.segs.len() > j + 1 {
+            let Some(seg) = self.segs.pop_back() else {
+                break;
+            };
+            if let (Some(s), Some(k)) = (&self.opts.syncer, seg.key) {
+                s.forget(k);
+            }
+            self.remove_index(seg.first_seq)?;
+            fs::remove_file(&seg.path)?;
+        }
+        File::open(&self.dir)?.sync_all()
+    }
+
+    /// Makes the last segment, sealed until now, the active one again.
+    fn reactivate_last(&mut self) -> io::Result<()> {
+        let seg = self
+            .segs
+            .back_mut()
+            .expect("a store always has an active segment");
+        seg.file = OpenOptions::new().read(true).write(true).open(&seg.path)?;
+        let tail = fs::read(&seg.path)?;
+        let first = seg.first_seq;
+        // It will change: its index would be stale.
+        self.remove_index(first)?;
+        self.activate(&tail)
+    }
+
+    fn remove_index(&self, first_seq: u64) -> io::Result<()> {
+        match fs::remove_file(self.dir.join(index::file_name(first_seq))) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// Drops removed entries at the front and deletes segments (but the
     /// active one) that hold no live message, from the front.
     pub(super) fn settle(&mut self) -> io::Result<()> {
@@ -833,11 +965,7 @@ impl Store {
             }
             // The index first: a segment without one is rebuilt, an index
             // without its segment would be an orphan.
-            match fs::remove_file(self.dir.join(index::file_name(seg.first_seq))) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
+            self.remove_index(seg.first_seq)?;
             fs::remove_file(&seg.path)?;
             self.dir_dirty = true;
         }
