@@ -574,3 +574,31 @@ fn a_log_cuts_its_suffix_across_segments_and_compacts_its_prefix() {
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
     assert_eq!(s.append("t3", None, b"x", true, 1).unwrap(), 40);
 }
+
+#[test]
+fn a_torn_head_of_a_fresh_segment_is_rewritten() {
+    let dir = TempDir::new("torn-head");
+    let opts = small(200);
+    let mut s = open(&dir.0, &opts);
+    for i in 1..=6u64 {
+        s.append("h", None, &payload(i), false, i).unwrap();
+    }
+    s.flush().unwrap();
+    drop(s);
+    let last = segments(&dir.0).pop().unwrap();
+    let first: u64 = last.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+    for keep in 0..17u64 {
+        let f = fs::OpenOptions::new().write(true).open(&last).unwrap();
+        f.set_len(keep).unwrap();
+        drop(f);
+        let (mut s, report) = Store::open(&dir.0, opts.clone()).unwrap();
+        assert_eq!(report.cuts.len(), usize::from(keep > 0), "keep {keep}");
+        assert_eq!(s.state().last_seq, first - 1);
+        assert_eq!(s.append("h", None, b"again", false, 9).unwrap(), first);
+        s.flush().unwrap();
+        drop(s);
+        let s = open(&dir.0, &opts);
+        assert_eq!(s.get(first).unwrap().unwrap().data, b"again");
+        assert_eq!(s.get(first - 1).unwrap().unwrap().data, payload(first - 1));
+    }
+}

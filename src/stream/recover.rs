@@ -52,19 +52,7 @@ pub(super) fn load(store: &mut Store, names: &[u64]) -> Result<Recovery, StoreEr
     };
     let mut report = Recovery::default();
     if names.is_empty() {
-        let path = dir.join(segment::file_name(1));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(io(&path))?;
-        store.push_segment(1, path.clone(), file);
-        store.activate(&[]).map_err(io(&path))?;
-        store.register_dir().map_err(io(&dir))?;
-        report.segments = 1;
-        return Ok(report);
+        return create(store, &dir);
     }
     let mut pending: Vec<Pending> = Vec::new();
     let mut marked: Vec<bool> = Vec::new();
@@ -129,10 +117,44 @@ pub(super) fn load(store: &mut Store, names: &[u64]) -> Result<Recovery, StoreEr
         }
         report.cuts.push(cut(p, names[p.index])?);
     }
-    store.activate(&last_tail).map_err(io(&dir))?;
-    store.register_dir().map_err(io(&dir))?;
+    finish(store, &last_tail, report)
+}
+
+/// A new store: one segment, starting at seq 1.
+fn create(store: &mut Store, dir: &Path) -> Result<Recovery, StoreError> {
+    let path = dir.join(segment::file_name(1));
+    let io = |err| StoreError::Io {
+        path: path.clone(),
+        err,
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .map_err(io)?;
+    store.push_segment(1, path.clone(), file);
+    store.activate(&[]).map_err(io)?;
+    store.register_dir().map_err(io)?;
+    Ok(Recovery {
+        segments: 1,
+        ..Recovery::default()
+    })
+}
+
+/// Makes the last segment active (`tail`: its valid bytes) and deletes the
+/// segments every message of which is gone.
+fn finish(store: &mut Store, tail: &[u8], mut report: Recovery) -> Result<Recovery, StoreError> {
+    let dir = store.dir().to_path_buf();
+    let io = |err| StoreError::Io {
+        path: dir.clone(),
+        err,
+    };
+    store.activate(tail).map_err(io)?;
+    store.register_dir().map_err(io)?;
     let before = store.segment_count();
-    store.settle().map_err(io(&dir))?;
+    store.settle().map_err(io)?;
     report.deleted = before - store.segment_count();
     report.segments = store.segment_count();
     report.messages = store.state().messages;
