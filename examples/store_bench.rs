@@ -17,9 +17,14 @@ use std::time::{Duration, Instant};
 use gombus::stream::store::{Options, Store};
 use gombus::stream::sync::{SyncPolicy, Syncer, Ticket};
 
+/// A new directory for one part; the previous part's files are deleted and
+/// the deletion committed first, so its journal work is not timed here.
 fn fresh(base: &Path, name: &str) -> PathBuf {
     let d = base.join(name);
     let _ = fs::remove_dir_all(&d);
+    if let Ok(dir) = fs::File::open(base) {
+        let _ = dir.sync_all();
+    }
     d
 }
 
