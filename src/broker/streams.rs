@@ -137,6 +137,43 @@ pub struct Streams {
     next_at: Option<Instant>,
     /// `-segment-size`.
     segment_bytes: u64,
+    /// The wall clock read once per loop turn (message times).
+    wall: Wall,
+}
+
+/// A publish a stream captured: raw JSON `data` and `headers`.
+#[derive(Debug, Clone, Copy)]
+pub struct Incoming<'a> {
+    pub subject: &'a str,
+    pub data: &'a str,
+    pub headers: Option<&'a str>,
+}
+
+/// The wall clock at one `Instant`: message times are taken from the
+/// loop's clock without a system call per message.
+#[derive(Debug, Clone, Copy)]
+struct Wall {
+    at: Instant,
+    ms: u64,
+}
+
+impl Wall {
+    fn read(at: Instant) -> Wall {
+        Wall { at, ms: epoch_ms() }
+    }
+
+    /// Milliseconds since the Unix epoch at `now`.
+    fn ms_at(&self, now: Instant) -> u64 {
+        self.ms + now.saturating_duration_since(self.at).as_millis() as u64
+    }
+}
+
+fn slot_by_id<'a>(
+    by_id: &HashMap<u64, String>,
+    set: &'a mut BTreeMap<String, Slot>,
+    id: u64,
+) -> Option<&'a mut Slot> {
+    set.get_mut(by_id.get(&id)?)
 }
 
 /// Milliseconds since the Unix epoch (message times).
@@ -182,6 +219,7 @@ impl Streams {
             pick: 0,
             next_at: None,
             segment_bytes: Options::default().segment_bytes,
+            wall: Wall::read(Instant::now()),
         }
     }
 
@@ -358,10 +396,14 @@ impl Streams {
         id: u64,
         conn: ConnId,
         ack_id: Option<u64>,
-        subject: &str,
-        data: &str,
-        headers: Option<&str>,
+        msg: Incoming<'_>,
+        now: Instant,
     ) -> Result<(), ApiError> {
+        let Incoming {
+            subject,
+            data,
+            headers,
+        } = msg;
         if let Some(why) = &self.down {
             return Err(ApiError::new(
                 Code::Unavailable,
@@ -374,12 +416,10 @@ impl Streams {
                 "too many stream acks are waiting for the disk",
             ));
         }
-        let slot = self
-            .by_id
-            .get(&id)
-            .and_then(|name| self.set.get_mut(name))
+        let now_ms = self.wall.ms_at(now);
+        let slot = slot_by_id(&self.by_id, &mut self.set, id)
             .ok_or_else(|| not_found("stream capturing", subject))?;
-        let stored = slot.stream.store(subject, data, headers, epoch_ms())?;
+        let stored = slot.stream.store(subject, data, headers, now_ms)?;
         slot.touched = true;
         let reply = match stored {
             Stored::New { seq, removed } => {
@@ -929,7 +969,8 @@ impl Streams {
             return;
         }
         let now = io.now();
-        let now_ms = epoch_ms();
+        self.wall = Wall::read(now);
+        let now_ms = self.wall.ms_at(now);
         let mut more = false;
         for slot in self.set.values_mut() {
             maintain(slot, now, now_ms);
@@ -960,7 +1001,7 @@ impl Streams {
         for w in &self.waits {
             fold(Some(w.deadline));
         }
-        let now_ms = epoch_ms();
+        let now_ms = self.wall.ms_at(now);
         for slot in self.set.values() {
             for m in slot.stream.consumers.values() {
                 fold(m.consumer.next_deadline());
