@@ -68,6 +68,7 @@ pub fn settings() -> Settings {
         message_bytes_max: MESSAGE_BYTES_MAX,
         out_bytes_max: OUT_BYTES_MAX,
         cors_origin: Some("*".to_string()),
+        allow_eio3: false,
     }
 }
 

@@ -33,6 +33,7 @@ fn main() -> ExitCode {
         message_bytes_max: cfg.max_payload + ENVELOPE_BYTES,
         out_bytes_max: cfg.max_pending,
         cors_origin: cfg.cors_origin.clone(),
+        allow_eio3: cfg.allow_eio3,
     };
     let mut server = match Server::bind(cfg.addr, settings, broker) {
         Ok(s) => s,
