@@ -624,6 +624,17 @@ impl Handler for Broker {
         }
         self.sessions[conn] = Some(Session::default());
         io.set_timer(conn, Some(io.now() + self.cfg.connect_timeout));
+        if io.eio(conn) == 3 {
+            // Socket.IO v4 (Engine.IO v3 clients) joins `/` without asking.
+            let implicit = Packet {
+                kind: Kind::Connect,
+                nsp: NSP_ROOT,
+                id: None,
+                attachments: 0,
+                data: "",
+            };
+            self.connect(io, conn, &implicit);
+        }
     }
 
     fn message(&mut self, io: &mut Io<'_>, conn: ConnId, payload: Payload<'_>) {

@@ -521,6 +521,12 @@ impl<H: Handler> Server<H> {
                 }
             }
             (Transport::WebSocket, sid) => {
+                if sid
+                    .as_deref()
+                    .is_some_and(|sid| !self.shell.sids.contains_key(sid))
+                {
+                    return self.refuse(id, HandshakeError::UnknownSid, now);
+                }
                 let key = match Self::check_ws_request(req) {
                     Ok(k) => k,
                     Err(e) => return self.refuse(id, e, now),
