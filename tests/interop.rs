@@ -1,8 +1,10 @@
 //! Interop: real Socket.IO clients that nobody here wrote (python-socketio
 //! 5.x and socket.io-client 4.x, pinned by scripts/test-deps.sh) run the
-//! checks in tests/interop/ against a broker, over the WebSocket transport.
-//! Contract: /work/shared/PROTOCOL.md §2 (namespaces, acks), §3 (subjects),
-//! §4 (pub/sub, request/reply, binary data).
+//! checks in tests/interop/ against a broker, in each transport mode: their
+//! default (long-polling, then the upgrade to WebSocket), WebSocket only,
+//! and long-polling with upgrades off.
+//! Contract: /work/shared/PROTOCOL.md §1 (transports), §2 (namespaces,
+//! acks), §3 (subjects), §4 (pub/sub, request/reply, binary data).
 
 mod common;
 
@@ -112,7 +114,8 @@ fn require(path: &Path, what: &str) {
     );
 }
 
-fn run_client(program: &Path, script: &Path, client: &str) {
+/// `mode`: `websocket`, `default` or `polling` (see the scripts).
+fn run_client(program: &Path, script: &Path, client: &str, mode: &str) {
     require(script, "the interop script");
     let broker = common::Broker::start(&[&format!("-control-token={CONTROL_TOKEN}")]);
     let url = format!("http://{}", broker.addr);
@@ -120,6 +123,7 @@ fn run_client(program: &Path, script: &Path, client: &str) {
         .arg(script)
         .arg(&url)
         .arg(CONTROL_TOKEN)
+        .arg(mode)
         .current_dir(repo_root())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -145,13 +149,12 @@ fn run_client(program: &Path, script: &Path, client: &str) {
     let exited_ok = outcome.status.is_some_and(|status| status.success());
     assert!(
         exited_ok && missing.is_empty(),
-        "{client} against {url}: checks not passed: {missing:?}\n{}",
+        "{client} ({mode}) against {url}: checks not passed: {missing:?}\n{}",
         outcome.describe()
     );
 }
 
-#[test]
-fn python_socketio_client_interop() {
+fn python(mode: &str) {
     let root = repo_root();
     let python = root.join(".venv/bin/python");
     require(&python, "the Python venv with python-socketio");
@@ -159,11 +162,11 @@ fn python_socketio_client_interop() {
         &python,
         &root.join("tests/interop/py_client.py"),
         "python-socketio",
+        mode,
     );
 }
 
-#[test]
-fn node_socket_io_client_interop() {
+fn node(mode: &str) {
     let root = repo_root();
     let node_dir = root.join("tests/interop/node");
     require(
@@ -174,5 +177,36 @@ fn node_socket_io_client_interop() {
         Path::new("node"),
         &node_dir.join("client.mjs"),
         "socket.io-client",
+        mode,
     );
+}
+
+#[test]
+fn python_socketio_client_interop() {
+    python("websocket");
+}
+
+#[test]
+fn python_socketio_default_transports_poll_then_upgrade() {
+    python("default");
+}
+
+#[test]
+fn python_socketio_stays_on_polling() {
+    python("polling");
+}
+
+#[test]
+fn node_socket_io_client_interop() {
+    node("websocket");
+}
+
+#[test]
+fn node_socket_io_default_transports_poll_then_upgrade() {
+    node("default");
+}
+
+#[test]
+fn node_socket_io_stays_on_polling_without_upgrades() {
+    node("polling");
 }
