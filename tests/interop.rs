@@ -116,6 +116,13 @@ fn require(path: &Path, what: &str) {
 
 /// `mode`: `websocket`, `default` or `polling` (see the scripts).
 fn run_client(program: &Path, script: &Path, client: &str, mode: &str) {
+    run_checks(program, script, client, mode, &CHECKS);
+}
+
+/// The checks socket.io-client 2.x runs (Engine.IO v3, Socket.IO v4).
+const LEGACY_CHECKS: [&str; 3] = ["connect", "pubsub_wildcard", "request_reply"];
+
+fn run_checks(program: &Path, script: &Path, client: &str, mode: &str, checks: &[&str]) {
     require(script, "the interop script");
     let broker = common::Broker::start(&[&format!("-control-token={CONTROL_TOKEN}")]);
     let url = format!("http://{}", broker.addr);
@@ -136,7 +143,7 @@ fn run_client(program: &Path, script: &Path, client: &str, mode: &str) {
             )
         });
     let outcome = run_bounded(child);
-    let missing: Vec<&str> = CHECKS
+    let missing: Vec<&str> = checks
         .iter()
         .copied()
         .filter(|name| {
@@ -209,4 +216,29 @@ fn node_socket_io_default_transports_poll_then_upgrade() {
 #[test]
 fn node_socket_io_stays_on_polling_without_upgrades() {
     node("polling");
+}
+
+fn legacy_node(mode: &str) {
+    let node_dir = repo_root().join("tests/interop/node2");
+    require(
+        &node_dir.join("node_modules/socket.io-client/package.json"),
+        "socket.io-client 2.x in tests/interop/node2/node_modules",
+    );
+    run_checks(
+        Path::new("node"),
+        &node_dir.join("client.mjs"),
+        "socket.io-client 2.x",
+        mode,
+        &LEGACY_CHECKS,
+    );
+}
+
+#[test]
+fn legacy_socket_io_client_2_polls_then_upgrades_with_eio3() {
+    legacy_node("default");
+}
+
+#[test]
+fn legacy_socket_io_client_2_on_polling_only() {
+    legacy_node("polling");
 }
