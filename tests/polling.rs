@@ -376,3 +376,68 @@ fn a_session_that_never_polls_is_cut_as_a_slow_consumer() {
     assert!(metric(&b.addr, "gombus_slow_consumers_total") > before);
     assert_eq!(get(&b.addr, &idle.sid).status, 400);
 }
+
+#[test]
+fn eio3_sessions_use_v3_payloads_and_client_pings() {
+    let b = broker(&[]);
+    let a = request(&b.addr, "GET", "/socket.io/?EIO=3&transport=polling", b"");
+    assert_eq!(a.status, 200);
+    // `<length>:<packet>` framing; the open packet, then the implicit
+    // CONNECT to `/` that Socket.IO v4 servers send.
+    let (len, rest) = a.body.split_once(':').expect("length prefix");
+    let len: usize = len.parse().expect("length");
+    let open = &rest[..len];
+    assert!(open.starts_with("0{"), "{open}");
+    let sid = serde_json::from_str::<Value>(&open[1..]).expect("open JSON")["sid"]
+        .as_str()
+        .expect("sid")
+        .to_string();
+    let connect = &rest[len..];
+    assert!(
+        connect.starts_with("2:40") || connect.is_empty(),
+        "{connect}"
+    );
+    let target = format!("/socket.io/?EIO=3&transport=polling&sid={sid}");
+    let mut got = connect.to_string();
+    if got.is_empty() {
+        got = request(&b.addr, "GET", &target, b"").body;
+    }
+    assert!(got.starts_with("2:40"), "{got}");
+    // A v3 client pings; the server answers with a pong. The session
+    // outlives pingInterval + pingTimeout while pings keep coming.
+    let started = Instant::now();
+    let expiry_at = Duration::from_millis(PING_INTERVAL_MS + PING_TIMEOUT_MS);
+    while started.elapsed() < expiry_at * 2 {
+        let a = request(&b.addr, "POST", &target, b"1:2");
+        assert_eq!((a.status, a.body.as_str()), (200, "ok"));
+        let a = request(&b.addr, "GET", &target, b"");
+        assert_eq!((a.status, a.body.as_str()), (200, "1:3"));
+    }
+    // An event with an ack in v3 framing, with a multi-byte character
+    // (lengths count UTF-16 units).
+    let event = r#"421["pub",{"subject":"é.x","data":"😀"}]"#;
+    let units: usize = event.chars().map(char::len_utf16).sum();
+    let body = format!("{units}:{event}");
+    assert_eq!(
+        request(&b.addr, "POST", &target, body.as_bytes()).body,
+        "ok"
+    );
+    let a = request(&b.addr, "GET", &target, b"");
+    assert_eq!(a.body, "16:431[{\"ok\":true}]");
+    // Without pings it expires.
+    wait_metric(&b.addr, "gombus_polling_sessions", 0, expiry());
+}
+
+#[test]
+fn eio3_is_refused_when_disabled() {
+    let b = broker(&["-allow-eio3=false"]);
+    let a = request(&b.addr, "GET", "/socket.io/?EIO=3&transport=polling", b"");
+    assert_eq!(a.status, 400);
+    assert_eq!(
+        a.body,
+        r#"{"code":5,"message":"Unsupported protocol version"}"#
+    );
+    let on = broker(&[]);
+    let a = request(&on.addr, "GET", "/socket.io/?EIO=3&transport=polling", b"");
+    assert_eq!(a.status, 200);
+}

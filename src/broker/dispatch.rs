@@ -625,15 +625,17 @@ impl Handler for Broker {
         self.sessions[conn] = Some(Session::default());
         io.set_timer(conn, Some(io.now() + self.cfg.connect_timeout));
         if io.eio(conn) == 3 {
-            // Socket.IO v4 (Engine.IO v3 clients) joins `/` without asking.
-            let implicit = Packet {
-                kind: Kind::Connect,
-                nsp: NSP_ROOT,
-                id: None,
-                attachments: 0,
-                data: "",
-            };
-            self.connect(io, conn, &implicit);
+            // Socket.IO v4 (Engine.IO v3 clients) joins `/` without a
+            // CONNECT and without auth data, so `-auth-token` refuses it.
+            if self.cfg.auth_token.is_some() {
+                io.send_text(conn, &[br#"4"unauthorized""#]);
+                return;
+            }
+            if let Some(session) = self.session(conn) {
+                session.root = true;
+            }
+            io.send_text(conn, &[b"0"]);
+            io.set_timer(conn, None);
         }
     }
 
