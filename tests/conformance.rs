@@ -1011,3 +1011,29 @@ fn cors_answers_name_the_origin_and_allow_credentials() {
         Some("content-type")
     );
 }
+
+#[test]
+fn polling_sessions_are_capped() {
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let settings = fixture::Settings {
+        polling_sessions_max: 2,
+        ..fixture::settings()
+    };
+    let (addr, _thread) = fixture::start_with(any, settings).expect("fixture");
+    let handshake = |addr: SocketAddr| {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        let req =
+            format!("GET {ENGINE}?EIO=4&transport=polling HTTP/1.1\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).expect("write");
+        read_to_close(s, "handshake")
+    };
+    assert_eq!(handshake(addr).status, 200);
+    assert_eq!(handshake(addr).status, 200);
+    let third = handshake(addr);
+    assert_eq!(third.status, 503, "{}", third.body);
+    // WebSocket sessions are not polling sessions.
+    let stream = TcpStream::connect(addr).expect("connect");
+    let url = format!("ws://{addr}{ENGINE}?EIO=4&transport=websocket");
+    assert!(tungstenite::client(url.as_str(), stream).is_ok());
+}

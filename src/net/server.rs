@@ -54,7 +54,14 @@ pub struct Settings {
     pub cors_origin: Option<String>,
     /// Whether Engine.IO v3 clients are served.
     pub allow_eio3: bool,
+    /// Most long-polling sessions open at once (they hold no socket, so
+    /// nothing else bounds them); past it a handshake gets 503.
+    pub polling_sessions_max: usize,
 }
+
+/// A default for [`Settings::polling_sessions_max`]: about 100 MB of idle
+/// sessions at roughly 1 KB each.
+pub const POLLING_SESSIONS_MAX: usize = 100_000;
 
 pub struct Server<H: Handler> {
     poll: Poll,
@@ -507,6 +514,13 @@ impl<H: Handler> Server<H> {
         };
         match (hs.transport, hs.sid) {
             (Transport::Polling, None) if req.method == "GET" => {
+                if self.shell.stats.polling_sessions as usize >= self.settings.polling_sessions_max
+                {
+                    let mut resp =
+                        Response::json(503, r#"{"code":3,"message":"Too many sessions"}"#);
+                    self.cors(id, &mut resp);
+                    return self.respond_to(id, &resp, false, now);
+                }
                 self.open_polling(id, endpoint, hs.eio, now)
             }
             (Transport::Polling, None) => self.refuse(id, HandshakeError::BadHandshakeMethod, now),
