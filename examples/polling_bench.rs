@@ -64,7 +64,7 @@ impl Http {
                 }
             }
             let n = self.stream.read(&mut chunk).expect("read");
-            assert!(n > 0, "closed");
+            assert!(n > 0, "connection closed during {method} {target}");
             self.buf.extend_from_slice(&chunk[..n]);
         }
     }

@@ -731,6 +731,16 @@ fn a_held_get_is_answered_when_a_packet_arrives() {
 }
 
 #[test]
+fn polling_takes_large_posts_sent_in_one_write() {
+    let (sid, _) = poll_open(ENGINE);
+    // Well past the 8 KiB head bound, in one write with its head.
+    let big = format!("4{}", "y".repeat(300_000));
+    let payload = format!("{big}\x1e4after");
+    assert_eq!(poll_post(ENGINE, &sid, &payload).body, "ok");
+    poll_expect(ENGINE, &sid, &payload);
+}
+
+#[test]
 fn polling_closes_the_session_upon_an_invalid_packet() {
     for path in [ENGINE, SOCKET] {
         let (sid, _) = poll_open(path);

@@ -385,8 +385,10 @@ impl<H: Handler> Server<H> {
         let Some(Some(c)) = self.shell.conns.get_mut(id) else {
             return;
         };
-        let body = c.body_wait.as_ref().map_or(0, |w| w.1);
-        let room = (http::HEAD_BYTES_MAX + 1 + body).saturating_sub(c.inbuf.len());
+        // Room for a head and the largest body a head may announce (a
+        // read often brings both).
+        let room = (http::HEAD_BYTES_MAX + 1 + self.settings.message_bytes_max)
+            .saturating_sub(c.inbuf.len());
         c.inbuf.extend_from_slice(&self.scratch[..n.min(room)]);
         self.process_http(id, now);
     }
