@@ -1047,3 +1047,35 @@ fn polling_sessions_are_capped() {
     let url = format!("ws://{addr}{ENGINE}?EIO=4&transport=websocket");
     assert!(tungstenite::client(url.as_str(), stream).is_ok());
 }
+
+#[test]
+fn an_idle_keep_alive_connection_is_closed() {
+    let (sid, _) = poll_open(ENGINE);
+    let addr = server();
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    let req = format!(
+        "POST {} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n4x",
+        poll_target(ENGINE, &sid)
+    );
+    stream.write_all(req.as_bytes()).expect("write");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !raw.ends_with(b"ok") {
+        let n = stream.read(&mut chunk).expect("read");
+        assert!(n > 0, "closed before the answer");
+        raw.extend_from_slice(&chunk[..n]);
+    }
+    let answered = Instant::now();
+    // Nothing more is sent: the server closes once the idle time is over.
+    match stream.read(&mut chunk) {
+        Ok(0) => {}
+        other => panic!("expected the close, got {other:?}"),
+    }
+    let idle = answered.elapsed();
+    assert!(
+        idle + Duration::from_millis(50) >= PING_INTERVAL + PING_TIMEOUT,
+        "{idle:?}"
+    );
+    assert!(idle < PING_INTERVAL + PING_TIMEOUT + SLACK, "{idle:?}");
+}

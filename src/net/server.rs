@@ -775,6 +775,8 @@ impl<H: Handler> Server<H> {
         }
         let mut io = self.shell.io(now);
         if keep {
+            // The connection's one timer (armed at accept) sees the new
+            // deadline when it fires.
             if let Some(c) = io.conn_mut(id) {
                 c.idle_until = Some(idle_at);
                 if c.pending_out() > 0 && !c.dirty {
@@ -782,7 +784,6 @@ impl<H: Handler> Server<H> {
                     io.dirty.push(id);
                 }
             }
-            io.schedule(id, idle_at);
         } else {
             io.close(id);
         }
@@ -814,7 +815,6 @@ impl<H: Handler> Server<H> {
             return self.drop_peer(id, now);
         }
         let leftover = !c.inbuf.is_empty();
-        self.shell.io(now).schedule(id, idle_at);
         if leftover {
             self.ingest_probe(id, 0, now);
         }
@@ -1147,12 +1147,20 @@ impl<H: Handler> Server<H> {
                 continue;
             }
             if matches!(c.state, State::Http | State::Probe) {
-                // A held GET waits for its session; an idle connection (no
-                // request, or a probe that never upgrades) is dropped once
-                // its latest deadline passed.
+                // One timer per connection, re-armed here: a held GET waits
+                // for its session; an idle connection (no request, or a
+                // probe that never upgrades) is dropped once its latest
+                // deadline passed.
                 let holding = c.state == State::Http && c.link.is_some();
-                if !holding && c.idle_until.is_none_or(|at| at <= now) {
-                    self.shell.io(now).close(t.conn);
+                let next = match c.idle_until {
+                    _ if holding => Some(now + self.idle_time()),
+                    Some(at) if at > now => Some(at),
+                    _ => None,
+                };
+                let mut io = self.shell.io(now);
+                match next {
+                    Some(at) => io.schedule(t.conn, at),
+                    None => io.close(t.conn),
                 }
                 continue;
             }
