@@ -120,7 +120,7 @@ fn run_client(program: &Path, script: &Path, client: &str, mode: &str) {
 }
 
 /// The checks socket.io-client 2.x runs (Engine.IO v3, Socket.IO v4).
-const LEGACY_CHECKS: [&str; 3] = ["connect", "pubsub_wildcard", "request_reply"];
+const LEGACY_CHECKS: [&str; 4] = ["connect", "control", "pubsub_wildcard", "request_reply"];
 
 fn run_checks(program: &Path, script: &Path, client: &str, mode: &str, checks: &[&str]) {
     require(script, "the interop script");

@@ -9,8 +9,8 @@
 // Prints one line per check, `PASS <name>` or `FAIL <name>: <detail>`, and
 // exits 1 if any check failed. Every wait is bounded by WAIT_MS and a
 // watchdog ends the run after RUN_MAX_MS. tests/interop.rs lists the check
-// names it expects. (CONTROL_TOKEN is accepted for a uniform command line;
-// these checks stay on `/`.)
+// names it expects. The token reaches `/control` the v3 way, as a query on
+// the namespace.
 
 import io from "socket.io-client";
 import { isDeepStrictEqual } from "node:util";
@@ -190,6 +190,37 @@ async function checkRequestReply(url) {
   });
 }
 
+async function checkControl(url, token) {
+  for (const [given, wanted] of [[token, "ok"], [`${token}-wrong`, "refused"]]) {
+    const socket = io(`${url}/control`, {
+      ...mode.options,
+      reconnection: false,
+      forceNew: true,
+      timeout: WAIT_MS,
+      query: { token: given },
+    });
+    try {
+      const outcome = await bounded(
+        new Promise((resolve) => {
+          socket.once("connect", () => resolve("ok"));
+          socket.once("error", (err) => resolve(err === "unauthorized" || err?.message === "unauthorized" ? "refused" : `error ${show(err)}`));
+        }),
+        `connect to /control with token ${given}`,
+      );
+      if (outcome !== wanted) throw new Error(`token ${given}: expected ${wanted}, got ${outcome}`);
+      if (outcome === "ok") {
+        const info = await bounded(
+          new Promise((resolve) => socket.emit("server.info", {}, resolve)),
+          "server.info",
+        );
+        expectOk(info, "server.info");
+      }
+    } finally {
+      socket.close();
+    }
+  }
+}
+
 async function main() {
   const [url, token, modeName = "default"] = process.argv.slice(2);
   if (!url || token === undefined || !MODES[modeName]) {
@@ -202,6 +233,7 @@ async function main() {
     process.exit(3);
   }, RUN_MAX_MS);
   await check("connect", () => checkConnect(url));
+  await check("control", () => checkControl(url, token));
   await check("pubsub_wildcard", () => checkPubSub(url));
   await check("request_reply", () => checkRequestReply(url));
   clearTimeout(watchdog);
