@@ -1079,3 +1079,37 @@ fn an_idle_keep_alive_connection_is_closed() {
     );
     assert!(idle < PING_INTERVAL + PING_TIMEOUT + SLACK, "{idle:?}");
 }
+
+#[test]
+fn pipelined_requests_behind_a_held_get_are_answered_in_turn() {
+    let (sid, _) = poll_open(ENGINE);
+    let addr = server();
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let get = format!(
+        "GET {} HTTP/1.1\r\nHost: x\r\n\r\n",
+        poll_target(ENGINE, &sid)
+    );
+    // Two GETs in one write: the first is held until the ping, the second
+    // waits behind it on the same connection.
+    stream
+        .write_all(format!("{get}{get}").as_bytes())
+        .expect("write");
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 1024];
+    let mut answers = 0;
+    let deadline = Instant::now() + WAIT;
+    while answers < 2 {
+        assert!(Instant::now() < deadline, "answers so far: {answers}");
+        let n = stream.read(&mut chunk).expect("read");
+        assert!(n > 0, "closed");
+        raw.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&raw).to_string();
+        let now = text.matches("HTTP/1.1 200 OK").count();
+        if now > answers && text.ends_with("\r\n\r\n2") {
+            answers = now;
+            // Each answer is a ping; the pong goes on another connection.
+            assert_eq!(poll_post(ENGINE, &sid, "3").status, 200);
+        }
+    }
+}

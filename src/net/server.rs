@@ -95,6 +95,9 @@ struct Shell {
     out_bytes_max: usize,
     /// Sessions that began on long-polling, by Engine.IO sid.
     sids: HashMap<Box<str>, ConnId>,
+    /// Keep-alive connections whose held GET was answered while more
+    /// requests waited in their input (pipelined); read next turn.
+    http_ready: Vec<ConnId>,
 }
 
 impl Shell {
@@ -140,6 +143,7 @@ impl<H: Handler> Server<H> {
             serial: 0,
             out_bytes_max: settings.out_bytes_max,
             sids: HashMap::new(),
+            http_ready: Vec::new(),
         };
         Ok(Server {
             poll,
@@ -191,6 +195,9 @@ impl<H: Handler> Server<H> {
                 if !self.is_stalled(id) {
                     self.read(id, now);
                 }
+            }
+            for id in std::mem::take(&mut self.shell.http_ready) {
+                self.process_http(id, now);
             }
             self.fire_timers(now);
             let Server { shell, handler, .. } = self;
@@ -249,7 +256,10 @@ impl<H: Handler> Server<H> {
     }
 
     fn poll_timeout(&self) -> Option<Duration> {
-        if !self.shell.again.is_empty() || !self.shell.dirty.is_empty() {
+        if !self.shell.again.is_empty()
+            || !self.shell.dirty.is_empty()
+            || !self.shell.http_ready.is_empty()
+        {
             return Some(Duration::ZERO);
         }
         let stall_end = if self.shell.stalled.is_empty() {
@@ -777,12 +787,17 @@ impl<H: Handler> Server<H> {
         if keep {
             // The connection's one timer (armed at accept) sees the new
             // deadline when it fires.
+            let mut pipelined = false;
             if let Some(c) = io.conn_mut(id) {
                 c.idle_until = Some(idle_at);
+                pipelined = !c.inbuf.is_empty();
                 if c.pending_out() > 0 && !c.dirty {
                     c.dirty = true;
                     io.dirty.push(id);
                 }
+            }
+            if pipelined {
+                self.shell.http_ready.push(id);
             }
         } else {
             io.close(id);
