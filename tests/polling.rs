@@ -441,3 +441,86 @@ fn eio3_is_refused_when_disabled() {
     let a = request(&on.addr, "GET", "/socket.io/?EIO=3&transport=polling", b"");
     assert_eq!(a.status, 200);
 }
+
+/// A seeded xorshift64* generator, so a failing run can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[(self.next() % items.len() as u64) as usize]
+    }
+}
+
+#[test]
+fn garbage_payloads_end_only_their_own_session() {
+    let b = broker(&[]);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut good = Poller::join(&b.addr);
+    let pieces = [
+        "4",
+        "40",
+        "42[\"pub\",{}]",
+        "451-[\"pub\",{\"_placeholder\":true,\"num\":0}]",
+        "b",
+        "bAQID",
+        "b!!",
+        "\x1e",
+        "2",
+        "3",
+        "5",
+        "6",
+        "1",
+        "0{}",
+        "9",
+        "",
+        "é",
+        "12:",
+        "43[]",
+        "42",
+        "[",
+        "\u{0}",
+    ];
+    for round in 0..200 {
+        let sid = open(&b.addr);
+        let eio3 = round % 5 == 0;
+        let mut body = String::new();
+        for _ in 0..(1 + rng.next() % 6) {
+            body.push_str(rng.pick(&pieces));
+        }
+        let target = if eio3 {
+            format!("/socket.io/?EIO=3&transport=polling&sid={sid}")
+        } else {
+            target(&sid)
+        };
+        let a = request(&b.addr, "POST", &target, body.as_bytes());
+        assert!(
+            a.status == 200 || a.status == 400,
+            "round {round}: {} for {body:?}",
+            a.status
+        );
+        if round % 20 == 0 {
+            // A well-behaved neighbour is never disturbed.
+            let ack = good.call(round, "ping", "{}");
+            assert_eq!(ack["ok"], true, "round {round}");
+        }
+    }
+    assert!(request(&b.addr, "GET", "/healthz", b"").status == 200);
+    // Whatever the garbage left open expires; only the good session stays
+    // (it keeps answering pings).
+    let deadline = Instant::now() + expiry() + SLACK;
+    loop {
+        let ack = good.call(9999, "ping", "{}");
+        assert_eq!(ack["ok"], true);
+        if metric(&b.addr, "gombus_polling_sessions") == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "garbage sessions did not expire");
+    }
+}
