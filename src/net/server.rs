@@ -37,6 +37,8 @@ const READ_TURN_BYTES_MAX: usize = 1 << 20;
 /// The shared read buffer; partial frames are copied out of it.
 const SCRATCH_BYTES: usize = 64 * 1024;
 const _: () = assert!(READ_TURN_BYTES_MAX >= SCRATCH_BYTES);
+/// How early a deadline may fire: the poller's sleep granularity.
+const TIMER_GRANULARITY: Duration = Duration::from_millis(2);
 /// Content type of long-polling answers.
 const PAYLOAD_TYPE: &str = "text/plain; charset=UTF-8";
 
@@ -172,6 +174,9 @@ impl<H: Handler> Server<H> {
                 return Err(e);
             }
             let now = Instant::now();
+            // Deadlines that passed apply before the input of this turn: a
+            // request that arrives as its session expires finds it gone.
+            self.fire_timers(now);
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept(now),
@@ -1150,8 +1155,11 @@ impl<H: Handler> Server<H> {
     }
 
     fn fire_timers(&mut self, now: Instant) {
+        // The poller sleeps in whole milliseconds: a deadline within that
+        // granularity counts as due now rather than one wake-up later.
+        let due = now + TIMER_GRANULARITY;
         while let Some(Reverse(t)) = self.shell.timers.peek().copied() {
-            if t.at > now {
+            if t.at > due {
                 return;
             }
             self.shell.timers.pop();
@@ -1169,7 +1177,7 @@ impl<H: Handler> Server<H> {
                 let holding = c.state == State::Http && c.link.is_some();
                 let next = match c.idle_until {
                     _ if holding => Some(now + self.idle_time()),
-                    Some(at) if at > now => Some(at),
+                    Some(at) if at > due => Some(at),
                     _ => None,
                 };
                 let mut io = self.shell.io(now);
@@ -1179,9 +1187,9 @@ impl<H: Handler> Server<H> {
                 }
                 continue;
             }
-            let beat = c.heartbeat.as_mut().map_or(Beat::Idle, |hb| hb.poll(now));
+            let beat = c.heartbeat.as_mut().map_or(Beat::Idle, |hb| hb.poll(due));
             let next = c.heartbeat.as_ref().map(Heartbeat::deadline);
-            let app_due = c.app_deadline.is_some_and(|d| d <= now);
+            let app_due = c.app_deadline.is_some_and(|d| d <= due);
             if app_due {
                 c.app_deadline = None;
             }
