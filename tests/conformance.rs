@@ -897,6 +897,39 @@ fn packets_queued_for_polling_move_to_the_websocket() {
 }
 
 #[test]
+fn probe_and_upgrade_in_one_write_still_answer_the_probe() {
+    let (sid, _) = poll_open(ENGINE);
+    let addr = server();
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let upgrade = format!(
+        "GET {ENGINE}?EIO=4&transport=websocket&sid={sid} HTTP/1.1\r\nHost: x\r\n\
+         Upgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: AAECAwQFBgcICQoLDA0ODw==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    );
+    // The upgrade request, `2probe` and `5` as masked frames, one write.
+    let mut bytes = upgrade.into_bytes();
+    for text in ["2probe", "5"] {
+        bytes.push(0x81);
+        bytes.push(0x80 | text.len() as u8);
+        bytes.extend_from_slice(&[0, 0, 0, 0]);
+        bytes.extend_from_slice(text.as_bytes());
+    }
+    stream.write_all(&bytes).expect("write");
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 1024];
+    let deadline = Instant::now() + WAIT;
+    let probe_frame = [&[0x81u8, 6][..], b"3probe"].concat();
+    while !raw.windows(probe_frame.len()).any(|w| w == probe_frame) {
+        assert!(Instant::now() < deadline, "no 3probe in {raw:?}");
+        let n = stream.read(&mut chunk).expect("read");
+        assert!(n > 0, "closed without 3probe: {raw:?}");
+        raw.extend_from_slice(&chunk[..n]);
+    }
+    assert_eq!(poll_get(ENGINE, &sid).status, 400, "upgraded");
+}
+
+#[test]
 fn a_second_websocket_for_an_upgraded_session_is_closed() {
     let (sid, _) = poll_open(ENGINE);
     let mut ws = probe_socket(ENGINE, &sid);

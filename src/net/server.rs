@@ -960,6 +960,8 @@ impl<H: Handler> Server<H> {
         s.polling = None;
         s.decoder = std::mem::take(&mut p.decoder);
         s.inbuf = std::mem::take(&mut p.inbuf);
+        // What the probe had not written yet (its `3probe`) goes first.
+        s.out.extend_from_slice(&p.out[p.out_pos..]);
         self.shell.stats.polling_sessions -= 1;
         let items = if queued.is_empty() {
             Vec::new()
