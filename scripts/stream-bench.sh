@@ -11,6 +11,17 @@ bin=${GOMBUS_BIN:-bin/broker}
 syncs=${SYNCS:-always 100ms}
 cargo build --release --quiet --example stream_bench
 bench=target/release/examples/stream_bench
+pid=
+data=
+# Whatever ends the script, the broker it started goes too.
+cleanup() {
+  if [[ -n $pid ]]; then
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  fi
+  if [[ -n $data ]]; then rm -rf "$data"; fi
+}
+trap cleanup EXIT
 for sync in $syncs; do
   data=$(mktemp -d "${TMPDIR:-/tmp}/gombus-stream-bench.XXXXXX")
   log=$data/broker.log
@@ -24,7 +35,6 @@ for sync in $syncs; do
     sleep 0.05
   done
   if [[ -z $addr ]]; then
-    kill "$pid" 2>/dev/null || true
     echo "stream-bench: broker did not start; log:" >&2
     cat "$log" >&2
     exit 1
@@ -32,8 +42,8 @@ for sync in $syncs; do
   printf 'sync=%s ' "$sync"
   status=0
   "$bench" "$addr" "$@" || status=$?
-  kill "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-  rm -rf "$data"
+  cleanup
+  pid=
+  data=
   [[ $status -eq 0 ]] || exit "$status"
 done
