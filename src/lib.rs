@@ -2,6 +2,7 @@
 //!
 //! Layout (data flows top to bottom, one concern per file):
 //! - [`config`]: command-line flags and their validation.
+//! - [`log`]: one line per event on stderr, filtered by `-log-level`.
 //! - [`net`]: the mio event loop, the hand-rolled HTTP/1.1 layer, WebSocket
 //!   framing over tungstenite's frame codec, bounded outbound buffers, timers.
 //! - [`protocol`]: pure codecs for Engine.IO v4 and Socket.IO v5 packets, the
@@ -15,6 +16,7 @@
 pub mod broker;
 pub mod client;
 pub mod config;
+pub mod log;
 pub mod net;
 pub mod protocol;
 pub mod stream;

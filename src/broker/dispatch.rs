@@ -34,7 +34,7 @@ pub struct BrokerConfig {
 pub struct Broker {
     pub(crate) cfg: BrokerConfig,
     pub(crate) started: Instant,
-    sessions: Vec<Option<Session>>,
+    pub(crate) sessions: Vec<Option<Session>>,
     pub(crate) subs: SubTable,
     requests: Requests,
     pub(crate) metrics: Metrics,
@@ -164,6 +164,7 @@ impl Broker {
         } else {
             session.control = true;
         }
+        crate::log_debug!("conn {conn} joined {}", p.nsp);
         let body = format!("{{\"sid\":\"{id}\"}}");
         let head = socketio::encode(Kind::Connect, 0, p.nsp, None, "");
         io.send_text(conn, &[&head, body.as_bytes()]);
@@ -634,6 +635,7 @@ impl Handler for Broker {
     }
 
     fn closed(&mut self, _io: &mut Io<'_>, conn: ConnId) {
+        crate::log_debug!("conn {conn} closed");
         self.drop_root_state(conn);
         if let Some(slot) = self.sessions.get_mut(conn) {
             *slot = None;
@@ -661,5 +663,9 @@ impl Handler for Broker {
 
     fn next_deadline(&self) -> Option<Instant> {
         self.requests.next_deadline()
+    }
+
+    fn shutdown(&mut self, io: &mut Io<'_>) {
+        self.say_goodbye(io);
     }
 }

@@ -12,9 +12,11 @@
 //! - [`requests`]: request/reply inboxes and their timeouts.
 //! - [`control`]: `/control` events.
 //! - [`metrics`]: counters and `/metrics`, `/healthz`.
+//! - [`lifecycle`]: goodbyes to clients at shutdown.
 pub mod control;
 pub mod dispatch;
 pub mod groups;
+pub mod lifecycle;
 pub mod metrics;
 pub mod requests;
 pub mod session;

@@ -1,0 +1,214 @@
+//! The broker process's lifecycle from outside: SIGTERM under load ends it
+//! with status 0 within 5 s after telling clients goodbye; flags can come
+//! from GOMBUS_* environment variables (flags winning); the start-up config
+//! line shows no secrets; `-log-level` filters lines.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::Broker;
+use gombus::client::{Client, Error, Options};
+use serde_json::json;
+
+/// Polls `cond` until it holds or `limit` passes.
+fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    cond()
+}
+
+#[test]
+fn sigterm_under_load_exits_zero_within_5s_and_disconnects_clients() {
+    let mut broker = Broker::start(&[]);
+    let receiver = Client::connect(&broker.addr).unwrap();
+    let sub = receiver.subscribe("load.>").unwrap();
+    let control = Client::connect_with(
+        &broker.addr,
+        Options {
+            namespace: "/control".into(),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let mut publishers = Vec::new();
+    for i in 0..4 {
+        let addr = broker.addr.clone();
+        let stop = Arc::clone(&stop);
+        let sent = Arc::clone(&sent);
+        publishers.push(thread::spawn(move || {
+            let c = Client::connect(&addr).unwrap();
+            let subject = format!("load.{i}");
+            while !stop.load(Ordering::Relaxed) {
+                if c.publish(&subject, json!({"n": i, "pad": "x".repeat(200)}))
+                    .is_err()
+                {
+                    break;
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    // Load is flowing: the subscriber has seen messages.
+    assert!(sub.recv_timeout(Duration::from_secs(5)).is_ok());
+    assert!(wait_for(Duration::from_secs(5), || sent
+        .load(Ordering::Relaxed)
+        > 1000));
+
+    let t0 = Instant::now();
+    let status = broker.terminate(Duration::from_secs(5));
+    let took = t0.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let status = status.unwrap_or_else(|| {
+        panic!(
+            "still running 5 s after SIGTERM; log:\n{}",
+            broker.recent_log()
+        )
+    });
+    assert!(status.success(), "exit status {status:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+
+    // Both namespaces were told, so the clients see their sockets end.
+    assert!(wait_for(Duration::from_secs(3), || receiver.is_closed()));
+    assert!(wait_for(Duration::from_secs(3), || control.is_closed()));
+    assert!(matches!(
+        control.call("server.info", json!({})),
+        Err(Error::Closed | Error::Io(_))
+    ));
+    for p in publishers {
+        p.join().unwrap();
+    }
+    let log = broker.recent_log();
+    assert!(log.contains("shutting down"), "{log}");
+    assert!(
+        log.lines().last().unwrap_or("").ends_with("stopped"),
+        "{log}"
+    );
+}
+
+#[test]
+fn sigint_also_stops_cleanly() {
+    let mut broker = Broker::start(&[]);
+    let client = Client::connect(&broker.addr).unwrap();
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &broker.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    assert!(wait_for(Duration::from_secs(5), || client.is_closed()));
+    // The process is gone or going; a SIGTERM now finds it exited with 0
+    // (kill of an exited-but-unreaped child still succeeds).
+    let status = broker.terminate(Duration::from_secs(5)).unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn env_vars_set_flags_and_flags_win() {
+    let broker = Broker::start_with_env(
+        &[],
+        &[
+            ("GOMBUS_CONTROL_TOKEN", "s3cret-from-env"),
+            ("GOMBUS_MAX_PAYLOAD", "1KiB"),
+            // The harness passes -node-id=test: the flag wins.
+            ("GOMBUS_NODE_ID", "from-env"),
+        ],
+    );
+    let no_token = Client::connect_with(
+        &broker.addr,
+        Options {
+            namespace: "/control".into(),
+            ..Options::default()
+        },
+    );
+    assert_eq!(
+        no_token.unwrap_err(),
+        Error::ConnectRefused("unauthorized".into())
+    );
+    let control = Client::connect_with(
+        &broker.addr,
+        Options {
+            namespace: "/control".into(),
+            token: Some("s3cret-from-env".into()),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let info = control.call("server.info", json!({})).unwrap();
+    assert_eq!(info["node_id"], "test");
+
+    let client = Client::connect(&broker.addr).unwrap();
+    let err = client.publish_acked("big", "x".repeat(2000)).unwrap_err();
+    assert_eq!(err.code(), Some("payload_too_large"));
+    client.publish_acked("small", "x".repeat(500)).unwrap();
+
+    // The config line names every setting but never the token itself.
+    let log = broker.recent_log();
+    let config = log
+        .lines()
+        .find(|l| l.contains(" config "))
+        .unwrap_or_else(|| panic!("no config line in:\n{log}"));
+    assert!(config.contains("control_token=set"), "{config}");
+    assert!(config.contains("max_payload=1KiB"), "{config}");
+    assert!(config.contains("node_id=test"), "{config}");
+    assert!(!log.contains("s3cret-from-env"), "{log}");
+}
+
+#[test]
+fn bad_env_value_is_refused_with_the_variable_named() {
+    let bin =
+        std::env::var("GOMBUS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string());
+    let out = std::process::Command::new(bin)
+        .arg("-addr=127.0.0.1:0")
+        .env("GOMBUS_PING_INTERVAL", "soon")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("GOMBUS_PING_INTERVAL"), "{err}");
+}
+
+#[test]
+fn log_level_filters_lines() {
+    let quiet = Broker::start(&[]);
+    let debug = Broker::start(&["-log-level=debug"]);
+    for b in [&quiet, &debug] {
+        let c = Client::connect(&b.addr).unwrap();
+        c.ping().unwrap();
+        c.close().unwrap();
+    }
+    assert!(wait_for(Duration::from_secs(5), || debug
+        .recent_log()
+        .contains(" closed")));
+    let log = debug.recent_log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(" debug ") && l.contains("joined /")),
+        "{log}"
+    );
+    // Every line: an RFC 3339 UTC timestamp, then the level.
+    for line in log.lines() {
+        let mut parts = line.split_whitespace();
+        let ts = parts.next().unwrap_or("");
+        assert!(ts.len() == 24 && ts.ends_with('Z'), "{line}");
+        assert!(
+            matches!(parts.next(), Some("error" | "warn" | "info" | "debug")),
+            "{line}"
+        );
+    }
+    assert!(
+        !quiet.recent_log().contains(" debug "),
+        "{}",
+        quiet.recent_log()
+    );
+}
