@@ -12,8 +12,10 @@
 //!   `apply` path.
 //! - [`stream`]: streams and consumers over an append-only segment store.
 //! - [`client`]: the Rust client module used by the examples, tests and tools.
+//! - [`cli`]: the `gombus` command line, on the client.
 
 pub mod broker;
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod log;
