@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::value::RawValue;
 
 use super::groups::GroupMode;
+use super::history::History;
 use super::metrics::Metrics;
 use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
 use super::session::{token_eq, Session, NSP_CONTROL, NSP_ROOT};
@@ -38,6 +39,8 @@ pub struct Broker {
     pub(crate) subs: SubTable,
     requests: Requests,
     pub(crate) metrics: Metrics,
+    /// Per-second traffic samples for the dashboard.
+    pub(crate) history: History,
     /// Reused buffer for the shared part of a delivery.
     tail: Vec<u8>,
     /// Reused buffer for ack headers.
@@ -68,6 +71,7 @@ impl Broker {
             subs: SubTable::new(),
             requests,
             metrics: Metrics::default(),
+            history: History::new(Instant::now()),
             tail: Vec::with_capacity(1024),
             ack_head: Vec::with_capacity(32),
             rng,
@@ -599,6 +603,9 @@ impl Handler for Broker {
     }
 
     fn http(&mut self, io: &mut Io<'_>, req: &Request) -> Response {
+        if let Some(r) = self.dashboard_http(io, req) {
+            return r;
+        }
         let known = matches!(req.path.as_str(), "/healthz" | "/metrics");
         if known && req.method != "GET" && req.method != "HEAD" {
             let mut r = Response::json(405, r#"{"error":"method not allowed"}"#);
@@ -612,7 +619,10 @@ impl Handler for Broker {
                     .now()
                     .saturating_duration_since(self.started)
                     .as_secs_f64();
-                let body = self.metrics.render(io.stats(), self.subs.len(), uptime);
+                let families = self.metric_families();
+                let body = self
+                    .metrics
+                    .render_all(io.stats(), self.subs.len(), uptime, &families);
                 Response::new(200, "text/plain; version=0.0.4; charset=utf-8", body)
             }
             _ => Response::json(404, r#"{"error":"not found"}"#),
@@ -650,6 +660,7 @@ impl Handler for Broker {
     }
 
     fn tick(&mut self, io: &mut Io<'_>) {
+        self.sample_history(io);
         if self.requests.is_empty() {
             return;
         }
@@ -662,7 +673,12 @@ impl Handler for Broker {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        self.requests.next_deadline()
+        let sample = self.history.next_at();
+        Some(
+            self.requests
+                .next_deadline()
+                .map_or(sample, |d| d.min(sample)),
+        )
     }
 
     fn shutdown(&mut self, io: &mut Io<'_>) {

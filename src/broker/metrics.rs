@@ -1,9 +1,119 @@
 //! Broker counters and their Prometheus text exposition for `/metrics`.
+//!
+//! Fixed counters render in [`Metrics::render`]; everything with labels or
+//! owned by another part (per-stream figures, the Raft state) is a
+//! [`Family`] built by [`Broker::metric_families`], so a new part adds its
+//! figures with a few lines there.
 
 use std::fmt::Write as _;
 
+use super::Broker;
 use crate::net::NetStats;
 use crate::protocol::errors::Code;
+
+/// One metric family: name, type, help and its samples (label set, value).
+#[derive(Debug, Clone)]
+pub struct Family {
+    pub name: &'static str,
+    pub kind: &'static str,
+    pub help: &'static str,
+    /// `(labels, value)`; labels as `[("stream", "ORDERS")]`.
+    pub samples: Vec<(Vec<(&'static str, String)>, f64)>,
+}
+
+impl Family {
+    pub fn gauge(name: &'static str, help: &'static str) -> Family {
+        Family {
+            name,
+            kind: "gauge",
+            help,
+            samples: Vec::new(),
+        }
+    }
+
+    pub fn counter(name: &'static str, help: &'static str) -> Family {
+        Family {
+            kind: "counter",
+            ..Family::gauge(name, help)
+        }
+    }
+
+    /// Adds a sample; returns the family for chaining.
+    pub fn with(mut self, labels: Vec<(&'static str, String)>, value: f64) -> Family {
+        self.samples.push((labels, value));
+        self
+    }
+
+    /// The family in the text format; nothing when it has no samples.
+    pub fn render(&self, out: &mut String) {
+        if self.samples.is_empty() {
+            return;
+        }
+        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
+        let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
+        for (labels, value) in &self.samples {
+            out.push_str(self.name);
+            if !labels.is_empty() {
+                out.push('{');
+                for (i, (k, v)) in labels.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    let _ = write!(out, "{k}=\"{}\"", escape_label(v));
+                }
+                out.push('}');
+            }
+            let _ = writeln!(out, " {value}");
+        }
+    }
+}
+
+/// A label value with `\`, `"` and newlines escaped, as the format requires.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Broker {
+    /// The labelled and part-owned families: node info, the Raft state (a
+    /// single node is a cluster of one that leads itself, as
+    /// `cluster.status` reports) and, once streams exist, one sample per
+    /// stream.
+    pub fn metric_families(&self) -> Vec<Family> {
+        vec![
+            Family::gauge("gombus_info", "Always 1; labels name the node and version.").with(
+                vec![
+                    ("node_id", self.cfg.node_id.clone()),
+                    ("version", env!("CARGO_PKG_VERSION").to_string()),
+                ],
+                1.0,
+            ),
+            Family::gauge(
+                "gombus_raft_term",
+                "Current Raft term (0 on a single node).",
+            )
+            .with(vec![], 0.0),
+            Family::gauge(
+                "gombus_raft_commit_index",
+                "Highest committed Raft log index.",
+            )
+            .with(vec![], 0.0),
+            Family::gauge(
+                "gombus_raft_applied_index",
+                "Highest applied Raft log index.",
+            )
+            .with(vec![], 0.0),
+            Family::gauge("gombus_raft_leader", "1 if this node is the Raft leader.")
+                .with(vec![], 1.0),
+            Family::gauge(
+                "gombus_raft_peer_reachable",
+                "1 if the peer answered recently (this node counts itself).",
+            )
+            .with(vec![("peer", self.cfg.node_id.clone())], 1.0),
+        ]
+    }
+}
 
 #[derive(Debug, Default, Clone)]
 pub struct Metrics {
@@ -20,6 +130,21 @@ impl Metrics {
         if let Some(i) = Code::ALL.iter().position(|c| *c == code) {
             self.errors[i] += 1;
         }
+    }
+
+    /// [`Metrics::render`] followed by `families`: the whole `/metrics`.
+    pub fn render_all(
+        &self,
+        net: &NetStats,
+        subscriptions: usize,
+        uptime_s: f64,
+        families: &[Family],
+    ) -> String {
+        let mut out = self.render(net, subscriptions, uptime_s);
+        for f in families {
+            f.render(&mut out);
+        }
+        out
     }
 
     /// The text format (version 0.0.4) with HELP and TYPE lines.
@@ -125,7 +250,13 @@ mod tests {
     fn every_sample_has_help_and_type() {
         let mut m = Metrics::default();
         m.count_error(Code::Timeout);
-        let text = m.render(&NetStats::default(), 3, 1.5);
+        let fam = Family::gauge("gombus_stream_messages", "Messages stored.")
+            .with(vec![("stream", "a\"b\\c\nd".to_string())], 5.0);
+        let text = m.render_all(&NetStats::default(), 3, 1.5, &[fam]);
+        assert!(
+            text.contains("gombus_stream_messages{stream=\"a\\\"b\\\\c\\nd\"} 5\n"),
+            "{text}"
+        );
         assert!(text.contains("gombus_subscriptions 3\n"));
         assert!(text.contains("gombus_errors_total{code=\"timeout\"} 1\n"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {

@@ -13,9 +13,13 @@
 //! - [`control`]: `/control` events.
 //! - [`metrics`]: counters and `/metrics`, `/healthz`.
 //! - [`lifecycle`]: goodbyes to clients at shutdown.
+//! - [`history`]: per-second traffic samples (rates, the chart).
+//! - [`dashboard`]: the page at `/` and the JSON at `/api/info`.
 pub mod control;
+pub mod dashboard;
 pub mod dispatch;
 pub mod groups;
+pub mod history;
 pub mod lifecycle;
 pub mod metrics;
 pub mod requests;
