@@ -97,6 +97,71 @@ fn sigterm_under_load_exits_zero_within_5s_and_disconnects_clients() {
     );
 }
 
+/// A raw WebSocket client that joins `/`, subscribes to `subject` and then
+/// never reads again, so the broker's queue for it only grows.
+fn stalled_subscriber(addr: &str, subject: &str) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET /socket.io/?EIO=4&transport=websocket HTTP/1.1\r\nHost: x\r\n\
+         Upgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    .unwrap();
+    // Read until the 101 head and the open packet have arrived.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !seen.windows(5).any(|w| w == b"\"sid\"") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed during the handshake");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    // Masked text frames with a zero mask key: the payload goes as is.
+    let mut frame = |text: &str| {
+        let mut f = vec![0x81, 0x80 | text.len() as u8, 0, 0, 0, 0];
+        f.extend_from_slice(text.as_bytes());
+        s.write_all(&f).unwrap();
+    };
+    frame("40");
+    frame(&format!("42[\"sub\",{{\"subject\":\"{subject}\"}}]"));
+    s
+}
+
+#[test]
+fn sigterm_is_bounded_even_with_a_client_that_stopped_reading() {
+    let mut broker = Broker::start(&[]);
+    let _stalled = stalled_subscriber(&broker.addr, "flood");
+    let publisher = Client::connect(&broker.addr).unwrap();
+    let pad = "y".repeat(16 * 1024);
+    // The stalled client's sub is on another connection, so wait
+    // (bounded) until the broker reports it.
+    let control = Client::connect_with(
+        &broker.addr,
+        Options {
+            namespace: "/control".into(),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert!(wait_for(Duration::from_secs(5), || control
+        .call("server.info", json!({}))
+        .is_ok_and(|i| i["subscriptions"] == 1)));
+    // About 32 MiB queued for a reader that never reads.
+    for _ in 0..2048 {
+        publisher.publish("flood", &pad).unwrap();
+    }
+    publisher.ping().unwrap();
+    let t0 = Instant::now();
+    let status = broker.terminate(Duration::from_secs(5));
+    let took = t0.elapsed();
+    let status = status.unwrap_or_else(|| panic!("still running 5 s after SIGTERM"));
+    assert!(status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    eprintln!("stopped in {took:?} with a stalled client");
+}
+
 #[test]
 fn sigint_also_stops_cleanly() {
     let mut broker = Broker::start(&[]);
