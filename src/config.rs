@@ -19,6 +19,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+pub use crate::stream::sync::{parse_policy, SyncPolicy};
+
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
 const GIB: u64 = 1024 * MIB;
@@ -37,6 +39,13 @@ pub const MAX_MAX_PENDING: u64 = 4 * GIB;
 pub const MIN_TIMER: Duration = Duration::from_millis(10);
 /// Longest accepted ping interval, ping timeout or connect timeout.
 pub const MAX_TIMER: Duration = Duration::from_secs(3600);
+/// Default `-segment-size`.
+pub const DEFAULT_SEGMENT_SIZE: usize = 64 << 20;
+/// Smallest accepted `-segment-size`.
+pub const SEGMENT_SIZE_MIN: usize = 4 << 10;
+/// Largest accepted `-segment-size` (the store's offsets are 32-bit).
+pub const SEGMENT_SIZE_MAX: usize = 1 << 30;
+
 /// Longest accepted node id.
 pub const MAX_NODE_ID_LEN: usize = 64;
 /// Node id used when the host name is unreadable or not a valid node id.
@@ -81,6 +90,10 @@ pub struct Config {
     pub bootstrap: bool,
     /// `-raft-log`: where the Raft log lives.
     pub raft_log: RaftLogKind,
+    /// `-sync`: when stream writes are fsynced (what an ack promises).
+    pub sync: SyncPolicy,
+    /// `-segment-size`: a stream segment file rolls at this size, in bytes.
+    pub segment_size: usize,
 }
 
 /// One Raft member: its node id and Raft address.
@@ -199,6 +212,8 @@ impl Default for Config {
             cluster: Vec::new(),
             bootstrap: false,
             raft_log: RaftLogKind::Durable,
+            sync: SyncPolicy::Always,
+            segment_size: DEFAULT_SEGMENT_SIZE,
         }
     }
 }
@@ -363,6 +378,18 @@ const FLAGS: &[FlagSpec] = &[
         "form a new cluster from -raft-peers (or a single-node one)",
     ),
     value("raft-log", "kind", "durable", "memory or durable"),
+    value(
+        "sync",
+        "policy",
+        "always",
+        "stream fsync: always (group commit, acks after fsync), an interval like 100ms, or none",
+    ),
+    value(
+        "segment-size",
+        "bytes",
+        "64MiB",
+        "stream segment files roll at this size (4KiB..1GiB)",
+    ),
     FlagSpec {
         name: "help",
         hint: "",
@@ -511,6 +538,19 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, ConfigEr
     }
     if let Some(v) = get("raft-log") {
         cfg.raft_log = v.parse().map_err(|e| flag_err("raft-log", e))?;
+    }
+    if let Some(v) = get("sync") {
+        cfg.sync = parse_policy(&v).map_err(|e| flag_err("sync", e))?;
+    }
+    if let Some(v) = get("segment-size") {
+        let n = parse_size(&v).map_err(|e| flag_err("segment-size", e))?;
+        if !(SEGMENT_SIZE_MIN..=SEGMENT_SIZE_MAX).contains(&n) {
+            return Err(flag_err(
+                "segment-size",
+                format!("{v:?} is outside 4KiB..1GiB"),
+            ));
+        }
+        cfg.segment_size = n;
     }
 
     cfg.validate()?;
@@ -700,7 +740,8 @@ impl Config {
             "node_id={} addr={} data={} control_token={} auth_token={} \
              max_payload={} max_pending={} ping_interval={} ping_timeout={} \
              connect_timeout={} allow_eio3={} cors_origin={} log_level={} \
-             raft_addr={} raft_peers={} cluster={} bootstrap={} raft_log={}",
+             raft_addr={} raft_peers={} cluster={} bootstrap={} raft_log={} \
+             sync={} segment_size={}",
             self.node_id,
             self.addr,
             self.data_dir.display(),
@@ -720,6 +761,8 @@ impl Config {
             cluster,
             self.bootstrap,
             self.raft_log,
+            self.sync,
+            format_size(self.segment_size),
         )
     }
 }
@@ -1379,6 +1422,24 @@ mod tests {
         assert!(line.contains("raft_peers=n1=127.0.0.1:7001,n2=127.0.0.1:7002"));
         assert!(line.contains("cluster=none"));
         assert!(line.contains("raft_log=durable"));
+        assert!(line.contains("sync=always segment_size=64MiB"));
+    }
+
+    #[test]
+    fn sync_and_segment_size_flags() {
+        let cfg = ok(&[]);
+        assert_eq!(cfg.sync, SyncPolicy::Always);
+        assert_eq!(cfg.segment_size, 64 << 20);
+        let cfg = ok(&["-sync=100ms", "-segment-size=8MiB"]);
+        assert_eq!(cfg.sync, SyncPolicy::Every(Duration::from_millis(100)));
+        assert_eq!(cfg.segment_size, 8 << 20);
+        assert_eq!(ok(&["-sync", "none"]).sync, SyncPolicy::Never);
+        assert!(bad(&["-sync=sometimes"]).contains("-sync"));
+        assert!(bad(&["-sync=0ms"]).contains("-sync"));
+        assert!(bad(&["-segment-size=1KiB"]).contains("outside"));
+        assert!(bad(&["-segment-size=2GiB"]).contains("outside"));
+        assert!(usage().contains("-sync policy"));
+        assert!(usage().contains("-segment-size bytes"));
     }
 
     #[test]

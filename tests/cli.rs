@@ -2,9 +2,7 @@
 //! and cluster commands, `--json` output parsed and checked, benchmarks,
 //! and bad arguments or failures exiting non-zero with a message.
 //!
-//! Stream and consumer commands are checked against a broker that serves
-//! streams once the broker does; here their argument handling and their
-//! error when the server lacks the events are tested.
+//! Stream and consumer commands run against the broker's streams.
 
 mod common;
 
@@ -396,20 +394,128 @@ fn help_for_every_command() {
     assert!(ok(&["stream"]).contains("Subcommands:"));
 }
 
+/// Parses `gombus … --json` output that must succeed.
+fn ok_json(args: &[&str]) -> Value {
+    let out = ok(args);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
+
 #[test]
-fn stream_commands_report_a_server_without_streams() {
+fn stream_and_consumer_commands() {
     let b = Broker::start(&[]);
     let s = b.addr.as_str();
-    let o = run(&["-s", s, "stream", "add", "ORDERS", "--subjects", "orders.>"]);
+    let created = ok_json(&[
+        "-s",
+        s,
+        "stream",
+        "add",
+        "ORDERS",
+        "--subjects",
+        "orders.>",
+        "--max-msgs",
+        "100",
+        "--max-age",
+        "1h",
+        "--json",
+    ]);
+    assert_eq!(created["stream"]["config"]["name"], "ORDERS");
+    assert_eq!(created["stream"]["config"]["max_msgs"], 100);
+    assert_eq!(created["stream"]["config"]["max_age_ms"], 3_600_000);
+    // A different config under the same name: the broker's `exists`.
+    let o = run(&["-s", s, "stream", "add", "ORDERS", "--subjects", "other"]);
     assert_eq!(o.status.code(), Some(1));
-    let err = stderr(&o);
-    assert!(
-        err.contains("stream.create") && err.contains("bad_request"),
-        "{err}"
+    assert!(stderr(&o).contains("exists"), "{}", stderr(&o));
+
+    let ack = ok_json(&["-s", s, "pub", "orders.new", r#"{"id":1}"#, "--json"]);
+    assert_eq!(
+        (ack["stream"].as_str(), ack["seq"].as_u64()),
+        (Some("ORDERS"), Some(1))
     );
-    let o = run(&["-s", s, "consumer", "next", "ORDERS", "C", "--no-wait"]);
+    let text = ok(&["-s", s, "pub", "orders.new", "second"]);
+    assert_eq!(
+        text.trim(),
+        "published message to orders.new (stream ORDERS seq 2)"
+    );
+
+    let list = ok_json(&["-s", s, "stream", "ls", "--json"]);
+    assert_eq!(list["streams"].as_array().unwrap().len(), 1);
+    let table = ok(&["-s", s, "stream", "ls"]);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("ORDERS"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert_eq!(
+        row.split_whitespace().collect::<Vec<_>>()[..3],
+        ["ORDERS", "orders.>", "2"]
+    );
+    let info = ok_json(&["-s", s, "stream", "info", "ORDERS", "--json"]);
+    assert_eq!(info["stream"]["state"]["messages"], 2);
+    assert_eq!(info["stream"]["state"]["last_seq"], 2);
+    let got = ok_json(&["-s", s, "stream", "get", "ORDERS", "--seq", "1", "--json"]);
+    assert_eq!(got["message"]["data"], json!({"id": 1}));
+    let last = ok_json(&[
+        "-s",
+        s,
+        "stream",
+        "get",
+        "ORDERS",
+        "--last",
+        "orders.new",
+        "--json",
+    ]);
+    assert_eq!(last["message"]["seq"], 2);
+    assert_eq!(last["message"]["data"], "second");
+
+    let c = ok_json(&[
+        "-s", s, "consumer", "add", "ORDERS", "worker", "--ack", "explicit", "--json",
+    ]);
+    assert_eq!(c["consumer"]["name"], "worker");
+    let cl = ok_json(&["-s", s, "consumer", "ls", "ORDERS", "--json"]);
+    assert_eq!(cl["consumers"].as_array().unwrap().len(), 1);
+    let fetched = ok(&[
+        "-s", s, "consumer", "next", "ORDERS", "worker", "--count", "2", "--json",
+    ]);
+    let msgs: Vec<Value> = fetched
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(msgs.len(), 2, "{fetched}");
+    assert_eq!(
+        (msgs[0]["seq"].as_u64(), msgs[1]["seq"].as_u64()),
+        (Some(1), Some(2))
+    );
+    assert_eq!(msgs[0]["data"], json!({"id": 1}));
+    // Both were acked: nothing pending, the ack floor at 2.
+    let ci = ok_json(&["-s", s, "consumer", "info", "ORDERS", "worker", "--json"]);
+    assert_eq!(ci["consumer"]["num_pending"], 0);
+    assert_eq!(ci["consumer"]["num_ack_pending"], 0);
+    assert_eq!(ci["consumer"]["ack_floor"]["stream_seq"], 2);
+    let o = run(&["-s", s, "consumer", "next", "ORDERS", "worker", "--no-wait"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("consumer.fetch"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no message"), "{}", stderr(&o));
+
+    let purged = ok_json(&["-s", s, "stream", "purge", "ORDERS", "--json"]);
+    assert_eq!(purged["purged"], 2);
+    assert!(
+        ok(&["-s", s, "consumer", "rm", "ORDERS", "worker"]).contains("deleted consumer worker")
+    );
+    assert!(ok(&["-s", s, "stream", "rm", "ORDERS"]).contains("deleted stream ORDERS"));
+    let o = run(&["-s", s, "stream", "info", "ORDERS"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("not_found"), "{}", stderr(&o));
+    assert_eq!(ok(&["-s", s, "stream", "ls"]).trim(), "no streams");
+}
+
+#[test]
+fn bench_stream_publishes_acked_into_a_stream_it_removes_after() {
+    let b = Broker::start(&[]);
+    let s = b.addr.as_str();
+    let r = ok_json(&["-s", s, "bench", "stream", "--msgs", "300", "--json"]);
+    assert_eq!(r["rows"][0]["role"], "publish (acked)");
+    assert_eq!(r["rows"][0]["msgs"], 300);
+    assert!(r["rows"][0]["latency_us"]["p50"].as_u64().is_some());
+    let list = ok_json(&["-s", s, "stream", "ls", "--json"]);
+    assert_eq!(list["streams"], json!([]));
 }
 
 #[test]

@@ -25,13 +25,16 @@ fn main() -> ExitCode {
         }
     };
     log::set_level(cfg.log_level);
-    let broker = Broker::new(BrokerConfig {
+    let mut broker = Broker::new(BrokerConfig {
         node_id: cfg.node_id.clone(),
         control_token: cfg.control_token.clone(),
         auth_token: cfg.auth_token.clone(),
         max_payload: cfg.max_payload,
         connect_timeout: cfg.connect_timeout,
     });
+    if let Err(e) = broker.open_streams(&cfg.data_dir, cfg.sync, cfg.segment_size as u64) {
+        log_error!("streams unavailable: {e}");
+    }
     let settings = Settings {
         ping_interval: cfg.ping_interval,
         ping_timeout: cfg.ping_timeout,

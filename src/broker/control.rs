@@ -52,7 +52,7 @@ impl Broker {
                 "uptime_ms": io.now().saturating_duration_since(self.started).as_millis() as u64,
                 "connections": io.stats().sessions_open,
                 "subscriptions": self.subs.len(),
-                "streams": 0,
+                "streams": self.streams.len(),
             }))),
             "cluster.status" => Ok(ok_with(json!({
                 // A single node is a cluster of one that leads itself.

@@ -12,6 +12,7 @@ use super::history::History;
 use super::metrics::Metrics;
 use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
 use super::session::{token_eq, Session, NSP_CONTROL, NSP_ROOT};
+use super::streams::Streams;
 use super::subject;
 use super::subs::{Command, SubKey, SubTable};
 use crate::net::{ConnId, Handler, Io, Payload, Request, Response};
@@ -41,6 +42,7 @@ pub struct Broker {
     pub(crate) metrics: Metrics,
     /// Per-second traffic samples for the dashboard.
     pub(crate) history: History,
+    pub(crate) streams: Streams,
     /// Reused buffer for the shared part of a delivery.
     tail: Vec<u8>,
     /// Reused buffer for ack headers.
@@ -72,10 +74,24 @@ impl Broker {
             requests,
             metrics: Metrics::default(),
             history: History::new(Instant::now()),
+            streams: Streams::default(),
             tail: Vec::with_capacity(1024),
             ack_head: Vec::with_capacity(32),
             rng,
         }
+    }
+
+    /// Opens the streams under `<data>/streams` (recovering what is there)
+    /// with the given fsync policy. Until this succeeds, stream events are
+    /// refused with `unavailable`.
+    pub fn open_streams(
+        &mut self,
+        data: &std::path::Path,
+        policy: crate::stream::sync::SyncPolicy,
+        segment_bytes: u64,
+    ) -> Result<(), String> {
+        self.streams = Streams::open(data, policy, segment_bytes)?;
+        Ok(())
     }
 
     fn session(&mut self, conn: ConnId) -> Option<&mut Session> {
@@ -248,8 +264,10 @@ impl Broker {
         match name {
             "pub" => {
                 let p: Pub = event_arg(data)?;
-                self.publish(io, &p, attachments)?;
-                Ok(Answer::Ok)
+                match self.publish(io, conn, ack_id, &p, attachments)? {
+                    true => Ok(Answer::Later),
+                    false => Ok(Answer::Ok),
+                }
             }
             "sub" => {
                 let s: Sub = event_arg(data)?;
@@ -274,7 +292,11 @@ impl Broker {
                 Ok(Answer::Ok)
             }
             other => {
-                socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
+                let ev = socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
+                let arg = ev.args.first().copied();
+                if let Some(r) = self.streams.event(io, conn, other, arg, ack_id) {
+                    return Ok(r?.map_or(Answer::Later, Answer::Now));
+                }
                 Err(ArgError::Api(ApiError::new(
                     Code::BadRequest,
                     format!("unknown event {other:?}"),
@@ -333,21 +355,36 @@ impl Broker {
         Ok(size)
     }
 
+    /// Delivers a publish; true when a stream captured it and its ack is
+    /// held until the message is stored.
     fn publish(
         &mut self,
         io: &mut Io<'_>,
+        conn: ConnId,
+        ack_id: Option<u64>,
         p: &Pub<'_>,
         attachments: &[Vec<u8>],
-    ) -> Result<(), ApiError> {
+    ) -> Result<bool, ApiError> {
         let data = raw_text(p.data);
         let size = self.check_message(&p.subject, data, p.headers, attachments)?;
         if let Some(reply) = &p.reply {
             subject::validate_subject(reply)
                 .map_err(|e| ApiError::new(Code::BadSubject, format!("reply: {e}")))?;
         }
+        let headers = p.headers.map(RawValue::get).filter(|h| *h != "null");
+        let held = self.streams.captures(&p.subject);
+        if held {
+            if !attachments.is_empty() {
+                return Err(ApiError::new(
+                    Code::BadRequest,
+                    "binary attachments cannot be stored in a stream",
+                ));
+            }
+            self.streams
+                .publish(conn, ack_id, &p.subject, data, headers)?;
+        }
         self.metrics.msgs_in += 1;
         self.metrics.bytes_in += size as u64;
-        let headers = p.headers.map(RawValue::get).filter(|h| *h != "null");
         if self.requests.may_be_inbox(&p.subject) {
             if let Some(pending) = self.requests.take(&p.subject) {
                 answer_request(io, &pending, &p.subject, data, headers, attachments);
@@ -362,7 +399,7 @@ impl Broker {
             attachments,
             size,
         );
-        Ok(())
+        Ok(held && ack_id.is_some())
     }
 
     fn request(
@@ -619,7 +656,7 @@ impl Handler for Broker {
                     .now()
                     .saturating_duration_since(self.started)
                     .as_secs_f64();
-                let families = self.metric_families();
+                let families = self.metric_families(io);
                 let body = self
                     .metrics
                     .render_all(io.stats(), self.subs.len(), uptime, &families);
@@ -647,6 +684,7 @@ impl Handler for Broker {
     fn closed(&mut self, _io: &mut Io<'_>, conn: ConnId) {
         crate::log_debug!("conn {conn} closed");
         self.drop_root_state(conn);
+        self.streams.closed(conn);
         if let Some(slot) = self.sessions.get_mut(conn) {
             *slot = None;
         }
@@ -661,6 +699,7 @@ impl Handler for Broker {
 
     fn tick(&mut self, io: &mut Io<'_>) {
         self.sample_history(io);
+        self.streams.tick(io, &mut self.subs);
         if self.requests.is_empty() {
             return;
         }
@@ -673,15 +712,25 @@ impl Handler for Broker {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        let sample = self.history.next_at();
-        Some(
-            self.requests
-                .next_deadline()
-                .map_or(sample, |d| d.min(sample)),
-        )
+        let mut next = self.history.next_at();
+        for d in [self.requests.next_deadline(), self.streams.next_deadline()]
+            .into_iter()
+            .flatten()
+        {
+            next = next.min(d);
+        }
+        Some(next)
     }
 
     fn shutdown(&mut self, io: &mut Io<'_>) {
         self.say_goodbye(io);
+    }
+
+    fn attach(&mut self, waker: std::sync::Arc<mio::Waker>) {
+        self.streams.attach(waker);
+    }
+
+    fn woken(&mut self, io: &mut Io<'_>) {
+        self.streams.woken(io);
     }
 }

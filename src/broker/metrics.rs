@@ -7,8 +7,10 @@
 
 use std::fmt::Write as _;
 
+use serde_json::Value;
+
 use super::Broker;
-use crate::net::NetStats;
+use crate::net::{Io, NetStats};
 use crate::protocol::errors::Code;
 
 /// One metric family: name, type, help and its samples (label set, value).
@@ -78,9 +80,14 @@ fn escape_label(v: &str) -> String {
 impl Broker {
     /// The labelled and part-owned families: node info, the Raft state (a
     /// single node is a cluster of one that leads itself, as
-    /// `cluster.status` reports) and, once streams exist, one sample per
-    /// stream.
-    pub fn metric_families(&self) -> Vec<Family> {
+    /// `cluster.status` reports) and one sample per stream and consumer.
+    pub fn metric_families(&mut self, io: &mut Io<'_>) -> Vec<Family> {
+        let mut families = self.node_families();
+        families.extend(stream_families(&self.streams_overview(io)));
+        families
+    }
+
+    fn node_families(&self) -> Vec<Family> {
         vec![
             Family::gauge("gombus_info", "Always 1; labels name the node and version.").with(
                 vec![
@@ -242,6 +249,65 @@ impl Metrics {
     }
 }
 
+/// Per-stream and per-consumer families from the streams overview.
+fn stream_families(streams: &[Value]) -> Vec<Family> {
+    let num = |v: &Value| v.as_f64().unwrap_or(0.0);
+    let mut count = Family::gauge("gombus_streams", "Streams on this node.");
+    count.samples.push((vec![], streams.len() as f64));
+    let mut msgs = Family::gauge("gombus_stream_messages", "Messages stored in the stream.");
+    let mut bytes = Family::gauge("gombus_stream_bytes", "Bytes stored in the stream.");
+    let mut last = Family::gauge(
+        "gombus_stream_last_seq",
+        "Last sequence stored in the stream.",
+    );
+    let mut consumers = Family::gauge("gombus_stream_consumers", "Consumers of the stream.");
+    let mut pending = Family::gauge(
+        "gombus_consumer_pending",
+        "Messages of the stream the consumer has not been given yet.",
+    );
+    let mut ack_pending = Family::gauge(
+        "gombus_consumer_ack_pending",
+        "Messages given to the consumer and not acked yet.",
+    );
+    let mut redelivered = Family::gauge(
+        "gombus_consumer_redelivered",
+        "Messages the consumer is being given again.",
+    );
+    for s in streams {
+        let name = s["name"].as_str().unwrap_or_default().to_string();
+        let l = || vec![("stream", name.clone())];
+        msgs.samples.push((l(), num(&s["messages"])));
+        bytes.samples.push((l(), num(&s["bytes"])));
+        last.samples.push((l(), num(&s["last_seq"])));
+        let list = s["consumers"].as_array().map_or(&[][..], Vec::as_slice);
+        consumers.samples.push((l(), list.len() as f64));
+        for c in list {
+            let cl = || {
+                vec![
+                    ("stream", name.clone()),
+                    (
+                        "consumer",
+                        c["name"].as_str().unwrap_or_default().to_string(),
+                    ),
+                ]
+            };
+            pending.samples.push((cl(), num(&c["num_pending"])));
+            ack_pending.samples.push((cl(), num(&c["num_ack_pending"])));
+            redelivered.samples.push((cl(), num(&c["num_redelivered"])));
+        }
+    }
+    vec![
+        count,
+        msgs,
+        bytes,
+        last,
+        consumers,
+        pending,
+        ack_pending,
+        redelivered,
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,5 +330,36 @@ mod tests {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name}");
             assert!(text.contains(&format!("# HELP {name} ")), "{name}");
         }
+    }
+
+    #[test]
+    fn stream_and_consumer_samples() {
+        let streams = [serde_json::json!({
+            "name": "ORDERS", "messages": 3, "bytes": 90, "last_seq": 3,
+            "consumers": [{"name": "w", "num_pending": 2, "num_ack_pending": 1, "num_redelivered": 0}],
+        })];
+        let mut text = String::new();
+        for f in stream_families(&streams) {
+            f.render(&mut text);
+        }
+        assert!(text.contains("gombus_streams 1\n"), "{text}");
+        assert!(
+            text.contains("gombus_stream_messages{stream=\"ORDERS\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gombus_stream_consumers{stream=\"ORDERS\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gombus_consumer_pending{stream=\"ORDERS\",consumer=\"w\"} 2\n"),
+            "{text}"
+        );
+        // No stream: the count alone, no empty families.
+        let mut empty = String::new();
+        for f in stream_families(&[]) {
+            f.render(&mut empty);
+        }
+        assert_eq!(empty.matches("# TYPE").count(), 1, "{empty}");
     }
 }

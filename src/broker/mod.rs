@@ -11,6 +11,8 @@
 //!   and acks out.
 //! - [`requests`]: request/reply inboxes and their timeouts.
 //! - [`control`]: `/control` events.
+//! - [`streams`]: the stream and consumer events, captured publishes, fetch
+//!   waits, push delivery and acks held for their write.
 //! - [`metrics`]: counters and `/metrics`, `/healthz`.
 //! - [`lifecycle`]: goodbyes to clients at shutdown.
 //! - [`history`]: per-second traffic samples (rates, the chart).
@@ -24,6 +26,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod requests;
 pub mod session;
+pub mod streams;
 pub mod subject;
 pub mod sublist;
 pub mod subs;

@@ -53,6 +53,12 @@ fn message_json(m: &Message) -> Value {
     if let Some(h) = &m.headers {
         o.insert("headers".into(), json!(h));
     }
+    if let Some(d) = &m.stream {
+        o.insert("stream".into(), json!(d.stream));
+        o.insert("consumer".into(), json!(d.consumer));
+        o.insert("seq".into(), json!(d.seq));
+        o.insert("delivered".into(), json!(d.delivered));
+    }
     Value::Object(o)
 }
 
@@ -64,6 +70,9 @@ fn message_text(n: u64, m: &Message) -> String {
     }
     if let Some(h) = &m.headers {
         s.push_str(&format!(" headers={}", json!(h)));
+    }
+    if let Some(d) = &m.stream {
+        s.push_str(&format!(" stream={}#{}", d.stream, d.seq));
     }
     s.push(' ');
     s.push_str(&output::plain(&m.data));
@@ -270,6 +279,7 @@ mod tests {
             reply: None,
             headers: None,
             attachments: vec![],
+            stream: None,
         };
         assert_eq!(message_text(3, &m), "[#3] a.b hi");
         assert_eq!(message_json(&m), json!({"subject": "a.b", "data": "hi"}));

@@ -109,7 +109,16 @@ pub fn stream(p: &Parsed) -> Result<(), Run> {
             output::plain(&ack["purged"]),
             p.args[0]
         ),
-        _ => output::fields(&ack["message"]),
+        _ => {
+            let m = &ack["message"];
+            for k in ["seq", "subject", "time"] {
+                println!("{:<8} {}", format!("{k}:"), output::plain(&m[k]));
+            }
+            if let Some(h) = m.get("headers").filter(|h| !h.is_null()) {
+                println!("headers: {h}");
+            }
+            println!("data:    {}", m["data"]);
+        }
     }
     Ok(())
 }
@@ -174,7 +183,9 @@ fn print_streams(list: &Value) {
         .map(|a| {
             a.iter()
                 .map(|s| {
-                    // Entries are stream infos ({config, state}) or names.
+                    // Entries are `{stream: {config, state}}`, `{config,
+                    // state}` or names.
+                    let s = s.get("stream").unwrap_or(s);
                     let c = if s.get("config").is_some() {
                         &s["config"]
                     } else {
@@ -270,7 +281,7 @@ fn print_consumer(c: &Value) {
         .map_or_else(|| output::plain(&c["name"]), output::plain);
     println!("consumer {name}");
     for (label, v) in [
-        ("stream", &cfg["stream"]),
+        ("stream", c.get("stream").unwrap_or(&cfg["stream"])),
         ("filter", &cfg["filter_subject"]),
         ("ack policy", &cfg["ack_policy"]),
         ("pending", &c["num_pending"]),
@@ -299,6 +310,7 @@ fn print_consumers(list: &Value) {
         .map(|a| {
             a.iter()
                 .map(|c| {
+                    let c = c.get("consumer").unwrap_or(c);
                     let cfg = if c.get("config").is_some() {
                         &c["config"]
                     } else {

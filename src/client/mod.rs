@@ -25,6 +25,7 @@
 //! # }
 //! ```
 
+mod stream;
 mod wire;
 
 use std::collections::{BTreeMap, HashMap};
@@ -40,6 +41,10 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tungstenite::protocol::frame::coding::OpCode;
 
+pub use stream::{
+    ConsumerConfig, ConsumerInfo, PubAck, SeqPair, StoredMessage, StreamConfig, StreamDelivery,
+    StreamInfo, StreamState,
+};
 use wire::{EioPacket, FrameDecoder, MaskRng, SioKind, WsMessage};
 
 /// Largest WebSocket message the client accepts from the server, in bytes.
@@ -171,6 +176,8 @@ pub struct Message {
     pub headers: Option<BTreeMap<String, String>>,
     /// The binary attachments, indexed by the placeholders' `num`.
     pub attachments: Vec<Vec<u8>>,
+    /// Set on a push consumer's delivery: which stream message it is.
+    pub stream: Option<StreamDelivery>,
 }
 
 impl Message {
@@ -195,6 +202,7 @@ impl Message {
             reply: take_string(&mut fields, "reply"),
             headers: take_headers(&mut fields),
             attachments,
+            stream: stream::delivery(&fields),
         })
     }
 }
@@ -697,6 +705,7 @@ impl Client {
             subject: take_string(&mut fields, "subject").unwrap_or_default(),
             data: fields.remove("data").unwrap_or(Value::Null),
             reply: None,
+            stream: None,
             headers: take_headers(&mut fields),
             attachments: reply.attachments,
         })

@@ -4,7 +4,9 @@
 //! - [`socketio`]: Socket.IO v5 packets, namespaces, ack ids, binary attachments.
 //! - [`errors`]: the contract's error codes and ack bodies.
 //! - [`messages`]: typed requests for every event of the contract.
+//! - [`stream_messages`]: stream and consumer requests and configs.
 pub mod engineio;
 pub mod errors;
 pub mod messages;
 pub mod socketio;
+pub mod stream_messages;

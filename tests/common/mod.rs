@@ -29,20 +29,37 @@ pub struct Broker {
     pub addr: String,
     data_dir: PathBuf,
     log: Arc<Mutex<VecDeque<String>>>,
+    args: Vec<String>,
 }
 
 impl Broker {
     /// Starts the broker (`GOMBUS_BIN`, else the crate's `broker` binary)
     /// with a free port, node id `test`, a fresh data dir and `extra_args`.
     pub fn start(extra_args: &[&str]) -> Broker {
-        Broker::start_with_env(extra_args, &[])
+        Broker::start_in(fresh_dir(), extra_args, &[])
     }
 
     /// [`Broker::start`] with extra environment variables (`GOMBUS_*`).
     pub fn start_with_env(extra_args: &[&str], env: &[(&str, &str)]) -> Broker {
+        Broker::start_in(fresh_dir(), extra_args, env)
+    }
+
+    /// Kills the process (SIGKILL, by PID) and starts a new one on the
+    /// same data directory with the same arguments (a new port).
+    pub fn restart(&mut self) {
+        self.kill();
+        let args: Vec<String> = std::mem::take(&mut self.args);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let dir = std::mem::take(&mut self.data_dir);
+        let next = Broker::start_in(dir, &refs, &[]);
+        // The old value's process is reaped and its directory path is
+        // empty, so dropping it removes nothing.
+        drop(std::mem::replace(self, next));
+    }
+
+    fn start_in(data_dir: PathBuf, extra_args: &[&str], env: &[(&str, &str)]) -> Broker {
         let bin = std::env::var("GOMBUS_BIN")
             .unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string());
-        let data_dir = fresh_dir();
         let mut child = Command::new(&bin)
             .arg("-addr=127.0.0.1:0")
             .arg("-node-id=test")
@@ -77,6 +94,7 @@ impl Broker {
             addr: String::new(),
             data_dir,
             log,
+            args: extra_args.iter().map(|a| a.to_string()).collect(),
         };
         broker.addr = broker.await_listening(&lines_rx, extra_args);
         broker

@@ -1,0 +1,1347 @@
+//! The broker's streams: the set of streams under `<data>/streams/`, the
+//! stream and consumer events of the contract (section 5), captured
+//! publishes, pull fetches that wait, push delivery to `deliver_subject`,
+//! and acks held until the write (and, under `-sync=always`, the fsync)
+//! that makes them true.
+//!
+//! Writes are batched per loop turn: events of one turn queue records,
+//! [`Streams::tick`] writes every touched file once and only then lets
+//! the turn's acks go (at once after write(2), or when the fsync round
+//! covering them reports through the loop's waker, [`Streams::woken`]).
+//!
+//! Bounds: [`STREAMS_MAX`] streams, [`CONSUMERS_PER_STREAM_MAX`] consumers
+//! per stream, [`WAITS_PER_CONN_MAX`] waiting fetches per connection,
+//! `batch` up to [`FETCH_BATCH_MAX`] messages and about
+//! [`FETCH_BYTES_MAX`] bytes per fetch answer.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+use super::groups::GroupMode;
+use super::subs::SubTable;
+use crate::net::{ConnId, Io};
+use crate::protocol::errors::{ok_with, ApiError, Code};
+use crate::protocol::socketio::{self, Kind};
+use crate::protocol::stream_messages::{
+    self as sm, AckPolicy, AckReq, ConsumerConfig, ConsumerCreate, ConsumerReq, DeliverPolicy,
+    FetchReq, GetReq, NameReq, PurgeReq, Retention, StreamConfig, StreamReq,
+};
+use crate::stream::consumer::{Consumer, Event};
+use crate::stream::meta::{ConsumerSnap, MetaLog, Snapshot};
+use crate::stream::store::Options;
+use crate::stream::stream::{Member, Msg, Stored, Stream, CONSUMERS_PER_STREAM_MAX};
+use crate::stream::sync::{FileKey, SyncPolicy, Syncer, Ticket};
+
+pub use crate::protocol::stream_messages::FETCH_BATCH_MAX;
+
+/// Most streams one broker holds.
+pub const STREAMS_MAX: usize = 1_000;
+/// Most fetches one connection may have waiting.
+pub const WAITS_PER_CONN_MAX: usize = 64;
+/// A fetch answer stops adding messages past this many bytes.
+pub const FETCH_BYTES_MAX: usize = 8 << 20;
+/// Push deliveries per consumer per loop turn (fairness between them).
+pub const PUSH_PER_TURN_MAX: usize = 256;
+
+/// An ack to send once what it confirms is written (and synced).
+#[derive(Debug)]
+struct Held {
+    conn: ConnId,
+    ack_id: u64,
+    stream: Rc<str>,
+    reply: Reply,
+}
+
+#[derive(Debug)]
+enum Reply {
+    /// `{ok, stream, seq, duplicate?}` for a captured publish.
+    Stored { seq: u64, duplicate: bool },
+    /// Any other body, ready.
+    Body(String),
+}
+
+/// A `consumer.fetch` waiting for messages.
+#[derive(Debug)]
+struct Wait {
+    conn: ConnId,
+    ack_id: u64,
+    stream: Rc<str>,
+    consumer: String,
+    batch: usize,
+    deadline: Instant,
+}
+
+struct Slot {
+    name: Rc<str>,
+    stream: Stream,
+    meta: MetaLog,
+    meta_key: Option<FileKey>,
+    /// Something changed this turn: files to write, consumers to serve.
+    touched: bool,
+}
+
+pub struct Streams {
+    root: Option<PathBuf>,
+    /// Why streams are refused (`unavailable`), if they are.
+    down: Option<String>,
+    syncer: Option<Arc<Syncer>>,
+    policy: SyncPolicy,
+    set: BTreeMap<String, Slot>,
+    /// Acks of this turn, waiting for its write(2).
+    unflushed: Vec<Held>,
+    /// Acks written, waiting for their fsync ticket.
+    held: VecDeque<(Ticket, Held)>,
+    /// The highest ticket handed out so far.
+    ticket: Ticket,
+    waits: Vec<Wait>,
+    head: Vec<u8>,
+    body: Vec<u8>,
+    /// Round-robin position for push deliveries to a queue group.
+    pick: usize,
+    /// When the loop must call `tick` again (computed by `tick`).
+    next_at: Option<Instant>,
+    /// `-segment-size`.
+    segment_bytes: u64,
+}
+
+/// Milliseconds since the Unix epoch (message times).
+pub fn epoch_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn not_found(what: &str, name: &str) -> ApiError {
+    ApiError::new(Code::NotFound, format!("no {what} named {name:?}"))
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(Code::Internal, e.to_string())
+}
+
+impl Default for Streams {
+    fn default() -> Streams {
+        Streams::disabled("streams are not set up")
+    }
+}
+
+impl Streams {
+    /// Streams refused with `unavailable` (no usable data directory).
+    pub fn disabled(why: &str) -> Streams {
+        Streams {
+            root: None,
+            down: Some(why.to_string()),
+            syncer: None,
+            policy: SyncPolicy::Never,
+            set: BTreeMap::new(),
+            unflushed: Vec::new(),
+            held: VecDeque::new(),
+            ticket: 0,
+            waits: Vec::new(),
+            head: Vec::with_capacity(32),
+            body: Vec::with_capacity(256),
+            pick: 0,
+            next_at: None,
+            segment_bytes: Options::default().segment_bytes,
+        }
+    }
+
+    /// Opens (or creates) `<data>/streams` and recovers every stream in it.
+    pub fn open(data: &Path, policy: SyncPolicy, segment_bytes: u64) -> Result<Streams, String> {
+        let root = data.join("streams");
+        std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+        let syncer = Syncer::start(policy).map_err(|e| format!("fsync thread: {e}"))?;
+        let mut s = Streams::disabled("");
+        s.down = None;
+        s.policy = policy;
+        s.syncer = Some(Arc::new(syncer));
+        s.root = Some(root.clone());
+        s.segment_bytes = segment_bytes;
+        let mut names: Vec<String> = std::fs::read_dir(&root)
+            .map_err(|e| format!("{}: {e}", root.display()))?
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter(|n| sm::check_name("stream", n).is_ok())
+            .collect();
+        names.sort();
+        for name in names {
+            let slot = s.recover(&root.join(&name))?;
+            s.set.insert(name, slot);
+        }
+        Ok(s)
+    }
+
+    fn recover(&self, dir: &Path) -> Result<Slot, String> {
+        let (snap, events, meta) = MetaLog::open(dir).map_err(|e| e.to_string())?;
+        let mut stream = Stream::open(snap.config.clone(), dir, self.store_opts(), epoch_ms())?;
+        let now = Instant::now();
+        for c in &snap.consumers {
+            let mut consumer = Consumer::new(c.config.clone(), c.next_seq);
+            consumer.restore(c.next_seq, c.consumer_seq, &c.pending, now);
+            stream.consumers.insert(
+                c.config.name.clone(),
+                Member {
+                    consumer,
+                    since: c.since,
+                },
+            );
+        }
+        for (name, e) in events {
+            if let Some(m) = stream.consumers.get_mut(&name) {
+                m.consumer.replay(e, now);
+            }
+        }
+        for m in stream.consumers.values_mut() {
+            m.consumer.resume();
+        }
+        let meta_key = self.register(meta.file());
+        Ok(Slot {
+            name: Rc::from(snap.config.name.as_str()),
+            stream,
+            meta,
+            meta_key,
+            touched: true,
+        })
+    }
+
+    fn store_opts(&self) -> Options {
+        Options {
+            segment_bytes: self.segment_bytes,
+            syncer: self.syncer.clone(),
+            ..Options::default()
+        }
+    }
+
+    fn register(&self, file: &std::fs::File) -> Option<FileKey> {
+        self.syncer.as_ref().and_then(|s| s.register(file).ok())
+    }
+
+    pub fn attach(&mut self, waker: Arc<mio::Waker>) {
+        if let Some(s) = &self.syncer {
+            s.set_waker(waker);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+
+    /// `(name, messages, bytes)` of every stream, for `/metrics`.
+    pub fn sizes(&self) -> impl Iterator<Item = (&str, u64, u64)> {
+        self.set.values().map(|s| {
+            let st = s.stream.state();
+            (&*s.name, st.messages, st.bytes)
+        })
+    }
+
+    /// The stream capturing `subject`, if any.
+    pub fn captures(&self, subject: &str) -> bool {
+        !self.set.is_empty() && self.set.values().any(|s| s.stream.captures(subject))
+    }
+
+    /// Stores a captured publish; its ack (if `ack_id`) is held until the
+    /// message is written. Call only when [`Streams::captures`] said so.
+    pub fn publish(
+        &mut self,
+        conn: ConnId,
+        ack_id: Option<u64>,
+        subject: &str,
+        data: &str,
+        headers: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let slot = self
+            .set
+            .values_mut()
+            .find(|s| s.stream.captures(subject))
+            .ok_or_else(|| not_found("stream capturing", subject))?;
+        let msg = Msg {
+            subject: subject.into(),
+            data: data.into(),
+            headers: headers.map(Into::into),
+            time_ms: epoch_ms(),
+        };
+        let stored = slot.stream.store(msg, epoch_ms())?;
+        slot.touched = true;
+        let reply = match stored {
+            Stored::New { seq, removed } => {
+                forget_removed(slot, &removed);
+                Reply::Stored {
+                    seq,
+                    duplicate: false,
+                }
+            }
+            Stored::Duplicate(seq) => Reply::Stored {
+                seq,
+                duplicate: true,
+            },
+        };
+        if let Some(ack_id) = ack_id {
+            let stream = Rc::clone(&slot.name);
+            self.unflushed.push(Held {
+                conn,
+                ack_id,
+                stream,
+                reply,
+            });
+        }
+        Ok(())
+    }
+
+    /// A stream event (`stream.*`, `consumer.*`, `ack`, `nak`, `term`,
+    /// `wip`); `None` if `name` is not one. `Ok(None)` means the ack goes
+    /// out later (held for a write, or a waiting fetch).
+    pub fn event(
+        &mut self,
+        io: &mut Io<'_>,
+        conn: ConnId,
+        name: &str,
+        arg: Option<&serde_json::value::RawValue>,
+        ack_id: Option<u64>,
+    ) -> Option<Result<Option<String>, ApiError>> {
+        let known = matches!(
+            name,
+            "stream.create"
+                | "stream.info"
+                | "stream.list"
+                | "stream.delete"
+                | "stream.purge"
+                | "stream.get"
+                | "consumer.create"
+                | "consumer.info"
+                | "consumer.list"
+                | "consumer.delete"
+                | "consumer.fetch"
+                | "ack"
+                | "nak"
+                | "term"
+                | "wip"
+        );
+        if !known {
+            return None;
+        }
+        if let Some(why) = &self.down {
+            return Some(Err(ApiError::new(
+                Code::Unavailable,
+                format!("streams are unavailable: {why}"),
+            )));
+        }
+        let now = io.now();
+        let v = |r: Result<Option<Value>, ApiError>| r.map(|b| b.map(ok_with));
+        let r = match name {
+            "stream.create" => v(self.stream_create(parse_obj(arg)).map(Some)),
+            "stream.info" => v(sm_arg::<NameReq>(arg).and_then(|r| self.stream_info(&r.name))),
+            "stream.list" => v(self.stream_list()),
+            "stream.delete" => v(sm_arg::<NameReq>(arg).and_then(|r| self.stream_delete(&r.name))),
+            "stream.purge" => sm_arg::<PurgeReq>(arg)
+                .and_then(|r| self.stream_purge(conn, ack_id, r, now))
+                .map(|()| None),
+            "stream.get" => v(sm_arg::<GetReq>(arg).and_then(|r| self.stream_get(r))),
+            "consumer.create" => {
+                v(sm_arg::<ConsumerCreate>(arg).and_then(|r| self.consumer_create(r)))
+            }
+            "consumer.info" => {
+                v(sm_arg::<ConsumerReq>(arg).and_then(|r| self.consumer_info(&r.stream, &r.name)))
+            }
+            "consumer.list" => {
+                v(sm_arg::<StreamReq>(arg).and_then(|r| self.consumer_list(&r.stream)))
+            }
+            "consumer.delete" => v(
+                sm_arg::<ConsumerReq>(arg).and_then(|r| self.consumer_delete(&r.stream, &r.name))
+            ),
+            "consumer.fetch" => {
+                sm_arg::<FetchReq>(arg).and_then(|r| self.fetch(conn, ack_id, r, now))
+            }
+            _ => sm_arg::<AckReq>(arg)
+                .and_then(|r| self.ack_event(conn, ack_id, name, r, now))
+                .map(|()| None),
+        };
+        Some(r)
+    }
+
+    // ---- streams ---------------------------------------------------------
+
+    fn slot(&mut self, name: &str) -> Result<&mut Slot, ApiError> {
+        self.set
+            .get_mut(name)
+            .ok_or_else(|| not_found("stream", name))
+    }
+
+    fn stream_create(
+        &mut self,
+        fields: Result<serde_json::Map<String, Value>, ApiError>,
+    ) -> Result<Value, ApiError> {
+        let mut cfg: StreamConfig = sm::read_config(fields?)?;
+        cfg.validate()?;
+        if let Some(slot) = self.set.get(&cfg.name) {
+            if slot.stream.cfg == cfg {
+                return Ok(stream_json(&slot.stream));
+            }
+            return Err(ApiError::new(
+                Code::Exists,
+                format!("stream {:?} exists with another config", cfg.name),
+            ));
+        }
+        for other in self.set.values() {
+            for a in &cfg.subjects {
+                if let Some(b) = other
+                    .stream
+                    .cfg
+                    .subjects
+                    .iter()
+                    .find(|b| sm::patterns_overlap(a, b))
+                {
+                    return Err(ApiError::new(
+                        Code::BadRequest,
+                        format!(
+                            "subject {a:?} overlaps {b:?} of stream {:?}",
+                            other.stream.cfg.name
+                        ),
+                    ));
+                }
+            }
+        }
+        if self.set.len() >= STREAMS_MAX {
+            return Err(ApiError::new(
+                Code::Limit,
+                format!("at most {STREAMS_MAX} streams"),
+            ));
+        }
+        let root = self
+            .root
+            .as_ref()
+            .ok_or_else(|| internal("no data directory"))?;
+        let dir = root.join(&cfg.name);
+        // A leftover directory of a deleted stream must not come back.
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut snap = Snapshot {
+            gen: 0,
+            config: cfg.clone(),
+            last_seq: 0,
+            consumers: Vec::new(),
+        };
+        let meta = MetaLog::create(&dir, &mut snap).map_err(internal)?;
+        let stream =
+            Stream::open(cfg.clone(), &dir, self.store_opts(), epoch_ms()).map_err(internal)?;
+        let meta_key = self.register(meta.file());
+        let slot = Slot {
+            name: Rc::from(cfg.name.as_str()),
+            stream,
+            meta,
+            meta_key,
+            touched: false,
+        };
+        let v = stream_json(&slot.stream);
+        self.set.insert(cfg.name, slot);
+        Ok(v)
+    }
+
+    fn stream_info(&mut self, name: &str) -> Result<Option<Value>, ApiError> {
+        Ok(Some(stream_json(&self.slot(name)?.stream)))
+    }
+
+    fn stream_list(&self) -> Result<Option<Value>, ApiError> {
+        let list: Vec<Value> = self.set.values().map(|s| stream_json(&s.stream)).collect();
+        Ok(Some(json!({ "streams": list })))
+    }
+
+    fn stream_delete(&mut self, name: &str) -> Result<Option<Value>, ApiError> {
+        let slot = self
+            .set
+            .remove(name)
+            .ok_or_else(|| not_found("stream", name))?;
+        if let (Some(s), Some(k)) = (&self.syncer, slot.meta_key) {
+            s.forget(k);
+        }
+        let dir = self.root.as_ref().map(|r| r.join(name));
+        drop(slot);
+        if let Some(dir) = dir {
+            std::fs::remove_dir_all(&dir).map_err(internal)?;
+        }
+        let ok = Some(json!({}));
+        // Acks waiting on the deleted stream's files have nothing left to
+        // wait for; fetches waiting on it end empty.
+        let gone = |h: &Held| &*h.stream == name;
+        for (_, h) in self.held.iter_mut() {
+            if gone(h) {
+                h.ack_id = u64::MAX;
+            }
+        }
+        self.held.retain(|(_, h)| h.ack_id != u64::MAX);
+        self.unflushed.retain(|h| !gone(h));
+        Ok(ok)
+    }
+
+    fn stream_purge(
+        &mut self,
+        conn: ConnId,
+        ack_id: Option<u64>,
+        r: PurgeReq,
+        _now: Instant,
+    ) -> Result<(), ApiError> {
+        if let Some(f) = &r.subject {
+            crate::broker::subject::validate_pattern(f)
+                .map_err(|e| ApiError::new(Code::BadSubject, format!("{e}: {f:?}")))?;
+        }
+        let slot = self.slot(&r.name)?;
+        let purged = slot.stream.purge(r.subject.as_deref())?;
+        forget_missing(slot);
+        slot.touched = true;
+        if let Some(ack_id) = ack_id {
+            let stream = Rc::clone(&slot.name);
+            let body = ok_with(json!({ "purged": purged }));
+            self.unflushed.push(Held {
+                conn,
+                ack_id,
+                stream,
+                reply: Reply::Body(body),
+            });
+        }
+        Ok(())
+    }
+
+    fn stream_get(&mut self, r: GetReq) -> Result<Option<Value>, ApiError> {
+        let slot = self.slot(&r.name)?;
+        let found = match (r.seq, &r.last_by_subject) {
+            (Some(seq), None) => slot.stream.get(seq)?.map(|m| (seq, m)),
+            (None, Some(subj)) => slot.stream.last_by_subject(subj)?,
+            _ => {
+                return Err(ApiError::new(
+                    Code::BadRequest,
+                    "stream.get takes seq or last_by_subject",
+                ))
+            }
+        };
+        let (seq, m) = found.ok_or_else(|| ApiError::new(Code::NotFound, "no such message"))?;
+        Ok(Some(json!({ "message": message_json(seq, &m, None) })))
+    }
+
+    // ---- consumers -------------------------------------------------------
+
+    fn consumer_create(&mut self, r: ConsumerCreate) -> Result<Option<Value>, ApiError> {
+        let mut cfg: ConsumerConfig = sm::read_config(r.config)?;
+        cfg.validate()?;
+        let slot = self.slot(&r.stream)?;
+        let stream = &mut slot.stream;
+        if let Some(m) = stream.consumers.get(&cfg.name) {
+            if m.consumer.cfg == cfg {
+                return Ok(Some(consumer_json(stream, &cfg.name)));
+            }
+            return Err(ApiError::new(
+                Code::Exists,
+                format!("consumer {:?} exists with another config", cfg.name),
+            ));
+        }
+        if stream.consumers.len() >= CONSUMERS_PER_STREAM_MAX {
+            return Err(ApiError::new(
+                Code::Limit,
+                format!("at most {CONSUMERS_PER_STREAM_MAX} consumers per stream"),
+            ));
+        }
+        if stream.cfg.retention == Retention::Workqueue {
+            let mine = cfg.filter_subject.as_deref().unwrap_or(">");
+            let clash = stream.consumers.values().any(|m| {
+                let theirs = m.consumer.cfg.filter_subject.as_deref().unwrap_or(">");
+                sm::patterns_overlap(mine, theirs)
+            });
+            if clash {
+                return Err(ApiError::new(
+                    Code::BadRequest,
+                    "a workqueue stream takes one consumer per subject (filters overlap)",
+                ));
+            }
+        }
+        let start = start_seq(stream, &cfg);
+        let name = cfg.name.clone();
+        let since = stream.last_seq();
+        stream.consumers.insert(
+            name.clone(),
+            Member {
+                consumer: Consumer::new(cfg, start),
+                since,
+            },
+        );
+        if let Err(e) = save(slot) {
+            slot.stream.consumers.remove(&name);
+            return Err(e);
+        }
+        slot.touched = true;
+        Ok(Some(consumer_json(&slot.stream, &name)))
+    }
+
+    fn consumer_info(&mut self, stream: &str, name: &str) -> Result<Option<Value>, ApiError> {
+        let slot = self.slot(stream)?;
+        if !slot.stream.consumers.contains_key(name) {
+            return Err(not_found("consumer", name));
+        }
+        Ok(Some(consumer_json(&slot.stream, name)))
+    }
+
+    fn consumer_list(&mut self, stream: &str) -> Result<Option<Value>, ApiError> {
+        let slot = self.slot(stream)?;
+        let list: Vec<Value> = slot
+            .stream
+            .consumers
+            .keys()
+            .map(|n| consumer_json(&slot.stream, n))
+            .collect();
+        Ok(Some(json!({ "consumers": list })))
+    }
+
+    fn consumer_delete(&mut self, stream: &str, name: &str) -> Result<Option<Value>, ApiError> {
+        let slot = self.slot(stream)?;
+        let gone = slot
+            .stream
+            .consumers
+            .remove(name)
+            .ok_or_else(|| not_found("consumer", name))?;
+        if let Err(e) = save(slot) {
+            slot.stream.consumers.insert(name.to_string(), gone);
+            return Err(e);
+        }
+        if slot.stream.cfg.retention == Retention::Interest {
+            let done: Vec<u64> = slot
+                .stream
+                .seqs()
+                .into_iter()
+                .filter(|&s| slot.stream.done_with(s))
+                .collect();
+            remove_seqs(slot, &done);
+        }
+        slot.touched = true;
+        let stream_name = Rc::clone(&slot.name);
+        self.waits
+            .retain(|w| !(w.stream == stream_name && w.consumer == name));
+        Ok(Some(json!({})))
+    }
+
+    fn fetch(
+        &mut self,
+        conn: ConnId,
+        ack_id: Option<u64>,
+        r: FetchReq,
+        now: Instant,
+    ) -> Result<Option<String>, ApiError> {
+        let batch = r.batch.unwrap_or(1);
+        if batch == 0 || batch > FETCH_BATCH_MAX {
+            return Err(ApiError::new(
+                Code::BadRequest,
+                format!("batch must be 1 to {FETCH_BATCH_MAX}"),
+            ));
+        }
+        let expires = r.expires_ms.unwrap_or(sm::FETCH_EXPIRES_MS_DEFAULT);
+        if expires > sm::FETCH_EXPIRES_MS_MAX {
+            return Err(ApiError::new(
+                Code::BadRequest,
+                format!("expires_ms is at most {}", sm::FETCH_EXPIRES_MS_MAX),
+            ));
+        }
+        let slot = self
+            .set
+            .get_mut(&r.stream)
+            .ok_or_else(|| not_found("stream", &r.stream))?;
+        let Some(member) = slot.stream.consumers.get(&r.consumer) else {
+            return Err(not_found("consumer", &r.consumer));
+        };
+        if member.consumer.cfg.deliver_subject.is_some() {
+            return Err(ApiError::new(
+                Code::BadRequest,
+                "a push consumer (deliver_subject set) cannot be fetched from",
+            ));
+        }
+        let Some(ack_id) = ack_id else {
+            return Ok(None);
+        };
+        let mut body = std::mem::take(&mut self.body);
+        let n = take_batch(slot, &r.consumer, batch as usize, now, &mut body);
+        if n > 0 || r.no_wait {
+            let out = fetch_body(&body);
+            self.body = body;
+            return Ok(Some(out));
+        }
+        self.body = body;
+        if self.waits.iter().filter(|w| w.conn == conn).count() >= WAITS_PER_CONN_MAX {
+            return Err(ApiError::new(
+                Code::Limit,
+                format!("at most {WAITS_PER_CONN_MAX} fetches may wait per socket"),
+            ));
+        }
+        let stream = Rc::clone(&slot.name);
+        self.waits.push(Wait {
+            conn,
+            ack_id,
+            stream,
+            consumer: r.consumer,
+            batch: batch as usize,
+            deadline: now + Duration::from_millis(expires),
+        });
+        Ok(None)
+    }
+}
+
+impl Streams {
+    // ---- acks ------------------------------------------------------------
+
+    fn ack_event(
+        &mut self,
+        conn: ConnId,
+        ack_id: Option<u64>,
+        event: &str,
+        r: AckReq,
+        now: Instant,
+    ) -> Result<(), ApiError> {
+        let slot = self.slot(&r.stream)?;
+        let member = slot
+            .stream
+            .consumers
+            .get_mut(&r.consumer)
+            .ok_or_else(|| not_found("consumer", &r.consumer))?;
+        let c = &mut member.consumer;
+        let mut events = Vec::new();
+        let mut done = Vec::new();
+        match event {
+            "ack" => done = c.ack(r.seq, &mut events)?,
+            "nak" => {
+                let delay = r.delay_ms.unwrap_or(0).min(NAK_DELAY_MS_MAX);
+                c.nak(r.seq, Duration::from_millis(delay), now)?;
+            }
+            "term" => {
+                if c.term(r.seq, &mut events)? {
+                    done.push(r.seq);
+                }
+            }
+            _ => c.wip(r.seq, now)?,
+        }
+        after_events(slot, &r.consumer, &events, &done);
+        slot.touched = true;
+        if let Some(ack_id) = ack_id {
+            let stream = Rc::clone(&slot.name);
+            self.unflushed.push(Held {
+                conn,
+                ack_id,
+                stream,
+                reply: Reply::Body(crate::protocol::errors::OK_BODY.to_string()),
+            });
+        }
+        Ok(())
+    }
+
+    // ---- the loop --------------------------------------------------------
+
+    /// Once per loop turn: limits by age, redelivery timers, push
+    /// deliveries, waiting fetches, then one write per touched file and the
+    /// release of every ack that write made true.
+    pub fn tick(&mut self, io: &mut Io<'_>, subs: &mut SubTable) {
+        if self.down.is_some() {
+            return;
+        }
+        let now = io.now();
+        let now_ms = epoch_ms();
+        let mut more = false;
+        for slot in self.set.values_mut() {
+            maintain(slot, now, now_ms);
+            more |= push_slot(io, subs, slot, now, &mut self.pick);
+        }
+        self.serve_waits(io, now);
+        self.flush_all();
+        self.release(io);
+        self.plan(now, more);
+    }
+
+    /// The handler-wide deadline for the loop (computed by `tick`).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.next_at
+    }
+
+    fn plan(&mut self, now: Instant, more: bool) {
+        if more {
+            self.next_at = Some(now);
+            return;
+        }
+        let mut at: Option<Instant> = None;
+        let mut fold = |t: Option<Instant>| {
+            if let Some(t) = t {
+                at = Some(at.map_or(t, |a| a.min(t)));
+            }
+        };
+        for w in &self.waits {
+            fold(Some(w.deadline));
+        }
+        let now_ms = epoch_ms();
+        for slot in self.set.values() {
+            for m in slot.stream.consumers.values() {
+                fold(m.consumer.next_deadline());
+            }
+            let age = slot
+                .stream
+                .next_expiry_ms()
+                .map(|t| now + Duration::from_millis(t.saturating_sub(now_ms)));
+            fold(age);
+        }
+        self.next_at = at;
+    }
+
+    /// The fsync thread finished a round: release what it covered.
+    pub fn woken(&mut self, io: &mut Io<'_>) {
+        self.release(io);
+    }
+
+    /// A connection went away: its held acks and waiting fetches go too.
+    pub fn closed(&mut self, conn: ConnId) {
+        self.unflushed.retain(|h| h.conn != conn);
+        self.held.retain(|(_, h)| h.conn != conn);
+        self.waits.retain(|w| w.conn != conn);
+    }
+
+    fn flush_all(&mut self) {
+        let mut failed = None;
+        for slot in self.set.values_mut() {
+            if !slot.touched {
+                continue;
+            }
+            slot.touched = false;
+            if slot.meta.wants_compaction() {
+                if let Err(e) = save_with(slot, self.syncer.as_deref()) {
+                    failed = Some(e.message);
+                }
+            }
+            if let Err(e) = slot
+                .stream
+                .flush()
+                .map(|t| self.ticket = self.ticket.max(t))
+            {
+                failed = Some(e.to_string());
+            }
+            match slot.meta.flush() {
+                Ok(true) => {
+                    if let (Some(s), Some(k)) = (&self.syncer, slot.meta_key) {
+                        self.ticket = self.ticket.max(s.dirty(k));
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => failed = Some(e.to_string()),
+            }
+        }
+        if let Some(f) = failed {
+            eprintln!("[error] streams: write failed: {f}");
+            self.down = Some(format!("write failed: {f}"));
+        }
+        let t = self.ticket;
+        self.held.extend(self.unflushed.drain(..).map(|h| (t, h)));
+    }
+
+    fn release(&mut self, io: &mut Io<'_>) {
+        let failure = self.syncer.as_ref().and_then(|s| s.failure());
+        let failure = failure.or_else(|| self.down.clone());
+        while let Some((t, _)) = self.held.front() {
+            let covered =
+                !self.policy.acks_wait() || self.syncer.as_ref().is_none_or(|s| s.covered(*t));
+            if !covered && failure.is_none() {
+                break;
+            }
+            let Some((_, h)) = self.held.pop_front() else {
+                break;
+            };
+            self.body.clear();
+            match (&failure, &h.reply) {
+                (Some(f), _) if !covered => {
+                    let e = ApiError::new(Code::Internal, format!("not stored: {f}"));
+                    self.body.extend_from_slice(e.ack_body().as_bytes());
+                }
+                (_, Reply::Body(b)) => self.body.extend_from_slice(b.as_bytes()),
+                (_, Reply::Stored { seq, duplicate }) => {
+                    self.body.extend_from_slice(b"[{\"ok\":true,\"stream\":");
+                    push_str(&mut self.body, &h.stream);
+                    self.body.extend_from_slice(b",\"seq\":");
+                    self.body.extend_from_slice(seq.to_string().as_bytes());
+                    if *duplicate {
+                        self.body.extend_from_slice(b",\"duplicate\":true");
+                    }
+                    self.body.extend_from_slice(b"}]");
+                }
+            }
+            self.head.clear();
+            socketio::write_header(&mut self.head, Kind::Ack, 0, "/", Some(h.ack_id));
+            io.send_text(h.conn, &[&self.head, &self.body]);
+        }
+    }
+
+    fn serve_waits(&mut self, io: &mut Io<'_>, now: Instant) {
+        if self.waits.is_empty() {
+            return;
+        }
+        let mut body = std::mem::take(&mut self.body);
+        let mut i = 0;
+        while i < self.waits.len() {
+            let w = &self.waits[i];
+            let slot = self.set.get_mut(&*w.stream);
+            let n = match slot {
+                Some(slot) => {
+                    let ready = slot
+                        .stream
+                        .consumers
+                        .get(&w.consumer)
+                        .is_some_and(|m| m.consumer.may_have_work(slot.stream.last_seq()));
+                    if ready {
+                        take_batch(slot, &w.consumer, w.batch, now, &mut body)
+                    } else {
+                        0
+                    }
+                }
+                None => 0,
+            };
+            if n == 0 && w.deadline > now {
+                i += 1;
+                continue;
+            }
+            if n == 0 {
+                body.clear();
+            }
+            let w = self.waits.remove(i);
+            let text = fetch_body(&body);
+            self.head.clear();
+            socketio::write_header(&mut self.head, Kind::Ack, 0, "/", Some(w.ack_id));
+            io.send_text(w.conn, &[&self.head, text.as_bytes()]);
+        }
+        self.body = body;
+    }
+}
+
+/// Push deliveries of one stream's push consumers; true if one of them
+/// stopped at its per-turn cap with more to send.
+fn push_slot(
+    io: &mut Io<'_>,
+    subs: &mut SubTable,
+    slot: &mut Slot,
+    now: Instant,
+    pick: &mut usize,
+) -> bool {
+    let names: Vec<String> = slot
+        .stream
+        .consumers
+        .iter()
+        .filter(|(_, m)| {
+            m.consumer.cfg.deliver_subject.is_some()
+                && m.consumer.may_have_work(slot.stream.last_seq())
+        })
+        .map(|(n, _)| n.clone())
+        .collect();
+    let mut more = false;
+    for name in names {
+        more |= push_one(io, subs, slot, &name, now, pick);
+    }
+    more
+}
+
+fn push_one(
+    io: &mut Io<'_>,
+    subs: &mut SubTable,
+    slot: &mut Slot,
+    name: &str,
+    now: Instant,
+    pick: &mut usize,
+) -> bool {
+    let stream_name = Rc::clone(&slot.name);
+    let Some((msgs, member)) = slot.stream.split(name) else {
+        return false;
+    };
+    let Some(subject) = member.consumer.cfg.deliver_subject.clone() else {
+        return false;
+    };
+    let group = member.consumer.cfg.deliver_group.clone();
+    let none = member.consumer.cfg.ack_policy == AckPolicy::None;
+    let mut events = Vec::new();
+    let mut done = Vec::new();
+    let mut sent = 0;
+    let mut tail = Vec::new();
+    while sent < PUSH_PER_TURN_MAX {
+        if !has_targets(subs, &subject, group.as_deref()) {
+            break;
+        }
+        let Some(d) = member.consumer.next(now, &msgs, &mut events) else {
+            break;
+        };
+        let targets = push_targets(subs, &subject, group.as_deref(), pick);
+        let Ok(Some(m)) = msgs.get(d.seq) else {
+            continue;
+        };
+        tail.clear();
+        tail.extend_from_slice(b",\"subject\":");
+        push_str(&mut tail, &m.subject);
+        tail.extend_from_slice(b",\"data\":");
+        tail.extend_from_slice(m.data.as_bytes());
+        if let Some(h) = &m.headers {
+            tail.extend_from_slice(b",\"headers\":");
+            tail.extend_from_slice(h.as_bytes());
+        }
+        tail.extend_from_slice(b",\"stream\":");
+        push_str(&mut tail, &stream_name);
+        tail.extend_from_slice(b",\"consumer\":");
+        push_str(&mut tail, name);
+        tail.extend_from_slice(
+            format!(",\"seq\":{},\"delivered\":{}}}]", d.seq, d.deliveries).as_bytes(),
+        );
+        for key in targets {
+            let Some(s) = subs.deliverable(key) else {
+                continue;
+            };
+            let conn = s.conn;
+            io.send_text(
+                conn,
+                &[b"2[\"msg\",{\"sid\":", s.sid_json.as_bytes(), &tail],
+            );
+            if let Some(end) = subs.delivered(key) {
+                let _ = subs.apply(end);
+            }
+        }
+        if none {
+            done.push(d.seq);
+        }
+        sent += 1;
+    }
+    let more = sent == PUSH_PER_TURN_MAX;
+    if !events.is_empty() || !done.is_empty() {
+        after_events(slot, name, &events, &done);
+        slot.touched = true;
+    }
+    more
+}
+
+/// Largest `nak` delay (one day).
+pub const NAK_DELAY_MS_MAX: u64 = 86_400_000;
+
+/// Whether a push delivery on `subject` (to `group`) would reach anyone.
+fn has_targets(subs: &mut SubTable, subject: &str, group: Option<&str>) -> bool {
+    let m = subs.matches(subject);
+    let live = |keys: &[u64]| keys.iter().any(|&k| subs.deliverable(k).is_some());
+    match group {
+        Some(g) => m.groups.iter().any(|q| &*q.queue == g && live(&q.members)),
+        None => live(&m.plain) || m.groups.iter().any(|q| live(&q.members)),
+    }
+}
+
+/// Who gets a push delivery on `subject`: with a group, one member of it;
+/// without, every plain subscriber and one member per queue group.
+fn push_targets(
+    subs: &mut SubTable,
+    subject: &str,
+    group: Option<&str>,
+    pick: &mut usize,
+) -> Vec<u64> {
+    let m = subs.matches(subject);
+    let mut out = Vec::new();
+    let mut one_of = |members: &[u64], out: &mut Vec<u64>| {
+        let live: Vec<u64> = members
+            .iter()
+            .copied()
+            .filter(|&k| subs.deliverable(k).is_some())
+            .collect();
+        if !live.is_empty() {
+            *pick = pick.wrapping_add(1);
+            out.push(live[*pick % live.len()]);
+        }
+    };
+    match group {
+        Some(g) => {
+            if let Some(q) = m.groups.iter().find(|q| &*q.queue == g) {
+                one_of(&q.members, &mut out);
+            }
+        }
+        None => {
+            out.extend(
+                m.plain
+                    .iter()
+                    .copied()
+                    .filter(|&k| subs.deliverable(k).is_some()),
+            );
+            for q in &m.groups {
+                if subs.group_mode(&q.queue) == GroupMode::Broadcast {
+                    out.extend(q.members.iter().copied());
+                } else {
+                    one_of(&q.members, &mut out);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Age limits, the duplicate window and redelivery timers of one stream.
+fn maintain(slot: &mut Slot, now: Instant, now_ms: u64) {
+    let removed = slot.stream.expire(now_ms).unwrap_or_default();
+    if !removed.is_empty() {
+        forget_removed(slot, &removed);
+        slot.touched = true;
+    }
+    let due: Vec<String> = slot
+        .stream
+        .consumers
+        .iter()
+        .filter(|(_, m)| m.consumer.next_deadline().is_some_and(|t| t <= now))
+        .map(|(n, _)| n.clone())
+        .collect();
+    for name in due {
+        let mut events = Vec::new();
+        if let Some(m) = slot.stream.consumers.get_mut(&name) {
+            m.consumer.expire(now, &mut events);
+        }
+        after_events(slot, &name, &events, &[]);
+        slot.touched = true;
+    }
+}
+
+/// Logs a consumer's events and applies the stream's retention to the
+/// sequences it is done with.
+fn after_events(slot: &mut Slot, consumer: &str, events: &[Event], done: &[u64]) {
+    for &e in events {
+        slot.meta.push(consumer, e);
+    }
+    if slot.stream.cfg.retention == Retention::Limits {
+        return;
+    }
+    let finished = events.iter().filter_map(|e| match e {
+        Event::Done(s) => Some(*s),
+        _ => None,
+    });
+    let gone: Vec<u64> = finished
+        .chain(done.iter().copied())
+        .filter(|&s| slot.stream.done_with(s))
+        .collect();
+    remove_seqs(slot, &gone);
+}
+
+/// Removes messages under retention (acked in a workqueue, or by every
+/// interested consumer).
+fn remove_seqs(slot: &mut Slot, seqs: &[u64]) {
+    let mut removed = Vec::with_capacity(seqs.len());
+    for &s in seqs {
+        if slot.stream.remove(s).unwrap_or(false) {
+            removed.push(s);
+        }
+    }
+    if !removed.is_empty() {
+        forget_removed(slot, &removed);
+        slot.touched = true;
+    }
+}
+
+/// Consumers stop waiting for acks of messages that are gone (after a
+/// purge).
+fn forget_missing(slot: &mut Slot) {
+    let names: Vec<String> = slot.stream.consumers.keys().cloned().collect();
+    for name in names {
+        let mut events = Vec::new();
+        if let Some((msgs, m)) = slot.stream.split(&name) {
+            m.consumer.forget_missing(&msgs, &mut events);
+        }
+        for e in events {
+            slot.meta.push(&name, e);
+        }
+    }
+}
+
+/// Consumers stop waiting for acks of messages that are gone.
+fn forget_removed(slot: &mut Slot, removed: &[u64]) {
+    if removed.is_empty() {
+        return;
+    }
+    for (name, m) in slot.stream.consumers.iter_mut() {
+        for &s in removed {
+            if m.consumer.forget(s) {
+                slot.meta.push(name, Event::Done(s));
+            }
+        }
+    }
+}
+
+/// The first sequence a new consumer delivers, from its deliver policy.
+fn start_seq(stream: &Stream, cfg: &ConsumerConfig) -> u64 {
+    let last = stream.last_seq();
+    match cfg.deliver_policy {
+        DeliverPolicy::All => 1,
+        DeliverPolicy::New => last + 1,
+        DeliverPolicy::ByStartSeq => cfg.opt_start_seq.unwrap_or(1),
+        DeliverPolicy::Last => {
+            let filter = cfg.filter_subject.as_deref().unwrap_or(">");
+            match stream.last_by_subject(filter) {
+                Ok(Some((s, _))) => s,
+                _ => last + 1,
+            }
+        }
+    }
+}
+
+/// Writes a stream's snapshot now (consumer created or deleted, or the log
+/// grown past its bound).
+fn save(slot: &mut Slot) -> Result<(), ApiError> {
+    save_with(slot, None)
+}
+
+fn save_with(slot: &mut Slot, _syncer: Option<&Syncer>) -> Result<(), ApiError> {
+    let mut snap = Snapshot {
+        gen: 0,
+        config: slot.stream.cfg.clone(),
+        last_seq: slot.stream.last_seq(),
+        consumers: slot
+            .stream
+            .consumers
+            .values()
+            .map(|m| {
+                let (next_seq, consumer_seq, pending) = m.consumer.snapshot();
+                ConsumerSnap {
+                    config: m.consumer.cfg.clone(),
+                    since: m.since,
+                    next_seq,
+                    consumer_seq,
+                    pending,
+                }
+            })
+            .collect(),
+    };
+    slot.meta.compact(&mut snap).map_err(internal)?;
+    Ok(())
+}
+
+fn stream_json(s: &Stream) -> Value {
+    let st = s.state();
+    json!({
+        "stream": {
+            "config": s.cfg,
+            "state": {
+                "messages": st.messages,
+                "bytes": st.bytes,
+                "first_seq": st.first_seq,
+                "last_seq": st.last_seq,
+                "consumer_count": st.consumer_count,
+            }
+        }
+    })
+}
+
+fn consumer_json(s: &Stream, name: &str) -> Value {
+    let Some(m) = s.consumers.get(name) else {
+        return json!({});
+    };
+    let c = &m.consumer;
+    let d = c.delivered();
+    let f = c.ack_floor();
+    json!({
+        "consumer": {
+            "stream": s.cfg.name,
+            "name": name,
+            "config": c.cfg,
+            "delivered": {"stream_seq": d.stream_seq, "consumer_seq": d.consumer_seq},
+            "ack_floor": {"stream_seq": f.stream_seq, "consumer_seq": f.consumer_seq},
+            "num_pending": s.count_from(c.next_seq(), c.cfg.filter_subject.as_deref()),
+            "num_ack_pending": c.num_ack_pending(),
+            "num_redelivered": c.num_redelivered(),
+        }
+    })
+}
+
+/// A message as `stream.get` shows it (`data`/`headers` are raw JSON).
+fn message_json(seq: u64, m: &Msg, delivered: Option<u64>) -> Value {
+    let data: Value = serde_json::from_str(&m.data).unwrap_or(Value::Null);
+    let mut v = json!({"seq": seq, "subject": &*m.subject, "data": data, "time": m.time_ms});
+    if let Some(h) = &m.headers {
+        v["headers"] = serde_json::from_str(h).unwrap_or(Value::Null);
+    }
+    if let Some(d) = delivered {
+        v["delivered"] = d.into();
+    }
+    v
+}
+
+/// Up to `batch` deliveries of consumer `name` as JSON objects joined by
+/// commas into `body`; returns how many.
+fn take_batch(
+    slot: &mut Slot,
+    name: &str,
+    batch: usize,
+    now: Instant,
+    body: &mut Vec<u8>,
+) -> usize {
+    body.clear();
+    let Some((msgs, member)) = slot.stream.split(name) else {
+        return 0;
+    };
+    let none = member.consumer.cfg.ack_policy == AckPolicy::None;
+    let mut events = Vec::new();
+    let mut done = Vec::new();
+    let mut n = 0;
+    while n < batch && body.len() < FETCH_BYTES_MAX {
+        let Some(d) = member.consumer.next(now, &msgs, &mut events) else {
+            break;
+        };
+        let Ok(Some(m)) = msgs.get(d.seq) else {
+            continue;
+        };
+        if n > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(format!("{{\"seq\":{},\"subject\":", d.seq).as_bytes());
+        push_str(body, &m.subject);
+        body.extend_from_slice(b",\"data\":");
+        body.extend_from_slice(m.data.as_bytes());
+        if let Some(h) = &m.headers {
+            body.extend_from_slice(b",\"headers\":");
+            body.extend_from_slice(h.as_bytes());
+        }
+        body.extend_from_slice(
+            format!(",\"time\":{},\"delivered\":{}}}", m.time_ms, d.deliveries).as_bytes(),
+        );
+        if none {
+            done.push(d.seq);
+        }
+        n += 1;
+    }
+    if !events.is_empty() || !done.is_empty() {
+        after_events(slot, name, &events, &done);
+        slot.touched = true;
+    }
+    n
+}
+
+/// `[{"ok":true,"messages":[…]}]` around messages joined by `take_batch`.
+fn fetch_body(messages: &[u8]) -> String {
+    let mut out = String::with_capacity(messages.len() + 32);
+    out.push_str("[{\"ok\":true,\"messages\":[");
+    out.push_str(std::str::from_utf8(messages).unwrap_or(""));
+    out.push_str("]}]");
+    out
+}
+
+/// Appends `s` as a JSON string literal.
+fn push_str(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        out.extend_from_slice(Value::from(s).to_string().as_bytes());
+    }
+}
+
+fn parse_obj(
+    arg: Option<&serde_json::value::RawValue>,
+) -> Result<serde_json::Map<String, Value>, ApiError> {
+    sm_arg(arg)
+}
+
+fn sm_arg<T: serde::de::DeserializeOwned>(
+    arg: Option<&serde_json::value::RawValue>,
+) -> Result<T, ApiError> {
+    let arg =
+        arg.ok_or_else(|| ApiError::new(Code::BadRequest, "the event needs an object argument"))?;
+    serde_json::from_str(arg.get())
+        .map_err(|e| ApiError::new(Code::BadRequest, format!("bad arguments: {e}")))
+}

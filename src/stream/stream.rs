@@ -1,0 +1,585 @@
+//! One stream: its validated config, its messages in a segment
+//! [`Store`], its limits (`max_msgs`, `max_bytes`, `max_age_ms`,
+//! `max_msg_size`, discard old or new), the `Msg-Id` duplicate window, its
+//! consumers, and the retention rule that says when an acked message goes.
+//! Time comes in as milliseconds since the Unix epoch; the only I/O is the
+//! store's (buffered appends, reads of older messages).
+//!
+//! `bytes` (state and `max_bytes`) counts messages as stored, record
+//! framing included; a stream configured without `max_bytes` is held to
+//! [`STREAM_BYTES_DEFAULT_MAX`] so that no client can fill the disk.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io;
+use std::path::Path;
+
+use super::consumer::{Consumer, Source};
+use super::store::{Options, Store};
+use super::sync::Ticket;
+use crate::broker::subject;
+use crate::protocol::errors::{ApiError, Code};
+use crate::protocol::stream_messages::{Discard, Retention, StreamConfig};
+
+/// The byte limit of a stream configured without `max_bytes` (16 GiB).
+pub const STREAM_BYTES_DEFAULT_MAX: u64 = 16 << 30;
+/// Most `Msg-Id`s remembered per stream; the oldest go first.
+pub const DEDUP_IDS_MAX: usize = 100_000;
+/// Most consumers per stream.
+pub const CONSUMERS_PER_STREAM_MAX: usize = 1_000;
+/// The header naming a message for duplicate detection.
+pub const MSG_ID_HEADER: &str = "Msg-Id";
+
+/// A message. `data` and `headers` are raw JSON text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Msg {
+    pub subject: Box<str>,
+    pub data: Box<str>,
+    pub headers: Option<Box<str>>,
+    pub time_ms: u64,
+}
+
+impl Msg {
+    /// What counts against `max_msg_size`.
+    pub fn size(&self) -> u64 {
+        (self.subject.len() + self.data.len() + self.headers.as_ref().map_or(0, |h| h.len())) as u64
+    }
+}
+
+/// The outcome of a publish captured by the stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stored {
+    /// Stored as `seq`; `removed` lists what the limits (or interest
+    /// retention without consumers, then `seq` itself) took out.
+    New { seq: u64, removed: Vec<u64> },
+    /// A duplicate `Msg-Id` inside the window: the first one's seq.
+    Duplicate(u64),
+}
+
+/// A consumer and the last stream sequence that existed when it was made
+/// (interest retention waits only for consumers older than a message).
+#[derive(Debug)]
+pub struct Member {
+    pub consumer: Consumer,
+    pub since: u64,
+}
+
+pub struct Stream {
+    pub cfg: StreamConfig,
+    store: Store,
+    dedup: HashMap<Box<str>, (u64, u64)>,
+    dedup_order: VecDeque<(u64, Box<str>)>,
+    pub consumers: BTreeMap<String, Member>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream").field("cfg", &self.cfg).finish()
+    }
+}
+
+/// `stream.info`'s state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct State {
+    pub messages: u64,
+    pub bytes: u64,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub consumer_count: usize,
+}
+
+fn store_err(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(Code::Internal, format!("stream store: {e}"))
+}
+
+impl Stream {
+    /// Opens (or creates) the stream's store in `dir`, recovering what is
+    /// there; the duplicate window is re-learned from recent messages.
+    pub fn open(
+        cfg: StreamConfig,
+        dir: &Path,
+        opts: Options,
+        now_ms: u64,
+    ) -> Result<Stream, String> {
+        let (store, report) = Store::open(dir, opts).map_err(|e| e.to_string())?;
+        for cut in &report.cuts {
+            eprintln!("[warn] stream {:?}: {cut}", cfg.name);
+        }
+        let mut s = Stream {
+            cfg,
+            store,
+            dedup: HashMap::new(),
+            dedup_order: VecDeque::new(),
+            consumers: BTreeMap::new(),
+        };
+        s.relearn_ids(now_ms);
+        Ok(s)
+    }
+
+    pub fn state(&self) -> State {
+        let st = self.store.state();
+        State {
+            messages: st.messages,
+            bytes: st.bytes,
+            first_seq: st.first_seq,
+            last_seq: st.last_seq,
+            consumer_count: self.consumers.len(),
+        }
+    }
+
+    pub fn last_seq(&self) -> u64 {
+        self.store.state().last_seq
+    }
+
+    /// Whether a subject published belongs to this stream.
+    pub fn captures(&self, subj: &str) -> bool {
+        self.cfg.subjects.iter().any(|p| subject::matches(p, subj))
+    }
+
+    pub fn get(&self, seq: u64) -> Result<Option<Msg>, ApiError> {
+        read_msg(&self.store, seq)
+    }
+
+    /// The newest message whose subject matches `subj` (a subject or a
+    /// pattern).
+    pub fn last_by_subject(&self, subj: &str) -> Result<Option<(u64, Msg)>, ApiError> {
+        let seq = if subject::has_wildcard(subj) {
+            let names: Vec<String> = self
+                .store
+                .subjects()
+                .filter(|(n, _)| subject::matches(subj, n))
+                .map(|(n, _)| n.to_string())
+                .collect();
+            names
+                .iter()
+                .filter_map(|n| self.store.last_seq_for_subject(n))
+                .max()
+        } else {
+            self.store.last_seq_for_subject(subj)
+        };
+        let Some(seq) = seq else { return Ok(None) };
+        Ok(self.get(seq)?.map(|m| (seq, m)))
+    }
+
+    fn bytes_max(&self) -> u64 {
+        match self.cfg.max_bytes {
+            0 => STREAM_BYTES_DEFAULT_MAX,
+            n => n.min(STREAM_BYTES_DEFAULT_MAX),
+        }
+    }
+
+    /// Stores a captured publish (buffered; [`Stream::flush`] writes it).
+    pub fn store(&mut self, msg: Msg, now_ms: u64) -> Result<Stored, ApiError> {
+        let size = msg.size();
+        if self.cfg.max_msg_size > 0 && size > self.cfg.max_msg_size {
+            return Err(ApiError::new(
+                Code::PayloadTooLarge,
+                format!(
+                    "message is {size} bytes, stream {:?} takes at most {}",
+                    self.cfg.name, self.cfg.max_msg_size
+                ),
+            ));
+        }
+        let id = self.msg_id(msg.headers.as_deref());
+        if let Some(id) = &id {
+            self.forget_ids(now_ms);
+            if let Some(&(seq, _)) = self.dedup.get(id.as_str()) {
+                return Ok(Stored::Duplicate(seq));
+            }
+        }
+        let st = self.store.state();
+        let full = (self.cfg.max_msgs > 0 && st.messages >= self.cfg.max_msgs)
+            || st.bytes + size > self.bytes_max();
+        if full && self.cfg.discard == Discard::New {
+            return Err(ApiError::new(
+                Code::Limit,
+                format!("stream {:?} is full (discard new)", self.cfg.name),
+            ));
+        }
+        if size > self.bytes_max() {
+            return Err(ApiError::new(
+                Code::Limit,
+                format!(
+                    "message is larger than stream {:?}'s max_bytes",
+                    self.cfg.name
+                ),
+            ));
+        }
+        let seq = self
+            .store
+            .append(
+                &msg.subject,
+                msg.headers.as_deref(),
+                msg.data.as_bytes(),
+                false,
+                msg.time_ms,
+            )
+            .map_err(store_err)?;
+        if let Some(id) = id {
+            self.remember(id.into_boxed_str(), seq, now_ms);
+        }
+        let mut removed = Vec::new();
+        if self.cfg.retention == Retention::Interest && !self.has_interest(&msg.subject) {
+            self.store.remove(seq).map_err(store_err)?;
+            removed.push(seq);
+            return Ok(Stored::New { seq, removed });
+        }
+        self.enforce_limits(&mut removed)?;
+        Ok(Stored::New { seq, removed })
+    }
+
+    /// Writes what was buffered (one write(2)); the ticket of the fsync
+    /// round that covers it.
+    pub fn flush(&mut self) -> io::Result<Ticket> {
+        self.store.flush()
+    }
+
+    fn relearn_ids(&mut self, now_ms: u64) {
+        let window = self.cfg.duplicate_window_ms;
+        if window == 0 {
+            return;
+        }
+        let st = self.store.state();
+        let mut seq = st.last_seq;
+        let mut found = Vec::new();
+        while seq >= st.first_seq && seq > 0 && found.len() < DEDUP_IDS_MAX {
+            match self.store.meta(seq) {
+                Some((_, t)) if t + window <= now_ms => break,
+                Some((_, t)) => {
+                    let headers = self.store.get(seq).ok().flatten().and_then(|m| m.headers);
+                    if let Some(id) = self.msg_id(headers.as_deref()) {
+                        found.push((id, seq, t));
+                    }
+                }
+                None => {}
+            }
+            seq -= 1;
+        }
+        for (id, seq, t) in found.into_iter().rev() {
+            self.remember(id.into_boxed_str(), seq, t);
+        }
+    }
+
+    fn msg_id(&self, headers: Option<&str>) -> Option<String> {
+        if self.cfg.duplicate_window_ms == 0 {
+            return None;
+        }
+        let map: HashMap<String, String> = serde_json::from_str(headers?).ok()?;
+        map.get(MSG_ID_HEADER).cloned()
+    }
+
+    fn forget_ids(&mut self, now_ms: u64) {
+        let window = self.cfg.duplicate_window_ms;
+        while let Some((t, _)) = self.dedup_order.front() {
+            if t + window > now_ms {
+                break;
+            }
+            if let Some((_, id)) = self.dedup_order.pop_front() {
+                self.dedup.remove(&id);
+            }
+        }
+    }
+
+    fn remember(&mut self, id: Box<str>, seq: u64, time_ms: u64) {
+        if self.dedup_order.len() >= DEDUP_IDS_MAX {
+            if let Some((_, old)) = self.dedup_order.pop_front() {
+                self.dedup.remove(&old);
+            }
+        }
+        self.dedup.insert(id.clone(), (seq, time_ms));
+        self.dedup_order.push_back((time_ms, id));
+    }
+
+    fn has_interest(&self, subj: &str) -> bool {
+        self.consumers.values().any(|m| {
+            m.consumer
+                .cfg
+                .filter_subject
+                .as_deref()
+                .is_none_or(|f| subject::matches(f, subj))
+        })
+    }
+
+    fn enforce_limits(&mut self, removed: &mut Vec<u64>) -> Result<(), ApiError> {
+        loop {
+            let st = self.store.state();
+            let over = (self.cfg.max_msgs > 0 && st.messages > self.cfg.max_msgs)
+                || st.bytes > self.bytes_max();
+            // The message just stored stays even if it alone is over.
+            if !over || st.messages <= 1 {
+                return Ok(());
+            }
+            self.store.remove(st.first_seq).map_err(store_err)?;
+            removed.push(st.first_seq);
+        }
+    }
+
+    /// Drops messages older than `max_age_ms` and forgets `Msg-Id`s past
+    /// the duplicate window; returns the seqs dropped.
+    pub fn expire(&mut self, now_ms: u64) -> Result<Vec<u64>, ApiError> {
+        self.forget_ids(now_ms);
+        let mut removed = Vec::new();
+        if self.cfg.max_age_ms == 0 {
+            return Ok(removed);
+        }
+        loop {
+            let first = self.store.state().first_seq;
+            match self.store.meta(first) {
+                Some((_, t)) if t + self.cfg.max_age_ms <= now_ms => {
+                    self.store.remove(first).map_err(store_err)?;
+                    removed.push(first);
+                }
+                _ => return Ok(removed),
+            }
+        }
+    }
+
+    /// When the oldest message will be past `max_age_ms` (ms since epoch).
+    pub fn next_expiry_ms(&self) -> Option<u64> {
+        if self.cfg.max_age_ms == 0 {
+            return None;
+        }
+        let (_, t) = self.store.meta(self.store.state().first_seq)?;
+        Some(t + self.cfg.max_age_ms)
+    }
+
+    pub fn remove(&mut self, seq: u64) -> Result<bool, ApiError> {
+        self.store.remove(seq).map_err(store_err)
+    }
+
+    /// `stream.purge`: every message, or those whose subject matches.
+    pub fn purge(&mut self, filter: Option<&str>) -> Result<u64, ApiError> {
+        match filter {
+            None => self.store.purge(),
+            Some(f) => self.store.purge_subjects(|s| subject::matches(f, s)),
+        }
+        .map_err(store_err)
+    }
+
+    /// Whether an acked `seq` may go under the stream's retention.
+    pub fn done_with(&self, seq: u64) -> bool {
+        match self.cfg.retention {
+            Retention::Limits => false,
+            Retention::Workqueue => true,
+            Retention::Interest => {
+                let Some((subj, _)) = self.store.meta(seq) else {
+                    return false;
+                };
+                self.consumers.values().all(|m| {
+                    let c = &m.consumer;
+                    let wants = m.since < seq
+                        && c.cfg
+                            .filter_subject
+                            .as_deref()
+                            .is_none_or(|f| subject::matches(f, subj));
+                    !wants || c.has_acked(seq)
+                })
+            }
+        }
+    }
+
+    /// Messages matching `filter` with a seq `>= from` (for `num_pending`).
+    pub fn count_from(&self, from: u64, filter: Option<&str>) -> u64 {
+        let st = self.store.state();
+        if filter.is_none() && from <= st.first_seq {
+            return st.messages;
+        }
+        let mut n = 0;
+        let mut at = from;
+        while let Some(seq) = self.next_matching(at, filter) {
+            n += 1;
+            at = seq + 1;
+        }
+        n
+    }
+
+    /// Every stored seq (interest retention re-checks them when a consumer
+    /// goes away).
+    pub fn seqs(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some(seq) = self.store.next_matching(at, |_| true) {
+            out.push(seq);
+            at = seq + 1;
+        }
+        out
+    }
+
+    /// The messages and one consumer, borrowed apart.
+    pub fn split(&mut self, consumer: &str) -> Option<(Msgs<'_>, &mut Member)> {
+        let member = self.consumers.get_mut(consumer)?;
+        Some((Msgs { store: &self.store }, member))
+    }
+}
+
+fn read_msg(store: &Store, seq: u64) -> Result<Option<Msg>, ApiError> {
+    let Some(m) = store.get(seq).map_err(store_err)? else {
+        return Ok(None);
+    };
+    let data = String::from_utf8(m.data).map_err(store_err)?;
+    Ok(Some(Msg {
+        subject: m.subject.into(),
+        data: data.into(),
+        headers: m.headers.map(Into::into),
+        time_ms: m.time_ms,
+    }))
+}
+
+fn next_in(store: &Store, from: u64, filter: Option<&str>) -> Option<u64> {
+    match filter {
+        None => store.next_matching(from, |_| true),
+        Some(f) => store.next_matching(from, |s| subject::matches(f, s)),
+    }
+}
+
+impl Source for Stream {
+    fn next_matching(&self, from: u64, filter: Option<&str>) -> Option<u64> {
+        next_in(&self.store, from, filter)
+    }
+
+    fn contains(&self, seq: u64) -> bool {
+        self.store.meta(seq).is_some()
+    }
+
+    fn last_seq(&self) -> u64 {
+        self.store.state().last_seq
+    }
+}
+
+/// A read-only view of a stream's messages, borrowed apart from its
+/// consumers.
+pub struct Msgs<'a> {
+    store: &'a Store,
+}
+
+impl Msgs<'_> {
+    pub fn get(&self, seq: u64) -> Result<Option<Msg>, ApiError> {
+        read_msg(self.store, seq)
+    }
+}
+
+impl Source for Msgs<'_> {
+    fn next_matching(&self, from: u64, filter: Option<&str>) -> Option<u64> {
+        next_in(self.store, from, filter)
+    }
+
+    fn contains(&self, seq: u64) -> bool {
+        self.store.meta(seq).is_some()
+    }
+
+    fn last_seq(&self) -> u64 {
+        self.store.state().last_seq
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::stream_messages::read_config;
+
+    fn stream(v: serde_json::Value) -> Stream {
+        let serde_json::Value::Object(m) = v else {
+            panic!("object")
+        };
+        let mut c: StreamConfig = read_config(m).unwrap();
+        c.validate().unwrap();
+        Stream::open(c, &temp_dir(), Options::default(), 0).unwrap()
+    }
+
+    fn temp_dir() -> std::path::PathBuf {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        std::env::temp_dir().join(format!(
+            "gombus-stream-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ))
+    }
+
+    fn msg(subj: &str, data: &str, headers: Option<&str>, t: u64) -> Msg {
+        Msg {
+            subject: subj.into(),
+            data: data.into(),
+            headers: headers.map(Into::into),
+            time_ms: t,
+        }
+    }
+
+    #[test]
+    fn sequences_and_state() {
+        let mut s = stream(serde_json::json!({"name":"S","subjects":["a.>"]}));
+        assert_eq!((s.state().first_seq, s.state().last_seq), (0, 0));
+        assert!(s.captures("a.b") && !s.captures("b"));
+        assert_eq!(
+            s.store(msg("a.b", "1", None, 0), 0).unwrap(),
+            Stored::New {
+                seq: 1,
+                removed: vec![]
+            }
+        );
+        s.store(msg("a.c", "2", None, 0), 0).unwrap();
+        assert_eq!(s.last_by_subject("a.b").unwrap().map(|(q, _)| q), Some(1));
+        assert_eq!(s.last_by_subject("a.*").unwrap().map(|(q, _)| q), Some(2));
+        assert_eq!(s.get(2).unwrap().map(|m| m.data), Some("2".into()));
+        assert_eq!(s.purge(Some("a.c")).unwrap(), 1);
+        assert_eq!(s.purge(None).unwrap(), 1);
+        let st = s.state();
+        assert_eq!((st.messages, st.first_seq, st.last_seq), (0, 3, 2));
+    }
+
+    #[test]
+    fn limits_discard_old_and_new() {
+        let mut s = stream(serde_json::json!({"name":"S","subjects":["a"],"max_msgs":2}));
+        for i in 0..3 {
+            s.store(msg("a", &i.to_string(), None, 0), 0).unwrap();
+        }
+        assert_eq!(s.state().first_seq, 2);
+        let mut n =
+            stream(serde_json::json!({"name":"N","subjects":["a"],"max_bytes":4,"discard":"new"}));
+        n.store(msg("a", "12", None, 0), 0).unwrap();
+        assert_eq!(
+            n.store(msg("a", "34", None, 0), 0).unwrap_err().code,
+            Code::Limit
+        );
+        let mut z = stream(serde_json::json!({"name":"Z","subjects":["a"],"max_msg_size":3}));
+        assert_eq!(
+            z.store(msg("a", "123", None, 0), 0).unwrap_err().code,
+            Code::PayloadTooLarge
+        );
+    }
+
+    #[test]
+    fn age_and_dedup_window() {
+        let mut s = stream(
+            serde_json::json!({"name":"S","subjects":["a"],"max_age_ms":100,"duplicate_window_ms":50}),
+        );
+        let h = Some(r#"{"Msg-Id":"x"}"#);
+        s.store(msg("a", "1", h, 1000), 1000).unwrap();
+        assert_eq!(
+            s.store(msg("a", "1", h, 1010), 1010).unwrap(),
+            Stored::Duplicate(1)
+        );
+        assert!(s.expire(1049).unwrap().is_empty());
+        assert_eq!(
+            s.store(msg("a", "1", h, 1050), 1050).unwrap(),
+            Stored::New {
+                seq: 2,
+                removed: vec![]
+            }
+        );
+        assert_eq!(s.expire(1100).unwrap(), vec![1]);
+        assert_eq!(s.next_expiry_ms(), Some(1150));
+    }
+
+    #[test]
+    fn interest_without_consumers_keeps_nothing() {
+        let mut s = stream(serde_json::json!({"name":"S","subjects":["a"],"retention":"interest"}));
+        assert_eq!(
+            s.store(msg("a", "1", None, 0), 0).unwrap(),
+            Stored::New {
+                seq: 1,
+                removed: vec![1]
+            }
+        );
+        assert_eq!(s.state().messages, 0);
+    }
+}

@@ -1,0 +1,300 @@
+//! Segment store: round trips across rolls, removal and purge across
+//! restarts, torn-tail recovery at every byte offset, corruption of fsynced
+//! data refused.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use gombus::stream::store::{Options, State, Store, StoreError};
+use gombus::stream::sync::{SyncPolicy, Syncer};
+
+/// A directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let p =
+            std::env::temp_dir().join(format!("gombus-store-{tag}-{}-{nanos}", std::process::id()));
+        fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn small(segment_bytes: u64) -> Options {
+    Options {
+        segment_bytes,
+        ..Options::default()
+    }
+}
+
+fn open(dir: &Path, opts: &Options) -> Store {
+    let (s, report) = Store::open(dir, opts.clone()).unwrap();
+    assert!(report.cuts.is_empty(), "{:?}", report.cuts);
+    s
+}
+
+fn payload(i: u64) -> Vec<u8> {
+    format!("message number {i} ")
+        .repeat((i % 7 + 1) as usize)
+        .into_bytes()
+}
+
+fn subject(i: u64) -> String {
+    format!("orders.{}", i % 3)
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn round_trip_across_rolls_and_restart() {
+    let dir = TempDir::new("roll");
+    let opts = small(1024);
+    let mut s = open(&dir.0, &opts);
+    assert_eq!(
+        s.state(),
+        State {
+            messages: 0,
+            bytes: 0,
+            first_seq: 0,
+            last_seq: 0
+        }
+    );
+    for i in 1..=200u64 {
+        let headers = (i % 5 == 0).then(|| format!("{{\"n\":{i}}}"));
+        let seq = s
+            .append(
+                &subject(i),
+                headers.as_deref(),
+                &payload(i),
+                i % 2 == 0,
+                1000 + i,
+            )
+            .unwrap();
+        assert_eq!(seq, i);
+        if i % 10 == 0 {
+            s.flush().unwrap();
+        }
+    }
+    s.flush().unwrap();
+    assert!(s.segment_count() > 5, "segments {}", s.segment_count());
+    let check = |s: &Store| {
+        for i in 1..=200u64 {
+            let m = s.get(i).unwrap().unwrap();
+            assert_eq!(m.seq, i);
+            assert_eq!(m.subject, subject(i));
+            assert_eq!(m.data, payload(i));
+            assert_eq!(m.binary, i % 2 == 0);
+            assert_eq!(m.time_ms, 1000 + i);
+            assert_eq!(m.headers, (i % 5 == 0).then(|| format!("{{\"n\":{i}}}")));
+        }
+        assert_eq!(s.get(0).unwrap(), None);
+        assert_eq!(s.get(201).unwrap(), None);
+        let st = s.state();
+        assert_eq!((st.messages, st.first_seq, st.last_seq), (200, 1, 200));
+        assert_eq!(s.last_seq_for_subject("orders.1"), Some(199));
+        assert_eq!(s.subject_count("orders.0"), 66);
+        assert_eq!(s.next_matching(5, |sub| sub == "orders.2"), Some(5));
+        assert_eq!(s.next_matching(6, |sub| sub == "orders.2"), Some(8));
+        assert_eq!(s.next_matching(199, |sub| sub == "orders.2"), Some(200));
+        assert_eq!(s.next_matching(200, |sub| sub == "orders.1"), None);
+    };
+    check(&s);
+    let bytes = s.state().bytes;
+    drop(s);
+    let s = open(&dir.0, &opts);
+    check(&s);
+    assert_eq!(s.state().bytes, bytes);
+}
+
+#[test]
+fn removals_survive_restart_and_free_segments() {
+    let dir = TempDir::new("remove");
+    let opts = small(512);
+    let mut s = open(&dir.0, &opts);
+    for i in 1..=100u64 {
+        s.append(&subject(i), None, &payload(i), false, i).unwrap();
+    }
+    let segs_before = s.segment_count();
+    for i in 1..=60u64 {
+        assert!(s.remove(i).unwrap());
+    }
+    assert!(!s.remove(3).unwrap(), "a removed seq is not live");
+    assert!(s.remove(77).unwrap());
+    s.flush().unwrap();
+    assert!(s.segment_count() < segs_before, "front segments deleted");
+    assert_eq!(segments(&dir.0).len(), s.segment_count());
+    let st = s.state();
+    assert_eq!((st.messages, st.first_seq, st.last_seq), (39, 61, 100));
+    drop(s);
+
+    let mut s = open(&dir.0, &opts);
+    assert_eq!(s.state(), st);
+    assert_eq!(s.get(77).unwrap(), None);
+    assert_eq!(s.get(60).unwrap(), None);
+    assert_eq!(s.get(61).unwrap().unwrap().data, payload(61));
+    assert_eq!(s.next_matching(76, |_| true), Some(76));
+    assert_eq!(s.next_matching(77, |_| true), Some(78));
+
+    // Purge: seqs go on from where they were, also after a restart.
+    assert_eq!(s.purge().unwrap(), 39);
+    s.flush().unwrap();
+    let st = s.state();
+    assert_eq!((st.messages, st.first_seq, st.last_seq), (0, 101, 100));
+    drop(s);
+    let mut s = open(&dir.0, &opts);
+    assert_eq!(s.state(), st);
+    assert_eq!(segments(&dir.0).len(), 1);
+    assert_eq!(s.append("a", None, b"x", false, 1).unwrap(), 101);
+}
+
+#[test]
+fn purge_by_subject_and_expiry() {
+    let dir = TempDir::new("purge");
+    let opts = small(700);
+    let mut s = open(&dir.0, &opts);
+    for i in 1..=90u64 {
+        s.append(&subject(i), None, &payload(i), false, i * 10)
+            .unwrap();
+    }
+    assert_eq!(s.purge_subjects(|sub| sub == "orders.1").unwrap(), 30);
+    assert_eq!(s.subject_count("orders.1"), 0);
+    assert_eq!(s.last_seq_for_subject("orders.1"), None);
+    // Expire everything older than t=305: seqs 1..=30 (minus purged ones).
+    assert_eq!(s.expire_before(305).unwrap(), 20);
+    assert_eq!(s.state().first_seq, 32);
+    assert_eq!(s.last_seq_for_subject("orders.2"), Some(89));
+    assert!(s.remove(89).unwrap());
+    assert_eq!(s.last_seq_for_subject("orders.2"), Some(86));
+    s.flush().unwrap();
+    let st = s.state();
+    assert_eq!(st.messages, 90 - 30 - 20 - 1);
+    drop(s);
+    let s = open(&dir.0, &opts);
+    assert_eq!(s.state(), st);
+    assert_eq!(s.last_seq_for_subject("orders.2"), Some(86));
+    assert_eq!(s.get(31).unwrap(), None, "orders.1 was purged");
+    assert_eq!(s.get(30).unwrap(), None, "expired");
+    assert_eq!(s.get(32).unwrap().unwrap().seq, 32);
+}
+
+/// Writes `n` messages, returns the segment file and where the last record
+/// starts.
+fn write_n(dir: &Path, n: u64) -> (PathBuf, u64) {
+    let mut s = open(dir, &Options::default());
+    for i in 1..n {
+        s.append(&subject(i), None, &payload(i), false, i).unwrap();
+    }
+    s.flush().unwrap();
+    drop(s);
+    let seg = segments(dir).pop().unwrap();
+    let start = fs::metadata(&seg).unwrap().len();
+    let mut s = open(dir, &Options::default());
+    s.append(&subject(n), Some("{\"k\":1}"), &payload(n), false, n)
+        .unwrap();
+    s.flush().unwrap();
+    drop(s);
+    (seg, start)
+}
+
+#[test]
+fn torn_last_record_is_cut_at_every_offset() {
+    let dir = TempDir::new("torn");
+    let (seg, start) = write_n(&dir.0, 5);
+    let whole = fs::read(&seg).unwrap();
+    for cut in start..whole.len() as u64 {
+        fs::write(&seg, &whole[..cut as usize]).unwrap();
+        let (mut s, report) = Store::open(&dir.0, Options::default()).unwrap();
+        if cut == start {
+            assert!(report.cuts.is_empty());
+        } else {
+            assert_eq!(report.cuts.len(), 1, "cut at {cut}");
+            assert_eq!(report.cuts[0].offset, start);
+            assert_eq!(report.cuts[0].bytes, cut - start);
+            assert_eq!(report.cuts[0].file, seg);
+        }
+        assert_eq!(s.state().last_seq, 4);
+        assert_eq!(s.get(5).unwrap(), None);
+        assert_eq!(s.get(4).unwrap().unwrap().data, payload(4));
+        assert_eq!(fs::metadata(&seg).unwrap().len(), start);
+        // The store goes on appending after the cut.
+        assert_eq!(s.append("z", None, b"after", false, 9).unwrap(), 5);
+        s.flush().unwrap();
+        drop(s);
+        let s = open(&dir.0, &Options::default());
+        assert_eq!(s.get(5).unwrap().unwrap().data, b"after");
+    }
+}
+
+#[test]
+fn flipped_byte_in_last_record_is_cut_never_served() {
+    let dir = TempDir::new("flip");
+    let (seg, start) = write_n(&dir.0, 4);
+    let whole = fs::read(&seg).unwrap();
+    for i in start as usize..whole.len() {
+        let mut bytes = whole.clone();
+        bytes[i] ^= 0x10;
+        fs::write(&seg, &bytes).unwrap();
+        let (s, report) = Store::open(&dir.0, Options::default()).unwrap();
+        assert_eq!(report.cuts.len(), 1, "flip at {i}");
+        assert_eq!(report.cuts[0].offset, start);
+        assert_eq!(s.get(4).unwrap(), None, "flip at {i}");
+        assert_eq!(s.state().last_seq, 3);
+        assert_eq!(s.get(3).unwrap().unwrap().data, payload(3));
+    }
+}
+
+#[test]
+fn corruption_of_fsynced_data_is_refused() {
+    let dir = TempDir::new("corrupt");
+    let syncer = Arc::new(Syncer::start(SyncPolicy::Always).unwrap());
+    let opts = Options {
+        syncer: Some(Arc::clone(&syncer)),
+        ..Options::default()
+    };
+    let mut s = open(&dir.0, &opts);
+    s.append("a", None, b"first", false, 1).unwrap();
+    let t = s.flush().unwrap();
+    syncer.wait(t).unwrap();
+    // The next record carries the mark that the first one was fsynced.
+    s.append("a", None, b"second", false, 2).unwrap();
+    s.flush().unwrap();
+    drop(s);
+    let seg = segments(&dir.0).pop().unwrap();
+    let mut bytes = fs::read(&seg).unwrap();
+    let at = bytes.windows(5).position(|w| w == b"first").unwrap();
+    bytes[at] ^= 1;
+    fs::write(&seg, &bytes).unwrap();
+    match Store::open(&dir.0, opts.clone()) {
+        Err(StoreError::Corrupt { file, offset, .. }) => {
+            assert_eq!(file, seg);
+            assert!(offset < at as u64 && offset > 0, "offset {offset}");
+            let msg = StoreError::Corrupt {
+                file,
+                offset,
+                why: "x".into(),
+            }
+            .to_string();
+            assert!(msg.contains(&seg.display().to_string()), "{msg}");
+        }
+        Err(e) => panic!("wrong error {e}"),
+        Ok(_) => panic!("corrupt fsynced data was served"),
+    }
+}
