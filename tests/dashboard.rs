@@ -1,7 +1,8 @@
 //! The dashboard in a real headless browser (Debian's `chromium`, which
 //! scripts/test-deps.sh installs): the page loads and runs its script with
 //! no console message, shows the node and the live connection count read
-//! from /api/info, and a screenshot is saved under target/test-artifacts/.
+//! from /api/info and a stream the test created with its consumer's pending
+//! count, and a screenshot is saved under target/test-artifacts/.
 //! Also: /api/info's JSON and the control-token protection of both.
 //!
 //! A missing chromium fails these tests; they never skip.
@@ -111,6 +112,20 @@ fn text_of(dom: &str, id: &str) -> Option<String> {
     Some(rest[open_end..open_end + close].to_string())
 }
 
+/// The cells of the streams table's row for `name`, from a DOM dump.
+fn streams_row(dom: &str, name: &str) -> Option<Vec<String>> {
+    let table = &dom[dom.find("id=\"streams\"")?..];
+    let table = &table[..table.find("</table>")?];
+    table.split("<tr>").find_map(|row| {
+        let cells: Vec<String> = row
+            .split("<td>")
+            .skip(1)
+            .map(|c| c.split("</td>").next().unwrap_or("").replace("&gt;", ">"))
+            .collect();
+        (cells.first().map(String::as_str) == Some(name)).then_some(cells)
+    })
+}
+
 fn http(addr: &str, path: &str, headers: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -160,7 +175,22 @@ fn api_info_and_the_page_need_the_control_token() {
     assert_eq!(info["messages"]["in"], 1);
     assert_eq!(info["messages"]["out"], 1);
     assert_eq!(info["slow_consumers"], 0);
-    assert!(info["streams"].is_array());
+    assert_eq!(info["streams"], json!([]));
+    c.call("stream.create", json!({"name": "S1", "subjects": ["s1.>"]}))
+        .unwrap();
+    c.publish_acked("s1.a", json!(1)).unwrap();
+    c.call("consumer.create", json!({"stream": "S1", "name": "c1"}))
+        .unwrap();
+    let (_, body) = http(
+        &b.addr,
+        "/api/info",
+        &format!("Authorization: Bearer {TOKEN}\r\n"),
+    );
+    let info: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(info["streams"][0]["name"], "S1");
+    assert_eq!(info["streams"][0]["messages"], 1);
+    assert_eq!(info["streams"][0]["consumers"][0]["name"], "c1");
+    assert_eq!(info["streams"][0]["consumers"][0]["num_pending"], 1);
     assert!(info["cluster"].is_null());
     assert!(info["history"]["rows"].is_array());
     // Without a token configured, both are open.
@@ -204,6 +234,22 @@ fn dashboard_renders_in_headless_chromium_without_console_messages() {
     clients[1]
         .publish_acked("dash.x", json!({"hello": 1}))
         .unwrap();
+    // A stream with three messages and a consumer that has taken none.
+    clients[2]
+        .call(
+            "stream.create",
+            json!({"name": "DASHSTREAM", "subjects": ["shown.>"]}),
+        )
+        .unwrap();
+    for i in 0..3 {
+        clients[2].publish_acked("shown.x", json!(i)).unwrap();
+    }
+    clients[2]
+        .call(
+            "consumer.create",
+            json!({"stream": "DASHSTREAM", "name": "reader"}),
+        )
+        .unwrap();
     let url = format!("http://{}/?token={TOKEN}", b.addr);
 
     let out = browse(
@@ -231,7 +277,10 @@ fn dashboard_renders_in_headless_chromium_without_console_messages() {
     );
     let status = text_of(&dom, "status").unwrap_or_default();
     assert!(status.starts_with("updated"), "status: {status}");
-    assert!(dom.contains("no streams"), "{dom}");
+    let row = streams_row(&dom, "DASHSTREAM").unwrap_or_else(|| panic!("no stream row:\n{dom}"));
+    assert_eq!(row[1], "shown.>", "{row:?}");
+    assert_eq!(row[2], "3", "{row:?}");
+    assert_eq!(row[5], "reader (3 / 0)", "{row:?}");
 
     // Without the token the page says why it shows nothing.
     let denied = browse(

@@ -1,5 +1,6 @@
 //! The broker process's lifecycle from outside: SIGTERM under load ends it
-//! with status 0 within 5 s after telling clients goodbye; flags can come
+//! with status 0 within 5 s after telling clients goodbye, and every stream
+//! message acked before it is there after a restart; flags can come
 //! from GOMBUS_* environment variables (flags winning); the start-up config
 //! line shows no secrets; `-log-level` filters lines.
 
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::Broker;
 use gombus::client::{Client, Error, Options};
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// Polls `cond` until it holds or `limit` passes.
 fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
@@ -160,6 +161,69 @@ fn sigterm_is_bounded_even_with_a_client_that_stopped_reading() {
     assert!(status.success(), "{status:?}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
     eprintln!("stopped in {took:?} with a stalled client");
+}
+
+#[test]
+fn sigterm_under_stream_load_keeps_every_acked_message() {
+    let mut broker = Broker::start(&[]);
+    let admin = Client::connect(&broker.addr).unwrap();
+    admin
+        .call(
+            "stream.create",
+            json!({"name": "LOAD", "subjects": ["load.>"]}),
+        )
+        .unwrap();
+    let acked = Arc::new(std::sync::Mutex::new(Vec::<(u64, Value)>::new()));
+    let mut publishers = Vec::new();
+    for p in 0..4u64 {
+        let addr = broker.addr.clone();
+        let acked = Arc::clone(&acked);
+        publishers.push(thread::spawn(move || {
+            let c = Client::connect(&addr).unwrap();
+            for n in 0u64.. {
+                let data = json!({"p": p, "n": n});
+                // The broker going away ends the loop with an error.
+                let Ok(ack) = c.publish_acked(&format!("load.{p}"), &data) else {
+                    break;
+                };
+                let seq = ack["seq"].as_u64().expect("a stream ack carries seq");
+                acked.lock().unwrap().push((seq, data));
+            }
+        }));
+    }
+    assert!(wait_for(Duration::from_secs(10), || acked
+        .lock()
+        .unwrap()
+        .len()
+        >= 200));
+    let t0 = Instant::now();
+    let status = broker.terminate(Duration::from_secs(5));
+    let took = t0.elapsed();
+    let status = status.unwrap_or_else(|| panic!("still running 5 s after SIGTERM"));
+    assert!(status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    for p in publishers {
+        p.join().unwrap();
+    }
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
+
+    broker.restart();
+    let c = Client::connect(&broker.addr).unwrap();
+    let info = c.call("stream.info", json!({"name": "LOAD"})).unwrap();
+    assert!(
+        info["stream"]["state"]["messages"].as_u64().unwrap() >= acked.len() as u64,
+        "{info}"
+    );
+    for (seq, data) in &acked {
+        let got = c
+            .call("stream.get", json!({"name": "LOAD", "seq": seq}))
+            .unwrap_or_else(|e| panic!("acked seq {seq} is gone after restart: {e}"));
+        assert_eq!(&got["message"]["data"], data, "seq {seq}");
+    }
+    eprintln!(
+        "{} acked messages all present after SIGTERM and restart",
+        acked.len()
+    );
 }
 
 #[test]

@@ -124,9 +124,49 @@ fn metrics_parse_strictly_and_counters_move() {
         .unwrap_err();
     assert_eq!(err.code(), Some("no_responders"));
 
+    // A stream with five messages and a consumer that took two, acked one.
+    c.call(
+        "stream.create",
+        json!({"name": "M", "subjects": ["stored.>"]}),
+    )
+    .unwrap();
+    for i in 0..5 {
+        c.publish_acked("stored.x", json!(i)).unwrap();
+    }
+    c.call("consumer.create", json!({"stream": "M", "name": "c"}))
+        .unwrap();
+    let got = c
+        .call(
+            "consumer.fetch",
+            json!({"stream": "M", "consumer": "c", "batch": 2}),
+        )
+        .unwrap();
+    assert_eq!(got["messages"].as_array().unwrap().len(), 2);
+    c.call("ack", json!({"stream": "M", "consumer": "c", "seq": 1}))
+        .unwrap();
+
     let after = scrape(&b.addr);
+    assert_eq!(val(&before, "gombus_streams"), 0.0);
+    assert_eq!(val(&after, "gombus_streams"), 1.0);
+    assert_eq!(val(&after, "gombus_stream_messages{stream=M}"), 5.0);
+    assert!(val(&after, "gombus_stream_bytes{stream=M}") >= 5.0);
+    assert_eq!(val(&after, "gombus_stream_last_seq{stream=M}"), 5.0);
+    assert_eq!(val(&after, "gombus_stream_consumers{stream=M}"), 1.0);
+    assert_eq!(
+        val(&after, "gombus_consumer_pending{consumer=c,stream=M}"),
+        3.0
+    );
+    assert_eq!(
+        val(&after, "gombus_consumer_ack_pending{consumer=c,stream=M}"),
+        1.0
+    );
+    assert_eq!(
+        val(&after, "gombus_consumer_redelivered{consumer=c,stream=M}"),
+        0.0
+    );
     let moved = |k: &str| val(&after, k) - val(&before, k);
-    assert_eq!(moved("gombus_messages_in_total"), 50.0);
+    // 50 plain publishes and 5 into the stream.
+    assert_eq!(moved("gombus_messages_in_total"), 55.0);
     assert_eq!(moved("gombus_messages_out_total"), 50.0);
     assert!(moved("gombus_bytes_in_total") >= 50.0 * 7.0);
     assert!(moved("gombus_bytes_out_total") >= 50.0 * 7.0);

@@ -59,6 +59,9 @@ fn main() -> ExitCode {
         log_error!("event loop stopped: {e}");
         return ExitCode::from(1);
     }
+    // Dropping the broker closes the stream stores: their last buffered
+    // writes, then a final fsync round before the sync thread ends.
+    drop(server);
     log_info!("stopped");
     ExitCode::SUCCESS
 }
