@@ -56,11 +56,13 @@ conformance:
 	$(CARGO) run --release --example conformance
 
 # Side-by-side load test against nats-server and a Node socket.io relay
-# (needs nats-server and Node.js). Streams are not served yet, so the
-# stream workload is left out unless WORKLOADS says otherwise.
-WORKLOADS ?= fanout queue reqrep conns
+# (needs nats-server and Node.js), every workload including stream
+# (acknowledged publishes; GOMBUS_ARGS=-sync=100ms for the interval policy),
+# then fetch + ack throughput of a pull consumer under -sync=always and 100ms.
+WORKLOADS ?= fanout queue reqrep stream conns
 bench: build
 	GOMBUS_BIN=$(CURDIR)/$(BIN) WORKLOADS="$(WORKLOADS)" ../shared/bench/run.sh
+	GOMBUS_BIN=$(CURDIR)/$(BIN) scripts/stream-bench.sh
 
 clean:
 	$(CARGO) clean

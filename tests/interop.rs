@@ -2,7 +2,7 @@
 //! 5.x and socket.io-client 4.x, pinned by scripts/test-deps.sh) run the
 //! checks in tests/interop/ against a broker, over the WebSocket transport.
 //! Contract: /work/shared/PROTOCOL.md §2 (namespaces, acks), §3 (subjects),
-//! §4 (pub/sub, request/reply, binary data).
+//! §4 (pub/sub, request/reply, binary data), §5 (streams: python-socketio).
 
 mod common;
 
@@ -113,6 +113,12 @@ fn require(path: &Path, what: &str) {
 }
 
 fn run_client(program: &Path, script: &Path, client: &str) {
+    run_checks(program, script, client, &[], &CHECKS);
+}
+
+/// Runs `script` with `extra` arguments after URL and token and expects a
+/// `PASS` line for each of `checks`.
+fn run_checks(program: &Path, script: &Path, client: &str, extra: &[&str], checks: &[&str]) {
     require(script, "the interop script");
     let broker = common::Broker::start(&[&format!("-control-token={CONTROL_TOKEN}")]);
     let url = format!("http://{}", broker.addr);
@@ -120,6 +126,7 @@ fn run_client(program: &Path, script: &Path, client: &str) {
         .arg(script)
         .arg(&url)
         .arg(CONTROL_TOKEN)
+        .args(extra)
         .current_dir(repo_root())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -132,7 +139,7 @@ fn run_client(program: &Path, script: &Path, client: &str) {
             )
         });
     let outcome = run_bounded(child);
-    let missing: Vec<&str> = CHECKS
+    let missing: Vec<&str> = checks
         .iter()
         .copied()
         .filter(|name| {
@@ -159,6 +166,22 @@ fn python_socketio_client_interop() {
         &python,
         &root.join("tests/interop/py_client.py"),
         "python-socketio",
+    );
+}
+
+/// Contract §5: python-socketio creates a stream, publishes, fetches and
+/// acks.
+#[test]
+fn python_socketio_streams_interop() {
+    let root = repo_root();
+    let python = root.join(".venv/bin/python");
+    require(&python, "the Python venv with python-socketio");
+    run_checks(
+        &python,
+        &root.join("tests/interop/py_client.py"),
+        "python-socketio",
+        &["streams"],
+        &["streams"],
     );
 }
 

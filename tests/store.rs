@@ -298,3 +298,173 @@ fn corruption_of_fsynced_data_is_refused() {
         Ok(_) => panic!("corrupt fsynced data was served"),
     }
 }
+
+fn indexes(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "idx"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Subject and payload of each seq, `None` where nothing is live.
+type Contents = Vec<Option<(String, Vec<u8>)>>;
+
+/// Everything a reader can see, for comparing two opens.
+fn snapshot(s: &Store) -> (State, Contents) {
+    let last = s.state().last_seq;
+    let msgs = (0..=last + 1)
+        .map(|q| s.get(q).unwrap().map(|m| (m.subject, m.data)))
+        .collect();
+    (s.state(), msgs)
+}
+
+#[test]
+fn missing_damaged_or_stale_index_is_rebuilt() {
+    let dir = TempDir::new("index");
+    let opts = small(600);
+    let mut s = open(&dir.0, &opts);
+    for i in 1..=120u64 {
+        s.append(&subject(i), None, &payload(i), false, i).unwrap();
+    }
+    // Removals recorded in sealed segments, some naming earlier segments.
+    for i in (2..=110u64).step_by(3) {
+        s.remove(i).unwrap();
+        s.append("late", None, b"x", false, 500 + i).unwrap();
+    }
+    s.expire_before(20).unwrap();
+    s.flush().unwrap();
+    let want = snapshot(&s);
+    drop(s);
+    let sealed = segments(&dir.0).len() - 1;
+    assert!(sealed >= 5, "{sealed} sealed segments");
+
+    let (s, report) = Store::open(&dir.0, opts.clone()).unwrap();
+    assert_eq!(report.from_index, 0);
+    assert_eq!(report.rebuilt_indexes.len(), sealed);
+    assert_eq!(indexes(&dir.0), report.rebuilt_indexes);
+    assert_eq!(snapshot(&s), want);
+    drop(s);
+
+    let (s, report) = Store::open(&dir.0, opts.clone()).unwrap();
+    assert_eq!(report.from_index, sealed);
+    assert!(report.rebuilt_indexes.is_empty());
+    assert_eq!(snapshot(&s), want);
+    drop(s);
+
+    let idx = indexes(&dir.0);
+    // Missing.
+    fs::remove_file(&idx[1]).unwrap();
+    // Damaged.
+    let mut b = fs::read(&idx[2]).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 4;
+    fs::write(&idx[2], b).unwrap();
+    // Stale: another segment's index (wrong first seq and length).
+    fs::copy(&idx[4], &idx[3]).unwrap();
+    let (s, report) = Store::open(&dir.0, opts.clone()).unwrap();
+    assert_eq!(report.from_index, sealed - 3);
+    assert_eq!(
+        report.rebuilt_indexes,
+        vec![idx[1].clone(), idx[2].clone(), idx[3].clone()]
+    );
+    assert_eq!(snapshot(&s), want);
+    drop(s);
+    let (s, report) = Store::open(&dir.0, opts).unwrap();
+    assert_eq!(report.from_index, sealed);
+    assert_eq!(snapshot(&s), want);
+    drop(s);
+}
+
+/// Fills several segments; returns the options used.
+fn fill_segments(dir: &Path, syncer: Option<Arc<Syncer>>) -> Options {
+    let opts = Options {
+        segment_bytes: 400,
+        syncer: syncer.clone(),
+        ..Options::default()
+    };
+    let mut s = open(dir, &opts);
+    for i in 1..=40u64 {
+        s.append(&subject(i), None, &payload(i), false, i).unwrap();
+        let t = s.flush().unwrap();
+        if let Some(sy) = &syncer {
+            sy.wait(t).unwrap();
+        }
+    }
+    drop(s);
+    opts
+}
+
+#[test]
+fn torn_sealed_segment_without_sync_marks_is_cut() {
+    let dir = TempDir::new("sealed-torn");
+    let opts = fill_segments(&dir.0, None);
+    let segs = segments(&dir.0);
+    assert!(segs.len() >= 4);
+    let victim = &segs[1];
+    let len = fs::metadata(victim).unwrap().len();
+    let f = fs::OpenOptions::new().write(true).open(victim).unwrap();
+    f.set_len(len - 3).unwrap();
+    drop(f);
+    let (s, report) = Store::open(&dir.0, opts).unwrap();
+    assert_eq!(report.cuts.len(), 1);
+    assert_eq!(&report.cuts[0].file, victim);
+    // The messages of later segments are still served.
+    let st = s.state();
+    assert_eq!(st.last_seq, 40);
+    assert_eq!(s.get(40).unwrap().unwrap().data, payload(40));
+    assert_eq!(st.messages, 39, "only the torn record is gone");
+}
+
+#[test]
+fn corrupt_sealed_segment_with_later_sync_marks_is_refused() {
+    let dir = TempDir::new("sealed-corrupt");
+    let syncer = Arc::new(Syncer::start(SyncPolicy::Always).unwrap());
+    let opts = fill_segments(&dir.0, Some(syncer));
+    let segs = segments(&dir.0);
+    assert!(segs.len() >= 4);
+    let victim = &segs[1];
+    let mut bytes = fs::read(victim).unwrap();
+    let n = bytes.len();
+    bytes[n - 2] ^= 0x08;
+    fs::write(victim, &bytes).unwrap();
+    match Store::open(&dir.0, opts) {
+        Err(StoreError::Corrupt { file, offset, .. }) => {
+            assert_eq!(&file, victim);
+            assert!(offset < n as u64);
+        }
+        Err(e) => panic!("wrong error {e}"),
+        Ok(_) => panic!("corrupt fsynced data was served"),
+    }
+}
+
+#[test]
+fn a_damaged_record_found_by_a_read_names_file_and_offset() {
+    let dir = TempDir::new("read-corrupt");
+    let opts = Options {
+        cache_bytes: 0,
+        ..small(400)
+    };
+    let mut s = open(&dir.0, &opts);
+    for i in 1..=30u64 {
+        s.append(&subject(i), None, &payload(i), false, i).unwrap();
+    }
+    s.flush().unwrap();
+    let seg = segments(&dir.0)[0].clone();
+    let mut bytes = fs::read(&seg).unwrap();
+    let at = bytes
+        .windows(16)
+        .position(|w| w == b"message number 2")
+        .unwrap();
+    bytes[at] ^= 1;
+    fs::write(&seg, &bytes).unwrap();
+    let err = s.get(2).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    assert!(
+        err.to_string().contains(&seg.display().to_string()),
+        "{err}"
+    );
+    assert_eq!(s.get(1).unwrap().unwrap().data, payload(1));
+}

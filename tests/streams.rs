@@ -37,6 +37,21 @@ fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// A plain HTTP GET on loopback; the body.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
 fn stream(c: &Client, name: &str, subjects: &[&str]) {
     c.stream_create(&StreamConfig::new(name, subjects)).unwrap();
 }
@@ -80,6 +95,17 @@ fn create_info_list_delete() {
     )
     .unwrap();
     assert_eq!(ctl.call("server.info", json!({})).unwrap()["streams"], 2);
+    c.publish_stream("audit.x", 1).unwrap();
+    let metrics = http_get(&b.addr, "/metrics");
+    assert!(metrics.contains("gombus_streams 2"), "{metrics}");
+    assert!(
+        metrics.contains("gombus_stream_messages{stream=\"AUDIT\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("gombus_stream_bytes{stream=\"ORDERS\"} 0"),
+        "{metrics}"
+    );
     c.stream_delete("AUDIT").unwrap();
     assert_eq!(code(c.stream_info("AUDIT")), "not_found");
     assert_eq!(code(c.stream_delete("AUDIT")), "not_found");
@@ -541,6 +567,37 @@ fn restart_recovers_streams_and_cursors() {
     assert_eq!(seqs, vec![(3, Some(2)), (5, Some(1)), (6, Some(1))]);
     assert_eq!(c.stream_get("K", 4).unwrap().data, json!(4));
     assert_eq!(c.publish_stream("k", 7).unwrap().seq, 7);
+}
+
+#[test]
+fn a_stream_that_cannot_be_recovered_is_refused_not_overwritten() {
+    let mut b = Broker::start(&[]);
+    let c = connect(&b);
+    stream(&c, "GOOD", &["good"]);
+    stream(&c, "BAD", &["bad"]);
+    c.publish_stream("good", 1).unwrap();
+    c.publish_stream("bad", 1).unwrap();
+    drop(c);
+    b.kill();
+    let snap = b.data_dir().join("streams/BAD/meta.snap");
+    let mut bytes = std::fs::read(&snap).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&snap, bytes).unwrap();
+    b.restart();
+    let c = connect(&b);
+    assert_eq!(code(c.stream_info("BAD")), "internal");
+    assert_eq!(
+        code(c.stream_create(&StreamConfig::new("BAD", &["bad"]))),
+        "internal"
+    );
+    assert_eq!(code(c.stream_delete("BAD")), "internal");
+    assert!(
+        b.data_dir().join("streams/BAD/meta.snap").exists(),
+        "left alone"
+    );
+    assert_eq!(c.stream_info("GOOD").unwrap().state.messages, 1);
+    assert_eq!(c.publish_stream("good", 2).unwrap().seq, 2);
 }
 
 #[test]

@@ -372,8 +372,8 @@ impl Broker {
                 .map_err(|e| ApiError::new(Code::BadSubject, format!("reply: {e}")))?;
         }
         let headers = p.headers.map(RawValue::get).filter(|h| *h != "null");
-        let held = self.streams.captures(&p.subject);
-        if held {
+        let captured = self.streams.captures(&p.subject);
+        if let Some(stream) = captured {
             if !attachments.is_empty() {
                 return Err(ApiError::new(
                     Code::BadRequest,
@@ -381,7 +381,7 @@ impl Broker {
                 ));
             }
             self.streams
-                .publish(conn, ack_id, &p.subject, data, headers)?;
+                .publish(stream, conn, ack_id, &p.subject, data, headers)?;
         }
         self.metrics.msgs_in += 1;
         self.metrics.bytes_in += size as u64;
@@ -399,7 +399,7 @@ impl Broker {
             attachments,
             size,
         );
-        Ok(held && ack_id.is_some())
+        Ok(captured.is_some() && ack_id.is_some())
     }
 
     fn request(
@@ -657,9 +657,10 @@ impl Handler for Broker {
                     .saturating_duration_since(self.started)
                     .as_secs_f64();
                 let families = self.metric_families(io);
-                let body = self
-                    .metrics
-                    .render_all(io.stats(), self.subs.len(), uptime, &families);
+                let mut body =
+                    self.metrics
+                        .render_all(io.stats(), self.subs.len(), uptime, &families);
+                self.streams.render_metrics(&mut body);
                 Response::new(200, "text/plain; version=0.0.4; charset=utf-8", body)
             }
             _ => Response::json(404, r#"{"error":"not found"}"#),

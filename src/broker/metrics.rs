@@ -249,13 +249,11 @@ impl Metrics {
     }
 }
 
-/// Per-stream and per-consumer families from the streams overview.
+/// Per-stream and per-consumer families from the streams overview. The
+/// stream count and each stream's messages and bytes are rendered by
+/// `Streams::render_metrics`; these add what the consumers hold.
 fn stream_families(streams: &[Value]) -> Vec<Family> {
     let num = |v: &Value| v.as_f64().unwrap_or(0.0);
-    let mut count = Family::gauge("gombus_streams", "Streams on this node.");
-    count.samples.push((vec![], streams.len() as f64));
-    let mut msgs = Family::gauge("gombus_stream_messages", "Messages stored in the stream.");
-    let mut bytes = Family::gauge("gombus_stream_bytes", "Bytes stored in the stream.");
     let mut last = Family::gauge(
         "gombus_stream_last_seq",
         "Last sequence stored in the stream.",
@@ -276,8 +274,6 @@ fn stream_families(streams: &[Value]) -> Vec<Family> {
     for s in streams {
         let name = s["name"].as_str().unwrap_or_default().to_string();
         let l = || vec![("stream", name.clone())];
-        msgs.samples.push((l(), num(&s["messages"])));
-        bytes.samples.push((l(), num(&s["bytes"])));
         last.samples.push((l(), num(&s["last_seq"])));
         let list = s["consumers"].as_array().map_or(&[][..], Vec::as_slice);
         consumers.samples.push((l(), list.len() as f64));
@@ -296,16 +292,7 @@ fn stream_families(streams: &[Value]) -> Vec<Family> {
             redelivered.samples.push((cl(), num(&c["num_redelivered"])));
         }
     }
-    vec![
-        count,
-        msgs,
-        bytes,
-        last,
-        consumers,
-        pending,
-        ack_pending,
-        redelivered,
-    ]
+    vec![last, consumers, pending, ack_pending, redelivered]
 }
 
 #[cfg(test)]
@@ -342,11 +329,13 @@ mod tests {
         for f in stream_families(&streams) {
             f.render(&mut text);
         }
-        assert!(text.contains("gombus_streams 1\n"), "{text}");
         assert!(
-            text.contains("gombus_stream_messages{stream=\"ORDERS\"} 3\n"),
+            text.contains("gombus_stream_last_seq{stream=\"ORDERS\"} 3\n"),
             "{text}"
         );
+        // Streams::render_metrics owns these.
+        assert!(!text.contains("gombus_streams "), "{text}");
+        assert!(!text.contains("gombus_stream_messages"), "{text}");
         assert!(
             text.contains("gombus_stream_consumers{stream=\"ORDERS\"} 1\n"),
             "{text}"
@@ -355,11 +344,11 @@ mod tests {
             text.contains("gombus_consumer_pending{stream=\"ORDERS\",consumer=\"w\"} 2\n"),
             "{text}"
         );
-        // No stream: the count alone, no empty families.
+        // No stream: no empty families.
         let mut empty = String::new();
         for f in stream_families(&[]) {
             f.render(&mut empty);
         }
-        assert_eq!(empty.matches("# TYPE").count(), 1, "{empty}");
+        assert_eq!(empty, "");
     }
 }

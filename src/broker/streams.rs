@@ -14,7 +14,7 @@
 //! `batch` up to [`FETCH_BATCH_MAX`] messages and about
 //! [`FETCH_BYTES_MAX`] bytes per fetch answer.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -23,9 +23,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use super::groups::GroupMode;
+use super::sublist::Sublist;
 use super::subs::SubTable;
 use crate::net::{ConnId, Io};
-use crate::protocol::errors::{ok_with, ApiError, Code};
+use crate::protocol::errors::{ok_with, ApiError, Code, OK_BODY};
 use crate::protocol::socketio::{self, Kind};
 use crate::protocol::stream_messages::{
     self as sm, AckPolicy, AckReq, ConsumerConfig, ConsumerCreate, ConsumerReq, DeliverPolicy,
@@ -57,10 +58,24 @@ struct Held {
     reply: Reply,
 }
 
+impl Held {
+    /// An empty value to move a real one out of a queue with.
+    fn placeholder() -> Held {
+        Held {
+            conn: 0,
+            ack_id: 0,
+            stream: Rc::from(""),
+            reply: Reply::Ok,
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Reply {
     /// `{ok, stream, seq, duplicate?}` for a captured publish.
     Stored { seq: u64, duplicate: bool },
+    /// `{ok:true}`.
+    Ok,
     /// Any other body, ready.
     Body(String),
 }
@@ -77,6 +92,8 @@ struct Wait {
 }
 
 struct Slot {
+    /// Its key in the capture index.
+    id: u64,
     name: Rc<str>,
     stream: Stream,
     meta: MetaLog,
@@ -92,6 +109,14 @@ pub struct Streams {
     syncer: Option<Arc<Syncer>>,
     policy: SyncPolicy,
     set: BTreeMap<String, Slot>,
+    /// Subjects -> the id of the stream capturing them (streams never
+    /// overlap, so a subject matches at most one).
+    capture: Sublist<u64>,
+    by_id: HashMap<u64, String>,
+    next_id: u64,
+    /// Streams whose files could not be recovered, with why: their names
+    /// stay taken, so that nothing overwrites what is on disk.
+    broken: BTreeMap<String, String>,
     /// Acks of this turn, waiting for its write(2).
     unflushed: Vec<Held>,
     /// Acks written, waiting for their fsync ticket.
@@ -139,6 +164,10 @@ impl Streams {
             syncer: None,
             policy: SyncPolicy::Never,
             set: BTreeMap::new(),
+            capture: Sublist::new(),
+            by_id: HashMap::new(),
+            next_id: 1,
+            broken: BTreeMap::new(),
             unflushed: Vec::new(),
             held: VecDeque::new(),
             ticket: 0,
@@ -171,8 +200,13 @@ impl Streams {
             .collect();
         names.sort();
         for name in names {
-            let slot = s.recover(&root.join(&name))?;
-            s.set.insert(name, slot);
+            match s.recover(&root.join(&name)) {
+                Ok(slot) => s.add(slot),
+                Err(e) => {
+                    eprintln!("[error] stream {name:?} is not served: {e}");
+                    s.broken.insert(name, e);
+                }
+            }
         }
         Ok(s)
     }
@@ -202,6 +236,7 @@ impl Streams {
         }
         let meta_key = self.register(meta.file());
         Ok(Slot {
+            id: 0,
             name: Rc::from(snap.config.name.as_str()),
             stream,
             meta,
@@ -236,6 +271,33 @@ impl Streams {
         self.set.is_empty()
     }
 
+    /// Appends the per-stream gauges to a `/metrics` body (Prometheus
+    /// text): `gombus_stream_messages{stream="…"}` and
+    /// `gombus_stream_bytes{stream="…"}`, plus `gombus_streams`.
+    pub fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            out,
+            "# HELP gombus_streams Streams held by this node.\n# TYPE gombus_streams gauge\ngombus_streams {}",
+            self.set.len()
+        );
+        let gauges = [
+            ("gombus_stream_messages", "Messages stored in a stream."),
+            (
+                "gombus_stream_bytes",
+                "Bytes stored in a stream (record framing included).",
+            ),
+        ];
+        for (i, (name, help)) in gauges.iter().enumerate() {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for (stream, messages, bytes) in self.sizes() {
+                let v = if i == 0 { messages } else { bytes };
+                // Stream names are [A-Za-z0-9_-]: nothing to escape.
+                let _ = writeln!(out, "{name}{{stream=\"{stream}\"}} {v}");
+            }
+        }
+    }
+
     /// `(name, messages, bytes)` of every stream, for `/metrics`.
     pub fn sizes(&self) -> impl Iterator<Item = (&str, u64, u64)> {
         self.set.values().map(|s| {
@@ -244,33 +306,49 @@ impl Streams {
         })
     }
 
-    /// The stream capturing `subject`, if any.
-    pub fn captures(&self, subject: &str) -> bool {
-        !self.set.is_empty() && self.set.values().any(|s| s.stream.captures(subject))
+    /// Adds a stream to the set and its subjects to the capture index.
+    fn add(&mut self, mut slot: Slot) {
+        slot.id = self.next_id;
+        self.next_id += 1;
+        for p in &slot.stream.cfg.subjects {
+            self.capture.insert(p, None, slot.id);
+        }
+        self.by_id.insert(slot.id, slot.name.to_string());
+        self.set.insert(slot.name.to_string(), slot);
     }
 
-    /// Stores a captured publish; its ack (if `ack_id`) is held until the
-    /// message is written. Call only when [`Streams::captures`] said so.
+    /// The id of the stream capturing `subject`, if any (for
+    /// [`Streams::publish`]).
+    pub fn captures(&mut self, subject: &str) -> Option<u64> {
+        if self.set.is_empty() {
+            return None;
+        }
+        self.capture.matches(subject).plain.first().copied()
+    }
+
+    /// Stores a publish captured by stream `id`; its ack (if `ack_id`) is
+    /// held until the message is written.
     pub fn publish(
         &mut self,
+        id: u64,
         conn: ConnId,
         ack_id: Option<u64>,
         subject: &str,
         data: &str,
         headers: Option<&str>,
     ) -> Result<(), ApiError> {
+        if let Some(why) = &self.down {
+            return Err(ApiError::new(
+                Code::Unavailable,
+                format!("streams are unavailable: {why}"),
+            ));
+        }
         let slot = self
-            .set
-            .values_mut()
-            .find(|s| s.stream.captures(subject))
+            .by_id
+            .get(&id)
+            .and_then(|name| self.set.get_mut(name))
             .ok_or_else(|| not_found("stream capturing", subject))?;
-        let msg = Msg {
-            subject: subject.into(),
-            data: data.into(),
-            headers: headers.map(Into::into),
-            time_ms: epoch_ms(),
-        };
-        let stored = slot.stream.store(msg, epoch_ms())?;
+        let stored = slot.stream.store(subject, data, headers, epoch_ms())?;
         slot.touched = true;
         let reply = match stored {
             Stored::New { seq, removed } => {
@@ -341,7 +419,9 @@ impl Streams {
             "stream.create" => v(self.stream_create(parse_obj(arg)).map(Some)),
             "stream.info" => v(sm_arg::<NameReq>(arg).and_then(|r| self.stream_info(&r.name))),
             "stream.list" => v(self.stream_list()),
-            "stream.delete" => v(sm_arg::<NameReq>(arg).and_then(|r| self.stream_delete(&r.name))),
+            "stream.delete" => {
+                v(sm_arg::<NameReq>(arg).and_then(|r| self.stream_delete(io, &r.name)))
+            }
             "stream.purge" => sm_arg::<PurgeReq>(arg)
                 .and_then(|r| self.stream_purge(conn, ack_id, r, now))
                 .map(|()| None),
@@ -371,6 +451,12 @@ impl Streams {
     // ---- streams ---------------------------------------------------------
 
     fn slot(&mut self, name: &str) -> Result<&mut Slot, ApiError> {
+        if let Some(why) = self.broken.get(name) {
+            return Err(ApiError::new(
+                Code::Internal,
+                format!("stream {name:?} could not be recovered: {why}"),
+            ));
+        }
         self.set
             .get_mut(name)
             .ok_or_else(|| not_found("stream", name))
@@ -382,6 +468,12 @@ impl Streams {
     ) -> Result<Value, ApiError> {
         let mut cfg: StreamConfig = sm::read_config(fields?)?;
         cfg.validate()?;
+        if let Some(why) = self.broken.get(&cfg.name) {
+            return Err(ApiError::new(
+                Code::Internal,
+                format!("stream {:?} could not be recovered: {why}", cfg.name),
+            ));
+        }
         if let Some(slot) = self.set.get(&cfg.name) {
             if slot.stream.cfg == cfg {
                 return Ok(stream_json(&slot.stream));
@@ -434,6 +526,7 @@ impl Streams {
             Stream::open(cfg.clone(), &dir, self.store_opts(), epoch_ms()).map_err(internal)?;
         let meta_key = self.register(meta.file());
         let slot = Slot {
+            id: 0,
             name: Rc::from(cfg.name.as_str()),
             stream,
             meta,
@@ -441,7 +534,7 @@ impl Streams {
             touched: false,
         };
         let v = stream_json(&slot.stream);
-        self.set.insert(cfg.name, slot);
+        self.add(slot);
         Ok(v)
     }
 
@@ -450,35 +543,61 @@ impl Streams {
     }
 
     fn stream_list(&self) -> Result<Option<Value>, ApiError> {
-        let list: Vec<Value> = self.set.values().map(|s| stream_json(&s.stream)).collect();
+        let list: Vec<Value> = self
+            .set
+            .values()
+            .map(|s| stream_json(&s.stream)["stream"].take())
+            .collect();
         Ok(Some(json!({ "streams": list })))
     }
 
-    fn stream_delete(&mut self, name: &str) -> Result<Option<Value>, ApiError> {
+    fn stream_delete(&mut self, io: &mut Io<'_>, name: &str) -> Result<Option<Value>, ApiError> {
+        if self.broken.contains_key(name) {
+            return Err(self
+                .slot(name)
+                .err()
+                .unwrap_or_else(|| not_found("stream", name)));
+        }
         let slot = self
             .set
             .remove(name)
             .ok_or_else(|| not_found("stream", name))?;
+        for p in &slot.stream.cfg.subjects {
+            self.capture.remove(p, None, slot.id);
+        }
+        self.by_id.remove(&slot.id);
         if let (Some(s), Some(k)) = (&self.syncer, slot.meta_key) {
-            s.forget(k);
+            // Retired, not forgotten: a round already counting on it still
+            // runs (and so completes) before its descriptor is dropped.
+            s.retire(k);
         }
         let dir = self.root.as_ref().map(|r| r.join(name));
         drop(slot);
         if let Some(dir) = dir {
             std::fs::remove_dir_all(&dir).map_err(internal)?;
         }
-        let ok = Some(json!({}));
         // Acks waiting on the deleted stream's files have nothing left to
-        // wait for; fetches waiting on it end empty.
-        let gone = |h: &Held| &*h.stream == name;
-        for (_, h) in self.held.iter_mut() {
-            if gone(h) {
-                h.ack_id = u64::MAX;
+        // wait for: they are answered now. Fetches waiting on it end empty
+        // at their expiry.
+        let mut now = Vec::new();
+        self.held.retain_mut(|(_, h)| {
+            let gone = &*h.stream == name;
+            if gone {
+                now.push(std::mem::replace(h, Held::placeholder()));
             }
+            !gone
+        });
+        self.unflushed.retain_mut(|h| {
+            let gone = &*h.stream == name;
+            if gone {
+                now.push(std::mem::replace(h, Held::placeholder()));
+            }
+            !gone
+        });
+        for h in now {
+            self.answer(io, &h, None);
         }
-        self.held.retain(|(_, h)| h.ack_id != u64::MAX);
-        self.unflushed.retain(|h| !gone(h));
-        Ok(ok)
+        Ok(Some(json!({})))
     }
 
     fn stream_purge(
@@ -530,6 +649,7 @@ impl Streams {
     fn consumer_create(&mut self, r: ConsumerCreate) -> Result<Option<Value>, ApiError> {
         let mut cfg: ConsumerConfig = sm::read_config(r.config)?;
         cfg.validate()?;
+        let syncer = self.syncer.clone();
         let slot = self.slot(&r.stream)?;
         let stream = &mut slot.stream;
         if let Some(m) = stream.consumers.get(&cfg.name) {
@@ -570,7 +690,7 @@ impl Streams {
                 since,
             },
         );
-        if let Err(e) = save(slot) {
+        if let Err(e) = save(slot, syncer.as_deref()) {
             slot.stream.consumers.remove(&name);
             return Err(e);
         }
@@ -592,19 +712,20 @@ impl Streams {
             .stream
             .consumers
             .keys()
-            .map(|n| consumer_json(&slot.stream, n))
+            .map(|n| consumer_json(&slot.stream, n)["consumer"].take())
             .collect();
         Ok(Some(json!({ "consumers": list })))
     }
 
     fn consumer_delete(&mut self, stream: &str, name: &str) -> Result<Option<Value>, ApiError> {
+        let syncer = self.syncer.clone();
         let slot = self.slot(stream)?;
         let gone = slot
             .stream
             .consumers
             .remove(name)
             .ok_or_else(|| not_found("consumer", name))?;
-        if let Err(e) = save(slot) {
+        if let Err(e) = save(slot, syncer.as_deref()) {
             slot.stream.consumers.insert(name.to_string(), gone);
             return Err(e);
         }
@@ -729,7 +850,7 @@ impl Streams {
                 conn,
                 ack_id,
                 stream,
-                reply: Reply::Body(crate::protocol::errors::OK_BODY.to_string()),
+                reply: Reply::Ok,
             });
         }
         Ok(())
@@ -810,7 +931,7 @@ impl Streams {
             }
             slot.touched = false;
             if slot.meta.wants_compaction() {
-                if let Err(e) = save_with(slot, self.syncer.as_deref()) {
+                if let Err(e) = save(slot, self.syncer.as_deref()) {
                     failed = Some(e.message);
                 }
             }
@@ -851,28 +972,36 @@ impl Streams {
             let Some((_, h)) = self.held.pop_front() else {
                 break;
             };
-            self.body.clear();
-            match (&failure, &h.reply) {
-                (Some(f), _) if !covered => {
-                    let e = ApiError::new(Code::Internal, format!("not stored: {f}"));
-                    self.body.extend_from_slice(e.ack_body().as_bytes());
-                }
-                (_, Reply::Body(b)) => self.body.extend_from_slice(b.as_bytes()),
-                (_, Reply::Stored { seq, duplicate }) => {
-                    self.body.extend_from_slice(b"[{\"ok\":true,\"stream\":");
-                    push_str(&mut self.body, &h.stream);
-                    self.body.extend_from_slice(b",\"seq\":");
-                    self.body.extend_from_slice(seq.to_string().as_bytes());
-                    if *duplicate {
-                        self.body.extend_from_slice(b",\"duplicate\":true");
-                    }
-                    self.body.extend_from_slice(b"}]");
-                }
-            }
-            self.head.clear();
-            socketio::write_header(&mut self.head, Kind::Ack, 0, "/", Some(h.ack_id));
-            io.send_text(h.conn, &[&self.head, &self.body]);
+            let error = if covered { None } else { failure.as_deref() };
+            self.answer(io, &h, error);
         }
+    }
+
+    /// Sends one held ack: its reply, or `internal` when what it confirms
+    /// could not be made durable.
+    fn answer(&mut self, io: &mut Io<'_>, h: &Held, error: Option<&str>) {
+        self.body.clear();
+        match (error, &h.reply) {
+            (Some(f), _) => {
+                let e = ApiError::new(Code::Internal, format!("not stored: {f}"));
+                self.body.extend_from_slice(e.ack_body().as_bytes());
+            }
+            (None, Reply::Ok) => self.body.extend_from_slice(OK_BODY.as_bytes()),
+            (None, Reply::Body(b)) => self.body.extend_from_slice(b.as_bytes()),
+            (None, Reply::Stored { seq, duplicate }) => {
+                self.body.extend_from_slice(b"[{\"ok\":true,\"stream\":");
+                push_str(&mut self.body, &h.stream);
+                self.body.extend_from_slice(b",\"seq\":");
+                self.body.extend_from_slice(seq.to_string().as_bytes());
+                if *duplicate {
+                    self.body.extend_from_slice(b",\"duplicate\":true");
+                }
+                self.body.extend_from_slice(b"}]");
+            }
+        }
+        self.head.clear();
+        socketio::write_header(&mut self.head, Kind::Ack, 0, "/", Some(h.ack_id));
+        io.send_text(h.conn, &[&self.head, &self.body]);
     }
 
     fn serve_waits(&mut self, io: &mut Io<'_>, now: Instant) {
@@ -1182,11 +1311,8 @@ fn start_seq(stream: &Stream, cfg: &ConsumerConfig) -> u64 {
 
 /// Writes a stream's snapshot now (consumer created or deleted, or the log
 /// grown past its bound).
-fn save(slot: &mut Slot) -> Result<(), ApiError> {
-    save_with(slot, None)
-}
-
-fn save_with(slot: &mut Slot, _syncer: Option<&Syncer>) -> Result<(), ApiError> {
+/// The new log replaces the old one in the fsync thread's registry.
+fn save(slot: &mut Slot, syncer: Option<&Syncer>) -> Result<(), ApiError> {
     let mut snap = Snapshot {
         gen: 0,
         config: slot.stream.cfg.clone(),
@@ -1207,7 +1333,14 @@ fn save_with(slot: &mut Slot, _syncer: Option<&Syncer>) -> Result<(), ApiError> 
             })
             .collect(),
     };
-    slot.meta.compact(&mut snap).map_err(internal)?;
+    let old = slot.meta.compact(&mut snap).map_err(internal)?;
+    drop(old);
+    if let Some(s) = syncer {
+        if let Some(k) = slot.meta_key.take() {
+            s.retire(k);
+        }
+        slot.meta_key = s.register(slot.meta.file()).ok();
+    }
     Ok(())
 }
 

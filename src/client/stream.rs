@@ -181,8 +181,7 @@ impl Client {
 
     pub fn stream_list(&self) -> Result<Vec<StreamInfo>, Error> {
         let v = self.call("stream.list", json!({}))?;
-        let list: Vec<Value> = field(&v, "streams")?;
-        list.iter().map(|s| field(s, "stream")).collect()
+        field(&v, "streams")
     }
 
     pub fn stream_delete(&self, name: &str) -> Result<(), Error> {
@@ -248,8 +247,7 @@ impl Client {
 
     pub fn consumer_list(&self, stream: &str) -> Result<Vec<ConsumerInfo>, Error> {
         let v = self.call("consumer.list", json!({ "stream": stream }))?;
-        let list: Vec<Value> = field(&v, "consumers")?;
-        list.iter().map(|c| field(c, "consumer")).collect()
+        field(&v, "consumers")
     }
 
     pub fn consumer_delete(&self, stream: &str, name: &str) -> Result<(), Error> {

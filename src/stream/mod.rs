@@ -4,6 +4,8 @@
 //! - [`record`]: length + crc32 record framing shared by every append-only
 //!   file (segments, the durable Raft log, state files).
 //! - [`segment`]: the record kinds of a stream segment file and its name.
+//! - [`index`]: the index file of a sealed segment (seq -> offset, subject,
+//!   time; its removals), rebuilt when missing or stale.
 //! - [`store`]: one stream's segment store (append, read, remove, limits,
 //!   the in-memory index) and its API contract.
 //! - [`recover`]: opening a store: torn tails cut, corruption refused.
@@ -17,6 +19,7 @@
 //! - [`stream`]: one stream's config, limits, dedup window and retention
 //!   over its segment store.
 pub mod consumer;
+pub mod index;
 pub mod meta;
 pub mod record;
 pub mod recover;

@@ -4,12 +4,23 @@
 //! (open fails, naming file and offset). The rule is in the docs of
 //! [`super::store`].
 
-use std::fs::{self, OpenOptions};
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::index::{self, IdxMsg, Op, Summary};
 use super::record::{self, Bad};
 use super::segment::{self, Rec};
 use super::store::{Cut, Recovery, Store, StoreError};
+
+/// Collects a sealed segment's index while it is scanned.
+#[derive(Default)]
+struct Builder {
+    sum: Summary,
+    ids: HashMap<String, u32>,
+    last_at: usize,
+}
 
 /// Where a segment's valid prefix ends and what the scan learnt.
 struct Scan {
@@ -61,18 +72,35 @@ pub(super) fn load(store: &mut Store, names: &[u64]) -> Result<Recovery, StoreEr
     for (i, &first) in names.iter().enumerate() {
         let last = i + 1 == names.len();
         let path = dir.join(segment::file_name(first));
-        let buf = fs::read(&path).map_err(io(&path))?;
         let file = OpenOptions::new()
             .read(true)
             .write(last)
             .open(&path)
             .map_err(io(&path))?;
+        let idx_path = dir.join(index::file_name(first));
+        let trusted = if last {
+            None
+        } else {
+            trusted_index(&idx_path, &file, first, store.next_seq())
+        };
         store.push_segment(first, path.clone(), file);
-        let scan = scan(store, first, &buf, &path)?;
+        if let Some(sum) = trusted {
+            apply_index(store, &sum);
+            marked.push(sum.synced > 0);
+            report.from_index += 1;
+            continue;
+        }
+        let buf = fs::read(&path).map_err(io(&path))?;
+        let mut builder = (!last).then(Builder::default);
+        let scan = scan(store, first, &buf, &path, builder.as_mut())?;
         marked.push(scan.synced > 0);
         let Some(bad) = scan.bad else {
             if last {
                 last_tail = buf;
+            } else if let Some(b) = builder {
+                if write_index(&idx_path, b, &buf) {
+                    report.rebuilt_indexes.push(idx_path);
+                }
             }
             continue;
         };
@@ -143,7 +171,13 @@ fn cut(p: &Pending, first_seq: u64) -> Result<Cut, StoreError> {
 }
 
 /// Applies the valid prefix of one segment to `store`.
-fn scan(store: &mut Store, first: u64, buf: &[u8], path: &Path) -> Result<Scan, StoreError> {
+fn scan(
+    store: &mut Store,
+    first: u64,
+    buf: &[u8],
+    path: &Path,
+    mut idx: Option<&mut Builder>,
+) -> Result<Scan, StoreError> {
     let mut at = 0;
     let mut synced = 0;
     loop {
@@ -166,6 +200,9 @@ fn scan(store: &mut Store, first: u64, buf: &[u8], path: &Path) -> Result<Scan, 
         };
         let rec = segment::decode(body).map_err(|m| corrupt(path, at as u64, m))?;
         let offset = at as u64;
+        if let Some(b) = idx.as_deref_mut() {
+            b.note(&rec, at, next);
+        }
         match rec {
             Rec::Head { first_seq } if at == 0 => {
                 if first_seq != first {
@@ -216,4 +253,87 @@ fn synced_past(buf: &[u8], at: usize, bad: Bad) -> u64 {
         next = n;
     }
     synced
+}
+
+impl Builder {
+    fn note(&mut self, rec: &Rec<'_>, at: usize, next: usize) {
+        self.last_at = at;
+        let sum = &mut self.sum;
+        match rec {
+            Rec::Head { first_seq } => sum.first_seq = *first_seq,
+            Rec::Msg(m) => {
+                let subj = sum.subject_id(&mut self.ids, m.subject);
+                sum.msgs.push(IdxMsg {
+                    seq: m.seq,
+                    off: at as u32,
+                    len: (next - at) as u32,
+                    subj,
+                    time_ms: m.time_ms,
+                });
+            }
+            Rec::Remove(seqs) => sum.ops.extend(seqs.iter().map(Op::Remove)),
+            Rec::Floor { seq } => sum.ops.push(Op::Floor(*seq)),
+            Rec::Synced { offset } => sum.synced = sum.synced.max(*offset),
+        }
+    }
+}
+
+/// Writes the index of a cleanly scanned sealed segment (temp file and
+/// rename, no fsync: a lost or torn index is rebuilt). False when it could
+/// not be written; the store works without it.
+fn write_index(path: &Path, b: Builder, seg: &[u8]) -> bool {
+    let mut sum = b.sum;
+    sum.seg_len = seg.len() as u64;
+    sum.last_off = b.last_at as u64;
+    sum.last_crc = match seg.get(b.last_at + 4..b.last_at + 8) {
+        Some(c) => u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+        None => return false,
+    };
+    let Some(bytes) = index::encode(&sum) else {
+        return false;
+    };
+    let tmp = path.with_extension("idx.tmp");
+    fs::write(&tmp, bytes).is_ok() && fs::rename(&tmp, path).is_ok()
+}
+
+/// The index of a sealed segment, if it is there, valid, and still
+/// describes the segment (same length, same crc in its last record).
+fn trusted_index(path: &Path, seg: &File, first: u64, next_seq: u64) -> Option<Summary> {
+    let sum = index::decode(&fs::read(path).ok()?)?;
+    if sum.first_seq != first || first < next_seq {
+        return None;
+    }
+    if seg.metadata().ok()?.len() != sum.seg_len {
+        return None;
+    }
+    let mut head = [0; record::HEAD_BYTES];
+    seg.read_exact_at(&mut head, sum.last_off).ok()?;
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    let end = sum.last_off + record::HEAD_BYTES as u64 + u64::from(len);
+    (crc == sum.last_crc && end == sum.seg_len).then_some(sum)
+}
+
+/// Loads a sealed segment from its index: its messages, then its removals
+/// (equivalent to file order: a removal never names a later message).
+fn apply_index(store: &mut Store, sum: &Summary) {
+    store.set_next_seq(sum.first_seq);
+    for m in &sum.msgs {
+        let subject = &sum.subjects[m.subj as usize];
+        store.index_msg(
+            m.seq,
+            u64::from(m.off),
+            u64::from(m.len),
+            subject,
+            m.time_ms,
+        );
+    }
+    for op in &sum.ops {
+        match *op {
+            Op::Remove(seq) => {
+                store.unindex(seq);
+            }
+            Op::Floor(seq) => store.floor(seq),
+        }
+    }
 }

@@ -45,6 +45,12 @@
 //! alone. The last segment is the active one; it rolls (a new file named
 //! after the next seq) once it holds `segment_bytes`.
 //!
+//! A sealed segment gets an index file (`{first_seq:020}.idx`, see
+//! [`super::index`]) the first time the store is opened after it was
+//! sealed; later opens load the segment from it without reading the
+//! segment, as long as the segment's length and last record still match.
+//! A missing, damaged or stale index means one scan and a new index.
+//!
 //! After each completed fsync round the store remembers up to where the
 //! active segment was fsynced, and the next record it appends is preceded
 //! by a `Synced` mark holding that offset. At open, a segment is read from
@@ -77,6 +83,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::index;
 use super::record;
 use super::segment::{self, MsgRef, Rec};
 use super::sync::{FileKey, SyncPolicy, Syncer, Ticket};
@@ -165,6 +172,10 @@ pub struct Recovery {
     pub messages: u64,
     /// Segment files deleted at open because every message in them is gone.
     pub deleted: usize,
+    /// Sealed segments loaded from their index file without reading them.
+    pub from_index: usize,
+    /// Index files written because they were missing, damaged or stale.
+    pub rebuilt_indexes: Vec<PathBuf>,
 }
 
 /// Why a store cannot be opened.
@@ -447,7 +458,11 @@ impl Store {
                 if let Some(k) = self.active().key {
                     let t = s.dirty(k);
                     self.last_ticket = self.last_ticket.max(t);
-                    self.rounds.push_back((t, self.written));
+                    // One entry per round: bounded by the rounds in flight.
+                    match self.rounds.back_mut() {
+                        Some(r) if r.0 == t => r.1 = self.written,
+                        _ => self.rounds.push_back((t, self.written)),
+                    }
                 }
                 self.undirtied = false;
             }
@@ -793,6 +808,13 @@ impl Store {
             };
             if let (Some(s), Some(k)) = (&self.opts.syncer, seg.key) {
                 s.forget(k);
+            }
+            // The index first: a segment without one is rebuilt, an index
+            // without its segment would be an orphan.
+            match fs::remove_file(self.dir.join(index::file_name(seg.first_seq))) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
             }
             fs::remove_file(&seg.path)?;
             self.dir_dirty = true;

@@ -167,9 +167,16 @@ impl Stream {
         }
     }
 
-    /// Stores a captured publish (buffered; [`Stream::flush`] writes it).
-    pub fn store(&mut self, msg: Msg, now_ms: u64) -> Result<Stored, ApiError> {
-        let size = msg.size();
+    /// Stores a captured publish made at `now_ms` (buffered;
+    /// [`Stream::flush`] writes it). `data` and `headers` are raw JSON.
+    pub fn store(
+        &mut self,
+        subject: &str,
+        data: &str,
+        headers: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Stored, ApiError> {
+        let size = (subject.len() + data.len() + headers.map_or(0, str::len)) as u64;
         if self.cfg.max_msg_size > 0 && size > self.cfg.max_msg_size {
             return Err(ApiError::new(
                 Code::PayloadTooLarge,
@@ -179,7 +186,7 @@ impl Stream {
                 ),
             ));
         }
-        let id = self.msg_id(msg.headers.as_deref());
+        let id = self.msg_id(headers);
         if let Some(id) = &id {
             self.forget_ids(now_ms);
             if let Some(&(seq, _)) = self.dedup.get(id.as_str()) {
@@ -206,19 +213,13 @@ impl Stream {
         }
         let seq = self
             .store
-            .append(
-                &msg.subject,
-                msg.headers.as_deref(),
-                msg.data.as_bytes(),
-                false,
-                msg.time_ms,
-            )
+            .append(subject, headers, data.as_bytes(), false, now_ms)
             .map_err(store_err)?;
         if let Some(id) = id {
             self.remember(id.into_boxed_str(), seq, now_ms);
         }
         let mut removed = Vec::new();
-        if self.cfg.retention == Retention::Interest && !self.has_interest(&msg.subject) {
+        if self.cfg.retention == Retention::Interest && !self.has_interest(subject) {
             self.store.remove(seq).map_err(store_err)?;
             removed.push(seq);
             return Ok(Stored::New { seq, removed });
@@ -495,28 +496,19 @@ mod tests {
         ))
     }
 
-    fn msg(subj: &str, data: &str, headers: Option<&str>, t: u64) -> Msg {
-        Msg {
-            subject: subj.into(),
-            data: data.into(),
-            headers: headers.map(Into::into),
-            time_ms: t,
-        }
-    }
-
     #[test]
     fn sequences_and_state() {
         let mut s = stream(serde_json::json!({"name":"S","subjects":["a.>"]}));
         assert_eq!((s.state().first_seq, s.state().last_seq), (0, 0));
         assert!(s.captures("a.b") && !s.captures("b"));
         assert_eq!(
-            s.store(msg("a.b", "1", None, 0), 0).unwrap(),
+            s.store("a.b", "1", None, 0).unwrap(),
             Stored::New {
                 seq: 1,
                 removed: vec![]
             }
         );
-        s.store(msg("a.c", "2", None, 0), 0).unwrap();
+        s.store("a.c", "2", None, 0).unwrap();
         assert_eq!(s.last_by_subject("a.b").unwrap().map(|(q, _)| q), Some(1));
         assert_eq!(s.last_by_subject("a.*").unwrap().map(|(q, _)| q), Some(2));
         assert_eq!(s.get(2).unwrap().map(|m| m.data), Some("2".into()));
@@ -530,19 +522,16 @@ mod tests {
     fn limits_discard_old_and_new() {
         let mut s = stream(serde_json::json!({"name":"S","subjects":["a"],"max_msgs":2}));
         for i in 0..3 {
-            s.store(msg("a", &i.to_string(), None, 0), 0).unwrap();
+            s.store("a", &i.to_string(), None, 0).unwrap();
         }
         assert_eq!(s.state().first_seq, 2);
         let mut n =
             stream(serde_json::json!({"name":"N","subjects":["a"],"max_bytes":4,"discard":"new"}));
-        n.store(msg("a", "12", None, 0), 0).unwrap();
-        assert_eq!(
-            n.store(msg("a", "34", None, 0), 0).unwrap_err().code,
-            Code::Limit
-        );
+        n.store("a", "12", None, 0).unwrap();
+        assert_eq!(n.store("a", "34", None, 0).unwrap_err().code, Code::Limit);
         let mut z = stream(serde_json::json!({"name":"Z","subjects":["a"],"max_msg_size":3}));
         assert_eq!(
-            z.store(msg("a", "123", None, 0), 0).unwrap_err().code,
+            z.store("a", "123", None, 0).unwrap_err().code,
             Code::PayloadTooLarge
         );
     }
@@ -553,14 +542,11 @@ mod tests {
             serde_json::json!({"name":"S","subjects":["a"],"max_age_ms":100,"duplicate_window_ms":50}),
         );
         let h = Some(r#"{"Msg-Id":"x"}"#);
-        s.store(msg("a", "1", h, 1000), 1000).unwrap();
-        assert_eq!(
-            s.store(msg("a", "1", h, 1010), 1010).unwrap(),
-            Stored::Duplicate(1)
-        );
+        s.store("a", "1", h, 1000).unwrap();
+        assert_eq!(s.store("a", "1", h, 1010).unwrap(), Stored::Duplicate(1));
         assert!(s.expire(1049).unwrap().is_empty());
         assert_eq!(
-            s.store(msg("a", "1", h, 1050), 1050).unwrap(),
+            s.store("a", "1", h, 1050).unwrap(),
             Stored::New {
                 seq: 2,
                 removed: vec![]
@@ -574,7 +560,7 @@ mod tests {
     fn interest_without_consumers_keeps_nothing() {
         let mut s = stream(serde_json::json!({"name":"S","subjects":["a"],"retention":"interest"}));
         assert_eq!(
-            s.store(msg("a", "1", None, 0), 0).unwrap(),
+            s.store("a", "1", None, 0).unwrap(),
             Stored::New {
                 seq: 1,
                 removed: vec![1]

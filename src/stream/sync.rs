@@ -384,14 +384,19 @@ fn sync_round(shared: &Shared, round: Ticket, files: &[Arc<File>]) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .is_some();
-    if !failed {
-        shared.done.store(round, Ordering::Release);
-    }
     shared.rounds.fetch_add(1, Ordering::Relaxed);
     shared
         .files_synced
         .fetch_add(files.len() as u64, Ordering::Relaxed);
-    shared.finished.notify_all();
+    {
+        // Under the lock, so a `wait` that just found the ticket uncovered
+        // is already waiting when the notification comes.
+        let _st = shared.lock();
+        if !failed {
+            shared.done.store(round, Ordering::Release);
+        }
+        shared.finished.notify_all();
+    }
     let waker = shared
         .waker
         .lock()

@@ -122,6 +122,11 @@ impl Broker {
         }
     }
 
+    /// The broker's `-data` directory.
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.data_dir
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -1,6 +1,8 @@
 """Interop checks with the unmodified python-socketio 5.x client.
 
-Usage: py_client.py URL CONTROL_TOKEN   (URL like http://127.0.0.1:PORT)
+Usage: py_client.py URL CONTROL_TOKEN [streams]   (URL like http://127.0.0.1:PORT)
+
+With `streams` it runs only the stream check (contract section 5).
 
 Prints one line per check, `PASS <name>` or `FAIL <name>: <detail>`, and
 exits 1 if any check failed. Every wait is bounded by WAIT_S; a watchdog ends
@@ -219,12 +221,49 @@ def check_binary(url):
         pub.close()
 
 
+def check_streams(url):
+    """A stream over interop.stream.>, a publish acked with its seq, a pull
+    consumer fetching it, an ack, and the consumer's numbers after it."""
+    peer = Peer(url)
+    try:
+        created = expect_ok(peer.call("stream.create", {
+            "name": "INTEROP", "subjects": ["interop.stream.>"]}), "stream.create")
+        if created["stream"]["config"]["name"] != "INTEROP":
+            raise AssertionError(f"stream.create answered {created!r}")
+        acks = [expect_ok(peer.call("pub", {"subject": "interop.stream.a",
+                                            "data": {"n": n}}), "pub")
+                for n in (1, 2)]
+        if [(a.get("stream"), a.get("seq")) for a in acks] != [("INTEROP", 1), ("INTEROP", 2)]:
+            raise AssertionError(f"pub acks without stream and seq: {acks!r}")
+        expect_ok(peer.call("consumer.create", {"stream": "INTEROP", "name": "py"}),
+                  "consumer.create")
+        got = expect_ok(peer.call("consumer.fetch", {
+            "stream": "INTEROP", "consumer": "py", "batch": 10,
+            "expires_ms": 1000}), "consumer.fetch")
+        msgs = got.get("messages")
+        if [(m["seq"], m["data"], m["delivered"]) for m in msgs] != [(1, {"n": 1}, 1), (2, {"n": 2}, 1)]:
+            raise AssertionError(f"fetch answered {got!r}")
+        expect_ok(peer.call("ack", {"stream": "INTEROP", "consumer": "py", "seq": 1}), "ack")
+        info = expect_ok(peer.call("consumer.info", {"stream": "INTEROP", "name": "py"}),
+                         "consumer.info")["consumer"]
+        if (info["ack_floor"]["stream_seq"], info["num_ack_pending"], info["num_pending"]) != (1, 1, 0):
+            raise AssertionError(f"consumer.info after one ack: {info!r}")
+        expect_error(peer.call("ack", {"stream": "INTEROP", "consumer": "py", "seq": 9}),
+                     "not_found", "ack of a seq never delivered")
+        expect_ok(peer.call("stream.delete", {"name": "INTEROP"}), "stream.delete")
+    finally:
+        peer.close()
+
+
 def main():
-    if len(sys.argv) != 3:
-        print("usage: py_client.py URL CONTROL_TOKEN", file=sys.stderr)
+    if len(sys.argv) not in (3, 4):
+        print("usage: py_client.py URL CONTROL_TOKEN [streams]", file=sys.stderr)
         return 2
     url, token = sys.argv[1], sys.argv[2]
     start_watchdog()
+    if sys.argv[3:] == ["streams"]:
+        check("streams", lambda: check_streams(url))
+        return 0 if all(results) else 1
     check("connect", lambda: check_connect(url))
     check("control_info", lambda: check_control(url, token))
     check("control_unauthorized", lambda: check_control_refused(url, token))
