@@ -39,6 +39,8 @@ pub struct Side {
     pub msgs: u64,
     pub secs: f64,
     pub lat_us: Vec<u64>,
+    /// When a receiver got its last message.
+    pub last: Option<Instant>,
 }
 
 struct Plan {
@@ -158,7 +160,6 @@ fn execute(p: &Parsed, plan: &Plan) -> Result<(Side, Option<Side>), Failure> {
         receivers.push(thread::spawn(move || {
             let mut side = Side::default();
             let mut last = Instant::now();
-            let start = Instant::now();
             while side.msgs < per_sub && received.load(Ordering::Relaxed) < expected {
                 // Short waits, so a queue member stops soon after the
                 // group as a whole has everything.
@@ -170,12 +171,12 @@ fn execute(p: &Parsed, plan: &Plan) -> Result<(Side, Option<Side>), Failure> {
                         }
                         side.msgs += 1;
                         last = Instant::now();
+                        side.last = Some(last);
                         received.fetch_add(1, Ordering::Relaxed);
                     }
                     Err(_) => break,
                 }
             }
-            side.secs = last.duration_since(start).as_secs_f64();
             drop(client);
             side
         }));
@@ -238,7 +239,11 @@ fn execute(p: &Parsed, plan: &Plan) -> Result<(Side, Option<Side>), Failure> {
         for h in receivers {
             if let Ok(s) = h.join() {
                 side.msgs += s.msgs;
-                side.secs = side.secs.max(s.secs);
+                // From the first publish to the last delivery anywhere.
+                if let Some(last) = s.last {
+                    let secs = last.saturating_duration_since(started).as_secs_f64();
+                    side.secs = side.secs.max(secs);
+                }
                 side.lat_us.extend(s.lat_us);
             }
         }
