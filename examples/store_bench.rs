@@ -17,9 +17,14 @@ use std::time::{Duration, Instant};
 use gombus::stream::store::{Options, Store};
 use gombus::stream::sync::{SyncPolicy, Syncer, Ticket};
 
+/// A new directory for one part; the previous part's files are deleted and
+/// the deletion committed first, so its journal work is not timed here.
 fn fresh(base: &Path, name: &str) -> PathBuf {
     let d = base.join(name);
     let _ = fs::remove_dir_all(&d);
+    if let Ok(dir) = fs::File::open(base) {
+        let _ = dir.sync_all();
+    }
     d
 }
 
@@ -126,15 +131,34 @@ fn group_commit(base: &Path, size: usize, window: usize, total: usize) {
     let _ = fs::remove_dir_all(&dir);
 }
 
+/// Resident memory of this process, in bytes (Linux).
+fn rss_bytes() -> u64 {
+    let statm = fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
 fn reads(base: &Path, total: usize) {
     let dir = fresh(base, "reads");
+    let rss0 = rss_bytes();
     let (mut s, _) = Store::open(&dir, Options::default()).expect("open");
     let data = vec![b'x'; 128];
     for i in 0..total {
-        s.append("bench.orders", None, &data, false, i as u64)
+        let subject = format!("bench.orders.{}", i % 1000);
+        s.append(&subject, None, &data, false, i as u64)
             .expect("append");
     }
     s.flush().expect("flush");
+    let grown = rss_bytes().saturating_sub(rss0);
+    println!(
+        "memory: {total} messages on 1000 subjects grew the process by {:.1} MiB ({:.0} B per message, write cache included)",
+        grown as f64 / (1 << 20) as f64,
+        grown as f64 / total as f64
+    );
     let t0 = Instant::now();
     let mut n = 0;
     for seq in 1..=total as u64 {

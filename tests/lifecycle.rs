@@ -207,7 +207,7 @@ fn sigterm_under_stream_load_keeps_every_acked_message() {
     }
     let acked = std::mem::take(&mut *acked.lock().unwrap());
 
-    broker.restart();
+    broker.restart(&[]);
     let c = Client::connect(&broker.addr).unwrap();
     let info = c.call("stream.info", json!({"name": "LOAD"})).unwrap();
     assert!(

@@ -372,10 +372,20 @@ fn missing_damaged_or_stale_index_is_rebuilt() {
     );
     assert_eq!(snapshot(&s), want);
     drop(s);
-    let (s, report) = Store::open(&dir.0, opts).unwrap();
+    let (s, report) = Store::open(&dir.0, opts.clone()).unwrap();
     assert_eq!(report.from_index, sealed);
     assert_eq!(snapshot(&s), want);
     drop(s);
+
+    // Leftovers of a crash: a temp index and an index whose segment is gone.
+    let tmp = dir.0.join("00000000000000000001.idx.tmp");
+    let orphan = dir.0.join("00000000000000999999.idx");
+    fs::write(&tmp, b"partial").unwrap();
+    fs::copy(&idx[0], &orphan).unwrap();
+    let (s, _) = Store::open(&dir.0, opts).unwrap();
+    assert!(!tmp.exists() && !orphan.exists());
+    assert_eq!(indexes(&dir.0), idx);
+    assert_eq!(snapshot(&s), want);
 }
 
 /// Fills several segments; returns the options used.
@@ -467,4 +477,128 @@ fn a_damaged_record_found_by_a_read_names_file_and_offset() {
         "{err}"
     );
     assert_eq!(s.get(1).unwrap().unwrap().data, payload(1));
+}
+
+#[test]
+fn input_bounds_and_edge_values() {
+    let dir = TempDir::new("bounds");
+    let mut s = open(&dir.0, &Options::default());
+    let long = "s".repeat(65_535);
+    assert_eq!(s.append(&long, None, b"", false, 0).unwrap(), 1);
+    let err = s
+        .append(&"s".repeat(65_536), None, b"", false, 0)
+        .unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    let err = s.append("", None, b"x", false, 0).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    // Empty headers text and empty payload are kept as given.
+    assert_eq!(s.append("h", Some(""), b"", true, u64::MAX).unwrap(), 2);
+    let big = vec![0xa5u8; 3 << 20];
+    assert_eq!(s.append("big", None, &big, true, 5).unwrap(), 3);
+    s.flush().unwrap();
+    drop(s);
+    let s = open(&dir.0, &Options::default());
+    assert_eq!(s.get(1).unwrap().unwrap().subject, long);
+    let m = s.get(2).unwrap().unwrap();
+    assert_eq!(
+        (m.headers.as_deref(), m.data.len(), m.binary, m.time_ms),
+        (Some(""), 0, true, u64::MAX)
+    );
+    assert_eq!(s.get(3).unwrap().unwrap().data, big);
+    assert_eq!(s.state().last_seq, 3);
+}
+
+#[test]
+fn expiry_stops_at_the_first_message_not_older() {
+    let dir = TempDir::new("expiry");
+    let mut s = open(&dir.0, &small(300));
+    // Times out of order (a clock step back): expiry walks in seq order.
+    for (i, t) in [10u64, 20, 5, 30, 40].iter().enumerate() {
+        s.append("t", None, &payload(i as u64), false, *t).unwrap();
+    }
+    assert_eq!(s.expire_before(15).unwrap(), 1, "stops at seq 2 (t=20)");
+    assert_eq!(s.state().first_seq, 2);
+    assert_eq!(s.expire_before(35).unwrap(), 3);
+    assert_eq!(s.state().first_seq, 5);
+    assert_eq!(s.expire_before(35).unwrap(), 0);
+    s.flush().unwrap();
+    drop(s);
+    let s = open(&dir.0, &small(300));
+    let st = s.state();
+    assert_eq!((st.messages, st.first_seq, st.last_seq), (1, 5, 5));
+}
+
+#[test]
+fn a_log_cuts_its_suffix_across_segments_and_compacts_its_prefix() {
+    let dir = TempDir::new("log");
+    let syncer = Arc::new(Syncer::start(SyncPolicy::Always).unwrap());
+    let opts = Options {
+        segment_bytes: 300,
+        syncer: Some(Arc::clone(&syncer)),
+        ..Options::default()
+    };
+    let mut s = open(&dir.0, &opts);
+    for i in 1..=60u64 {
+        s.append("t1", None, &payload(i), true, i).unwrap();
+    }
+    let t = s.flush().unwrap();
+    syncer.wait(t).unwrap();
+    let segs = s.segment_count();
+    assert!(segs > 5);
+    // Compact a prefix, then cut back into an early segment.
+    assert_eq!(s.remove_below(11).unwrap(), 10);
+    assert_eq!(s.truncate_from(20).unwrap(), 41);
+    assert!(s.segment_count() < segs);
+    assert_eq!(s.state().last_seq, 19);
+    for i in 20..=25u64 {
+        assert_eq!(s.append("t2", None, b"new", true, i).unwrap(), i);
+    }
+    s.flush().unwrap();
+    drop(s);
+    let s = open(&dir.0, &opts);
+    let st = s.state();
+    assert_eq!((st.messages, st.first_seq, st.last_seq), (15, 11, 25));
+    assert_eq!(s.get(10).unwrap(), None);
+    assert_eq!(s.get(19).unwrap().unwrap().data, payload(19));
+    assert_eq!(s.get(20).unwrap().unwrap().subject, "t2");
+    assert_eq!(s.get(26).unwrap(), None);
+    drop(s);
+
+    // Cutting below the first segment is refused; compaction past the end
+    // moves the next seq on (a snapshot ahead of the log).
+    let mut s = open(&dir.0, &opts);
+    s.remove_below(40).unwrap();
+    let st = s.state();
+    assert_eq!((st.messages, st.first_seq, st.last_seq), (0, 40, 39));
+    let err = s.truncate_from(30).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    assert_eq!(s.append("t3", None, b"x", true, 1).unwrap(), 40);
+}
+
+#[test]
+fn a_torn_head_of_a_fresh_segment_is_rewritten() {
+    let dir = TempDir::new("torn-head");
+    let opts = small(200);
+    let mut s = open(&dir.0, &opts);
+    for i in 1..=6u64 {
+        s.append("h", None, &payload(i), false, i).unwrap();
+    }
+    s.flush().unwrap();
+    drop(s);
+    let last = segments(&dir.0).pop().unwrap();
+    let first: u64 = last.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+    for keep in 0..17u64 {
+        let f = fs::OpenOptions::new().write(true).open(&last).unwrap();
+        f.set_len(keep).unwrap();
+        drop(f);
+        let (mut s, report) = Store::open(&dir.0, opts.clone()).unwrap();
+        assert_eq!(report.cuts.len(), usize::from(keep > 0), "keep {keep}");
+        assert_eq!(s.state().last_seq, first - 1);
+        assert_eq!(s.append("h", None, b"again", false, 9).unwrap(), first);
+        s.flush().unwrap();
+        drop(s);
+        let s = open(&dir.0, &opts);
+        assert_eq!(s.get(first).unwrap().unwrap().data, b"again");
+        assert_eq!(s.get(first - 1).unwrap().unwrap().data, payload(first - 1));
+    }
 }

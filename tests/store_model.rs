@@ -254,6 +254,129 @@ fn store_matches_model() {
     };
     for seed in seeds {
         eprintln!("store model: seed {seed} (replay with GOMBUS_SEED={seed})");
-        run(seed, 2500);
+        run(seed, 4000);
+    }
+}
+
+/// The store used as a Raft log: appends, suffix cuts (`truncate_from`),
+/// prefix compaction (`remove_below`), reads and restarts against a map.
+fn run_log(seed: u64, ops: usize) {
+    let dir = TempDir(std::env::temp_dir().join(format!(
+        "gombus-store-log-model-{}-{seed}",
+        std::process::id()
+    )));
+    let _ = fs::remove_dir_all(&dir.0);
+    let mut rng = Rng(seed);
+    let syncer = Arc::new(Syncer::start(SyncPolicy::Always).unwrap());
+    let opts = |rng: &mut Rng| Options {
+        segment_bytes: 300 + rng.below(1500),
+        cache_bytes: rng.below(2048) as usize,
+        syncer: (rng.below(2) == 0).then(|| Arc::clone(&syncer)),
+    };
+    let (mut store, _) = Store::open(&dir.0, opts(&mut rng)).unwrap();
+    let mut model = Model {
+        next_seq: 1,
+        ..Model::default()
+    };
+    let (mut cuts, mut compactions) = (0, 0);
+    for op in 0..ops {
+        let ctx = format!("log seed {seed} op {op}");
+        let pick = rng.below(100);
+        if std::env::var("GOMBUS_TRACE").is_ok() {
+            eprintln!(
+                "{ctx}: pick {pick} state {:?} segments {}",
+                store.state(),
+                store.segment_count()
+            );
+        }
+        match pick {
+            0..=59 => {
+                let m = Msg {
+                    subject: format!("term.{}", rng.below(4)),
+                    headers: None,
+                    data: vec![rng.below(256) as u8; rng.below(120) as usize],
+                    binary: true,
+                    time_ms: op as u64,
+                };
+                let seq = store
+                    .append(&m.subject, None, &m.data, true, m.time_ms)
+                    .unwrap();
+                assert_eq!(seq, model.next_seq, "{ctx}: append");
+                model.msgs.insert(seq, m);
+                model.next_seq += 1;
+            }
+            60..=71 => {
+                let st = store.state();
+                if st.messages > 0 {
+                    let seq = st.first_seq + rng.below(st.last_seq - st.first_seq + 1);
+                    let gone = model.msgs.split_off(&seq).len() as u64;
+                    model.next_seq = seq;
+                    assert_eq!(store.truncate_from(seq).unwrap(), gone, "{ctx}: cut {seq}");
+                    cuts += 1;
+                }
+            }
+            72..=79 => {
+                let seq = rng.below(model.next_seq + 3);
+                let keep = model.msgs.split_off(&seq);
+                let gone = std::mem::replace(&mut model.msgs, keep).len() as u64;
+                model.next_seq = model.next_seq.max(seq);
+                assert_eq!(
+                    store.remove_below(seq).unwrap(),
+                    gone,
+                    "{ctx}: compact {seq}"
+                );
+                compactions += 1;
+            }
+            80..=89 => {
+                store.flush().unwrap();
+            }
+            _ => {
+                store.flush().unwrap();
+                drop(store);
+                let (s, report) = Store::open(&dir.0, opts(&mut rng)).unwrap();
+                assert!(report.cuts.is_empty(), "{ctx}: {:?}", report.cuts);
+                store = s;
+            }
+        }
+        let st = store.state();
+        let (msgs, bytes, first, last) = model.state();
+        assert_eq!(
+            (st.messages, st.bytes, st.last_seq),
+            (msgs, bytes, last),
+            "{ctx}: state"
+        );
+        if msgs > 0 {
+            assert_eq!(st.first_seq, first, "{ctx}: first");
+        }
+        for _ in 0..3 {
+            let seq = rng.below(model.next_seq + 2);
+            let got = store.get(seq).unwrap().map(|m| m.data);
+            assert_eq!(
+                got.as_ref(),
+                model.msgs.get(&seq).map(|m| &m.data),
+                "{ctx}: seq {seq}"
+            );
+        }
+    }
+    assert!(
+        cuts > ops / 20 && compactions > ops / 20,
+        "{cuts} cuts, {compactions} compactions"
+    );
+}
+
+#[test]
+fn store_as_a_log_matches_model() {
+    let seeds: Vec<u64> = match std::env::var("GOMBUS_SEED") {
+        Ok(s) => vec![s.parse().expect("GOMBUS_SEED is a number")],
+        Err(_) => {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(7, |d| d.as_nanos() as u64);
+            vec![11, 12, t]
+        }
+    };
+    for seed in seeds {
+        eprintln!("store log model: seed {seed} (replay with GOMBUS_SEED={seed})");
+        run_log(seed, 3000);
     }
 }

@@ -49,6 +49,18 @@ struct Seen {
     unsure: BTreeSet<u64>,
 }
 
+/// Polls `f` until it is true or `limit` passes.
+fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while !f() {
+        if Instant::now() > end {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+    true
+}
+
 fn connect(b: &Broker) -> Client {
     Client::connect(&b.addr).unwrap_or_else(|e| panic!("connect to {}: {e}", b.addr))
 }
@@ -183,17 +195,25 @@ fn acked_messages_and_acks_survive_sigkill() {
             let (addr, seen, stop) = (b.addr.clone(), Arc::clone(&seen), Arc::clone(&stop));
             thread::spawn(move || worker(addr, seen, stop))
         };
-        let run = Duration::from_millis(150 + rng.next() % 450);
-        thread::sleep(run);
+        // The kill comes after a random number of confirmed publishes and
+        // acks, so it lands mid-traffic at a different point each round.
+        let publishes = seen.lock().unwrap().stored.len() + 20 + (rng.next() % 300) as usize;
+        let acks = seen.lock().unwrap().acked.len() + 10 + (rng.next() % 200) as usize;
+        let traffic = eventually(Duration::from_secs(20), || {
+            let s = seen.lock().unwrap();
+            s.stored.len() >= publishes && s.acked.len() >= acks
+        });
+        assert!(traffic, "round {round}: traffic stalled before the kill");
+        let run = format!("{publishes} publishes and {acks} acks");
         // SIGKILL by PID mid-traffic, then a new process on the same data.
-        b.restart();
+        b.restart(&[]);
         stop.store(true, Ordering::Relaxed);
         next = p.join().expect("publisher thread");
         w.join().expect("worker thread");
         let c = connect(&b);
         let s = seen.lock().unwrap();
         eprintln!(
-            "round {round}: killed after {run:?}; {} publishes and {} acks confirmed so far",
+            "round {round}: killed after {run}; {} publishes and {} acks confirmed so far",
             s.stored.len(),
             s.acked.len()
         );

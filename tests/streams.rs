@@ -410,9 +410,15 @@ fn waiting_fetch_wakes_on_publish_and_expires_empty() {
         .is_empty());
     assert!(t0.elapsed() >= Duration::from_millis(180));
     let addr = b.addr.clone();
+    // Publishes once the fetch below is seen waiting on the broker.
     let publisher = std::thread::spawn(move || {
         let p = Client::connect(&addr).unwrap();
-        std::thread::sleep(Duration::from_millis(200));
+        let waiting = || {
+            p.call("consumer.info", json!({"stream": "F", "name": "c"}))
+                .unwrap()["consumer"]["num_waiting"]
+                == json!(1)
+        };
+        assert!(eventually(Duration::from_secs(5), waiting));
         p.publish_stream("f", "late").unwrap();
     });
     let t0 = Instant::now();
@@ -422,6 +428,34 @@ fn waiting_fetch_wakes_on_publish_and_expires_empty() {
     assert_eq!(got.len(), 1);
     assert!(t0.elapsed() < Duration::from_secs(5), "answered on arrival");
     publisher.join().unwrap();
+}
+
+#[test]
+fn a_waiting_fetch_ends_when_its_consumer_is_deleted() {
+    let b = Broker::start(&[]);
+    let c = connect(&b);
+    stream(&c, "WD", &["wd"]);
+    c.consumer_create("WD", &ConsumerConfig::new("c")).unwrap();
+    let addr = b.addr.clone();
+    let waiter = std::thread::spawn(move || {
+        let w = Client::connect(&addr).unwrap();
+        let t0 = Instant::now();
+        let r = w.fetch("WD", "c", 1, Some(Duration::from_secs(20)));
+        (code(r), t0.elapsed())
+    });
+    let waiting = |c: &Client| {
+        c.call("consumer.info", json!({"stream":"WD","name":"c"}))
+            .unwrap()["consumer"]["num_waiting"]
+            .clone()
+    };
+    assert!(eventually(Duration::from_secs(5), || waiting(&c) == json!(1)));
+    c.consumer_delete("WD", "c").unwrap();
+    let (got, waited) = waiter.join().unwrap();
+    assert_eq!(got, "not_found");
+    assert!(
+        waited < Duration::from_secs(10),
+        "answered at the delete, not at expiry"
+    );
 }
 
 #[test]
@@ -553,7 +587,7 @@ fn restart_recovers_streams_and_cursors() {
         c.ack("K", "c", s).unwrap();
     }
     drop(c);
-    b.restart();
+    b.restart(&[]);
     let c = connect(&b);
     let info = c.stream_info("K").unwrap();
     assert_eq!(info.config["max_msgs"], 100);
@@ -584,7 +618,11 @@ fn a_stream_that_cannot_be_recovered_is_refused_not_overwritten() {
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     std::fs::write(&snap, bytes).unwrap();
-    b.restart();
+    // A create that died before its snapshot leaves a log and nothing else.
+    let half = b.data_dir().join("streams/HALF");
+    std::fs::create_dir_all(&half).unwrap();
+    std::fs::write(half.join("meta.1.log"), b"").unwrap();
+    b.restart(&[]);
     let c = connect(&b);
     assert_eq!(code(c.stream_info("BAD")), "internal");
     assert_eq!(
@@ -598,6 +636,8 @@ fn a_stream_that_cannot_be_recovered_is_refused_not_overwritten() {
     );
     assert_eq!(c.stream_info("GOOD").unwrap().state.messages, 1);
     assert_eq!(c.publish_stream("good", 2).unwrap().seq, 2);
+    assert_eq!(code(c.stream_info("HALF")), "not_found");
+    stream(&c, "HALF", &["half"]);
 }
 
 #[test]

@@ -12,7 +12,7 @@ use super::history::History;
 use super::metrics::Metrics;
 use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
 use super::session::{token_eq, Session, NSP_CONTROL, NSP_ROOT};
-use super::streams::Streams;
+use super::streams::{Incoming, Streams};
 use super::subject;
 use super::subs::{Command, SubKey, SubTable};
 use crate::net::{ConnId, Handler, Io, Payload, Request, Response};
@@ -380,8 +380,12 @@ impl Broker {
                     "binary attachments cannot be stored in a stream",
                 ));
             }
-            self.streams
-                .publish(stream, conn, ack_id, &p.subject, data, headers)?;
+            let msg = Incoming {
+                subject: &p.subject,
+                data,
+                headers,
+            };
+            self.streams.publish(stream, conn, ack_id, msg, io.now())?;
         }
         self.metrics.msgs_in += 1;
         self.metrics.bytes_in += size as u64;

@@ -12,7 +12,9 @@
 //! - [`requests`]: request/reply inboxes and their timeouts.
 //! - [`control`]: `/control` events.
 //! - [`streams`]: the stream and consumer events, captured publishes, fetch
-//!   waits, push delivery and acks held for their write.
+//!   waits and acks held for their write.
+//! - [`stream_out`]: push deliveries, fetch answers and the JSON views of
+//!   streams, consumers and messages.
 //! - [`metrics`]: counters and `/metrics`, `/healthz`.
 //! - [`lifecycle`]: goodbyes to clients at shutdown.
 //! - [`history`]: per-second traffic samples (rates, the chart).
@@ -26,6 +28,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod requests;
 pub mod session;
+pub mod stream_out;
 pub mod streams;
 pub mod subject;
 pub mod sublist;

@@ -22,20 +22,22 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use super::groups::GroupMode;
+use super::stream_out::{
+    consumer_json, fetch_body, message_json, push_slot, push_str, stream_json, take_batch,
+};
 use super::sublist::Sublist;
 use super::subs::SubTable;
 use crate::net::{ConnId, Io};
 use crate::protocol::errors::{ok_with, ApiError, Code, OK_BODY};
 use crate::protocol::socketio::{self, Kind};
 use crate::protocol::stream_messages::{
-    self as sm, AckPolicy, AckReq, ConsumerConfig, ConsumerCreate, ConsumerReq, DeliverPolicy,
-    FetchReq, GetReq, NameReq, PurgeReq, Retention, StreamConfig, StreamReq,
+    self as sm, AckReq, ConsumerConfig, ConsumerCreate, ConsumerReq, DeliverPolicy, FetchReq,
+    GetReq, NameReq, PurgeReq, Retention, StreamConfig, StreamReq,
 };
 use crate::stream::consumer::{Consumer, Event};
 use crate::stream::meta::{ConsumerSnap, MetaLog, Snapshot};
 use crate::stream::store::Options;
-use crate::stream::stream::{Member, Msg, Stored, Stream, CONSUMERS_PER_STREAM_MAX};
+use crate::stream::stream::{Member, Stored, Stream, CONSUMERS_PER_STREAM_MAX};
 use crate::stream::sync::{FileKey, SyncPolicy, Syncer, Ticket};
 
 pub use crate::protocol::stream_messages::FETCH_BATCH_MAX;
@@ -48,6 +50,9 @@ pub const WAITS_PER_CONN_MAX: usize = 64;
 pub const FETCH_BYTES_MAX: usize = 8 << 20;
 /// Push deliveries per consumer per loop turn (fairness between them).
 pub const PUSH_PER_TURN_MAX: usize = 256;
+/// Acks waiting for their write or fsync, over all sockets; past it,
+/// captured publishes are refused with `limit` until the disk catches up.
+pub const HELD_ACKS_MAX: usize = 1_000_000;
 
 /// An ack to send once what it confirms is written (and synced).
 #[derive(Debug)]
@@ -91,15 +96,15 @@ struct Wait {
     deadline: Instant,
 }
 
-struct Slot {
+pub(super) struct Slot {
     /// Its key in the capture index.
     id: u64,
-    name: Rc<str>,
-    stream: Stream,
+    pub(super) name: Rc<str>,
+    pub(super) stream: Stream,
     meta: MetaLog,
     meta_key: Option<FileKey>,
     /// Something changed this turn: files to write, consumers to serve.
-    touched: bool,
+    pub(super) touched: bool,
 }
 
 pub struct Streams {
@@ -132,6 +137,43 @@ pub struct Streams {
     next_at: Option<Instant>,
     /// `-segment-size`.
     segment_bytes: u64,
+    /// The wall clock read once per loop turn (message times).
+    wall: Wall,
+}
+
+/// A publish a stream captured: raw JSON `data` and `headers`.
+#[derive(Debug, Clone, Copy)]
+pub struct Incoming<'a> {
+    pub subject: &'a str,
+    pub data: &'a str,
+    pub headers: Option<&'a str>,
+}
+
+/// The wall clock at one `Instant`: message times are taken from the
+/// loop's clock without a system call per message.
+#[derive(Debug, Clone, Copy)]
+struct Wall {
+    at: Instant,
+    ms: u64,
+}
+
+impl Wall {
+    fn read(at: Instant) -> Wall {
+        Wall { at, ms: epoch_ms() }
+    }
+
+    /// Milliseconds since the Unix epoch at `now`.
+    fn ms_at(&self, now: Instant) -> u64 {
+        self.ms + now.saturating_duration_since(self.at).as_millis() as u64
+    }
+}
+
+fn slot_by_id<'a>(
+    by_id: &HashMap<u64, String>,
+    set: &'a mut BTreeMap<String, Slot>,
+    id: u64,
+) -> Option<&'a mut Slot> {
+    set.get_mut(by_id.get(&id)?)
 }
 
 /// Milliseconds since the Unix epoch (message times).
@@ -177,6 +219,7 @@ impl Streams {
             pick: 0,
             next_at: None,
             segment_bytes: Options::default().segment_bytes,
+            wall: Wall::read(Instant::now()),
         }
     }
 
@@ -200,7 +243,18 @@ impl Streams {
             .collect();
         names.sort();
         for name in names {
-            match s.recover(&root.join(&name)) {
+            let dir = root.join(&name);
+            if abandoned(&dir) {
+                // A create that died before its first snapshot: nothing
+                // was ever acknowledged in it.
+                eprintln!(
+                    "[warn] removing {}: a stream create that never completed",
+                    dir.display()
+                );
+                let _ = std::fs::remove_dir_all(&dir);
+                continue;
+            }
+            match s.recover(&dir) {
                 Ok(slot) => s.add(slot),
                 Err(e) => {
                     eprintln!("[error] stream {name:?} is not served: {e}");
@@ -213,6 +267,13 @@ impl Streams {
 
     fn recover(&self, dir: &Path) -> Result<Slot, String> {
         let (snap, events, meta) = MetaLog::open(dir).map_err(|e| e.to_string())?;
+        if dir.file_name().and_then(|n| n.to_str()) != Some(snap.config.name.as_str()) {
+            return Err(format!(
+                "{} holds stream {:?}",
+                dir.display(),
+                snap.config.name
+            ));
+        }
         let mut stream = Stream::open(snap.config.clone(), dir, self.store_opts(), epoch_ms())?;
         let now = Instant::now();
         for c in &snap.consumers {
@@ -231,7 +292,9 @@ impl Streams {
                 m.consumer.replay(e, now);
             }
         }
+        let last_seq = stream.last_seq();
         for m in stream.consumers.values_mut() {
+            m.consumer.clamp(last_seq);
             m.consumer.resume();
         }
         let meta_key = self.register(meta.file());
@@ -333,22 +396,30 @@ impl Streams {
         id: u64,
         conn: ConnId,
         ack_id: Option<u64>,
-        subject: &str,
-        data: &str,
-        headers: Option<&str>,
+        msg: Incoming<'_>,
+        now: Instant,
     ) -> Result<(), ApiError> {
+        let Incoming {
+            subject,
+            data,
+            headers,
+        } = msg;
         if let Some(why) = &self.down {
             return Err(ApiError::new(
                 Code::Unavailable,
                 format!("streams are unavailable: {why}"),
             ));
         }
-        let slot = self
-            .by_id
-            .get(&id)
-            .and_then(|name| self.set.get_mut(name))
+        if self.held.len() + self.unflushed.len() >= HELD_ACKS_MAX {
+            return Err(ApiError::new(
+                Code::Limit,
+                "too many stream acks are waiting for the disk",
+            ));
+        }
+        let now_ms = self.wall.ms_at(now);
+        let slot = slot_by_id(&self.by_id, &mut self.set, id)
             .ok_or_else(|| not_found("stream capturing", subject))?;
-        let stored = slot.stream.store(subject, data, headers, epoch_ms())?;
+        let stored = slot.stream.store(subject, data, headers, now_ms)?;
         slot.touched = true;
         let reply = match stored {
             Stored::New { seq, removed } => {
@@ -435,9 +506,8 @@ impl Streams {
             "consumer.list" => {
                 v(sm_arg::<StreamReq>(arg).and_then(|r| self.consumer_list(&r.stream)))
             }
-            "consumer.delete" => v(
-                sm_arg::<ConsumerReq>(arg).and_then(|r| self.consumer_delete(&r.stream, &r.name))
-            ),
+            "consumer.delete" => v(sm_arg::<ConsumerReq>(arg)
+                .and_then(|r| self.consumer_delete(io, &r.stream, &r.name))),
             "consumer.fetch" => {
                 sm_arg::<FetchReq>(arg).and_then(|r| self.fetch(conn, ack_id, r, now))
             }
@@ -577,8 +647,8 @@ impl Streams {
             std::fs::remove_dir_all(&dir).map_err(internal)?;
         }
         // Acks waiting on the deleted stream's files have nothing left to
-        // wait for: they are answered now. Fetches waiting on it end empty
-        // at their expiry.
+        // wait for: they are answered now, and so are fetches waiting on it.
+        self.end_waits(io, |w| &*w.stream == name);
         let mut now = Vec::new();
         self.held.retain_mut(|(_, h)| {
             let gone = &*h.stream == name;
@@ -703,7 +773,15 @@ impl Streams {
         if !slot.stream.consumers.contains_key(name) {
             return Err(not_found("consumer", name));
         }
-        Ok(Some(consumer_json(&slot.stream, name)))
+        let mut v = consumer_json(&slot.stream, name);
+        let stream_name = Rc::clone(&slot.name);
+        let waiting = self
+            .waits
+            .iter()
+            .filter(|w| w.stream == stream_name && w.consumer == name)
+            .count();
+        v["consumer"]["num_waiting"] = waiting.into();
+        Ok(Some(v))
     }
 
     fn consumer_list(&mut self, stream: &str) -> Result<Option<Value>, ApiError> {
@@ -717,7 +795,12 @@ impl Streams {
         Ok(Some(json!({ "consumers": list })))
     }
 
-    fn consumer_delete(&mut self, stream: &str, name: &str) -> Result<Option<Value>, ApiError> {
+    fn consumer_delete(
+        &mut self,
+        io: &mut Io<'_>,
+        stream: &str,
+        name: &str,
+    ) -> Result<Option<Value>, ApiError> {
         let syncer = self.syncer.clone();
         let slot = self.slot(stream)?;
         let gone = slot
@@ -740,9 +823,29 @@ impl Streams {
         }
         slot.touched = true;
         let stream_name = Rc::clone(&slot.name);
-        self.waits
-            .retain(|w| !(w.stream == stream_name && w.consumer == name));
+        self.end_waits(io, |w| w.stream == stream_name && w.consumer == name);
         Ok(Some(json!({})))
+    }
+
+    /// Answers the waiting fetches that `gone` picks with `not_found`:
+    /// their consumer or stream was deleted.
+    fn end_waits(&mut self, io: &mut Io<'_>, gone: impl Fn(&Wait) -> bool) {
+        let mut i = 0;
+        while i < self.waits.len() {
+            if !gone(&self.waits[i]) {
+                i += 1;
+                continue;
+            }
+            let w = self.waits.remove(i);
+            let e = not_found("consumer", &w.consumer);
+            let e = ApiError::new(
+                e.code,
+                format!("{}: deleted while the fetch waited", e.message),
+            );
+            self.head.clear();
+            socketio::write_header(&mut self.head, Kind::Ack, 0, "/", Some(w.ack_id));
+            io.send_text(w.conn, &[&self.head, e.ack_body().as_bytes()]);
+        }
     }
 
     fn fetch(
@@ -866,7 +969,8 @@ impl Streams {
             return;
         }
         let now = io.now();
-        let now_ms = epoch_ms();
+        self.wall = Wall::read(now);
+        let now_ms = self.wall.ms_at(now);
         let mut more = false;
         for slot in self.set.values_mut() {
             maintain(slot, now, now_ms);
@@ -897,7 +1001,7 @@ impl Streams {
         for w in &self.waits {
             fold(Some(w.deadline));
         }
-        let now_ms = epoch_ms();
+        let now_ms = self.wall.ms_at(now);
         for slot in self.set.values() {
             for m in slot.stream.consumers.values() {
                 fold(m.consumer.next_deadline());
@@ -930,17 +1034,18 @@ impl Streams {
                 continue;
             }
             slot.touched = false;
-            if slot.meta.wants_compaction() {
-                if let Err(e) = save(slot, self.syncer.as_deref()) {
-                    failed = Some(e.message);
-                }
-            }
+            // Messages are written before the cursors that refer to them.
             if let Err(e) = slot
                 .stream
                 .flush()
                 .map(|t| self.ticket = self.ticket.max(t))
             {
                 failed = Some(e.to_string());
+            }
+            if slot.meta.wants_compaction() {
+                if let Err(e) = save(slot, self.syncer.as_deref()) {
+                    failed = Some(e.message);
+                }
             }
             match slot.meta.flush() {
                 Ok(true) => {
@@ -1045,164 +1150,22 @@ impl Streams {
     }
 }
 
-/// Push deliveries of one stream's push consumers; true if one of them
-/// stopped at its per-turn cap with more to send.
-fn push_slot(
-    io: &mut Io<'_>,
-    subs: &mut SubTable,
-    slot: &mut Slot,
-    now: Instant,
-    pick: &mut usize,
-) -> bool {
-    let names: Vec<String> = slot
-        .stream
-        .consumers
-        .iter()
-        .filter(|(_, m)| {
-            m.consumer.cfg.deliver_subject.is_some()
-                && m.consumer.may_have_work(slot.stream.last_seq())
-        })
-        .map(|(n, _)| n.clone())
-        .collect();
-    let mut more = false;
-    for name in names {
-        more |= push_one(io, subs, slot, &name, now, pick);
+/// Whether a stream directory is what a create left when it died before
+/// writing its first snapshot: no `meta.snap` and no segment file.
+fn abandoned(dir: &Path) -> bool {
+    if dir.join("meta.snap").exists() {
+        return false;
     }
-    more
-}
-
-fn push_one(
-    io: &mut Io<'_>,
-    subs: &mut SubTable,
-    slot: &mut Slot,
-    name: &str,
-    now: Instant,
-    pick: &mut usize,
-) -> bool {
-    let stream_name = Rc::clone(&slot.name);
-    let Some((msgs, member)) = slot.stream.split(name) else {
+    let Ok(entries) = std::fs::read_dir(dir) else {
         return false;
     };
-    let Some(subject) = member.consumer.cfg.deliver_subject.clone() else {
-        return false;
-    };
-    let group = member.consumer.cfg.deliver_group.clone();
-    let none = member.consumer.cfg.ack_policy == AckPolicy::None;
-    let mut events = Vec::new();
-    let mut done = Vec::new();
-    let mut sent = 0;
-    let mut tail = Vec::new();
-    while sent < PUSH_PER_TURN_MAX {
-        if !has_targets(subs, &subject, group.as_deref()) {
-            break;
-        }
-        let Some(d) = member.consumer.next(now, &msgs, &mut events) else {
-            break;
-        };
-        let targets = push_targets(subs, &subject, group.as_deref(), pick);
-        let Ok(Some(m)) = msgs.get(d.seq) else {
-            continue;
-        };
-        tail.clear();
-        tail.extend_from_slice(b",\"subject\":");
-        push_str(&mut tail, &m.subject);
-        tail.extend_from_slice(b",\"data\":");
-        tail.extend_from_slice(m.data.as_bytes());
-        if let Some(h) = &m.headers {
-            tail.extend_from_slice(b",\"headers\":");
-            tail.extend_from_slice(h.as_bytes());
-        }
-        tail.extend_from_slice(b",\"stream\":");
-        push_str(&mut tail, &stream_name);
-        tail.extend_from_slice(b",\"consumer\":");
-        push_str(&mut tail, name);
-        tail.extend_from_slice(
-            format!(",\"seq\":{},\"delivered\":{}}}]", d.seq, d.deliveries).as_bytes(),
-        );
-        for key in targets {
-            let Some(s) = subs.deliverable(key) else {
-                continue;
-            };
-            let conn = s.conn;
-            io.send_text(
-                conn,
-                &[b"2[\"msg\",{\"sid\":", s.sid_json.as_bytes(), &tail],
-            );
-            if let Some(end) = subs.delivered(key) {
-                let _ = subs.apply(end);
-            }
-        }
-        if none {
-            done.push(d.seq);
-        }
-        sent += 1;
-    }
-    let more = sent == PUSH_PER_TURN_MAX;
-    if !events.is_empty() || !done.is_empty() {
-        after_events(slot, name, &events, &done);
-        slot.touched = true;
-    }
-    more
+    !entries
+        .flatten()
+        .any(|e| e.file_name().to_str().is_some_and(|n| n.ends_with(".seg")))
 }
 
 /// Largest `nak` delay (one day).
 pub const NAK_DELAY_MS_MAX: u64 = 86_400_000;
-
-/// Whether a push delivery on `subject` (to `group`) would reach anyone.
-fn has_targets(subs: &mut SubTable, subject: &str, group: Option<&str>) -> bool {
-    let m = subs.matches(subject);
-    let live = |keys: &[u64]| keys.iter().any(|&k| subs.deliverable(k).is_some());
-    match group {
-        Some(g) => m.groups.iter().any(|q| &*q.queue == g && live(&q.members)),
-        None => live(&m.plain) || m.groups.iter().any(|q| live(&q.members)),
-    }
-}
-
-/// Who gets a push delivery on `subject`: with a group, one member of it;
-/// without, every plain subscriber and one member per queue group.
-fn push_targets(
-    subs: &mut SubTable,
-    subject: &str,
-    group: Option<&str>,
-    pick: &mut usize,
-) -> Vec<u64> {
-    let m = subs.matches(subject);
-    let mut out = Vec::new();
-    let mut one_of = |members: &[u64], out: &mut Vec<u64>| {
-        let live: Vec<u64> = members
-            .iter()
-            .copied()
-            .filter(|&k| subs.deliverable(k).is_some())
-            .collect();
-        if !live.is_empty() {
-            *pick = pick.wrapping_add(1);
-            out.push(live[*pick % live.len()]);
-        }
-    };
-    match group {
-        Some(g) => {
-            if let Some(q) = m.groups.iter().find(|q| &*q.queue == g) {
-                one_of(&q.members, &mut out);
-            }
-        }
-        None => {
-            out.extend(
-                m.plain
-                    .iter()
-                    .copied()
-                    .filter(|&k| subs.deliverable(k).is_some()),
-            );
-            for q in &m.groups {
-                if subs.group_mode(&q.queue) == GroupMode::Broadcast {
-                    out.extend(q.members.iter().copied());
-                } else {
-                    one_of(&q.members, &mut out);
-                }
-            }
-        }
-    }
-    out
-}
 
 /// Age limits, the duplicate window and redelivery timers of one stream.
 fn maintain(slot: &mut Slot, now: Instant, now_ms: u64) {
@@ -1230,7 +1193,7 @@ fn maintain(slot: &mut Slot, now: Instant, now_ms: u64) {
 
 /// Logs a consumer's events and applies the stream's retention to the
 /// sequences it is done with.
-fn after_events(slot: &mut Slot, consumer: &str, events: &[Event], done: &[u64]) {
+pub(super) fn after_events(slot: &mut Slot, consumer: &str, events: &[Event], done: &[u64]) {
     for &e in events {
         slot.meta.push(consumer, e);
     }
@@ -1313,6 +1276,9 @@ fn start_seq(stream: &Stream, cfg: &ConsumerConfig) -> u64 {
 /// grown past its bound).
 /// The new log replaces the old one in the fsync thread's registry.
 fn save(slot: &mut Slot, syncer: Option<&Syncer>) -> Result<(), ApiError> {
+    // The snapshot may name deliveries of messages appended this turn:
+    // they are written first.
+    slot.stream.flush().map_err(internal)?;
     let mut snap = Snapshot {
         gen: 0,
         config: slot.stream.cfg.clone(),
@@ -1342,126 +1308,6 @@ fn save(slot: &mut Slot, syncer: Option<&Syncer>) -> Result<(), ApiError> {
         slot.meta_key = s.register(slot.meta.file()).ok();
     }
     Ok(())
-}
-
-fn stream_json(s: &Stream) -> Value {
-    let st = s.state();
-    json!({
-        "stream": {
-            "config": s.cfg,
-            "state": {
-                "messages": st.messages,
-                "bytes": st.bytes,
-                "first_seq": st.first_seq,
-                "last_seq": st.last_seq,
-                "consumer_count": st.consumer_count,
-            }
-        }
-    })
-}
-
-fn consumer_json(s: &Stream, name: &str) -> Value {
-    let Some(m) = s.consumers.get(name) else {
-        return json!({});
-    };
-    let c = &m.consumer;
-    let d = c.delivered();
-    let f = c.ack_floor();
-    json!({
-        "consumer": {
-            "stream": s.cfg.name,
-            "name": name,
-            "config": c.cfg,
-            "delivered": {"stream_seq": d.stream_seq, "consumer_seq": d.consumer_seq},
-            "ack_floor": {"stream_seq": f.stream_seq, "consumer_seq": f.consumer_seq},
-            "num_pending": s.count_from(c.next_seq(), c.cfg.filter_subject.as_deref()),
-            "num_ack_pending": c.num_ack_pending(),
-            "num_redelivered": c.num_redelivered(),
-        }
-    })
-}
-
-/// A message as `stream.get` shows it (`data`/`headers` are raw JSON).
-fn message_json(seq: u64, m: &Msg, delivered: Option<u64>) -> Value {
-    let data: Value = serde_json::from_str(&m.data).unwrap_or(Value::Null);
-    let mut v = json!({"seq": seq, "subject": &*m.subject, "data": data, "time": m.time_ms});
-    if let Some(h) = &m.headers {
-        v["headers"] = serde_json::from_str(h).unwrap_or(Value::Null);
-    }
-    if let Some(d) = delivered {
-        v["delivered"] = d.into();
-    }
-    v
-}
-
-/// Up to `batch` deliveries of consumer `name` as JSON objects joined by
-/// commas into `body`; returns how many.
-fn take_batch(
-    slot: &mut Slot,
-    name: &str,
-    batch: usize,
-    now: Instant,
-    body: &mut Vec<u8>,
-) -> usize {
-    body.clear();
-    let Some((msgs, member)) = slot.stream.split(name) else {
-        return 0;
-    };
-    let none = member.consumer.cfg.ack_policy == AckPolicy::None;
-    let mut events = Vec::new();
-    let mut done = Vec::new();
-    let mut n = 0;
-    while n < batch && body.len() < FETCH_BYTES_MAX {
-        let Some(d) = member.consumer.next(now, &msgs, &mut events) else {
-            break;
-        };
-        let Ok(Some(m)) = msgs.get(d.seq) else {
-            continue;
-        };
-        if n > 0 {
-            body.push(b',');
-        }
-        body.extend_from_slice(format!("{{\"seq\":{},\"subject\":", d.seq).as_bytes());
-        push_str(body, &m.subject);
-        body.extend_from_slice(b",\"data\":");
-        body.extend_from_slice(m.data.as_bytes());
-        if let Some(h) = &m.headers {
-            body.extend_from_slice(b",\"headers\":");
-            body.extend_from_slice(h.as_bytes());
-        }
-        body.extend_from_slice(
-            format!(",\"time\":{},\"delivered\":{}}}", m.time_ms, d.deliveries).as_bytes(),
-        );
-        if none {
-            done.push(d.seq);
-        }
-        n += 1;
-    }
-    if !events.is_empty() || !done.is_empty() {
-        after_events(slot, name, &events, &done);
-        slot.touched = true;
-    }
-    n
-}
-
-/// `[{"ok":true,"messages":[…]}]` around messages joined by `take_batch`.
-fn fetch_body(messages: &[u8]) -> String {
-    let mut out = String::with_capacity(messages.len() + 32);
-    out.push_str("[{\"ok\":true,\"messages\":[");
-    out.push_str(std::str::from_utf8(messages).unwrap_or(""));
-    out.push_str("]}]");
-    out
-}
-
-/// Appends `s` as a JSON string literal.
-fn push_str(out: &mut Vec<u8>, s: &str) {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
-        out.push(b'"');
-        out.extend_from_slice(s.as_bytes());
-        out.push(b'"');
-    } else {
-        out.extend_from_slice(Value::from(s).to_string().as_bytes());
-    }
 }
 
 fn parse_obj(

@@ -20,13 +20,15 @@ use serde_json::{json, Value};
 
 use super::args::Parsed;
 use super::output::{self, Failure};
-use super::{connect, Namespace, Run};
+use super::{connect, connect_tuned, Namespace, Run};
 use crate::client::Error;
 
 /// A receiver that hears nothing for this long stops waiting.
 const IDLE_MAX: Duration = Duration::from_secs(5);
 /// How often the progress line is redrawn.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// Bytes one bench subscription may queue before its client drops some.
+const RECEIVER_BYTES_MAX: usize = 1 << 30;
 /// One wait of a receiver before it checks whether the run is over.
 const RECV_SLICE: Duration = Duration::from_millis(100);
 
@@ -41,6 +43,8 @@ pub struct Side {
     pub lat_us: Vec<u64>,
     /// When a receiver got its last message.
     pub last: Option<Instant>,
+    /// Messages the receiving client dropped (its queue was full).
+    pub dropped: u64,
 }
 
 struct Plan {
@@ -136,8 +140,14 @@ fn execute(p: &Parsed, plan: &Plan) -> Result<(Side, Option<Side>), Failure> {
         "sub" | "fanout" => plan.msgs,
         _ => u64::MAX,
     };
+    // Receivers queue everything the run sends, so the count is exact;
+    // anything their client still had to drop is reported.
+    let capacity = usize::try_from(plan.msgs).unwrap_or(usize::MAX);
     for _ in 0..plan.subs {
-        let client = connect(&p.global, Namespace::Root)?;
+        let client = connect_tuned(&p.global, Namespace::Root, |o| {
+            o.subscription_capacity = capacity;
+            o.subscription_bytes_max = RECEIVER_BYTES_MAX;
+        })?;
         let queue = matches!(plan.workload.as_str(), "queue" | "reqrep").then_some("bench");
         let sub = client
             .subscribe_with(&plan.subject, queue, None)
@@ -177,6 +187,7 @@ fn execute(p: &Parsed, plan: &Plan) -> Result<(Side, Option<Side>), Failure> {
                     Err(_) => break,
                 }
             }
+            side.dropped = sub.dropped();
             drop(client);
             side
         }));
@@ -239,6 +250,7 @@ fn execute(p: &Parsed, plan: &Plan) -> Result<(Side, Option<Side>), Failure> {
         for h in receivers {
             if let Ok(s) = h.join() {
                 side.msgs += s.msgs;
+                side.dropped += s.dropped;
                 // From the first publish to the last delivery anywhere.
                 if let Some(last) = s.last {
                     let secs = last.saturating_duration_since(started).as_secs_f64();
@@ -321,6 +333,7 @@ fn side_json(role: &str, s: &Side, size: usize) -> Value {
     json!({
         "role": role,
         "msgs": s.msgs,
+        "dropped": s.dropped,
         "seconds": s.secs,
         "msgs_per_sec": rate,
         "mb_per_sec": rate * size as f64 / 1e6,
@@ -387,6 +400,12 @@ fn report(p: &Parsed, plan: &Plan, publish: &Side, receive: Option<&Side>) {
         ],
         &table,
     );
+    if let Some(r) = receive.filter(|r| r.dropped > 0) {
+        println!(
+            "\nthe receiving clients dropped {} messages (their queues were full)",
+            r.dropped
+        );
+    }
 }
 
 #[cfg(test)]

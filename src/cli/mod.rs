@@ -31,7 +31,7 @@ pub enum Namespace {
 
 /// Connects to the first server that answers, with the namespace's token.
 pub fn connect(g: &Global, ns: Namespace) -> Result<Client, Failure> {
-    connect_timeout(g, ns, g.timeout)
+    connect_tuned(g, ns, |_| {})
 }
 
 /// [`connect`] with a different bound on each answer (long fetches).
@@ -40,17 +40,30 @@ pub fn connect_timeout(
     ns: Namespace,
     timeout: std::time::Duration,
 ) -> Result<Client, Failure> {
+    connect_tuned(g, ns, |o| o.timeout = timeout)
+}
+
+/// [`connect`] with the client's options adjusted by `tune` (the bench
+/// lets subscriptions queue more). The CLI never reconnects: a command
+/// fails when its connection does.
+pub fn connect_tuned(
+    g: &Global,
+    ns: Namespace,
+    tune: impl Fn(&mut Options),
+) -> Result<Client, Failure> {
     let (namespace, token) = match ns {
         Namespace::Root => ("/", g.token.clone()),
         Namespace::Control => ("/control", g.control_token.clone()),
     };
     let mut last = None;
     for server in &g.servers {
-        let opts = Options {
+        let mut opts = Options {
             token: token.clone(),
             namespace: namespace.to_string(),
-            timeout,
+            timeout: g.timeout,
+            ..Options::default()
         };
+        tune(&mut opts);
         match Client::connect_with(server, opts) {
             Ok(c) => return Ok(c),
             Err(e) => last = Some((server, e)),

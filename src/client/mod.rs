@@ -1,12 +1,12 @@
 //! The Rust client of gombus: a blocking Socket.IO v5 client (Engine.IO v4
 //! over WebSocket, no TLS) that speaks the broker's events.
 //!
-//! One [`Client`] is one Socket.IO connection to one namespace. A background
-//! reader thread owns the read half of the TCP stream: it answers Engine.IO
-//! pings, hands acks to the call waiting for them (one channel per call, so a
-//! round trip has no polling delay) and pushes `msg` deliveries into the
-//! channel of their [`Subscription`]. Callers write whole frames under a
-//! mutex on the other half of the stream.
+//! One [`Client`] is one Socket.IO connection to one namespace at a time. A
+//! background thread owns the read half of the TCP stream: it answers
+//! Engine.IO pings, hands acks to the call waiting for them (one channel per
+//! call, so a round trip has no polling delay) and pushes `msg` deliveries
+//! into the queue of their [`Subscription`]. Callers write whole frames under
+//! a mutex on the other half of the stream.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -24,28 +24,100 @@
 //! client.close()
 //! # }
 //! ```
+//!
+//! # Reconnecting
+//!
+//! [`Client::connect`] and [`Client::connect_with`] keep one connection:
+//! when it drops, the client is closed and calls fail with
+//! [`Error::Closed`]. With [`Options::reconnect`] set (as
+//! [`Client::connect_any`] does), the client survives that:
+//!
+//! - it connects to the first address of its list that answers, and after a
+//!   drop tries the *next* address each time (a cluster: any node will do),
+//!   waiting a capped exponential backoff with jitter before each attempt;
+//!   by default 50 ms doubling to 2 s, each wait drawn from `[d/2, d]`,
+//!   retrying forever ([`Reconnect`]);
+//! - after the handshake it re-sends every live subscription under the same
+//!   sid (queue group and the deliveries left of a `max` included), so a
+//!   [`Subscription`] handle simply keeps receiving; then it sends the
+//!   publishes held while down; only then do new calls go through;
+//! - calls waiting for an ack when the link dropped fail with
+//!   [`Error::Disconnected`] (the server may or may not have acted on them);
+//!   calls made while down fail fast with [`Error::Reconnecting`], except
+//!   publishes when [`Options::publish_buffer`] is non-zero: up to that many
+//!   are held and sent after the reconnect ([`Error::BufferFull`] past it);
+//! - [`Client::events`] reports [`Event::Disconnected`],
+//!   [`Event::Reconnected`] (once the server acked every re-sent
+//!   subscription), [`Event::ResubscribeFailed`] and, once, the final
+//!   [`Event::Closed`].
+//!
+//! A link counts as dropped when the socket closes or fails, and also when
+//! the server stays silent past its `pingInterval + pingTimeout` (Engine.IO
+//! v4 "heartbeat"), which catches a peer that vanished without a word.
+//! Messages published while a subscriber is disconnected are not delivered
+//! to it: the broker keeps no state for a connection that is gone.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use gombus::client::{Client, Event, Options, Reconnect};
+//!
+//! # fn main() -> Result<(), gombus::client::Error> {
+//! let opts = Options {
+//!     reconnect: Some(Reconnect::default()),
+//!     publish_buffer: 1000,
+//!     ..Options::default()
+//! };
+//! let client = Client::connect_any_with(&["127.0.0.1:4001", "127.0.0.1:4002"], opts)?;
+//! let events = client.events();
+//! let sub = client.queue_subscribe("jobs.*", "workers")?;
+//! if let Ok(Event::Disconnected { url, reason }) = events.recv_timeout(Duration::from_secs(1)) {
+//!     eprintln!("lost {url}: {reason}; reconnecting");
+//! }
+//! # drop(sub);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Bounded queues
+//!
+//! Each subscription queues at most [`Options::subscription_capacity`]
+//! messages (default 65 536) and [`Options::subscription_bytes_max`] bytes
+//! (default 64 MiB, counted as received on the wire). When a new message
+//! does not fit, the oldest queued ones are dropped and counted
+//! ([`Subscription::dropped`]). The background thread never blocks on a slow reader: blocking it would
+//! also hold up acks and heartbeats of every other call on the connection,
+//! and a single forgotten subscription would stall the whole client. The
+//! event queue holds the latest 1 024 events the same way.
 
+mod backoff;
+mod dial;
+mod inbox;
+mod reader;
+mod shared;
 mod stream;
+mod supervisor;
 mod wire;
 
-use std::collections::{BTreeMap, HashMap};
+pub use backoff::Reconnect;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::io;
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tungstenite::protocol::frame::coding::OpCode;
 
+use inbox::{Empty, Inbox};
+use shared::{Phase, Shared, State, SubRoute};
 pub use stream::{
     ConsumerConfig, ConsumerInfo, PubAck, SeqPair, StoredMessage, StreamConfig, StreamDelivery,
     StreamInfo, StreamState,
 };
-use wire::{EioPacket, FrameDecoder, MaskRng, SioKind, WsMessage};
+use wire::SioKind;
 
 /// Largest WebSocket message the client accepts from the server, in bytes.
 const MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -55,13 +127,21 @@ const READ_CHUNK_BYTES: usize = 64 * 1024;
 const CLOSE_WAIT_MAX: Duration = Duration::from_secs(2);
 /// WebSocket close status "normal closure" (RFC 6455 §7.4.1).
 const CLOSE_NORMAL: u16 = 1000;
+/// Default of [`Options::subscription_capacity`], in messages.
+const SUBSCRIPTION_CAPACITY_DEFAULT: usize = 65_536;
+/// Default of [`Options::subscription_bytes_max`]: 64 MiB.
+const SUBSCRIPTION_BYTES_DEFAULT: usize = 64 * 1024 * 1024;
+/// Events kept for [`Client::events`] before the oldest is dropped.
+const EVENTS_MAX: usize = 1024;
 
 // ---------------------------------------------------------------------------
 // Public types.
 // ---------------------------------------------------------------------------
 
-/// Connection options; [`Options::default`] connects to `/` without a token
-/// and waits at most 5 s for the handshake and for each ack.
+/// Connection options; [`Options::default`] connects to `/` without a token,
+/// waits at most 5 s for the handshake and for each ack, does not
+/// reconnect, holds no publishes and queues up to 65 536 messages or 64 MiB
+/// per subscription.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Sent as the CONNECT auth payload `{"token": …}` when set.
@@ -70,6 +150,18 @@ pub struct Options {
     pub namespace: String,
     /// Bound on connecting and on waiting for any ack.
     pub timeout: Duration,
+    /// Reconnect after the connection drops; `None` closes the client.
+    pub reconnect: Option<Reconnect>,
+    /// Publishes held while reconnecting, sent once connected again.
+    /// 0 (the default) fails them at once with [`Error::Reconnecting`]. An
+    /// acked publish still waits at most `timeout` for its ack; one that
+    /// times out while held is sent all the same.
+    pub publish_buffer: usize,
+    /// Messages each [`Subscription`] queues before dropping the oldest.
+    pub subscription_capacity: usize,
+    /// Bytes (as received on the wire) each [`Subscription`] queues before
+    /// dropping the oldest; the newest message is always kept.
+    pub subscription_bytes_max: usize,
 }
 
 impl Default for Options {
@@ -78,6 +170,10 @@ impl Default for Options {
             token: None,
             namespace: "/".to_string(),
             timeout: Duration::from_secs(5),
+            reconnect: None,
+            publish_buffer: 0,
+            subscription_capacity: SUBSCRIPTION_CAPACITY_DEFAULT,
+            subscription_bytes_max: SUBSCRIPTION_BYTES_DEFAULT,
         }
     }
 }
@@ -100,6 +196,14 @@ pub enum Error {
     Closed,
     /// The peer broke the wire format, or a request could not be encoded.
     Protocol(String),
+    /// The connection dropped while this call waited for its ack; the
+    /// server may or may not have acted on it. The client is reconnecting.
+    Disconnected,
+    /// The client is reconnecting and this call cannot wait for it (every
+    /// call but a publish, and publishes when no buffer is configured).
+    Reconnecting,
+    /// The client is reconnecting and the publish buffer is full.
+    BufferFull,
 }
 
 impl Error {
@@ -122,6 +226,9 @@ impl fmt::Display for Error {
             Error::Timeout => f.write_str("timed out"),
             Error::Closed => f.write_str("connection closed"),
             Error::Protocol(m) => write!(f, "protocol error: {m}"),
+            Error::Disconnected => f.write_str("connection lost while waiting for the ack"),
+            Error::Reconnecting => f.write_str("not connected: reconnecting"),
+            Error::BufferFull => f.write_str("not connected: the publish buffer is full"),
         }
     }
 }
@@ -158,6 +265,9 @@ impl PartialEq for Error {
             (Error::Timeout, Error::Timeout) => true,
             (Error::Closed, Error::Closed) => true,
             (Error::Protocol(a), Error::Protocol(b)) => a == b,
+            (Error::Disconnected, Error::Disconnected) => true,
+            (Error::Reconnecting, Error::Reconnecting) => true,
+            (Error::BufferFull, Error::BufferFull) => true,
             _ => false,
         }
     }
@@ -283,233 +393,61 @@ fn take_headers(fields: &mut serde_json::Map<String, Value>) -> Option<BTreeMap<
     )
 }
 
-// ---------------------------------------------------------------------------
-// Shared state between callers and the reader thread.
-// ---------------------------------------------------------------------------
-
-/// An ack as received: its single argument and any attachments.
-#[derive(Debug)]
-struct Reply {
-    value: Value,
-    attachments: Vec<Vec<u8>>,
+/// Something that happened to the client's connection; see
+/// [`Client::events`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The link to `url` ended; with [`Options::reconnect`] set the client
+    /// is now reconnecting, else it is closed.
+    Disconnected { url: String, reason: String },
+    /// Connected again, to `url`, on the `attempts`-th attempt. Reported
+    /// once the server has acked every re-sent subscription (and the held
+    /// publishes are sent), so what is published anywhere after this event
+    /// reaches the subscriptions.
+    Reconnected { url: String, attempts: u32 },
+    /// The server refused subscription `sid` on reconnect; its
+    /// [`Subscription`] is closed.
+    ResubscribeFailed { sid: String, error: String },
+    /// The client is closed for good; the last event.
+    Closed { reason: String },
 }
 
-/// Where incoming packets go. Locked briefly; never held across I/O.
-#[derive(Debug, Default)]
-struct Routes {
-    next_ack_id: u64,
-    pending: HashMap<u64, SyncSender<Reply>>,
-    subs: HashMap<String, Sender<Message>>,
-    closed: bool,
+/// The client's [`Event`]s, in order. Every handle from [`Client::events`]
+/// reads the same queue, which keeps the latest 1 024 events.
+#[derive(Debug, Clone)]
+pub struct Events {
+    inbox: Arc<Inbox<Event>>,
 }
 
-/// The write half: whole packets (text frame plus attachments) are written
-/// under this lock so frames of two callers never interleave.
-struct Writer {
-    stream: TcpStream,
-    rng: MaskRng,
-    buf: Vec<u8>,
-    /// RFC 6455 §5.5.1: an endpoint sends at most one close frame.
-    close_sent: bool,
-}
-
-impl Writer {
-    fn send_packet(&mut self, text: &str, attachments: &[Vec<u8>]) -> io::Result<()> {
-        self.buf.clear();
-        let mask = self.rng.next_mask();
-        wire::encode_frame(&mut self.buf, wire::text_opcode(), text.as_bytes(), mask);
-        for bytes in attachments {
-            let mask = self.rng.next_mask();
-            wire::encode_frame(&mut self.buf, wire::binary_opcode(), bytes, mask);
-        }
-        self.stream.write_all(&self.buf)
+impl Events {
+    /// Waits at most `timeout` for the next event; [`Error::Closed`] once
+    /// [`Event::Closed`] was received.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Event, Error> {
+        self.inbox
+            .recv(Some(Instant::now() + timeout))
+            .map_err(empty_error)
     }
 
-    /// Sends the WebSocket close frame unless one went out already.
-    fn send_close(&mut self, code: u16) -> io::Result<()> {
-        if self.close_sent {
-            return Ok(());
-        }
-        self.close_sent = true;
-        self.send_control(wire::close_opcode(), &code.to_be_bytes())
+    /// The next event if one is queued.
+    pub fn try_recv(&self) -> Result<Option<Event>, Error> {
+        self.inbox.try_recv().map_err(empty_error)
     }
 
-    fn send_control(&mut self, opcode: OpCode, payload: &[u8]) -> io::Result<()> {
-        self.buf.clear();
-        let mask = self.rng.next_mask();
-        wire::encode_frame(&mut self.buf, opcode, payload, mask);
-        self.stream.write_all(&self.buf)
+    /// Events as they come, until the client is closed.
+    pub fn iter(&self) -> impl Iterator<Item = Event> + '_ {
+        std::iter::from_fn(|| self.inbox.recv(None).ok())
+    }
+
+    /// Events dropped because nobody read them in time.
+    pub fn dropped(&self) -> u64 {
+        self.inbox.dropped()
     }
 }
 
-struct Shared {
-    namespace: String,
-    timeout: Duration,
-    /// The server's `maxPayload`: a packet beyond it would close the
-    /// connection, so the client refuses to send it.
-    max_payload: Option<u64>,
-    writer: Mutex<Writer>,
-    routes: Mutex<Routes>,
-    /// Signalled when `routes.closed` becomes true.
-    closed_signal: Condvar,
-    /// A third handle on the socket so shutdown never waits for a writer.
-    socket: TcpStream,
-    next_sid: AtomicU64,
-    /// Engine.IO pings answered since the connection opened.
-    pongs: AtomicU64,
-}
-
-impl Shared {
-    fn routes(&self) -> MutexGuard<'_, Routes> {
-        // A panic while holding the lock leaves plain maps behind; they are
-        // still consistent, so keep going.
-        self.routes.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn writer(&self) -> MutexGuard<'_, Writer> {
-        self.writer.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Marks the connection closed: waiting calls and subscriptions see
-    /// their channels disconnect, which they report as [`Error::Closed`].
-    fn mark_closed(&self) {
-        let mut routes = self.routes();
-        routes.closed = true;
-        routes.pending.clear();
-        routes.subs.clear();
-        drop(routes);
-        self.closed_signal.notify_all();
-    }
-
-    fn is_closed(&self) -> bool {
-        self.routes().closed
-    }
-
-    fn wait_closed(&self, wait: Duration) {
-        let deadline = Instant::now() + wait;
-        let mut routes = self.routes();
-        while !routes.closed {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            routes = match self.closed_signal.wait_timeout(routes, left) {
-                Ok((guard, _)) => guard,
-                Err(p) => p.into_inner().0,
-            };
-        }
-    }
-
-    /// Sends `[event, arg]` with `attachments`; with `ack_wait` set, waits
-    /// that long for the ack and checks `ok`.
-    fn emit(
-        &self,
-        event: &str,
-        arg: Value,
-        attachments: &[Vec<u8>],
-        ack_wait: Option<Duration>,
-    ) -> Result<Option<Reply>, Error> {
-        let payload = serde_json::to_string(&json!([event, arg]))
-            .map_err(|e| Error::Protocol(format!("cannot encode {event}: {e}")))?;
-        let kind = if attachments.is_empty() {
-            SioKind::Event
-        } else {
-            SioKind::BinaryEvent
-        };
-        let ack = match ack_wait {
-            Some(_) => Some(self.register_ack()?),
-            None if self.is_closed() => return Err(Error::Closed),
-            None => None,
-        };
-        let ack_id = ack.as_ref().map(|(id, _)| *id);
-        let text = wire::encode_sio(kind, attachments.len(), &self.namespace, ack_id, &payload);
-        if let Err(e) = self.check_size(&text, attachments).and_then(|()| {
-            self.writer()
-                .send_packet(&text, attachments)
-                .map_err(|e| self.write_failed(e))
-        }) {
-            if let Some(id) = ack_id {
-                self.routes().pending.remove(&id);
-            }
-            return Err(e);
-        }
-        let (Some((id, rx)), Some(wait)) = (ack, ack_wait) else {
-            return Ok(None);
-        };
-        match rx.recv_timeout(wait) {
-            Ok(reply) => check_ack(reply).map(Some),
-            Err(RecvTimeoutError::Timeout) => {
-                self.routes().pending.remove(&id);
-                Err(Error::Timeout)
-            }
-            Err(RecvTimeoutError::Disconnected) => Err(Error::Closed),
-        }
-    }
-
-    fn register_ack(&self) -> Result<(u64, Receiver<Reply>), Error> {
-        let mut routes = self.routes();
-        if routes.closed {
-            return Err(Error::Closed);
-        }
-        let id = routes.next_ack_id;
-        routes.next_ack_id = routes.next_ack_id.wrapping_add(1);
-        let (tx, rx) = mpsc::sync_channel(1);
-        routes.pending.insert(id, tx);
-        Ok((id, rx))
-    }
-
-    fn check_size(&self, text: &str, attachments: &[Vec<u8>]) -> Result<(), Error> {
-        let Some(max) = self.max_payload else {
-            return Ok(());
-        };
-        let too_big = |n: usize| u64::try_from(n).map_or(true, |n| n > max);
-        if too_big(text.len()) || attachments.iter().any(|a| too_big(a.len())) {
-            return Err(Error::Protocol(format!(
-                "packet exceeds the server's maxPayload of {max} bytes"
-            )));
-        }
-        Ok(())
-    }
-
-    /// A failed or partial write leaves the peer mid-frame, so the
-    /// connection cannot carry another packet: shut it down, which makes
-    /// the reader mark it closed.
-    fn write_failed(&self, e: io::Error) -> Error {
-        let error = self.io_error(e);
-        let _ = self.socket.shutdown(Shutdown::Both);
-        error
-    }
-
-    fn io_error(&self, e: io::Error) -> Error {
-        if self.is_closed() {
-            Error::Closed
-        } else {
-            Error::Io(e)
-        }
-    }
-}
-
-fn check_ack(reply: Reply) -> Result<Reply, Error> {
-    match reply.value.get("ok").and_then(Value::as_bool) {
-        Some(true) => Ok(reply),
-        Some(false) => {
-            let error = reply.value.get("error");
-            let field = |key: &str| {
-                error
-                    .and_then(|e| e.get(key))
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string()
-            };
-            Err(Error::Server {
-                code: field("code"),
-                message: field("message"),
-            })
-        }
-        None => Err(Error::Protocol(format!(
-            "ack without a boolean ok: {}",
-            reply.value
-        ))),
+fn empty_error(empty: Empty) -> Error {
+    match empty {
+        Empty::Timeout => Error::Timeout,
+        Empty::Closed => Error::Closed,
     }
 }
 
@@ -521,13 +459,14 @@ fn check_ack(reply: Reply) -> Result<Reply, Error> {
 /// it by reference between threads. Dropping it closes the connection.
 pub struct Client {
     shared: Arc<Shared>,
-    reader: Option<JoinHandle<()>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Client")
-            .field("namespace", &self.shared.namespace)
+            .field("namespace", &self.shared.opts.namespace)
+            .field("urls", &self.shared.urls)
             .finish_non_exhaustive()
     }
 }
@@ -542,50 +481,72 @@ impl Client {
     /// Connects with explicit options: upgrade to WebSocket, read the
     /// Engine.IO open packet, then the Socket.IO CONNECT exchange.
     pub fn connect_with(addr: &str, opts: Options) -> Result<Client, Error> {
-        let target = wire::parse_target(addr).map_err(|e| Error::Handshake(e.0))?;
-        let deadline = Instant::now() + opts.timeout;
-        let stream = tcp_connect(&target.host_port, opts.timeout)?;
-        stream.set_nodelay(true)?;
-        stream.set_write_timeout(Some(opts.timeout))?;
-        let mut handshake = Handshake {
-            stream,
-            decoder: FrameDecoder::new(MESSAGE_BYTES_MAX),
-            deadline,
-            rng: MaskRng::new(),
+        Client::connect_any_with(&[addr], opts)
+    }
+
+    /// Connects to the first of `urls` that answers, and reconnects with
+    /// the default [`Reconnect`] policy when the connection drops.
+    pub fn connect_any<S: AsRef<str>>(urls: &[S]) -> Result<Client, Error> {
+        let opts = Options {
+            reconnect: Some(Reconnect::default()),
+            ..Options::default()
         };
-        handshake.upgrade(&target)?;
-        let open = handshake.await_open()?;
-        handshake.join_namespace(&opts)?;
-        let Handshake {
-            stream,
-            decoder,
-            rng,
-            ..
-        } = handshake;
-        stream.set_read_timeout(None)?;
+        Client::connect_any_with(urls, opts)
+    }
+
+    /// Tries each of `urls` once, in order, and keeps the first that
+    /// completes the handshake; if none does, returns the last error. The
+    /// list is also where a reconnect (with `opts.reconnect` set) looks.
+    pub fn connect_any_with<S: AsRef<str>>(urls: &[S], opts: Options) -> Result<Client, Error> {
+        let urls: Vec<String> = urls.iter().map(|u| u.as_ref().to_string()).collect();
+        for url in &urls {
+            wire::parse_target(url).map_err(|e| Error::Handshake(e.0))?;
+        }
+        let mut last = Error::Handshake("no address to connect to".to_string());
+        for (index, url) in urls.iter().enumerate() {
+            match dial::dial(url, &opts, |_| {}) {
+                Ok(dialed) => return Client::start(urls, opts, dialed, index),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn start(
+        urls: Vec<String>,
+        opts: Options,
+        dialed: dial::Dialed,
+        index: usize,
+    ) -> Result<Client, Error> {
+        let (link, half) = supervisor::link_up(dialed)?;
+        let state = State {
+            phase: Phase::Up(Arc::clone(&link)),
+            closing: false,
+            next_ack_id: 0,
+            pending: HashMap::new(),
+            subs: HashMap::new(),
+            held: VecDeque::new(),
+            max_payload: link.max_payload,
+            dialing: None,
+            resubs_unacked: 0,
+            announce: None,
+        };
         let shared = Arc::new(Shared {
-            namespace: opts.namespace,
-            timeout: opts.timeout,
-            max_payload: open.max_payload,
-            writer: Mutex::new(Writer {
-                stream: stream.try_clone()?,
-                rng,
-                buf: Vec::new(),
-                close_sent: false,
-            }),
-            routes: Mutex::new(Routes::default()),
-            closed_signal: Condvar::new(),
-            socket: stream.try_clone()?,
+            opts,
+            urls,
+            state: Mutex::new(state),
+            changed: Condvar::new(),
             next_sid: AtomicU64::new(1),
             pongs: AtomicU64::new(0),
+            events: Arc::new(Inbox::new(EVENTS_MAX, usize::MAX)),
         });
-        let reader_shared = Arc::clone(&shared);
-        let reader = thread::Builder::new()
-            .name("gombus-client-reader".to_string())
-            .spawn(move || Reader::new(reader_shared, stream, decoder).run())?;
+        let thread_shared = Arc::clone(&shared);
+        let thread = thread::Builder::new()
+            .name("gombus-client".to_string())
+            .spawn(move || supervisor::run(thread_shared, link, half, index))?;
         Ok(Client {
             shared,
-            reader: Some(reader),
+            thread: Some(thread),
         })
     }
 
@@ -613,28 +574,37 @@ impl Client {
             .next_sid
             .fetch_add(1, Ordering::Relaxed)
             .to_string();
-        let (tx, rx) = mpsc::channel();
+        let opts = &self.shared.opts;
+        let inbox = Arc::new(Inbox::new(
+            opts.subscription_capacity,
+            opts.subscription_bytes_max,
+        ));
         {
-            let mut routes = self.shared.routes();
-            if routes.closed {
-                return Err(Error::Closed);
+            let mut state = self.shared.state();
+            match state.phase {
+                Phase::Closed => return Err(Error::Closed),
+                Phase::Down => return Err(Error::Reconnecting),
+                Phase::Up(_) => {}
             }
-            routes.subs.insert(sid.clone(), tx);
+            let route = SubRoute {
+                subject: subject.to_string(),
+                queue: queue.map(str::to_string),
+                left: max,
+                inbox: Arc::clone(&inbox),
+            };
+            state.subs.insert(sid.clone(), route);
         }
-        let mut arg = json!({ "subject": subject, "sid": sid });
-        if let Some(queue) = queue {
-            arg["queue"] = json!(queue);
-        }
-        if let Some(max) = max {
-            arg["max"] = json!(max);
-        }
-        if let Err(e) = self.call("sub", arg) {
-            self.shared.routes().subs.remove(&sid);
+        if let Err(e) = self.call("sub", sub_arg(&sid, subject, queue, max)) {
+            self.shared.state().subs.remove(&sid);
+            if e == Error::Disconnected {
+                // A reconnect may have re-sent it already: undo that.
+                let _ = self.emit("unsub", json!({ "sid": sid }));
+            }
             return Err(e);
         }
         Ok(Subscription {
             sid,
-            rx,
+            inbox,
             shared: Arc::clone(&self.shared),
             active: true,
         })
@@ -667,8 +637,8 @@ impl Client {
     /// otherwise it returns `Value::Null` once the packet is written.
     pub fn publish_msg(&self, msg: &OutMessage, acked: bool) -> Result<Value, Error> {
         let (arg, attachments) = msg.encode();
-        let wait = acked.then_some(self.shared.timeout);
-        let reply = self.shared.emit("pub", arg, &attachments, wait)?;
+        let wait = acked.then_some(self.shared.opts.timeout);
+        let reply = self.shared.emit("pub", arg, &attachments, wait, true)?;
         Ok(reply.map_or(Value::Null, |r| r.value))
     }
 
@@ -692,10 +662,10 @@ impl Client {
             let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
             fields.insert("timeout_ms".to_string(), json!(millis));
         }
-        let wait = timeout.saturating_add(self.shared.timeout);
+        let wait = timeout.saturating_add(self.shared.opts.timeout);
         let reply = self
             .shared
-            .emit("request", arg, &attachments, Some(wait))?
+            .emit("request", arg, &attachments, Some(wait), false)?
             .ok_or_else(|| Error::Protocol("request without ack".to_string()))?;
         let Value::Object(mut fields) = reply.value else {
             return Err(Error::Protocol("request ack is not an object".to_string()));
@@ -722,20 +692,45 @@ impl Client {
     pub fn call(&self, event: &str, args: Value) -> Result<Value, Error> {
         let reply = self
             .shared
-            .emit(event, args, &[], Some(self.shared.timeout))?
+            .emit(event, args, &[], Some(self.shared.opts.timeout), false)?
             .ok_or_else(|| Error::Protocol(format!("{event} without ack")))?;
         Ok(reply.value)
     }
 
     /// Sends any event without an ack id (fire and forget).
     pub fn emit(&self, event: &str, args: Value) -> Result<(), Error> {
-        self.shared.emit(event, args, &[], None).map(|_| ())
+        self.shared.emit(event, args, &[], None, false).map(|_| ())
     }
 
-    /// Ends subscription `sid` on the server after `after` more messages.
+    /// Ends subscription `sid` on the server after `after` more messages
+    /// (a reconnect re-sends it with what is left of them).
     pub fn unsubscribe_after(&self, sid: &str, after: u64) -> Result<(), Error> {
-        self.call("unsub", json!({ "sid": sid, "after": after }))
-            .map(|_| ())
+        self.call("unsub", json!({ "sid": sid, "after": after }))?;
+        if let Some(route) = self.shared.state().subs.get_mut(sid) {
+            route.left = Some(after);
+        }
+        Ok(())
+    }
+
+    /// The client's connection events. Every handle reads one shared queue.
+    pub fn events(&self) -> Events {
+        Events {
+            inbox: Arc::clone(&self.shared.events),
+        }
+    }
+
+    /// The address of the current connection, `None` while reconnecting
+    /// or closed.
+    pub fn url(&self) -> Option<String> {
+        match &self.shared.state().phase {
+            Phase::Up(link) => Some(link.url.clone()),
+            Phase::Down | Phase::Closed => None,
+        }
+    }
+
+    /// Whether calls can go through now (not reconnecting, not closed).
+    pub fn is_connected(&self) -> bool {
+        matches!(self.shared.state().phase, Phase::Up(_))
     }
 
     /// How many of the server's heartbeat pings this client has answered.
@@ -743,7 +738,8 @@ impl Client {
         self.shared.pongs.load(Ordering::Relaxed)
     }
 
-    /// Whether the connection is closed (by either side).
+    /// Whether the client is closed for good: by [`Client::close`], by
+    /// the server without reconnect, or after reconnecting gave up.
     pub fn is_closed(&self) -> bool {
         self.shared.is_closed()
     }
@@ -755,27 +751,40 @@ impl Client {
     }
 
     fn shutdown(&mut self) -> Result<(), Error> {
-        let Some(reader) = self.reader.take() else {
+        let Some(thread) = self.thread.take() else {
             return Ok(());
         };
         let shared = &self.shared;
+        let link = {
+            let mut state = shared.state();
+            state.closing = true;
+            if let Some(socket) = state.dialing.take() {
+                let _ = socket.shutdown(Shutdown::Both);
+            }
+            match &state.phase {
+                Phase::Up(link) => Some(Arc::clone(link)),
+                Phase::Down | Phase::Closed => None,
+            }
+        };
+        shared.changed.notify_all();
         let mut result = Ok(());
-        if !shared.is_closed() {
-            let text = wire::encode_sio(SioKind::Disconnect, 0, &shared.namespace, None, "");
-            let mut writer = shared.writer();
+        if let Some(link) = link {
+            let text = wire::encode_sio(SioKind::Disconnect, 0, &shared.opts.namespace, None, "");
+            let mut writer = link.writer();
             result = writer
                 .send_packet(&text, &[])
                 .and_then(|()| writer.send_close(CLOSE_NORMAL))
-                .map_err(|e| shared.io_error(e));
+                .map_err(|e| shared.write_error(e));
             drop(writer);
             // Half-close so a server that waits for EOF sees it.
-            let _ = shared.socket.shutdown(Shutdown::Write);
-            shared.wait_closed(shared.timeout.min(CLOSE_WAIT_MAX));
+            let _ = link.socket.shutdown(Shutdown::Write);
+            shared.wait_closed(shared.opts.timeout.min(CLOSE_WAIT_MAX));
+            link.abort();
         }
-        let _ = shared.socket.shutdown(Shutdown::Both);
-        if reader.join().is_err() && result.is_ok() {
-            result = Err(Error::Protocol("client reader thread panicked".to_string()));
+        if thread.join().is_err() && result.is_ok() {
+            result = Err(Error::Protocol("client thread panicked".to_string()));
         }
+        shared.close_for_good(&mut shared.state(), "closed by the client");
         result
     }
 }
@@ -790,41 +799,33 @@ fn to_json(data: impl serde::Serialize) -> Result<Value, Error> {
     serde_json::to_value(data).map_err(|e| Error::Protocol(format!("data is not JSON: {e}")))
 }
 
-fn tcp_connect(host_port: &str, timeout: Duration) -> Result<TcpStream, Error> {
-    let mut last = None;
-    for addr in host_port.to_socket_addrs()? {
-        match TcpStream::connect_timeout(&addr, timeout) {
-            Ok(stream) => return Ok(stream),
-            Err(e) => last = Some(e),
-        }
+/// The `sub` argument; the reconnect path sends the same one again.
+fn sub_arg(sid: &str, subject: &str, queue: Option<&str>, max: Option<u64>) -> Value {
+    let mut arg = json!({ "subject": subject, "sid": sid });
+    if let Some(queue) = queue {
+        arg["queue"] = json!(queue);
     }
-    Err(match last {
-        Some(e) => Error::Io(e),
-        None => Error::Handshake(format!("{host_port} resolves to no address")),
-    })
+    if let Some(max) = max {
+        arg["max"] = json!(max);
+    }
+    arg
 }
 
 // ---------------------------------------------------------------------------
 // Subscriptions.
 // ---------------------------------------------------------------------------
 
-/// Deliveries of one subscription. The channel behind it is unbounded in
-/// this version: a subscriber that never reads lets messages pile up in
-/// memory. Dropping it unsubscribes (best effort, without waiting).
+/// Deliveries of one subscription, queued up to
+/// [`Options::subscription_capacity`] messages and
+/// [`Options::subscription_bytes_max`] bytes (the oldest are dropped past
+/// that, see [`Subscription::dropped`]). Survives reconnects under the same sid.
+/// Dropping it unsubscribes (best effort, without waiting).
 #[derive(Debug)]
 pub struct Subscription {
     sid: String,
-    rx: Receiver<Message>,
+    inbox: Arc<Inbox<Message>>,
     shared: Arc<Shared>,
     active: bool,
-}
-
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared")
-            .field("namespace", &self.namespace)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Subscription {
@@ -833,364 +834,61 @@ impl Subscription {
         &self.sid
     }
 
-    /// Blocks until a message arrives or the connection closes.
+    /// Blocks until a message arrives or the client closes for good.
     pub fn recv(&self) -> Result<Message, Error> {
-        self.rx.recv().map_err(|_| Error::Closed)
+        self.inbox.recv(None).map_err(empty_error)
     }
 
     /// Waits at most `timeout` for a message.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Message, Error> {
-        self.rx.recv_timeout(timeout).map_err(|e| match e {
-            RecvTimeoutError::Timeout => Error::Timeout,
-            RecvTimeoutError::Disconnected => Error::Closed,
-        })
+        self.inbox
+            .recv(Some(Instant::now() + timeout))
+            .map_err(empty_error)
     }
 
     /// A message if one is already here, `Ok(None)` if none is.
     pub fn try_recv(&self) -> Result<Option<Message>, Error> {
-        match self.rx.try_recv() {
-            Ok(m) => Ok(Some(m)),
-            Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => Err(Error::Closed),
-        }
+        self.inbox.try_recv().map_err(empty_error)
     }
 
-    /// Messages as they arrive, until the connection closes.
+    /// Messages as they arrive, until the client closes for good.
     pub fn iter(&self) -> impl Iterator<Item = Message> + '_ {
-        self.rx.iter()
+        std::iter::from_fn(|| self.inbox.recv(None).ok())
     }
 
-    /// Unsubscribes and waits for the server's ack.
+    /// Messages dropped because the queue was full when they arrived.
+    pub fn dropped(&self) -> u64 {
+        self.inbox.dropped()
+    }
+
+    /// Messages queued and not yet received.
+    pub fn pending(&self) -> usize {
+        self.inbox.len()
+    }
+
+    /// Unsubscribes and waits for the server's ack. While the client is
+    /// reconnecting this only forgets the subscription, which has the same
+    /// effect: it is not re-sent.
     pub fn unsubscribe(mut self) -> Result<(), Error> {
         self.active = false;
-        self.shared.routes().subs.remove(&self.sid);
-        self.shared
-            .emit(
-                "unsub",
-                json!({ "sid": self.sid }),
-                &[],
-                Some(self.shared.timeout),
-            )
-            .map(|_| ())
+        self.shared.state().subs.remove(&self.sid);
+        let arg = json!({ "sid": self.sid });
+        match self
+            .shared
+            .emit("unsub", arg, &[], Some(self.shared.opts.timeout), false)
+        {
+            Ok(_) | Err(Error::Reconnecting) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
         if self.active {
-            self.shared.routes().subs.remove(&self.sid);
-            let _ = self
-                .shared
-                .emit("unsub", json!({ "sid": self.sid }), &[], None);
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Connecting: upgrade, Engine.IO open, Socket.IO CONNECT.
-// ---------------------------------------------------------------------------
-
-struct Handshake {
-    stream: TcpStream,
-    decoder: FrameDecoder,
-    deadline: Instant,
-    rng: MaskRng,
-}
-
-impl Handshake {
-    /// Reads more bytes, bounded by the connect deadline.
-    fn read_some(&mut self, buf: &mut [u8]) -> Result<usize, Error> {
-        loop {
-            let left = self.deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Error::Timeout);
-            }
-            self.stream.set_read_timeout(Some(left))?;
-            match self.stream.read(buf) {
-                Ok(0) => return Err(Error::Handshake("server closed the connection".into())),
-                Ok(n) => return Ok(n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(Error::Timeout)
-                }
-                Err(e) => return Err(Error::Io(e)),
-            }
-        }
-    }
-
-    fn upgrade(&mut self, target: &wire::Target) -> Result<(), Error> {
-        let key = tungstenite::handshake::client::generate_key();
-        let accept = tungstenite::handshake::derive_accept_key(key.as_bytes());
-        self.stream
-            .write_all(wire::upgrade_request(target, &key).as_bytes())?;
-        let mut head = Vec::new();
-        let mut chunk = [0u8; 4096];
-        loop {
-            let n = self.read_some(&mut chunk)?;
-            head.extend_from_slice(chunk.get(..n).unwrap_or(&[]));
-            let checked =
-                wire::check_upgrade_response(&head, &accept).map_err(|e| Error::Handshake(e.0))?;
-            if let Some(head_len) = checked {
-                self.decoder.push(head.get(head_len..).unwrap_or(&[]));
-                return Ok(());
-            }
-        }
-    }
-
-    /// The next text frame, answering WebSocket pings on the way.
-    fn next_text(&mut self) -> Result<String, Error> {
-        let mut chunk = [0u8; 4096];
-        loop {
-            match self.decoder.next().map_err(|e| Error::Handshake(e.0))? {
-                Some(WsMessage::Text(text)) => return Ok(text),
-                Some(WsMessage::Ping(payload)) => self.send(wire::pong_opcode(), &payload)?,
-                Some(WsMessage::Close) => {
-                    return Err(Error::Handshake("server closed the WebSocket".into()))
-                }
-                Some(WsMessage::Binary(_) | WsMessage::Pong) => {}
-                None => {
-                    let n = self.read_some(&mut chunk)?;
-                    self.decoder.push(chunk.get(..n).unwrap_or(&[]));
-                }
-            }
-        }
-    }
-
-    fn send(&mut self, opcode: OpCode, payload: &[u8]) -> Result<(), Error> {
-        let mut out = Vec::new();
-        wire::encode_frame(&mut out, opcode, payload, self.rng.next_mask());
-        self.stream.write_all(&out)?;
-        Ok(())
-    }
-
-    fn await_open(&mut self) -> Result<wire::OpenInfo, Error> {
-        let text = self.next_text()?;
-        match wire::parse_eio(&text).map_err(|e| Error::Handshake(e.0))? {
-            EioPacket::Open(json) => wire::parse_open(json).map_err(|e| Error::Handshake(e.0)),
-            _ => Err(Error::Handshake(format!(
-                "expected the Engine.IO open packet, got {text:?}"
-            ))),
-        }
-    }
-
-    fn join_namespace(&mut self, opts: &Options) -> Result<(), Error> {
-        let auth = match &opts.token {
-            Some(token) => json!({ "token": token }).to_string(),
-            None => String::new(),
-        };
-        let connect = wire::encode_sio(SioKind::Connect, 0, &opts.namespace, None, &auth);
-        self.send(wire::text_opcode(), connect.as_bytes())?;
-        loop {
-            let text = self.next_text()?;
-            let packet = wire::parse_eio(&text).map_err(|e| Error::Handshake(e.0))?;
-            let body = match packet {
-                EioPacket::Ping => {
-                    self.send(wire::text_opcode(), b"3")?;
-                    continue;
-                }
-                EioPacket::Close => return Err(Error::Handshake("server sent close".into())),
-                EioPacket::Message(body) => body,
-                _ => continue,
-            };
-            let sio = wire::parse_sio(body).map_err(|e| Error::Handshake(e.0))?;
-            if sio.namespace != opts.namespace {
-                continue;
-            }
-            match sio.kind {
-                SioKind::Connect => return Ok(()),
-                SioKind::ConnectError => {
-                    let message = serde_json::from_str::<Value>(sio.payload)
-                        .ok()
-                        .and_then(|v| v.get("message").and_then(Value::as_str).map(String::from))
-                        .unwrap_or_else(|| sio.payload.to_string());
-                    let _ = self.stream.shutdown(Shutdown::Both);
-                    return Err(Error::ConnectRefused(message));
-                }
-                _ => continue,
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------
-// The reader thread.
-// ---------------------------------------------------------------------------
-
-/// A binary packet whose attachments are still arriving.
-struct PartialBinary {
-    kind: SioKind,
-    ack_id: Option<u64>,
-    args: Value,
-    expected: usize,
-    attachments: Vec<Vec<u8>>,
-}
-
-/// The reader must stop: the peer closed, or broke the wire format (which
-/// the Socket.IO spec answers by closing the connection).
-struct Stop;
-
-struct Reader {
-    shared: Arc<Shared>,
-    stream: TcpStream,
-    decoder: FrameDecoder,
-    partial: Option<PartialBinary>,
-}
-
-impl Reader {
-    fn new(shared: Arc<Shared>, stream: TcpStream, decoder: FrameDecoder) -> Self {
-        Reader {
-            shared,
-            stream,
-            decoder,
-            partial: None,
-        }
-    }
-
-    fn run(mut self) {
-        let mut chunk = vec![0u8; READ_CHUNK_BYTES];
-        'outer: loop {
-            loop {
-                match self.decoder.next() {
-                    Ok(Some(message)) => {
-                        if self.on_message(message).is_err() {
-                            break 'outer;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(_) => break 'outer,
-                }
-            }
-            match self.stream.read(&mut chunk) {
-                Ok(0) => break,
-                Ok(n) => self.decoder.push(chunk.get(..n).unwrap_or(&[])),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
-        }
-        self.shared.mark_closed();
-        let _ = self.stream.shutdown(Shutdown::Both);
-    }
-
-    fn on_message(&mut self, message: WsMessage) -> Result<(), Stop> {
-        match message {
-            WsMessage::Text(text) => self.on_text(&text),
-            WsMessage::Binary(bytes) => self.on_binary(bytes),
-            WsMessage::Ping(payload) => {
-                // RFC 6455 §5.5.3: answer with the same application data.
-                let _ = self
-                    .shared
-                    .writer()
-                    .send_control(wire::pong_opcode(), &payload);
-                Ok(())
-            }
-            WsMessage::Pong => Ok(()),
-            WsMessage::Close => {
-                // RFC 6455 §5.5.1: echo the close unless we started it.
-                let _ = self.shared.writer().send_close(CLOSE_NORMAL);
-                Err(Stop)
-            }
-        }
-    }
-
-    fn on_text(&mut self, text: &str) -> Result<(), Stop> {
-        match wire::parse_eio(text).map_err(|_| Stop)? {
-            // Engine.IO v4 "heartbeat": the server pings, the client pongs.
-            EioPacket::Ping => {
-                let _ = self.shared.writer().send_packet("3", &[]);
-                self.shared.pongs.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            EioPacket::Close => Err(Stop),
-            EioPacket::Message(body) => self.on_socket_io(body),
-            EioPacket::Open(_) | EioPacket::Pong | EioPacket::Upgrade | EioPacket::Noop => Ok(()),
-        }
-    }
-
-    fn on_socket_io(&mut self, body: &str) -> Result<(), Stop> {
-        let packet = wire::parse_sio(body).map_err(|_| Stop)?;
-        if packet.namespace != self.shared.namespace {
-            return Ok(());
-        }
-        match packet.kind {
-            SioKind::Disconnect | SioKind::ConnectError => Err(Stop),
-            SioKind::Connect => Ok(()),
-            SioKind::Event | SioKind::Ack | SioKind::BinaryEvent | SioKind::BinaryAck => {
-                let args: Value = serde_json::from_str(packet.payload).map_err(|_| Stop)?;
-                if packet.attachments == 0 {
-                    self.dispatch(packet.kind, packet.ack_id, args, Vec::new());
-                } else {
-                    self.partial = Some(PartialBinary {
-                        kind: packet.kind,
-                        ack_id: packet.ack_id,
-                        args,
-                        expected: packet.attachments,
-                        attachments: Vec::new(),
-                    });
-                }
-                Ok(())
-            }
-        }
-    }
-
-    fn on_binary(&mut self, bytes: Vec<u8>) -> Result<(), Stop> {
-        let Some(mut partial) = self.partial.take() else {
-            // An attachment nobody announced breaks the Socket.IO format.
-            return Err(Stop);
-        };
-        partial.attachments.push(bytes);
-        if partial.attachments.len() < partial.expected {
-            self.partial = Some(partial);
-        } else {
-            self.dispatch(
-                partial.kind,
-                partial.ack_id,
-                partial.args,
-                partial.attachments,
-            );
-        }
-        Ok(())
-    }
-
-    fn dispatch(&self, kind: SioKind, ack_id: Option<u64>, args: Value, attachments: Vec<Vec<u8>>) {
-        let Value::Array(mut args) = args else {
-            return;
-        };
-        match kind {
-            SioKind::Ack | SioKind::BinaryAck => {
-                let Some(id) = ack_id else { return };
-                let value = if args.is_empty() {
-                    Value::Null
-                } else {
-                    args.swap_remove(0)
-                };
-                let waiter = self.shared.routes().pending.remove(&id);
-                if let Some(tx) = waiter {
-                    // The waiter may have timed out already; that is fine.
-                    let _ = tx.try_send(Reply { value, attachments });
-                }
-            }
-            SioKind::Event | SioKind::BinaryEvent => {
-                if args.first().and_then(Value::as_str) != Some("msg") || args.len() < 2 {
-                    return;
-                }
-                let arg = args.swap_remove(1);
-                let Some(message) = Message::from_event(arg, attachments) else {
-                    return;
-                };
-                let mut routes = self.shared.routes();
-                if let Some(tx) = routes.subs.get(&message.sid) {
-                    if let Err(mpsc::SendError(back)) = tx.send(message) {
-                        // The Subscription was dropped; stop routing to it.
-                        routes.subs.remove(&back.sid);
-                    }
-                }
-            }
-            _ => {}
+            self.shared.state().subs.remove(&self.sid);
+            let arg = json!({ "sid": self.sid });
+            let _ = self.shared.emit("unsub", arg, &[], None, false);
         }
     }
 }
@@ -1198,29 +896,6 @@ impl Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn reply(value: Value) -> Reply {
-        Reply {
-            value,
-            attachments: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn acks_map_to_results() {
-        assert!(check_ack(reply(json!({"ok": true, "sid": "1"}))).is_ok());
-        let refused = check_ack(reply(json!({
-            "ok": false,
-            "error": {"code": "not_found", "message": "no such sid"}
-        })))
-        .unwrap_err();
-        assert_eq!(refused.code(), Some("not_found"));
-        assert_eq!(refused.to_string(), "server error not_found: no such sid");
-        assert!(matches!(
-            check_ack(reply(json!({"sid": "1"}))),
-            Err(Error::Protocol(_))
-        ));
-    }
 
     #[test]
     fn msg_events_parse() {
@@ -1258,6 +933,14 @@ mod tests {
             json!({"subject": "b", "data": {"_placeholder": true, "num": 0}})
         );
         assert_eq!(attachments, vec![vec![9]]);
+    }
+
+    #[test]
+    fn handles_can_be_shared_between_threads() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Client>();
+        shareable::<Subscription>();
+        shareable::<Events>();
     }
 
     #[test]

@@ -225,6 +225,11 @@ impl Client {
     /// [`Client::publish_stream`] with headers (e.g. `Msg-Id`).
     pub fn publish_stream_msg(&self, msg: &OutMessage) -> Result<PubAck, Error> {
         let v = self.publish_msg(msg, true)?;
+        if v.is_null() {
+            return Err(Error::Protocol(
+                "the publish was held while reconnecting: no stream ack to return".into(),
+            ));
+        }
         serde_json::from_value(v.clone())
             .map_err(|_| Error::Protocol(format!("no stream captured the publish: {v}")))
     }
@@ -271,10 +276,10 @@ impl Client {
         }
         let wait = expires
             .unwrap_or_default()
-            .saturating_add(self.shared.timeout);
+            .saturating_add(self.shared.opts.timeout);
         let reply = self
             .shared
-            .emit("consumer.fetch", arg, &[], Some(wait))?
+            .emit("consumer.fetch", arg, &[], Some(wait), false)?
             .ok_or_else(|| Error::Protocol("fetch without ack".to_string()))?;
         field(&reply.value, "messages")
     }

@@ -361,6 +361,10 @@ pub(crate) fn parse_eio(text: &str) -> Result<EioPacket<'_>, WireError> {
 pub(crate) struct OpenInfo {
     pub(crate) sid: String,
     pub(crate) max_payload: Option<u64>,
+    /// `pingInterval + pingTimeout` in milliseconds: the longest the server
+    /// may stay silent before the client may call the link dead (Engine.IO
+    /// v4 "heartbeat").
+    pub(crate) silence_max_ms: Option<u64>,
 }
 
 pub(crate) fn parse_open(json: &str) -> Result<OpenInfo, WireError> {
@@ -373,6 +377,11 @@ pub(crate) fn parse_open(json: &str) -> Result<OpenInfo, WireError> {
     Ok(OpenInfo {
         sid: sid.to_string(),
         max_payload: value.get("maxPayload").and_then(|v| v.as_u64()),
+        silence_max_ms: value
+            .get("pingInterval")
+            .and_then(|v| v.as_u64())
+            .zip(value.get("pingTimeout").and_then(|v| v.as_u64()))
+            .map(|(interval, timeout)| interval.saturating_add(timeout)),
     })
 }
 
@@ -661,6 +670,9 @@ mod tests {
         let info = parse_open(json).unwrap();
         assert_eq!(info.sid, "abc");
         assert_eq!(info.max_payload, Some(1_000_000));
+        assert_eq!(info.silence_max_ms, Some(45_000));
+        let bare = parse_open("{\"sid\":\"x\"}").unwrap();
+        assert_eq!((bare.max_payload, bare.silence_max_ms), (None, None));
     }
 
     #[test]

@@ -349,6 +349,23 @@ impl Consumer {
         }
     }
 
+    /// After a restart, when the stream ends at `last_seq`: what the
+    /// consumer remembers delivering past it never reached the disk (a
+    /// power loss can keep the cursor's write and lose the message's), so
+    /// the cursor goes back to where the stream ends and those sequences,
+    /// which new messages will take again, are delivered as new.
+    pub fn clamp(&mut self, last_seq: u64) {
+        self.next_seq = self.next_seq.min(last_seq + 1);
+        let beyond: Vec<u64> = self
+            .pending
+            .range(last_seq + 1..)
+            .map(|(&s, _)| s)
+            .collect();
+        for s in beyond {
+            self.finish(s);
+        }
+    }
+
     /// After a restart: every message that was awaiting an ack is due for
     /// redelivery now.
     pub fn resume(&mut self) {

@@ -11,8 +11,12 @@
 //! u64 first_seq, u64 largest Synced mark
 //! u32 n, n × (u16 length, subject)               the subject table
 //! u32 n, n × (u64 seq, u32 offset, u32 length, u32 subject, u64 time_ms)
-//! u32 n, n × (u8 kind (3 remove, 4 floor), u64 seq)   in file order
+//! u32 n, n × (u32 messages before it, u8 kind (3 remove, 4 floor,
+//!             6 truncate), u64 seq)                  in file order
 //! ```
+//!
+//! Each removal keeps its place among the messages, so loading from the
+//! index applies the records in the segment's own order.
 //!
 //! The index is trusted only when the segment's length and the crc of its
 //! last record match what the index says; otherwise (or when it is
@@ -20,9 +24,9 @@
 //! again. Index files are not fsynced: a lost or torn one is rebuilt.
 
 use super::record;
-use super::segment::{KIND_FLOOR, KIND_REMOVE};
+use super::segment::{KIND_FLOOR, KIND_REMOVE, KIND_TRUNCATE};
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 
 /// One message of the segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +44,14 @@ pub struct IdxMsg {
 pub enum Op {
     Remove(u64),
     Floor(u64),
+    Truncate(u64),
+}
+
+/// A removal and how many of the segment's messages come before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlacedOp {
+    pub after: u32,
+    pub op: Op,
 }
 
 /// What an index file holds.
@@ -52,7 +64,7 @@ pub struct Summary {
     pub synced: u64,
     pub subjects: Vec<String>,
     pub msgs: Vec<IdxMsg>,
-    pub ops: Vec<Op>,
+    pub ops: Vec<PlacedOp>,
 }
 
 impl Summary {
@@ -76,7 +88,7 @@ impl Summary {
 /// The framed index file, or `None` when it would exceed one record.
 pub fn encode(s: &Summary) -> Option<Vec<u8>> {
     let subjects: usize = s.subjects.iter().map(|n| 2 + n.len()).sum();
-    let size = 1 + 8 * 4 + 4 + 12 + subjects + s.msgs.len() * 28 + s.ops.len() * 9;
+    let size = 1 + 8 * 4 + 4 + 12 + subjects + s.msgs.len() * 28 + s.ops.len() * 13;
     if size > record::BODY_BYTES_MAX {
         return None;
     }
@@ -102,11 +114,13 @@ pub fn encode(s: &Summary) -> Option<Vec<u8>> {
         out.extend_from_slice(&m.time_ms.to_le_bytes());
     }
     out.extend_from_slice(&(s.ops.len() as u32).to_le_bytes());
-    for op in &s.ops {
-        let (kind, seq) = match *op {
+    for p in &s.ops {
+        let (kind, seq) = match p.op {
             Op::Remove(q) => (KIND_REMOVE, q),
             Op::Floor(q) => (KIND_FLOOR, q),
+            Op::Truncate(q) => (KIND_TRUNCATE, q),
         };
+        out.extend_from_slice(&p.after.to_le_bytes());
         out.push(kind);
         out.extend_from_slice(&seq.to_le_bytes());
     }
@@ -150,7 +164,8 @@ impl<'a> Cur<'a> {
 }
 
 /// Decodes an index file; `None` for anything but one valid, well-formed
-/// record whose messages are in ascending seq order with known subjects.
+/// record whose messages have known subjects and seqs in the order the
+/// store writes them (ascending, but after a Truncate).
 pub fn decode(file: &[u8]) -> Option<Summary> {
     let (body, end) = record::read(file, 0).ok()??;
     if end != file.len() {
@@ -175,7 +190,6 @@ pub fn decode(file: &[u8]) -> Option<Summary> {
         s.subjects.push(name.to_string());
     }
     let n = c.count(28)?;
-    let mut prev = None;
     for _ in 0..n {
         let m = IdxMsg {
             seq: c.u64()?,
@@ -184,32 +198,78 @@ pub fn decode(file: &[u8]) -> Option<Summary> {
             subj: c.u32()?,
             time_ms: c.u64()?,
         };
-        let ordered = m.seq >= s.first_seq && prev.is_none_or(|p| m.seq > p);
-        if !ordered || m.subj as usize >= s.subjects.len() {
+        if m.subj as usize >= s.subjects.len() {
             return None;
         }
         if u64::from(m.off) + u64::from(m.len) > s.seg_len {
             return None;
         }
-        prev = Some(m.seq);
         s.msgs.push(m);
     }
-    let n = c.count(9)?;
+    let n = c.count(13)?;
     for _ in 0..n {
+        let after = c.u32()?;
         let kind = c.u8()?;
         let seq = c.u64()?;
-        s.ops.push(match kind {
+        let op = match kind {
             KIND_REMOVE => Op::Remove(seq),
             KIND_FLOOR => Op::Floor(seq),
+            KIND_TRUNCATE => Op::Truncate(seq),
             _ => return None,
-        });
+        };
+        s.ops.push(PlacedOp { after, op });
     }
-    c.0.is_empty().then_some(s)
+    (c.0.is_empty() && in_order(&s)).then_some(s)
+}
+
+/// Whether the messages and removals, replayed in order, follow the
+/// store's rules: each seq at least the next one expected, removals placed
+/// in order among the messages.
+fn in_order(s: &Summary) -> bool {
+    let mut next = s.first_seq;
+    let mut ops = s.ops.iter().peekable();
+    let mut placed = 0;
+    for (i, m) in s.msgs.iter().enumerate() {
+        while let Some(p) = ops.next_if(|p| p.after as usize <= i) {
+            if p.after < placed {
+                return false;
+            }
+            placed = p.after;
+            next = after_op(next, p.op);
+        }
+        if m.seq < next {
+            return false;
+        }
+        next = m.seq + 1;
+    }
+    ops.all(|p| {
+        let ok = p.after >= placed && p.after as usize <= s.msgs.len();
+        placed = p.after;
+        ok
+    })
+}
+
+/// The next seq expected after a removal record.
+fn after_op(next: u64, op: Op) -> u64 {
+    match op {
+        Op::Remove(_) => next,
+        Op::Floor(q) => next.max(q),
+        Op::Truncate(q) => q.min(next),
+    }
 }
 
 /// The index file name of the segment whose first sequence is `first_seq`.
 pub fn file_name(first_seq: u64) -> String {
     format!("{first_seq:020}.idx")
+}
+
+/// The first sequence an index file name stands for, if it is one.
+pub fn parse_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".idx")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 #[cfg(test)]
@@ -236,8 +296,29 @@ mod tests {
                 time_ms: 1000 + i as u64,
             });
         }
-        s.ops = vec![Op::Remove(3), Op::Floor(11), Op::Remove(12)];
+        s.ops = vec![
+            PlacedOp {
+                after: 0,
+                op: Op::Remove(3),
+            },
+            PlacedOp {
+                after: 2,
+                op: Op::Floor(11),
+            },
+            PlacedOp {
+                after: 3,
+                op: Op::Remove(12),
+            },
+        ];
         s
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(file_name(42), "00000000000000000042.idx");
+        assert_eq!(parse_name(&file_name(42)), Some(42));
+        assert_eq!(parse_name("00000000000000000042.seg"), None);
+        assert_eq!(parse_name("42.idx"), None);
     }
 
     #[test]
@@ -266,6 +347,23 @@ mod tests {
         let mut s = sample();
         s.msgs.swap(0, 1);
         assert_eq!(decode(&encode(&s).unwrap()), None);
+        let mut s = sample();
+        s.ops.swap(0, 1);
+        assert_eq!(decode(&encode(&s).unwrap()), None);
+        // Seqs may go back only after a Truncate.
+        let mut s = sample();
+        s.msgs[2].seq = 11;
+        assert_eq!(decode(&encode(&s).unwrap()), None);
+        s.ops.insert(
+            2,
+            PlacedOp {
+                after: 2,
+                op: Op::Truncate(11),
+            },
+        );
+        s.ops[3].op = Op::Remove(11);
+        let bytes = encode(&s).unwrap();
+        assert_eq!(decode(&bytes), Some(s));
         // A message past the segment's end.
         let mut s = sample();
         s.seg_len = 100;

@@ -9,7 +9,7 @@ use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::index::{self, IdxMsg, Op, Summary};
+use super::index::{self, IdxMsg, Op, PlacedOp, Summary};
 use super::record::{self, Bad};
 use super::segment::{self, Rec};
 use super::store::{Cut, Recovery, Store, StoreError};
@@ -52,19 +52,7 @@ pub(super) fn load(store: &mut Store, names: &[u64]) -> Result<Recovery, StoreEr
     };
     let mut report = Recovery::default();
     if names.is_empty() {
-        let path = dir.join(segment::file_name(1));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(io(&path))?;
-        store.push_segment(1, path.clone(), file);
-        store.activate(&[]).map_err(io(&path))?;
-        store.register_dir().map_err(io(&dir))?;
-        report.segments = 1;
-        return Ok(report);
+        return create(store, &dir);
     }
     let mut pending: Vec<Pending> = Vec::new();
     let mut marked: Vec<bool> = Vec::new();
@@ -129,10 +117,44 @@ pub(super) fn load(store: &mut Store, names: &[u64]) -> Result<Recovery, StoreEr
         }
         report.cuts.push(cut(p, names[p.index])?);
     }
-    store.activate(&last_tail).map_err(io(&dir))?;
-    store.register_dir().map_err(io(&dir))?;
+    finish(store, &last_tail, report)
+}
+
+/// A new store: one segment, starting at seq 1.
+fn create(store: &mut Store, dir: &Path) -> Result<Recovery, StoreError> {
+    let path = dir.join(segment::file_name(1));
+    let io = |err| StoreError::Io {
+        path: path.clone(),
+        err,
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .map_err(io)?;
+    store.push_segment(1, path.clone(), file);
+    store.activate(&[]).map_err(io)?;
+    store.register_dir().map_err(io)?;
+    Ok(Recovery {
+        segments: 1,
+        ..Recovery::default()
+    })
+}
+
+/// Makes the last segment active (`tail`: its valid bytes) and deletes the
+/// segments every message of which is gone.
+fn finish(store: &mut Store, tail: &[u8], mut report: Recovery) -> Result<Recovery, StoreError> {
+    let dir = store.dir().to_path_buf();
+    let io = |err| StoreError::Io {
+        path: dir.clone(),
+        err,
+    };
+    store.activate(tail).map_err(io)?;
+    store.register_dir().map_err(io)?;
     let before = store.segment_count();
-    store.settle().map_err(io(&dir))?;
+    store.settle().map_err(io)?;
     report.deleted = before - store.segment_count();
     report.segments = store.segment_count();
     report.messages = store.state().messages;
@@ -228,6 +250,7 @@ fn scan(
                 }
             }
             Rec::Floor { seq } => store.floor(seq),
+            Rec::Truncate { seq } => store.truncate_mem(seq),
             Rec::Synced { offset: o } => synced = synced.max(o),
         }
         at = next;
@@ -271,8 +294,21 @@ impl Builder {
                     time_ms: m.time_ms,
                 });
             }
-            Rec::Remove(seqs) => sum.ops.extend(seqs.iter().map(Op::Remove)),
-            Rec::Floor { seq } => sum.ops.push(Op::Floor(*seq)),
+            Rec::Remove(seqs) => {
+                let after = sum.msgs.len() as u32;
+                sum.ops.extend(seqs.iter().map(|q| PlacedOp {
+                    after,
+                    op: Op::Remove(q),
+                }));
+            }
+            Rec::Floor { seq } => sum.ops.push(PlacedOp {
+                after: sum.msgs.len() as u32,
+                op: Op::Floor(*seq),
+            }),
+            Rec::Truncate { seq } => sum.ops.push(PlacedOp {
+                after: sum.msgs.len() as u32,
+                op: Op::Truncate(*seq),
+            }),
             Rec::Synced { offset } => sum.synced = sum.synced.max(*offset),
         }
     }
@@ -314,11 +350,15 @@ fn trusted_index(path: &Path, seg: &File, first: u64, next_seq: u64) -> Option<S
     (crc == sum.last_crc && end == sum.seg_len).then_some(sum)
 }
 
-/// Loads a sealed segment from its index: its messages, then its removals
-/// (equivalent to file order: a removal never names a later message).
+/// Loads a sealed segment from its index, in the segment's own order
+/// ([`index::decode`] checked that the seqs follow the store's rules).
 fn apply_index(store: &mut Store, sum: &Summary) {
     store.set_next_seq(sum.first_seq);
-    for m in &sum.msgs {
+    let mut ops = sum.ops.iter().peekable();
+    for (i, m) in sum.msgs.iter().enumerate() {
+        while let Some(p) = ops.next_if(|p| p.after as usize <= i) {
+            apply_op(store, p.op);
+        }
         let subject = &sum.subjects[m.subj as usize];
         store.index_msg(
             m.seq,
@@ -328,12 +368,17 @@ fn apply_index(store: &mut Store, sum: &Summary) {
             m.time_ms,
         );
     }
-    for op in &sum.ops {
-        match *op {
-            Op::Remove(seq) => {
-                store.unindex(seq);
-            }
-            Op::Floor(seq) => store.floor(seq),
+    for p in ops {
+        apply_op(store, p.op);
+    }
+}
+
+fn apply_op(store: &mut Store, op: Op) {
+    match op {
+        Op::Remove(seq) => {
+            store.unindex(seq);
         }
+        Op::Floor(seq) => store.floor(seq),
+        Op::Truncate(seq) => store.truncate_mem(seq),
     }
 }

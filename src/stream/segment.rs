@@ -16,10 +16,14 @@
 //! 4 Floor    u64 seq                         every message below seq is gone
 //! 5 Synced   u64 offset                      bytes of this file before
 //!                                            offset were fsynced
+//! 6 Truncate u64 seq                         every message at or after seq
+//!                                            is gone; seq is the next one
 //! ```
 //!
-//! Remove and Floor records refer to messages of this segment or of
-//! earlier ones; they are never needed once those segments are deleted.
+//! Remove, Floor and Truncate records refer to messages of this segment or
+//! of earlier ones; they are never needed once those segments are deleted.
+//! Truncate (a log's suffix cut, as Raft needs) is the one record after
+//! which seqs go back; a stream never writes it.
 
 use super::record;
 
@@ -28,6 +32,7 @@ pub const KIND_MSG: u8 = 2;
 pub const KIND_REMOVE: u8 = 3;
 pub const KIND_FLOOR: u8 = 4;
 pub const KIND_SYNCED: u8 = 5;
+pub const KIND_TRUNCATE: u8 = 6;
 
 const FLAG_BINARY: u8 = 1;
 const FLAG_HEADERS: u8 = 2;
@@ -49,6 +54,7 @@ pub enum Rec<'a> {
     Remove(Seqs<'a>),
     Floor { seq: u64 },
     Synced { offset: u64 },
+    Truncate { seq: u64 },
 }
 
 /// A stored message, borrowed from the record.
@@ -135,6 +141,10 @@ pub fn put_synced(out: &mut Vec<u8>, offset: u64) {
     put_u64(out, KIND_SYNCED, offset);
 }
 
+pub fn put_truncate(out: &mut Vec<u8>, seq: u64) {
+    put_u64(out, KIND_TRUNCATE, seq);
+}
+
 /// Appends Remove records for `seqs` (several when there are more than
 /// [`REMOVE_SEQS_MAX`]).
 pub fn put_remove(out: &mut Vec<u8>, seqs: &[u64]) {
@@ -163,6 +173,7 @@ pub fn decode(body: &[u8]) -> Result<Rec<'_>, Malformed> {
         }),
         KIND_FLOOR => Ok(Rec::Floor { seq: one(rest)? }),
         KIND_SYNCED => Ok(Rec::Synced { offset: one(rest)? }),
+        KIND_TRUNCATE => Ok(Rec::Truncate { seq: one(rest)? }),
         KIND_REMOVE => {
             if rest.len() % 8 != 0 {
                 return Err(Malformed("remove record of the wrong length"));
@@ -250,6 +261,7 @@ mod tests {
         put_remove(&mut out, &[7, 8]);
         put_floor(&mut out, 9);
         put_synced(&mut out, 40);
+        put_truncate(&mut out, 8);
         let (bodies, end, bad) = record::scan(&out);
         assert_eq!((end, bad), (out.len(), None));
         assert_eq!(record::HEAD_BYTES + bodies[1].len(), n);
@@ -263,6 +275,7 @@ mod tests {
         }
         assert_eq!(recs[4], Rec::Floor { seq: 9 });
         assert_eq!(recs[5], Rec::Synced { offset: 40 });
+        assert_eq!(recs[6], Rec::Truncate { seq: 8 });
     }
 
     #[test]

@@ -38,6 +38,16 @@
 //!   a segment is deleted whole once every message in it is gone and every
 //!   segment before it is deleted.
 //!
+//! # As a log
+//!
+//! The same store can hold a Raft log: an entry is a message whose seq is
+//! its index (the term can go in the subject or the payload).
+//! [`Store::remove_below`] compacts the prefix a snapshot covers (and
+//! moves the next seq past a snapshot that is ahead of the log), and
+//! [`Store::truncate_from`] cuts a conflicting suffix, after which seqs go
+//! back. Everything else (group commit through the [`Syncer`], recovery,
+//! index files) is shared with streams.
+//!
 //! # Files and recovery
 //!
 //! One directory per stream holds `{first_seq:020}.seg` segment files (the
@@ -350,13 +360,29 @@ impl Store {
         }
         fs::create_dir_all(dir).map_err(io_at(dir))?;
         let mut names = Vec::new();
+        let mut idx_files = Vec::new();
         for ent in fs::read_dir(dir).map_err(io_at(dir))? {
             let ent = ent.map_err(io_at(dir))?;
-            if let Some(first) = ent.file_name().to_str().and_then(segment::parse_name) {
+            let name = ent.file_name();
+            let Some(name) = name.to_str() else {
+                continue;
+            };
+            if let Some(first) = segment::parse_name(name) {
                 names.push(first);
+            } else if let Some(first) = index::parse_name(name) {
+                idx_files.push((first, ent.path()));
+            } else if name.ends_with(".idx.tmp") {
+                // Left by a crash while an index was written.
+                let _ = fs::remove_file(ent.path());
             }
         }
         names.sort_unstable();
+        for (first, path) in idx_files {
+            if names.binary_search(&first).is_err() {
+                // Its segment was deleted after it (a crash in between).
+                let _ = fs::remove_file(path);
+            }
+        }
         let mut store = Store {
             dir: dir.to_path_buf(),
             opts,
@@ -422,6 +448,12 @@ impl Store {
         self.put_mark();
         let seq = self.next_seq;
         let off = self.active_len();
+        if off + (body + record::HEAD_BYTES) as u64 > u64::from(u32::MAX) {
+            // Only an active segment holding no message can get here (it
+            // cannot roll to a file of the same name): removal records alone
+            // past 4 GiB.
+            return Err(io::Error::other("active segment past 4 GiB"));
+        }
         let len = segment::put_msg(
             &mut self.cache,
             &MsgRef {
@@ -681,6 +713,75 @@ impl Store {
         Ok(n)
     }
 
+    /// Removes every message below `seq` (a log compacted up to a
+    /// snapshot); when `seq` is past the last message, the next append gets
+    /// `seq`. Returns how many were removed.
+    pub fn remove_below(&mut self, seq: u64) -> io::Result<u64> {
+        self.check()?;
+        let end = seq.min(self.next_seq);
+        let n = (self.base..end)
+            .filter(|&s| self.entry(s).is_some())
+            .count() as u64;
+        if n == 0 && seq <= self.next_seq {
+            return Ok(0);
+        }
+        self.floor(seq);
+        self.put_mark();
+        segment::put_floor(&mut self.cache, seq);
+        self.settle()?;
+        self.write_if_full()?;
+        Ok(n)
+    }
+
+    /// Removes every message at or after `seq`; the next append gets
+    /// `seq`. This is the suffix cut a Raft log needs when a leader
+    /// overwrites conflicting entries; seqs go back, so a stream never
+    /// calls it. `seq` may not be below the first live seq (or, with none
+    /// live, the next one): Raft never cuts what it compacted. Segments
+    /// wholly past `seq` are deleted (and the directory fsynced) before the
+    /// Truncate record is written, so a power loss cannot bring them back
+    /// behind it. Returns how many messages were removed.
+    pub fn truncate_from(&mut self, seq: u64) -> io::Result<u64> {
+        self.check()?;
+        if seq >= self.next_seq {
+            return Ok(0);
+        }
+        // Below `base` everything is gone already (compacted or removed):
+        // a cut there would bring back seqs a compaction passed. It also
+        // keeps the cut inside the segments there are.
+        if seq < self.base.max(1) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "cannot truncate from {seq}: everything below {} is already gone",
+                    self.base
+                ),
+            ));
+        }
+        let n = (seq.max(self.base)..self.next_seq)
+            .filter(|&s| self.entry(s).is_some())
+            .count() as u64;
+        let j = self.seg_of(seq);
+        self.write_pending()?;
+        self.truncate_mem(seq);
+        if j + 1 < self.segs.len() {
+            self.drop_segments_after(j)?;
+            self.reactivate_last()?;
+            // The deleted segments may have held the removal records of
+            // messages that remain: say them again.
+            let dead: Vec<u64> = (self.base..seq)
+                .filter(|&s| self.entry(s).is_none())
+                .collect();
+            segment::put_floor(&mut self.cache, self.base);
+            segment::put_remove(&mut self.cache, &dead);
+        }
+        self.put_mark();
+        segment::put_truncate(&mut self.cache, seq);
+        self.settle()?;
+        self.write_if_full()?;
+        Ok(n)
+    }
+
     /// Segment files (for tests and metrics).
     pub fn segment_count(&self) -> usize {
         self.segs.len()
@@ -792,6 +893,59 @@ impl Store {
         self.next_seq = self.next_seq.max(seq);
     }
 
+    /// Every message at or after `seq` is gone; `seq` is the next one.
+    pub(super) fn truncate_mem(&mut self, seq: u64) {
+        if seq >= self.next_seq {
+            return;
+        }
+        for s in seq.max(self.base)..self.next_seq {
+            self.unindex(s);
+        }
+        let keep = usize::try_from(seq.saturating_sub(self.base)).unwrap_or(usize::MAX);
+        self.entries.truncate(keep);
+        self.next_seq = seq;
+        if self.entries.is_empty() {
+            self.base = seq;
+        }
+    }
+
+    /// Deletes the segments after index `j`, last first, and fsyncs the
+    /// directory.
+    fn drop_segments_after(&mut self, j: usize) -> io::Result<()> {
+        while self.segs.len() > j + 1 {
+            let Some(seg) = self.segs.pop_back() else {
+                break;
+            };
+            if let (Some(s), Some(k)) = (&self.opts.syncer, seg.key) {
+                s.forget(k);
+            }
+            self.remove_index(seg.first_seq)?;
+            fs::remove_file(&seg.path)?;
+        }
+        File::open(&self.dir)?.sync_all()
+    }
+
+    /// Makes the last segment, sealed until now, the active one again.
+    fn reactivate_last(&mut self) -> io::Result<()> {
+        let seg = self
+            .segs
+            .back_mut()
+            .expect("a store always has an active segment");
+        seg.file = OpenOptions::new().read(true).write(true).open(&seg.path)?;
+        let tail = fs::read(&seg.path)?;
+        let first = seg.first_seq;
+        // It will change: its index would be stale.
+        self.remove_index(first)?;
+        self.activate(&tail)
+    }
+
+    fn remove_index(&self, first_seq: u64) -> io::Result<()> {
+        match fs::remove_file(self.dir.join(index::file_name(first_seq))) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// Drops removed entries at the front and deletes segments (but the
     /// active one) that hold no live message, from the front.
     pub(super) fn settle(&mut self) -> io::Result<()> {
@@ -811,11 +965,7 @@ impl Store {
             }
             // The index first: a segment without one is rebuilt, an index
             // without its segment would be an orphan.
-            match fs::remove_file(self.dir.join(index::file_name(seg.first_seq))) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
+            self.remove_index(seg.first_seq)?;
             fs::remove_file(&seg.path)?;
             self.dir_dirty = true;
         }

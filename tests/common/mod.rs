@@ -29,37 +29,20 @@ pub struct Broker {
     pub addr: String,
     data_dir: PathBuf,
     log: Arc<Mutex<VecDeque<String>>>,
-    args: Vec<String>,
 }
 
 impl Broker {
     /// Starts the broker (`GOMBUS_BIN`, else the crate's `broker` binary)
     /// with a free port, node id `test`, a fresh data dir and `extra_args`.
     pub fn start(extra_args: &[&str]) -> Broker {
-        Broker::start_in(fresh_dir(), extra_args, &[])
+        Broker::start_with_env(extra_args, &[])
     }
 
     /// [`Broker::start`] with extra environment variables (`GOMBUS_*`).
     pub fn start_with_env(extra_args: &[&str], env: &[(&str, &str)]) -> Broker {
-        Broker::start_in(fresh_dir(), extra_args, env)
-    }
-
-    /// Kills the process (SIGKILL, by PID) and starts a new one on the
-    /// same data directory with the same arguments (a new port).
-    pub fn restart(&mut self) {
-        self.kill();
-        let args: Vec<String> = std::mem::take(&mut self.args);
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let dir = std::mem::take(&mut self.data_dir);
-        let next = Broker::start_in(dir, &refs, &[]);
-        // The old value's process is reaped and its directory path is
-        // empty, so dropping it removes nothing.
-        drop(std::mem::replace(self, next));
-    }
-
-    fn start_in(data_dir: PathBuf, extra_args: &[&str], env: &[(&str, &str)]) -> Broker {
         let bin = std::env::var("GOMBUS_BIN")
             .unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string());
+        let data_dir = fresh_dir();
         let mut child = Command::new(&bin)
             .arg("-addr=127.0.0.1:0")
             .arg("-node-id=test")
@@ -94,7 +77,6 @@ impl Broker {
             addr: String::new(),
             data_dir,
             log,
-            args: extra_args.iter().map(|a| a.to_string()).collect(),
         };
         broker.addr = broker.await_listening(&lines_rx, extra_args);
         broker
@@ -183,6 +165,45 @@ impl Drop for Broker {
             eprintln!("--- broker stderr (last lines) ---\n{}", self.recent_log());
         }
         let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
+
+impl Broker {
+    /// Kills the process with SIGKILL (by PID) and starts a new one on the
+    /// same address and data directory with `extra_args`, waiting (bounded)
+    /// until it listens. For tests of clients that outlive a crash.
+    pub fn restart(&mut self, extra_args: &[&str]) {
+        self.kill();
+        let bin = std::env::var("GOMBUS_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string());
+        let mut child = Command::new(&bin)
+            .arg(format!("-addr={}", self.addr))
+            .arg("-node-id=test")
+            .arg(format!("-data={}", self.data_dir.display()))
+            .args(extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot restart {bin}: {e}"));
+        let (lines_tx, lines_rx) = mpsc::channel();
+        if let Some(stderr) = child.stderr.take() {
+            let log = Arc::clone(&self.log);
+            thread::spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    let _ = lines_tx.send(line.clone());
+                    let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+                    if log.len() == LOG_LINES_MAX {
+                        log.pop_front();
+                    }
+                    log.push_back(line);
+                }
+            });
+        }
+        self.child = child;
+        let addr = self.await_listening(&lines_rx, extra_args);
+        assert_eq!(addr, self.addr, "the restarted broker moved");
     }
 }
 

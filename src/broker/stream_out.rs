@@ -1,0 +1,299 @@
+//! How stream messages leave the broker: push deliveries to the
+//! subscribers of a consumer's `deliver_subject`, the messages of a
+//! `consumer.fetch` answer, and the JSON views of streams, consumers and
+//! stored messages that the stream events answer with.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use super::groups::GroupMode;
+use super::streams::{after_events, Slot, FETCH_BYTES_MAX, PUSH_PER_TURN_MAX};
+use super::subs::SubTable;
+use crate::net::Io;
+use crate::protocol::stream_messages::AckPolicy;
+use crate::stream::stream::{Msg, Stream};
+
+/// Push deliveries of one stream's push consumers; true if one of them
+/// stopped at its per-turn cap with more to send.
+pub(super) fn push_slot(
+    io: &mut Io<'_>,
+    subs: &mut SubTable,
+    slot: &mut Slot,
+    now: Instant,
+    pick: &mut usize,
+) -> bool {
+    let last_seq = slot.stream.last_seq();
+    let any =
+        slot.stream.consumers.values().any(|m| {
+            m.consumer.cfg.deliver_subject.is_some() && m.consumer.may_have_work(last_seq)
+        });
+    if !any {
+        return false;
+    }
+    let names: Vec<String> = slot
+        .stream
+        .consumers
+        .iter()
+        .filter(|(_, m)| {
+            m.consumer.cfg.deliver_subject.is_some() && m.consumer.may_have_work(last_seq)
+        })
+        .map(|(n, _)| n.clone())
+        .collect();
+    let mut more = false;
+    for name in names {
+        more |= push_one(io, subs, slot, &name, now, pick);
+    }
+    more
+}
+
+pub(super) fn push_one(
+    io: &mut Io<'_>,
+    subs: &mut SubTable,
+    slot: &mut Slot,
+    name: &str,
+    now: Instant,
+    pick: &mut usize,
+) -> bool {
+    let stream_name = Rc::clone(&slot.name);
+    let Some((msgs, member)) = slot.stream.split(name) else {
+        return false;
+    };
+    let Some(subject) = member.consumer.cfg.deliver_subject.clone() else {
+        return false;
+    };
+    let group = member.consumer.cfg.deliver_group.clone();
+    let none = member.consumer.cfg.ack_policy == AckPolicy::None;
+    let mut events = Vec::new();
+    let mut done = Vec::new();
+    let mut sent = 0;
+    let mut tail = Vec::new();
+    while sent < PUSH_PER_TURN_MAX {
+        if !has_targets(subs, &subject, group.as_deref()) {
+            break;
+        }
+        let Some(d) = member.consumer.next(now, &msgs, &mut events) else {
+            break;
+        };
+        let targets = push_targets(subs, &subject, group.as_deref(), pick);
+        let Ok(Some(m)) = msgs.get(d.seq) else {
+            continue;
+        };
+        tail.clear();
+        tail.extend_from_slice(b",\"subject\":");
+        push_str(&mut tail, &m.subject);
+        tail.extend_from_slice(b",\"data\":");
+        tail.extend_from_slice(m.data.as_bytes());
+        if let Some(h) = &m.headers {
+            tail.extend_from_slice(b",\"headers\":");
+            tail.extend_from_slice(h.as_bytes());
+        }
+        tail.extend_from_slice(b",\"stream\":");
+        push_str(&mut tail, &stream_name);
+        tail.extend_from_slice(b",\"consumer\":");
+        push_str(&mut tail, name);
+        tail.extend_from_slice(
+            format!(",\"seq\":{},\"delivered\":{}}}]", d.seq, d.deliveries).as_bytes(),
+        );
+        for key in targets {
+            let Some(s) = subs.deliverable(key) else {
+                continue;
+            };
+            let conn = s.conn;
+            io.send_text(
+                conn,
+                &[b"2[\"msg\",{\"sid\":", s.sid_json.as_bytes(), &tail],
+            );
+            if let Some(end) = subs.delivered(key) {
+                let _ = subs.apply(end);
+            }
+        }
+        if none {
+            done.push(d.seq);
+        }
+        sent += 1;
+    }
+    let more = sent == PUSH_PER_TURN_MAX;
+    if !events.is_empty() || !done.is_empty() {
+        after_events(slot, name, &events, &done);
+        slot.touched = true;
+    }
+    more
+}
+
+/// Whether a push delivery on `subject` (to `group`) would reach anyone.
+pub(super) fn has_targets(subs: &mut SubTable, subject: &str, group: Option<&str>) -> bool {
+    let m = subs.matches(subject);
+    let live = |keys: &[u64]| keys.iter().any(|&k| subs.deliverable(k).is_some());
+    match group {
+        Some(g) => m.groups.iter().any(|q| &*q.queue == g && live(&q.members)),
+        None => live(&m.plain) || m.groups.iter().any(|q| live(&q.members)),
+    }
+}
+
+/// Who gets a push delivery on `subject`: with a group, one member of it;
+/// without, every plain subscriber and one member per queue group.
+pub(super) fn push_targets(
+    subs: &mut SubTable,
+    subject: &str,
+    group: Option<&str>,
+    pick: &mut usize,
+) -> Vec<u64> {
+    let m = subs.matches(subject);
+    let mut out = Vec::new();
+    let mut one_of = |members: &[u64], out: &mut Vec<u64>| {
+        let live: Vec<u64> = members
+            .iter()
+            .copied()
+            .filter(|&k| subs.deliverable(k).is_some())
+            .collect();
+        if !live.is_empty() {
+            *pick = pick.wrapping_add(1);
+            out.push(live[*pick % live.len()]);
+        }
+    };
+    match group {
+        Some(g) => {
+            if let Some(q) = m.groups.iter().find(|q| &*q.queue == g) {
+                one_of(&q.members, &mut out);
+            }
+        }
+        None => {
+            out.extend(
+                m.plain
+                    .iter()
+                    .copied()
+                    .filter(|&k| subs.deliverable(k).is_some()),
+            );
+            for q in &m.groups {
+                if subs.group_mode(&q.queue) == GroupMode::Broadcast {
+                    out.extend(q.members.iter().copied());
+                } else {
+                    one_of(&q.members, &mut out);
+                }
+            }
+        }
+    }
+    out
+}
+
+pub(super) fn stream_json(s: &Stream) -> Value {
+    let st = s.state();
+    json!({
+        "stream": {
+            "config": s.cfg,
+            "state": {
+                "messages": st.messages,
+                "bytes": st.bytes,
+                "first_seq": st.first_seq,
+                "last_seq": st.last_seq,
+                "consumer_count": st.consumer_count,
+            }
+        }
+    })
+}
+
+pub(super) fn consumer_json(s: &Stream, name: &str) -> Value {
+    let Some(m) = s.consumers.get(name) else {
+        return json!({});
+    };
+    let c = &m.consumer;
+    let d = c.delivered();
+    let f = c.ack_floor();
+    json!({
+        "consumer": {
+            "stream": s.cfg.name,
+            "name": name,
+            "config": c.cfg,
+            "delivered": {"stream_seq": d.stream_seq, "consumer_seq": d.consumer_seq},
+            "ack_floor": {"stream_seq": f.stream_seq, "consumer_seq": f.consumer_seq},
+            "num_pending": s.count_from(c.next_seq(), c.cfg.filter_subject.as_deref()),
+            "num_ack_pending": c.num_ack_pending(),
+            "num_redelivered": c.num_redelivered(),
+        }
+    })
+}
+
+/// A message as `stream.get` shows it (`data`/`headers` are raw JSON).
+pub(super) fn message_json(seq: u64, m: &Msg, delivered: Option<u64>) -> Value {
+    let data: Value = serde_json::from_str(&m.data).unwrap_or(Value::Null);
+    let mut v = json!({"seq": seq, "subject": &*m.subject, "data": data, "time": m.time_ms});
+    if let Some(h) = &m.headers {
+        v["headers"] = serde_json::from_str(h).unwrap_or(Value::Null);
+    }
+    if let Some(d) = delivered {
+        v["delivered"] = d.into();
+    }
+    v
+}
+
+/// Up to `batch` deliveries of consumer `name` as JSON objects joined by
+/// commas into `body`; returns how many.
+pub(super) fn take_batch(
+    slot: &mut Slot,
+    name: &str,
+    batch: usize,
+    now: Instant,
+    body: &mut Vec<u8>,
+) -> usize {
+    body.clear();
+    let Some((msgs, member)) = slot.stream.split(name) else {
+        return 0;
+    };
+    let none = member.consumer.cfg.ack_policy == AckPolicy::None;
+    let mut events = Vec::new();
+    let mut done = Vec::new();
+    let mut n = 0;
+    while n < batch && body.len() < FETCH_BYTES_MAX {
+        let Some(d) = member.consumer.next(now, &msgs, &mut events) else {
+            break;
+        };
+        let Ok(Some(m)) = msgs.get(d.seq) else {
+            continue;
+        };
+        if n > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(format!("{{\"seq\":{},\"subject\":", d.seq).as_bytes());
+        push_str(body, &m.subject);
+        body.extend_from_slice(b",\"data\":");
+        body.extend_from_slice(m.data.as_bytes());
+        if let Some(h) = &m.headers {
+            body.extend_from_slice(b",\"headers\":");
+            body.extend_from_slice(h.as_bytes());
+        }
+        body.extend_from_slice(
+            format!(",\"time\":{},\"delivered\":{}}}", m.time_ms, d.deliveries).as_bytes(),
+        );
+        if none {
+            done.push(d.seq);
+        }
+        n += 1;
+    }
+    if !events.is_empty() || !done.is_empty() {
+        after_events(slot, name, &events, &done);
+        slot.touched = true;
+    }
+    n
+}
+
+/// `[{"ok":true,"messages":[…]}]` around messages joined by `take_batch`.
+pub(super) fn fetch_body(messages: &[u8]) -> String {
+    let mut out = String::with_capacity(messages.len() + 32);
+    out.push_str("[{\"ok\":true,\"messages\":[");
+    out.push_str(std::str::from_utf8(messages).unwrap_or(""));
+    out.push_str("]}]");
+    out
+}
+
+/// Appends `s` as a JSON string literal.
+pub(super) fn push_str(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        out.extend_from_slice(Value::from(s).to_string().as_bytes());
+    }
+}

@@ -1,0 +1,204 @@
+//! Opening one connection of the Rust client: TCP, the HTTP upgrade
+//! (RFC 6455 §4.1), the Engine.IO open packet and the Socket.IO CONNECT,
+//! all bounded by the connect timeout. The result is a socket ready for
+//! the reader, with any bytes that arrived behind the handshake.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tungstenite::protocol::frame::coding::OpCode;
+
+use super::wire::{self, EioPacket, FrameDecoder, MaskRng, SioKind, WsMessage};
+use super::{Error, Options, MESSAGE_BYTES_MAX};
+
+/// A connection that finished its handshake.
+pub(crate) struct Dialed {
+    /// The address it was opened with, as the caller gave it.
+    pub(crate) url: String,
+    pub(crate) stream: TcpStream,
+    /// Holds any frames that arrived right behind the CONNECT ack.
+    pub(crate) decoder: FrameDecoder,
+    pub(crate) rng: MaskRng,
+    pub(crate) open: wire::OpenInfo,
+}
+
+/// Connects to `url` and joins `opts.namespace`. `watch` sees the socket
+/// as soon as TCP connects, so the caller can cut a handshake short.
+pub(crate) fn dial(
+    url: &str,
+    opts: &Options,
+    watch: impl FnOnce(&TcpStream),
+) -> Result<Dialed, Error> {
+    let target = wire::parse_target(url).map_err(|e| Error::Handshake(e.0))?;
+    let deadline = Instant::now() + opts.timeout;
+    let stream = tcp_connect(&target.host_port, opts.timeout)?;
+    watch(&stream);
+    stream.set_nodelay(true)?;
+    stream.set_write_timeout(Some(opts.timeout))?;
+    let mut handshake = Handshake {
+        stream,
+        decoder: FrameDecoder::new(MESSAGE_BYTES_MAX),
+        deadline,
+        rng: MaskRng::new(),
+    };
+    handshake.upgrade(&target)?;
+    let open = handshake.await_open()?;
+    handshake.join_namespace(opts)?;
+    let Handshake {
+        stream,
+        decoder,
+        rng,
+        ..
+    } = handshake;
+    stream.set_read_timeout(None)?;
+    Ok(Dialed {
+        url: url.to_string(),
+        stream,
+        decoder,
+        rng,
+        open,
+    })
+}
+
+struct Handshake {
+    stream: TcpStream,
+    decoder: FrameDecoder,
+    deadline: Instant,
+    rng: MaskRng,
+}
+
+impl Handshake {
+    /// Reads more bytes, bounded by the connect deadline.
+    fn read_some(&mut self, buf: &mut [u8]) -> Result<usize, Error> {
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout);
+            }
+            self.stream.set_read_timeout(Some(left))?;
+            match self.stream.read(buf) {
+                Ok(0) => return Err(Error::Handshake("server closed the connection".into())),
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(Error::Timeout)
+                }
+                Err(e) => return Err(Error::Io(e)),
+            }
+        }
+    }
+
+    fn upgrade(&mut self, target: &wire::Target) -> Result<(), Error> {
+        let key = tungstenite::handshake::client::generate_key();
+        let accept = tungstenite::handshake::derive_accept_key(key.as_bytes());
+        self.stream
+            .write_all(wire::upgrade_request(target, &key).as_bytes())?;
+        let mut head = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = self.read_some(&mut chunk)?;
+            head.extend_from_slice(chunk.get(..n).unwrap_or(&[]));
+            let checked =
+                wire::check_upgrade_response(&head, &accept).map_err(|e| Error::Handshake(e.0))?;
+            if let Some(head_len) = checked {
+                self.decoder.push(head.get(head_len..).unwrap_or(&[]));
+                return Ok(());
+            }
+        }
+    }
+
+    /// The next text frame, answering WebSocket pings on the way.
+    fn next_text(&mut self) -> Result<String, Error> {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match self.decoder.next().map_err(|e| Error::Handshake(e.0))? {
+                Some(WsMessage::Text(text)) => return Ok(text),
+                Some(WsMessage::Ping(payload)) => self.send(wire::pong_opcode(), &payload)?,
+                Some(WsMessage::Close) => {
+                    return Err(Error::Handshake("server closed the WebSocket".into()))
+                }
+                Some(WsMessage::Binary(_) | WsMessage::Pong) => {}
+                None => {
+                    let n = self.read_some(&mut chunk)?;
+                    self.decoder.push(chunk.get(..n).unwrap_or(&[]));
+                }
+            }
+        }
+    }
+
+    fn send(&mut self, opcode: OpCode, payload: &[u8]) -> Result<(), Error> {
+        let mut out = Vec::new();
+        wire::encode_frame(&mut out, opcode, payload, self.rng.next_mask());
+        self.stream.write_all(&out)?;
+        Ok(())
+    }
+
+    fn await_open(&mut self) -> Result<wire::OpenInfo, Error> {
+        let text = self.next_text()?;
+        match wire::parse_eio(&text).map_err(|e| Error::Handshake(e.0))? {
+            EioPacket::Open(json) => wire::parse_open(json).map_err(|e| Error::Handshake(e.0)),
+            _ => Err(Error::Handshake(format!(
+                "expected the Engine.IO open packet, got {text:?}"
+            ))),
+        }
+    }
+
+    fn join_namespace(&mut self, opts: &Options) -> Result<(), Error> {
+        let auth = match &opts.token {
+            Some(token) => json!({ "token": token }).to_string(),
+            None => String::new(),
+        };
+        let connect = wire::encode_sio(SioKind::Connect, 0, &opts.namespace, None, &auth);
+        self.send(wire::text_opcode(), connect.as_bytes())?;
+        loop {
+            let text = self.next_text()?;
+            let packet = wire::parse_eio(&text).map_err(|e| Error::Handshake(e.0))?;
+            let body = match packet {
+                EioPacket::Ping => {
+                    self.send(wire::text_opcode(), b"3")?;
+                    continue;
+                }
+                EioPacket::Close => return Err(Error::Handshake("server sent close".into())),
+                EioPacket::Message(body) => body,
+                _ => continue,
+            };
+            let sio = wire::parse_sio(body).map_err(|e| Error::Handshake(e.0))?;
+            if sio.namespace != opts.namespace {
+                continue;
+            }
+            match sio.kind {
+                SioKind::Connect => return Ok(()),
+                SioKind::ConnectError => {
+                    let message = serde_json::from_str::<Value>(sio.payload)
+                        .ok()
+                        .and_then(|v| v.get("message").and_then(Value::as_str).map(String::from))
+                        .unwrap_or_else(|| sio.payload.to_string());
+                    let _ = self.stream.shutdown(Shutdown::Both);
+                    return Err(Error::ConnectRefused(message));
+                }
+                _ => continue,
+            }
+        }
+    }
+}
+
+fn tcp_connect(host_port: &str, timeout: Duration) -> Result<TcpStream, Error> {
+    let mut last = None;
+    for addr in host_port.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&addr, timeout) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(match last {
+        Some(e) => Error::Io(e),
+        None => Error::Handshake(format!("{host_port} resolves to no address")),
+    })
+}

@@ -1,0 +1,217 @@
+//! The read side of one link of the Rust client: decodes WebSocket frames,
+//! answers Engine.IO pings, hands acks to their waiters and `msg`
+//! deliveries to their subscriptions, and says why the link ended.
+
+use std::io::{self, Read};
+use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::shared::{Link, Reply, Shared};
+use super::wire::{self, EioPacket, FrameDecoder, SioKind, WsMessage};
+use super::{Message, CLOSE_NORMAL, READ_CHUNK_BYTES};
+
+/// A binary packet whose attachments are still arriving.
+struct PartialBinary {
+    kind: SioKind,
+    ack_id: Option<u64>,
+    args: Value,
+    expected: usize,
+    attachments: Vec<Vec<u8>>,
+    /// Bytes on the wire so far: the packet text and its attachments.
+    bytes: usize,
+}
+
+/// The reader must stop, and why: the peer closed, went silent, or broke
+/// the wire format (which the Socket.IO spec answers by closing).
+struct Stop(String);
+
+fn stop(reason: impl Into<String>) -> Stop {
+    Stop(reason.into())
+}
+
+/// The read half of a link, as the handshake left it.
+pub(crate) struct ReadHalf {
+    pub(crate) stream: TcpStream,
+    pub(crate) decoder: FrameDecoder,
+    /// How long the server may stay silent before the link counts as dead
+    /// (its `pingInterval + pingTimeout`); `None` waits forever.
+    pub(crate) silence_max: Option<Duration>,
+}
+
+pub(crate) struct Reader<'a> {
+    shared: &'a Shared,
+    link: &'a Link,
+    half: ReadHalf,
+    partial: Option<PartialBinary>,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(shared: &'a Shared, link: &'a Link, half: ReadHalf) -> Self {
+        Reader {
+            shared,
+            link,
+            half,
+            partial: None,
+        }
+    }
+
+    /// Reads until the link ends; returns why it ended.
+    pub(crate) fn run(mut self) -> String {
+        let mut chunk = vec![0u8; READ_CHUNK_BYTES];
+        if let Err(e) = self.half.stream.set_read_timeout(self.half.silence_max) {
+            return format!("cannot arm the heartbeat timeout: {e}");
+        }
+        loop {
+            loop {
+                match self.half.decoder.next() {
+                    Ok(Some(message)) => {
+                        if let Err(Stop(reason)) = self.on_message(message) {
+                            return reason;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => return format!("bad frame from the server: {e}"),
+                }
+            }
+            match self.half.stream.read(&mut chunk) {
+                Ok(0) => return "the server closed the connection".to_string(),
+                Ok(n) => self.half.decoder.push(chunk.get(..n).unwrap_or(&[])),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return "no heartbeat from the server in pingInterval + pingTimeout".to_string()
+                }
+                Err(e) => return format!("read failed: {e}"),
+            }
+        }
+    }
+
+    fn on_message(&mut self, message: WsMessage) -> Result<(), Stop> {
+        match message {
+            WsMessage::Text(text) => self.on_text(&text),
+            WsMessage::Binary(bytes) => self.on_binary(bytes),
+            WsMessage::Ping(payload) => {
+                // RFC 6455 §5.5.3: answer with the same application data.
+                let _ = self
+                    .link
+                    .writer()
+                    .send_control(wire::pong_opcode(), &payload);
+                Ok(())
+            }
+            WsMessage::Pong => Ok(()),
+            WsMessage::Close => {
+                // RFC 6455 §5.5.1: echo the close unless we started it.
+                let _ = self.link.writer().send_close(CLOSE_NORMAL);
+                Err(stop("the server closed the WebSocket"))
+            }
+        }
+    }
+
+    fn on_text(&mut self, text: &str) -> Result<(), Stop> {
+        match wire::parse_eio(text).map_err(|e| stop(format!("bad Engine.IO packet: {e}")))? {
+            // Engine.IO v4 "heartbeat": the server pings, the client pongs.
+            EioPacket::Ping => {
+                let _ = self.link.send("3", &[]);
+                self.shared.pongs.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            EioPacket::Close => Err(stop("the server closed the Engine.IO session")),
+            EioPacket::Message(body) => self.on_socket_io(body),
+            EioPacket::Open(_) | EioPacket::Pong | EioPacket::Upgrade | EioPacket::Noop => Ok(()),
+        }
+    }
+
+    fn on_socket_io(&mut self, body: &str) -> Result<(), Stop> {
+        let packet =
+            wire::parse_sio(body).map_err(|e| stop(format!("bad Socket.IO packet: {e}")))?;
+        if packet.namespace != self.shared.opts.namespace {
+            return Ok(());
+        }
+        match packet.kind {
+            SioKind::Disconnect => Err(stop("the server disconnected the namespace")),
+            SioKind::ConnectError => Err(stop("the server refused the namespace")),
+            SioKind::Connect => Ok(()),
+            SioKind::Event | SioKind::Ack | SioKind::BinaryEvent | SioKind::BinaryAck => {
+                let args: Value = serde_json::from_str(packet.payload)
+                    .map_err(|e| stop(format!("bad packet arguments: {e}")))?;
+                if packet.attachments == 0 {
+                    self.dispatch(packet.kind, packet.ack_id, args, Vec::new(), body.len());
+                } else {
+                    self.partial = Some(PartialBinary {
+                        kind: packet.kind,
+                        ack_id: packet.ack_id,
+                        args,
+                        expected: packet.attachments,
+                        attachments: Vec::new(),
+                        bytes: body.len(),
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn on_binary(&mut self, bytes: Vec<u8>) -> Result<(), Stop> {
+        let Some(mut partial) = self.partial.take() else {
+            // An attachment nobody announced breaks the Socket.IO format.
+            return Err(stop("a binary attachment nobody announced"));
+        };
+        partial.bytes = partial.bytes.saturating_add(bytes.len());
+        partial.attachments.push(bytes);
+        if partial.attachments.len() < partial.expected {
+            self.partial = Some(partial);
+        } else {
+            self.dispatch(
+                partial.kind,
+                partial.ack_id,
+                partial.args,
+                partial.attachments,
+                partial.bytes,
+            );
+        }
+        Ok(())
+    }
+
+    /// Routes one complete packet that took `bytes` on the wire.
+    fn dispatch(
+        &self,
+        kind: SioKind,
+        ack_id: Option<u64>,
+        args: Value,
+        attachments: Vec<Vec<u8>>,
+        bytes: usize,
+    ) {
+        let Value::Array(mut args) = args else {
+            return;
+        };
+        match kind {
+            SioKind::Ack | SioKind::BinaryAck => {
+                let Some(id) = ack_id else { return };
+                let value = if args.is_empty() {
+                    Value::Null
+                } else {
+                    args.swap_remove(0)
+                };
+                self.shared.acked(id, Reply { value, attachments });
+            }
+            SioKind::Event | SioKind::BinaryEvent => {
+                if args.first().and_then(Value::as_str) != Some("msg") || args.len() < 2 {
+                    return;
+                }
+                let arg = args.swap_remove(1);
+                let Some(message) = Message::from_event(arg, attachments) else {
+                    return;
+                };
+                self.shared.deliver(message, bytes);
+            }
+            _ => {}
+        }
+    }
+}
