@@ -29,7 +29,8 @@ use std::net::SocketAddr;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use gombus::net::server::{Server, Settings};
+pub use gombus::net::server::Settings;
+use gombus::net::server::{Server, POLLING_SESSIONS_MAX};
 use gombus::net::{ConnId, Handler, Io, Payload, Request, Response};
 use gombus::protocol::socketio::{self, Kind, Packet, Reassembly};
 use serde_json::value::RawValue;
@@ -68,6 +69,8 @@ pub fn settings() -> Settings {
         message_bytes_max: MESSAGE_BYTES_MAX,
         out_bytes_max: OUT_BYTES_MAX,
         cors_origin: Some("*".to_string()),
+        allow_eio3: false,
+        polling_sessions_max: POLLING_SESSIONS_MAX,
     }
 }
 
@@ -75,7 +78,16 @@ pub fn settings() -> Settings {
 /// returns the bound address. The thread runs until the process exits.
 #[allow(dead_code)] // Used by tests/conformance.rs, not by `main`.
 pub fn start(addr: SocketAddr) -> std::io::Result<(SocketAddr, JoinHandle<std::io::Result<()>>)> {
-    let mut server = Server::bind(addr, settings(), Fixture::default())?;
+    start_with(addr, settings())
+}
+
+/// [`start`] with other settings (tests of the transport's own bounds).
+#[allow(dead_code)] // Used by tests/conformance.rs, not by `main`.
+pub fn start_with(
+    addr: SocketAddr,
+    settings: Settings,
+) -> std::io::Result<(SocketAddr, JoinHandle<std::io::Result<()>>)> {
+    let mut server = Server::bind(addr, settings, Fixture::default())?;
     let bound = server.local_addr()?;
     let handle = std::thread::Builder::new()
         .name("conformance-fixture".to_string())

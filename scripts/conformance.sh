@@ -10,7 +10,7 @@
 # come from: ENGINEIO_PROTOCOL_GIT and SOCKETIO_PROTOCOL_GIT, each either a
 # local (bare) git directory or a URL to clone; both are required. The suites hard-code http://localhost:3000, so that port
 # must be free. Prints each suite's mocha report; exits non-zero if a suite
-# fails (the long-polling cases fail until the transport has polling).
+# fails.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -14,6 +14,7 @@ bench=target/release/examples/stream_bench
 for sync in $syncs; do
   data=$(mktemp -d "${TMPDIR:-/tmp}/gombus-stream-bench.XXXXXX")
   log=$data/broker.log
+  : >"$log"
   "$bin" -addr=127.0.0.1:0 -node-id=bench -data="$data/d" -sync="$sync" 2>"$log" &
   pid=$!
   addr=

@@ -4,6 +4,7 @@
 #     websocket transport (websocket-client), every package pinned;
 #   - tests/interop/node/node_modules from the committed package-lock.json
 #     (socket.io-client 4.x), installed with `npm ci`;
+#   - tests/interop/node2/node_modules (socket.io-client 2.x) likewise;
 #   - prometheus_client in the same .venv, whose strict text-format parser
 #     checks /metrics (tests/metrics.rs);
 #   - Debian's chromium (apt-get), the headless browser that loads the
@@ -124,6 +125,24 @@ install_node() {
     cp "${node_dir}/package-lock.json" "${node_stamp}"
 }
 
+# socket.io-client 2.x (Engine.IO v3) for the legacy-client checks.
+node2_dir="${repo_root}/tests/interop/node2"
+node2_stamp="${node2_dir}/node_modules/.gombus-test-deps"
+
+node2_is_current() {
+    [[ -f "${node2_stamp}" ]] || return 1
+    cmp -s "${node2_stamp}" "${node2_dir}/package-lock.json" || return 1
+    [[ -f "${node2_dir}/node_modules/socket.io-client/package.json" ]]
+}
+
+install_node2() {
+    [[ -f "${node2_dir}/package-lock.json" ]] ||
+        die "${node2_dir}/package-lock.json is missing"
+    quietly npm ci --prefix "${node2_dir}" --no-audit --no-fund --loglevel=error ||
+        die "npm ci in ${node2_dir} failed"
+    cp "${node2_dir}/package-lock.json" "${node2_stamp}"
+}
+
 # ---- Chromium -------------------------------------------------------------
 
 install_chromium() {
@@ -137,4 +156,5 @@ install_chromium() {
 
 python_is_current || install_python
 node_is_current || install_node
+node2_is_current || install_node2
 command -v chromium >/dev/null 2>&1 || install_chromium

@@ -1,8 +1,8 @@
 //! The conformance fixture (examples/conformance.rs) checked the way the
-//! official Engine.IO v4 and Socket.IO v5 suites check a server over
-//! WebSocket (PROTOCOL.md §8), with our own raw clients: tungstenite for
-//! WebSocket sessions, a bare `TcpStream` for the HTTP error answers. The
-//! long-polling cases are not here: the transport has no polling yet.
+//! official Engine.IO v4 and Socket.IO v5 suites check a server, over
+//! WebSocket and HTTP long-polling (PROTOCOL.md §8), with our own raw
+//! clients: tungstenite for WebSocket sessions, a bare `TcpStream` for
+//! HTTP (polling requests and the handshake error answers).
 //!
 //! Every wait has a deadline; nothing sleeps to synchronise. Timings are
 //! checked only where the spec gives them (heartbeat, connect timeout), with
@@ -25,6 +25,8 @@ use fixture::{CONNECT_TIMEOUT, MESSAGE_BYTES_MAX, PING_INTERVAL, PING_TIMEOUT};
 const WAIT: Duration = Duration::from_secs(3);
 /// What a deadline from the spec may be overrun by on a busy machine.
 const SLACK: Duration = Duration::from_millis(700);
+/// How early the loop may act on a deadline (its timer granularity).
+const EARLY: Duration = Duration::from_millis(2);
 
 const ENGINE: &str = "/engine.io/";
 const SOCKET: &str = "/socket.io/";
@@ -223,6 +225,26 @@ fn upgrade_request(target: &str) -> HttpAnswer {
          Sec-WebSocket-Key: AAECAwQFBgcICQoLDA0ODw==\r\nSec-WebSocket-Version: 13\r\n\r\n"
     );
     stream.write_all(request.as_bytes()).expect("write request");
+    read_to_close(stream, target)
+}
+
+/// One plain HTTP request with `Connection: close`; the answer read to EOF.
+fn http_request(method: &str, target: &str, extra_headers: &str, body: &[u8]) -> HttpAnswer {
+    let addr = server();
+    let mut stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    stream.set_read_timeout(Some(WAIT)).expect("read timeout");
+    let mut request = format!(
+        "{method} {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{extra_headers}\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body);
+    stream.write_all(&request).expect("write request");
+    read_to_close(stream, target)
+}
+
+fn read_to_close(mut stream: TcpStream, target: &str) -> HttpAnswer {
     let deadline = Instant::now() + WAIT;
     let mut raw = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -388,7 +410,7 @@ fn heartbeat_closes_when_no_pong_comes_back() {
     let got = peer.next(Instant::now() + PING_TIMEOUT + SLACK);
     assert_eq!(got, Frame::Closed, "no pong: the session must close");
     assert!(
-        started.elapsed() >= PING_INTERVAL + PING_TIMEOUT,
+        started.elapsed() + EARLY >= PING_INTERVAL + PING_TIMEOUT,
         "closed after {:?}, before the ping timeout ran out",
         started.elapsed()
     );
@@ -456,7 +478,7 @@ fn no_handshake_closes_the_connection_after_the_connect_timeout() {
     // Pings are answered, so only the connect timeout can end the session.
     peer.expect_closed_by(started + CONNECT_TIMEOUT + SLACK, "no CONNECT");
     assert!(
-        started.elapsed() >= CONNECT_TIMEOUT,
+        started.elapsed() + EARLY >= CONNECT_TIMEOUT,
         "closed after {:?}, before the connect timeout",
         started.elapsed()
     );
@@ -570,5 +592,559 @@ fn invalid_packets_close_the_connection() {
             .send(message)
             .unwrap_or_else(|e| panic!("send ({what}): {e}"));
         peer.expect_closed_by(Instant::now() + WAIT, what);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// HTTP long-polling (the suites' "HTTP long-polling" and "upgrade" cases,
+// on both endpoints where the Socket.IO suite repeats them).
+
+fn poll_target(path: &str, sid: &str) -> String {
+    format!("{path}?EIO=4&transport=polling&sid={sid}")
+}
+
+fn poll_get(path: &str, sid: &str) -> HttpAnswer {
+    http_request("GET", &poll_target(path, sid), "", b"")
+}
+
+fn poll_post(path: &str, sid: &str, body: &str) -> HttpAnswer {
+    http_request("POST", &poll_target(path, sid), "", body.as_bytes())
+}
+
+/// Opens a polling session with a handshake GET; returns its sid and the
+/// open packet's fields.
+fn poll_open(path: &str) -> (String, Value) {
+    let answer = http_request("GET", &format!("{path}?EIO=4&transport=polling"), "", b"");
+    assert_eq!(answer.status, 200, "handshake at {path}: {}", answer.body);
+    assert!(answer.body.starts_with('0'), "open packet: {}", answer.body);
+    let open: Value = serde_json::from_str(&answer.body[1..])
+        .unwrap_or_else(|e| panic!("open packet {:?}: {e}", answer.body));
+    let sid = open["sid"].as_str().expect("sid").to_string();
+    (sid, open)
+}
+
+/// The long-poll GET answers `expected` (pings are answered, as a client
+/// would, and polled past).
+fn poll_expect(path: &str, sid: &str, expected: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        assert!(Instant::now() < deadline, "no {expected:?} in time");
+        let answer = poll_get(path, sid);
+        assert_eq!(answer.status, 200, "GET: {}", answer.body);
+        if answer.body == "2" {
+            assert_eq!(poll_post(path, sid, "3").status, 200);
+            continue;
+        }
+        assert_eq!(answer.body, expected);
+        return;
+    }
+}
+
+/// A WebSocket asking to upgrade session `sid` (no open packet comes).
+fn probe_socket(path: &str, sid: &str) -> WebSocket<TcpStream> {
+    let addr = server();
+    let stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    stream.set_read_timeout(Some(WAIT)).expect("read timeout");
+    let url = format!("ws://{addr}{path}?EIO=4&transport=websocket&sid={sid}");
+    let (ws, _) = tungstenite::client(url.as_str(), stream)
+        .unwrap_or_else(|e| panic!("upgrade at {url}: {e}"));
+    ws
+}
+
+#[test]
+fn polling_handshake_opens_a_session_that_may_upgrade() {
+    for path in [ENGINE, SOCKET] {
+        let (sid, open) = poll_open(path);
+        assert!(!sid.is_empty());
+        let mut keys: Vec<&String> = open.as_object().expect("object").keys().collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "maxPayload",
+                "pingInterval",
+                "pingTimeout",
+                "sid",
+                "upgrades"
+            ]
+        );
+        assert_eq!(open["upgrades"], serde_json::json!(["websocket"]), "{path}");
+        assert_eq!(open["pingInterval"], PING_INTERVAL.as_millis() as u64);
+        assert_eq!(open["pingTimeout"], PING_TIMEOUT.as_millis() as u64);
+        assert_eq!(open["maxPayload"], MESSAGE_BYTES_MAX as u64);
+    }
+}
+
+#[test]
+fn polling_handshake_errors_get_400_with_engine_io_bodies() {
+    let cases = [
+        ("GET", "?transport=polling", 5),
+        ("GET", "?EIO=abc&transport=polling", 5),
+        ("GET", "?EIO=4", 0),
+        ("GET", "?EIO=4&transport=abc", 0),
+        ("POST", "?EIO=4&transport=polling", 2),
+        ("PUT", "?EIO=4&transport=polling", 2),
+        ("GET", "?EIO=4&transport=polling&sid=unknown", 1),
+        ("POST", "?EIO=4&transport=polling&sid=unknown", 1),
+    ];
+    for path in [ENGINE, SOCKET] {
+        for (method, query, code) in cases {
+            let target = format!("{path}{query}");
+            let answer = http_request(method, &target, "", b"");
+            assert_eq!(answer.status, 400, "{method} {target}");
+            let body: Value = serde_json::from_str(&answer.body).expect("JSON body");
+            assert_eq!(body["code"], code, "{method} {target}: {}", answer.body);
+            assert!(body["message"].is_string());
+        }
+    }
+}
+
+#[test]
+fn polling_echoes_one_several_and_binary_packets() {
+    for payload in [
+        "4hello",
+        "4test1\x1e4test2\x1e4test3",
+        "4hello\x1ebAQIDBA==",
+    ] {
+        let (sid, _) = poll_open(ENGINE);
+        let answer = poll_post(ENGINE, &sid, payload);
+        assert_eq!((answer.status, answer.body.as_str()), (200, "ok"));
+        poll_expect(ENGINE, &sid, payload);
+    }
+}
+
+#[test]
+fn a_held_get_is_answered_when_a_packet_arrives() {
+    let (sid, _) = poll_open(ENGINE);
+    let getter = {
+        let sid = sid.clone();
+        std::thread::spawn(move || poll_get(ENGINE, &sid))
+    };
+    // The echo answers whichever GET is waiting, before or after the POST.
+    assert_eq!(poll_post(ENGINE, &sid, "4late").body, "ok");
+    let answer = getter.join().expect("GET thread");
+    assert_eq!(answer.status, 200);
+    if answer.body == "2" {
+        assert_eq!(poll_post(ENGINE, &sid, "3").status, 200);
+        poll_expect(ENGINE, &sid, "4late");
+    } else {
+        assert_eq!(answer.body, "4late");
+    }
+}
+
+#[test]
+fn polling_takes_large_posts_sent_in_one_write() {
+    let (sid, _) = poll_open(ENGINE);
+    // Well past the 8 KiB head bound, in one write with its head.
+    let big = format!("4{}", "y".repeat(300_000));
+    let payload = format!("{big}\x1e4after");
+    assert_eq!(poll_post(ENGINE, &sid, &payload).body, "ok");
+    poll_expect(ENGINE, &sid, &payload);
+}
+
+#[test]
+fn polling_closes_the_session_upon_an_invalid_packet() {
+    for path in [ENGINE, SOCKET] {
+        let (sid, _) = poll_open(path);
+        assert_eq!(poll_post(path, &sid, "abc").status, 400);
+        assert_eq!(poll_get(path, &sid).status, 400, "the session is gone");
+    }
+}
+
+#[test]
+fn polling_closes_the_session_upon_duplicate_gets() {
+    let (sid, _) = poll_open(ENGINE);
+    let gets: Vec<_> = (0..2)
+        .map(|_| {
+            let sid = sid.clone();
+            std::thread::spawn(move || poll_get(ENGINE, &sid))
+        })
+        .collect();
+    let mut answers: Vec<(u16, String)> = gets
+        .into_iter()
+        .map(|t| {
+            let a = t.join().expect("GET thread");
+            (a.status, a.body)
+        })
+        .collect();
+    answers.sort();
+    // Whichever came second is refused; the held one gets the close packet.
+    assert_eq!(answers[0], (200, "1".to_string()), "{answers:?}");
+    assert_eq!(answers[1].0, 400, "{answers:?}");
+    assert_eq!(poll_get(ENGINE, &sid).status, 400);
+}
+
+#[test]
+fn polling_heartbeat_pings_while_pongs_come_back() {
+    for path in [ENGINE, SOCKET] {
+        let (sid, _) = poll_open(path);
+        for round in 0..3 {
+            let started = Instant::now();
+            let answer = poll_get(path, &sid);
+            assert_eq!((answer.status, answer.body.as_str()), (200, "2"), "{round}");
+            assert!(started.elapsed() < PING_INTERVAL + SLACK);
+            assert_eq!(poll_post(path, &sid, "3").status, 200);
+        }
+    }
+}
+
+#[test]
+fn polling_session_closes_upon_ping_timeout() {
+    for path in [ENGINE, SOCKET] {
+        let started = Instant::now();
+        let (sid, _) = poll_open(path);
+        let deadline = started + PING_INTERVAL + PING_TIMEOUT + SLACK;
+        let answer = poll_get(path, &sid);
+        assert_eq!(answer.body, "2", "the ping");
+        // No pong: the next GET is held until the session ends.
+        let answer = poll_get(path, &sid);
+        assert!(
+            answer.status == 400 || answer.body == "1",
+            "{}",
+            answer.body
+        );
+        assert_eq!(poll_get(path, &sid).status, 400);
+        assert!(Instant::now() < deadline, "closed too late");
+        assert!(
+            started.elapsed() + EARLY >= PING_INTERVAL + PING_TIMEOUT,
+            "too early"
+        );
+    }
+}
+
+#[test]
+fn polling_close_packet_ends_the_session_and_the_held_get_gets_a_noop() {
+    let mut noops = 0;
+    for _ in 0..20 {
+        let (sid, _) = poll_open(SOCKET);
+        let (written_tx, written_rx) = std::sync::mpsc::channel();
+        let getter = {
+            let sid = sid.clone();
+            std::thread::spawn(move || {
+                written_tx.send(()).expect("signal");
+                poll_get(SOCKET, &sid)
+            })
+        };
+        written_rx.recv().expect("GET thread started");
+        assert_eq!(poll_post(SOCKET, &sid, "1").status, 200);
+        let answer = getter.join().expect("GET thread");
+        // Held before the close: a noop; else the session was gone.
+        match answer.status {
+            200 => {
+                assert_eq!(answer.body, "6");
+                noops += 1;
+            }
+            status => assert_eq!(status, 400),
+        }
+        assert_eq!(poll_get(SOCKET, &sid).status, 400);
+        if noops > 0 {
+            return;
+        }
+    }
+    panic!("no GET was held when the close arrived in 20 tries");
+}
+
+#[test]
+fn upgrade_from_polling_to_websocket() {
+    for path in [ENGINE, SOCKET] {
+        let (sid, _) = poll_open(path);
+        let mut ws = probe_socket(path, &sid);
+        ws.send(Message::text("2probe")).expect("send probe");
+        let got = ws.read().expect("probe answer");
+        assert_eq!(got, Message::text("3probe"));
+        let answer = poll_get(path, &sid);
+        assert_eq!((answer.status, answer.body.as_str()), (200, "6"), "noop");
+        ws.send(Message::text("5")).expect("send upgrade");
+        if path == ENGINE {
+            ws.send(Message::text("4hello")).expect("send");
+            loop {
+                match ws.read().expect("echo") {
+                    Message::Text(t) if t.as_str() == "2" => {
+                        ws.send(Message::text("3")).expect("pong")
+                    }
+                    other => {
+                        assert_eq!(other, Message::text("4hello"));
+                        break;
+                    }
+                }
+            }
+        }
+        assert_eq!(poll_get(path, &sid).status, 400, "polling after upgrade");
+    }
+}
+
+#[test]
+fn packets_queued_for_polling_move_to_the_websocket() {
+    let (sid, _) = poll_open(ENGINE);
+    assert_eq!(poll_post(ENGINE, &sid, "4queued\x1ebAQID").body, "ok");
+    let mut ws = probe_socket(ENGINE, &sid);
+    ws.send(Message::text("2probe")).expect("send probe");
+    ws.send(Message::text("5")).expect("send upgrade");
+    assert_eq!(ws.read().expect("probe answer"), Message::text("3probe"));
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        match ws.read().expect("frame") {
+            Message::Text(t) if t.as_str() == "2" => ws.send(Message::text("3")).expect("pong"),
+            Message::Text(t) => got.push(Message::text(t.as_str())),
+            Message::Binary(b) => got.push(Message::binary(b.to_vec())),
+            _ => {}
+        }
+    }
+    assert_eq!(
+        got,
+        [Message::text("4queued"), Message::binary(vec![1, 2, 3])]
+    );
+}
+
+#[test]
+fn probe_and_upgrade_in_one_write_still_answer_the_probe() {
+    let (sid, _) = poll_open(ENGINE);
+    let addr = server();
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let upgrade = format!(
+        "GET {ENGINE}?EIO=4&transport=websocket&sid={sid} HTTP/1.1\r\nHost: x\r\n\
+         Upgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: AAECAwQFBgcICQoLDA0ODw==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    );
+    // The upgrade request, `2probe` and `5` as masked frames, one write.
+    let mut bytes = upgrade.into_bytes();
+    for text in ["2probe", "5"] {
+        bytes.push(0x81);
+        bytes.push(0x80 | text.len() as u8);
+        bytes.extend_from_slice(&[0, 0, 0, 0]);
+        bytes.extend_from_slice(text.as_bytes());
+    }
+    stream.write_all(&bytes).expect("write");
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 1024];
+    let deadline = Instant::now() + WAIT;
+    let probe_frame = [&[0x81u8, 6][..], b"3probe"].concat();
+    while !raw.windows(probe_frame.len()).any(|w| w == probe_frame) {
+        assert!(Instant::now() < deadline, "no 3probe in {raw:?}");
+        let n = stream.read(&mut chunk).expect("read");
+        assert!(n > 0, "closed without 3probe: {raw:?}");
+        raw.extend_from_slice(&chunk[..n]);
+    }
+    assert_eq!(poll_get(ENGINE, &sid).status, 400, "upgraded");
+}
+
+#[test]
+fn a_second_websocket_for_an_upgraded_session_is_closed() {
+    let (sid, _) = poll_open(ENGINE);
+    let mut ws = probe_socket(ENGINE, &sid);
+    ws.send(Message::text("2probe")).expect("send probe");
+    ws.send(Message::text("5")).expect("send upgrade");
+    assert_eq!(ws.read().expect("probe answer"), Message::text("3probe"));
+    let mut second = probe_socket(ENGINE, &sid);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        assert!(Instant::now() < deadline, "the second socket stayed open");
+        match second.read() {
+            Ok(Message::Close(_)) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    ws.send(Message::text("4still here")).expect("send");
+    loop {
+        match ws.read().expect("echo") {
+            Message::Text(t) if t.as_str() == "2" => ws.send(Message::text("3")).expect("pong"),
+            other => break assert_eq!(other, Message::text("4still here")),
+        }
+    }
+}
+
+#[test]
+fn socket_io_over_polling_connects_and_echoes_with_attachments() {
+    let (sid, _) = poll_open(SOCKET);
+    assert_eq!(poll_post(SOCKET, &sid, "40").body, "ok");
+    let deadline = Instant::now() + WAIT;
+    let mut got = String::new();
+    while !got.contains("[\"auth\"") {
+        assert!(Instant::now() < deadline, "no auth emit: {got:?}");
+        let answer = poll_get(SOCKET, &sid);
+        assert_eq!(answer.status, 200);
+        got.push_str(&answer.body);
+        got.push('\x1e');
+    }
+    assert!(got.starts_with("40{\"sid\":"), "{got:?}");
+    let event = "451-[\"message\",{\"_placeholder\":true,\"num\":0}]\x1ebAQID";
+    assert_eq!(poll_post(SOCKET, &sid, event).body, "ok");
+    poll_expect(
+        SOCKET,
+        &sid,
+        "451-[\"message-back\",{\"_placeholder\":true,\"num\":0}]\x1ebAQID",
+    );
+}
+
+#[test]
+fn oversized_posts_are_refused_with_413() {
+    let (sid, _) = poll_open(ENGINE);
+    // The head announces one byte more than maxPayload; the server answers
+    // without waiting for the body.
+    let addr = server();
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        poll_target(ENGINE, &sid),
+        MESSAGE_BYTES_MAX + 1
+    );
+    stream.write_all(head.as_bytes()).expect("write");
+    let answer = read_to_close(stream, "oversized POST");
+    assert_eq!(answer.status, 413);
+    // The session itself is unharmed.
+    assert_eq!(poll_post(ENGINE, &sid, "4small").body, "ok");
+    poll_expect(ENGINE, &sid, "4small");
+}
+
+#[test]
+fn polling_keeps_the_connection_alive_between_requests() {
+    let (sid, _) = poll_open(ENGINE);
+    let addr = server();
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let target = poll_target(ENGINE, &sid);
+    let post = format!("POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\n4hello");
+    let get = format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n");
+    for (request, body) in [(post, "ok"), (get, "4hello")] {
+        stream.write_all(request.as_bytes()).expect("write");
+        let mut raw = Vec::new();
+        let mut chunk = [0u8; 1024];
+        let deadline = Instant::now() + WAIT;
+        let text = loop {
+            assert!(Instant::now() < deadline, "no answer");
+            let n = stream.read(&mut chunk).expect("read");
+            assert!(n > 0, "the server closed a keep-alive connection");
+            raw.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&raw).to_string();
+            if text.ends_with(body) {
+                break text;
+            }
+        };
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(text.contains("Connection: keep-alive\r\n"), "{text}");
+    }
+}
+
+#[test]
+fn cors_answers_name_the_origin_and_allow_credentials() {
+    let answer = http_request(
+        "GET",
+        &format!("{ENGINE}?EIO=4&transport=polling"),
+        "Origin: http://app.example\r\n",
+        b"",
+    );
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        answer.header("Access-Control-Allow-Origin"),
+        Some("http://app.example")
+    );
+    assert_eq!(
+        answer.header("Access-Control-Allow-Credentials"),
+        Some("true")
+    );
+    let preflight = http_request(
+        "OPTIONS",
+        &format!("{ENGINE}?EIO=4&transport=polling"),
+        "Origin: http://app.example\r\nAccess-Control-Request-Headers: content-type\r\n",
+        b"",
+    );
+    assert_eq!(preflight.status, 204);
+    assert_eq!(
+        preflight.header("Access-Control-Allow-Headers"),
+        Some("content-type")
+    );
+}
+
+#[test]
+fn polling_sessions_are_capped() {
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let settings = fixture::Settings {
+        polling_sessions_max: 2,
+        ..fixture::settings()
+    };
+    let (addr, _thread) = fixture::start_with(any, settings).expect("fixture");
+    let handshake = |addr: SocketAddr| {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        let req =
+            format!("GET {ENGINE}?EIO=4&transport=polling HTTP/1.1\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).expect("write");
+        read_to_close(s, "handshake")
+    };
+    assert_eq!(handshake(addr).status, 200);
+    assert_eq!(handshake(addr).status, 200);
+    let third = handshake(addr);
+    assert_eq!(third.status, 503, "{}", third.body);
+    // WebSocket sessions are not polling sessions.
+    let stream = TcpStream::connect(addr).expect("connect");
+    let url = format!("ws://{addr}{ENGINE}?EIO=4&transport=websocket");
+    assert!(tungstenite::client(url.as_str(), stream).is_ok());
+}
+
+#[test]
+fn an_idle_keep_alive_connection_is_closed() {
+    let (sid, _) = poll_open(ENGINE);
+    let addr = server();
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    let req = format!(
+        "POST {} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n4x",
+        poll_target(ENGINE, &sid)
+    );
+    stream.write_all(req.as_bytes()).expect("write");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !raw.ends_with(b"ok") {
+        let n = stream.read(&mut chunk).expect("read");
+        assert!(n > 0, "closed before the answer");
+        raw.extend_from_slice(&chunk[..n]);
+    }
+    let answered = Instant::now();
+    // Nothing more is sent: the server closes once the idle time is over.
+    match stream.read(&mut chunk) {
+        Ok(0) => {}
+        other => panic!("expected the close, got {other:?}"),
+    }
+    let idle = answered.elapsed();
+    assert!(
+        idle + Duration::from_millis(50) >= PING_INTERVAL + PING_TIMEOUT,
+        "{idle:?}"
+    );
+    assert!(idle < PING_INTERVAL + PING_TIMEOUT + SLACK, "{idle:?}");
+}
+
+#[test]
+fn pipelined_requests_behind_a_held_get_are_answered_in_turn() {
+    let (sid, _) = poll_open(ENGINE);
+    let addr = server();
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let get = format!(
+        "GET {} HTTP/1.1\r\nHost: x\r\n\r\n",
+        poll_target(ENGINE, &sid)
+    );
+    // Two GETs in one write: the first is held until the ping, the second
+    // waits behind it on the same connection.
+    stream
+        .write_all(format!("{get}{get}").as_bytes())
+        .expect("write");
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 1024];
+    let mut answers = 0;
+    let deadline = Instant::now() + WAIT;
+    while answers < 2 {
+        assert!(Instant::now() < deadline, "answers so far: {answers}");
+        let n = stream.read(&mut chunk).expect("read");
+        assert!(n > 0, "closed");
+        raw.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&raw).to_string();
+        let now = text.matches("HTTP/1.1 200 OK").count();
+        if now > answers && text.ends_with("\r\n\r\n2") {
+            answers = now;
+            // Each answer is a ping; the pong goes on another connection.
+            assert_eq!(poll_post(ENGINE, &sid, "3").status, 200);
+        }
     }
 }

@@ -1,8 +1,11 @@
 //! Interop: real Socket.IO clients that nobody here wrote (python-socketio
 //! 5.x and socket.io-client 4.x, pinned by scripts/test-deps.sh) run the
-//! checks in tests/interop/ against a broker, over the WebSocket transport.
-//! Contract: /work/shared/PROTOCOL.md §2 (namespaces, acks), §3 (subjects),
-//! §4 (pub/sub, request/reply, binary data), §5 (streams: python-socketio).
+//! checks in tests/interop/ against a broker, in each transport mode: their
+//! default (long-polling, then the upgrade to WebSocket), WebSocket only,
+//! and long-polling with upgrades off.
+//! Contract: /work/shared/PROTOCOL.md §1 (transports), §2 (namespaces,
+//! acks), §3 (subjects), §4 (pub/sub, request/reply, binary data), §5
+//! (streams: python-socketio creates one, publishes, fetches and acks).
 
 mod common;
 
@@ -28,6 +31,18 @@ const CHECKS: [&str; 7] = [
     "request_reply",
     "error_acks",
     "binary",
+];
+
+/// The python-socketio script's checks: the shared ones and streams.
+const PY_CHECKS: [&str; 8] = [
+    "connect",
+    "control_info",
+    "control_unauthorized",
+    "pubsub_wildcard",
+    "request_reply",
+    "error_acks",
+    "binary",
+    "streams",
 ];
 
 const DEPS_HINT: &str =
@@ -112,13 +127,15 @@ fn require(path: &Path, what: &str) {
     );
 }
 
-fn run_client(program: &Path, script: &Path, client: &str) {
-    run_checks(program, script, client, &[], &CHECKS);
+/// `mode`: `websocket`, `default` or `polling` (see the scripts).
+fn run_client(program: &Path, script: &Path, client: &str, mode: &str) {
+    run_checks(program, script, client, mode, &CHECKS);
 }
 
-/// Runs `script` with `extra` arguments after URL and token and expects a
-/// `PASS` line for each of `checks`.
-fn run_checks(program: &Path, script: &Path, client: &str, extra: &[&str], checks: &[&str]) {
+/// The checks socket.io-client 2.x runs (Engine.IO v3, Socket.IO v4).
+const LEGACY_CHECKS: [&str; 4] = ["connect", "control", "pubsub_wildcard", "request_reply"];
+
+fn run_checks(program: &Path, script: &Path, client: &str, mode: &str, checks: &[&str]) {
     require(script, "the interop script");
     let broker = common::Broker::start(&[&format!("-control-token={CONTROL_TOKEN}")]);
     let url = format!("http://{}", broker.addr);
@@ -126,7 +143,7 @@ fn run_checks(program: &Path, script: &Path, client: &str, extra: &[&str], check
         .arg(script)
         .arg(&url)
         .arg(CONTROL_TOKEN)
-        .args(extra)
+        .arg(mode)
         .current_dir(repo_root())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -152,27 +169,12 @@ fn run_checks(program: &Path, script: &Path, client: &str, extra: &[&str], check
     let exited_ok = outcome.status.is_some_and(|status| status.success());
     assert!(
         exited_ok && missing.is_empty(),
-        "{client} against {url}: checks not passed: {missing:?}\n{}",
+        "{client} ({mode}) against {url}: checks not passed: {missing:?}\n{}",
         outcome.describe()
     );
 }
 
-#[test]
-fn python_socketio_client_interop() {
-    let root = repo_root();
-    let python = root.join(".venv/bin/python");
-    require(&python, "the Python venv with python-socketio");
-    run_client(
-        &python,
-        &root.join("tests/interop/py_client.py"),
-        "python-socketio",
-    );
-}
-
-/// Contract §5: python-socketio creates a stream, publishes, fetches and
-/// acks.
-#[test]
-fn python_socketio_streams_interop() {
+fn python(mode: &str) {
     let root = repo_root();
     let python = root.join(".venv/bin/python");
     require(&python, "the Python venv with python-socketio");
@@ -180,13 +182,12 @@ fn python_socketio_streams_interop() {
         &python,
         &root.join("tests/interop/py_client.py"),
         "python-socketio",
-        &["streams"],
-        &["streams"],
+        mode,
+        &PY_CHECKS,
     );
 }
 
-#[test]
-fn node_socket_io_client_interop() {
+fn node(mode: &str) {
     let root = repo_root();
     let node_dir = root.join("tests/interop/node");
     require(
@@ -197,5 +198,61 @@ fn node_socket_io_client_interop() {
         Path::new("node"),
         &node_dir.join("client.mjs"),
         "socket.io-client",
+        mode,
     );
+}
+
+#[test]
+fn python_socketio_client_interop() {
+    python("websocket");
+}
+
+#[test]
+fn python_socketio_default_transports_poll_then_upgrade() {
+    python("default");
+}
+
+#[test]
+fn python_socketio_stays_on_polling() {
+    python("polling");
+}
+
+#[test]
+fn node_socket_io_client_interop() {
+    node("websocket");
+}
+
+#[test]
+fn node_socket_io_default_transports_poll_then_upgrade() {
+    node("default");
+}
+
+#[test]
+fn node_socket_io_stays_on_polling_without_upgrades() {
+    node("polling");
+}
+
+fn legacy_node(mode: &str) {
+    let node_dir = repo_root().join("tests/interop/node2");
+    require(
+        &node_dir.join("node_modules/socket.io-client/package.json"),
+        "socket.io-client 2.x in tests/interop/node2/node_modules",
+    );
+    run_checks(
+        Path::new("node"),
+        &node_dir.join("client.mjs"),
+        "socket.io-client 2.x",
+        mode,
+        &LEGACY_CHECKS,
+    );
+}
+
+#[test]
+fn legacy_socket_io_client_2_polls_then_upgrades_with_eio3() {
+    legacy_node("default");
+}
+
+#[test]
+fn legacy_socket_io_client_2_on_polling_only() {
+    legacy_node("polling");
 }

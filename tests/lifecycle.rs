@@ -226,6 +226,67 @@ fn sigterm_under_stream_load_keeps_every_acked_message() {
     );
 }
 
+/// One HTTP/1.1 request on a fresh connection; the response body.
+fn http_body(addr: &str, method: &str, target: &str, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "{method} {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Content-Type: text/plain;charset=UTF-8\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn sigterm_tells_a_long_polling_client_through_its_held_get() {
+    let mut broker = Broker::start(&[]);
+    let addr = broker.addr.clone();
+    let open = http_body(&addr, "GET", "/socket.io/?EIO=4&transport=polling", "");
+    let sid = open
+        .split("\"sid\":\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap_or_else(|| panic!("no sid in {open:?}"))
+        .to_string();
+    let target = format!("/socket.io/?EIO=4&transport=polling&sid={sid}");
+    assert_eq!(http_body(&addr, "POST", &target, "40"), "ok");
+    let joined = http_body(&addr, "GET", &target, "");
+    assert!(joined.starts_with("40{"), "{joined}");
+    // A GET that the broker holds until it has something to say.
+    let held = {
+        let (addr, target) = (addr.clone(), target.clone());
+        thread::spawn(move || http_body(&addr, "GET", &target, ""))
+    };
+    // Wait (bounded) until the broker has the GET's connection: open TCP
+    // connections are then the held GET and the scrape asking.
+    let tcp_open = || {
+        http_body(&addr, "GET", "/metrics", "")
+            .lines()
+            .find_map(|l| l.strip_prefix("gombus_connections "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert!(wait_for(Duration::from_secs(5), || tcp_open() >= 2));
+    let status = broker
+        .terminate(Duration::from_secs(5))
+        .expect("exit within 5 s");
+    assert!(status.success(), "{status:?}");
+    let last = held.join().unwrap();
+    // Socket.IO DISCONNECT on `/`, then Engine.IO close, in one payload
+    // (packets separated by the record separator 0x1e).
+    let packets: Vec<&str> = last.split('\u{1e}').collect();
+    assert!(packets.contains(&"41"), "{last:?}");
+    assert_eq!(packets.last(), Some(&"1"), "{last:?}");
+}
+
 #[test]
 fn sigint_also_stops_cleanly() {
     let mut broker = Broker::start(&[]);

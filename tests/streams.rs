@@ -641,6 +641,31 @@ fn a_stream_that_cannot_be_recovered_is_refused_not_overwritten() {
 }
 
 #[test]
+fn every_sync_policy_keeps_acked_messages_across_sigkill() {
+    for policy in ["-sync=always", "-sync=50ms", "-sync=none"] {
+        let mut b = Broker::start(&[policy]);
+        let c = connect(&b);
+        stream(&c, "P", &["p"]);
+        c.consumer_create("P", &ConsumerConfig::new("c")).unwrap();
+        for i in 1..=20 {
+            assert_eq!(c.publish_stream("p", i).unwrap().seq, i, "{policy}");
+        }
+        let got = c.fetch("P", "c", 5, None).unwrap();
+        for m in &got {
+            c.ack("P", "c", m.seq).unwrap();
+        }
+        drop(c);
+        b.restart(&[policy]);
+        let c = connect(&b);
+        let st = c.stream_info("P").unwrap().state;
+        assert_eq!((st.messages, st.last_seq), (20, 20), "{policy}");
+        let i = c.consumer_info("P", "c").unwrap();
+        assert_eq!(i.ack_floor.stream_seq, 5, "{policy}");
+        assert_eq!(c.fetch("P", "c", 1, None).unwrap()[0].seq, 6, "{policy}");
+    }
+}
+
+#[test]
 fn bad_input_gets_clear_errors() {
     let b = Broker::start(&[]);
     let c = connect(&b);

@@ -158,6 +158,16 @@ impl Broker {
     }
 
     fn connect(&mut self, io: &mut Io<'_>, conn: ConnId, p: &Packet<'_>) {
+        // Engine.IO v3 clients (Socket.IO v4) send their auth as a query
+        // on the namespace: `0/control?token=…,`.
+        let legacy_query = match p.nsp.split_once('?') {
+            Some((nsp, query)) if io.eio(conn) == 3 => Some((nsp, query)),
+            _ => None,
+        };
+        let p = &Packet {
+            nsp: legacy_query.map_or(p.nsp, |(nsp, _)| nsp),
+            ..*p
+        };
         let token = match p.nsp {
             NSP_ROOT => self.cfg.auth_token.clone(),
             NSP_CONTROL => self.cfg.control_token.clone(),
@@ -169,7 +179,14 @@ impl Broker {
             }
         };
         if let Some(expected) = token {
-            if !auth_token_ok(p.data, &expected) {
+            let given_ok = match legacy_query {
+                Some((_, query)) => {
+                    let given = query_param(query, "token").unwrap_or_default();
+                    token_eq(given.as_bytes(), expected.as_bytes())
+                }
+                None => auth_token_ok(p.data, &expected),
+            };
+            if !given_ok {
                 let head = socketio::encode(Kind::ConnectError, 0, p.nsp, None, "");
                 io.send_text(conn, &[&head, br#"{"message":"unauthorized"}"#]);
                 return;
@@ -625,6 +642,38 @@ fn auth_token_ok(data: &str, expected: &str) -> bool {
     token_eq(given.as_bytes(), expected.as_bytes())
 }
 
+/// A percent-decoded query parameter (`a=1&token=x%2By`).
+fn query_param(query: &str, key: &str) -> Option<String> {
+    let raw = query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == key).then_some(v)
+    })?;
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// Keeps a node id usable inside a subject token.
 fn sanitize(id: &str) -> String {
     id.chars()
@@ -677,6 +726,19 @@ impl Handler for Broker {
         }
         self.sessions[conn] = Some(Session::default());
         io.set_timer(conn, Some(io.now() + self.cfg.connect_timeout));
+        if io.eio(conn) == 3 {
+            // Socket.IO v4 (Engine.IO v3 clients) joins `/` without a
+            // CONNECT and without auth data, so `-auth-token` refuses it.
+            if self.cfg.auth_token.is_some() {
+                io.send_text(conn, &[br#"4"unauthorized""#]);
+                return;
+            }
+            if let Some(session) = self.session(conn) {
+                session.root = true;
+            }
+            io.send_text(conn, &[b"0"]);
+            io.set_timer(conn, None);
+        }
     }
 
     fn message(&mut self, io: &mut Io<'_>, conn: ConnId, payload: Payload<'_>) {
@@ -737,5 +799,25 @@ impl Handler for Broker {
 
     fn woken(&mut self, io: &mut Io<'_>) {
         self.streams.woken(io);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::query_param;
+
+    #[test]
+    fn query_params_are_percent_decoded() {
+        assert_eq!(query_param("token=abc", "token").as_deref(), Some("abc"));
+        assert_eq!(
+            query_param("a=1&token=x%2By%20z+w", "token").as_deref(),
+            Some("x+y z w")
+        );
+        assert_eq!(
+            query_param("token=%zz%4", "token").as_deref(),
+            Some("%zz%4")
+        );
+        assert_eq!(query_param("tokens=1", "token"), None);
+        assert_eq!(query_param("token", "token").as_deref(), Some(""));
     }
 }

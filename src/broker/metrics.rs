@@ -182,6 +182,12 @@ impl Metrics {
             net.sessions_open.to_string(),
         );
         metric(
+            "gombus_polling_sessions",
+            "gauge",
+            "Open Engine.IO sessions on HTTP long-polling.",
+            net.polling_sessions.to_string(),
+        );
+        metric(
             "gombus_connections_total",
             "counter",
             "TCP connections accepted.",

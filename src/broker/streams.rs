@@ -105,6 +105,10 @@ pub(super) struct Slot {
     meta_key: Option<FileKey>,
     /// Something changed this turn: files to write, consumers to serve.
     pub(super) touched: bool,
+    /// When this stream next needs the loop (a redelivery, an age limit).
+    due: Option<Instant>,
+    /// A push consumer has something to deliver but nobody took it yet.
+    push_waiting: bool,
 }
 
 pub struct Streams {
@@ -139,7 +143,16 @@ pub struct Streams {
     segment_bytes: u64,
     /// The wall clock read once per loop turn (message times).
     wall: Wall,
+    /// Subscriptions seen at the last sweep, and when the next is due: a
+    /// stream nothing happened to is looked at only when it is due, when
+    /// subscriptions changed (a push consumer may have a subscriber now),
+    /// or at the periodic sweep.
+    last_subs: usize,
+    next_sweep: Instant,
 }
+
+/// How often every stream is looked at even when nothing happened to it.
+const SWEEP_EVERY: Duration = Duration::from_millis(50);
 
 /// A publish a stream captured: raw JSON `data` and `headers`.
 #[derive(Debug, Clone, Copy)]
@@ -220,6 +233,8 @@ impl Streams {
             next_at: None,
             segment_bytes: Options::default().segment_bytes,
             wall: Wall::read(Instant::now()),
+            last_subs: 0,
+            next_sweep: Instant::now(),
         }
     }
 
@@ -305,6 +320,8 @@ impl Streams {
             meta,
             meta_key,
             touched: true,
+            due: None,
+            push_waiting: false,
         })
     }
 
@@ -602,6 +619,8 @@ impl Streams {
             meta,
             meta_key,
             touched: false,
+            due: None,
+            push_waiting: false,
         };
         let v = stream_json(&slot.stream);
         self.add(slot);
@@ -971,13 +990,23 @@ impl Streams {
         let now = io.now();
         self.wall = Wall::read(now);
         let now_ms = self.wall.ms_at(now);
+        let sweep = subs.len() != self.last_subs || now >= self.next_sweep;
+        if sweep {
+            self.last_subs = subs.len();
+            self.next_sweep = now + SWEEP_EVERY;
+        }
         let mut more = false;
         for slot in self.set.values_mut() {
+            let due = slot.due.is_some_and(|d| d <= now);
+            if !(slot.touched || due || sweep) {
+                continue;
+            }
             maintain(slot, now, now_ms);
             more |= push_slot(io, subs, slot, now, &mut self.pick);
+            plan_slot(slot, now, now_ms);
         }
         self.serve_waits(io, now);
-        self.flush_all();
+        self.flush_all(now, now_ms);
         self.release(io);
         self.plan(now, more);
     }
@@ -1001,16 +1030,13 @@ impl Streams {
         for w in &self.waits {
             fold(Some(w.deadline));
         }
-        let now_ms = self.wall.ms_at(now);
+        let mut push_waiting = false;
         for slot in self.set.values() {
-            for m in slot.stream.consumers.values() {
-                fold(m.consumer.next_deadline());
-            }
-            let age = slot
-                .stream
-                .next_expiry_ms()
-                .map(|t| now + Duration::from_millis(t.saturating_sub(now_ms)));
-            fold(age);
+            fold(slot.due);
+            push_waiting |= slot.push_waiting;
+        }
+        if push_waiting {
+            fold(Some(self.next_sweep));
         }
         self.next_at = at;
     }
@@ -1027,13 +1053,14 @@ impl Streams {
         self.waits.retain(|w| w.conn != conn);
     }
 
-    fn flush_all(&mut self) {
+    fn flush_all(&mut self, now: Instant, now_ms: u64) {
         let mut failed = None;
         for slot in self.set.values_mut() {
             if !slot.touched {
                 continue;
             }
             slot.touched = false;
+            plan_slot(slot, now, now_ms);
             // Messages are written before the cursors that refer to them.
             if let Err(e) = slot
                 .stream
@@ -1166,6 +1193,26 @@ fn abandoned(dir: &Path) -> bool {
 
 /// Largest `nak` delay (one day).
 pub const NAK_DELAY_MS_MAX: u64 = 86_400_000;
+
+/// When a stream next needs the loop, and whether a push consumer of it
+/// waits for a subscriber.
+fn plan_slot(slot: &mut Slot, now: Instant, now_ms: u64) {
+    let last_seq = slot.stream.last_seq();
+    let mut due = slot
+        .stream
+        .next_expiry_ms()
+        .map(|t| now + Duration::from_millis(t.saturating_sub(now_ms)));
+    let mut push_waiting = false;
+    for m in slot.stream.consumers.values() {
+        if let Some(t) = m.consumer.next_deadline() {
+            due = Some(due.map_or(t, |d| d.min(t)));
+        }
+        push_waiting |=
+            m.consumer.cfg.deliver_subject.is_some() && m.consumer.may_have_work(last_seq);
+    }
+    slot.due = due;
+    slot.push_waiting = push_waiting;
+}
 
 /// Age limits, the duplicate window and redelivery timers of one stream.
 fn maintain(slot: &mut Slot, now: Instant, now_ms: u64) {

@@ -2,12 +2,19 @@
 //! a handler queues Engine.IO packets onto connections. Every connection
 //! writes through a bounded outbound buffer; past the bound it is closed as
 //! a slow consumer, so a client that stops reading cannot grow memory.
+//!
+//! A slot is a TCP connection (HTTP, WebSocket, or a WebSocket probing an
+//! upgrade) or a long-polling session, which has no socket of its own: its
+//! outbound buffer holds the queued payload until a GET takes it. A handler
+//! sees one [`ConnId`] per Engine.IO session whatever its transport; an
+//! upgrade moves the probe's socket into the session's slot.
 
 use std::io::Write as _;
 use std::time::Instant;
 
 use mio::net::TcpStream;
 
+use super::polling::{self, Polling};
 use super::ws;
 use crate::protocol::engineio::Heartbeat;
 use tungstenite::protocol::frame::coding::OpCode;
@@ -21,6 +28,10 @@ pub enum State {
     Http,
     /// An Engine.IO session over WebSocket.
     WebSocket,
+    /// An Engine.IO session over HTTP long-polling (no socket).
+    Polling,
+    /// A WebSocket probing the upgrade of the polling session it links to.
+    Probe,
     /// Done: flush what is queued, then drop.
     Closing,
 }
@@ -42,10 +53,13 @@ pub struct NetStats {
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub http_requests: u64,
+    /// Sessions currently on the long-polling transport.
+    pub polling_sessions: u64,
 }
 
 pub struct Conn {
-    pub stream: TcpStream,
+    /// `None` for a long-polling session.
+    pub stream: Option<TcpStream>,
     pub state: State,
     /// Bytes of an incomplete HTTP head or WebSocket frame.
     pub inbuf: Vec<u8>,
@@ -66,12 +80,30 @@ pub struct Conn {
     pub lag_since: Option<Instant>,
     /// Reading from it is paused until lagging receivers catch up.
     pub stalled: bool,
+    /// Engine.IO version of the session (4, or 3 for legacy clients).
+    pub eio: u8,
+    /// A long-polling session's transport state.
+    pub polling: Option<Box<Polling>>,
+    /// The Engine.IO sid of a session that began on polling (the key an
+    /// upgrade and later requests find it by).
+    pub sid: Option<Box<str>>,
+    /// HTTP: the polling session whose GET this connection holds; probe:
+    /// the session it would upgrade. With that slot's serial.
+    pub link: Option<(ConnId, u64)>,
+    /// HTTP: a request whose body is still arriving, and the body's length.
+    pub body_wait: Option<Box<(super::http::Request, usize)>>,
+    /// HTTP: whether the request being answered keeps the connection.
+    pub keep_alive: bool,
+    /// HTTP: the request's `Origin`, for CORS answers.
+    pub origin: Option<Box<str>>,
+    /// HTTP: when an idle connection (no request under way) is dropped.
+    pub idle_until: Option<Instant>,
 }
 
 impl Conn {
     pub fn new(stream: TcpStream, serial: u64) -> Conn {
         Conn {
-            stream,
+            stream: Some(stream),
             state: State::Http,
             inbuf: Vec::new(),
             out: Vec::new(),
@@ -85,6 +117,45 @@ impl Conn {
             session: false,
             lag_since: None,
             stalled: false,
+            eio: 4,
+            polling: None,
+            sid: None,
+            link: None,
+            body_wait: None,
+            keep_alive: false,
+            origin: None,
+            idle_until: None,
+        }
+    }
+
+    /// A long-polling session's slot.
+    pub fn polling_session(serial: u64, eio: u8, sid: &str) -> Conn {
+        Conn {
+            stream: None,
+            state: State::Polling,
+            inbuf: Vec::new(),
+            out: Vec::new(),
+            out_pos: 0,
+            dirty: false,
+            decoder: ws::Decoder::default(),
+            heartbeat: None,
+            app_deadline: None,
+            serial,
+            endpoint: 0,
+            session: false,
+            lag_since: None,
+            stalled: false,
+            eio,
+            polling: Some(Box::new(Polling {
+                eio,
+                ..Polling::default()
+            })),
+            sid: Some(sid.into()),
+            link: None,
+            body_wait: None,
+            keep_alive: false,
+            origin: None,
+            idle_until: None,
         }
     }
 
@@ -104,9 +175,12 @@ impl Conn {
 
     /// Writes queued bytes until done or WouldBlock; returns bytes written.
     pub fn flush(&mut self) -> std::io::Result<usize> {
+        let Some(stream) = self.stream.as_mut() else {
+            return Ok(0);
+        };
         let mut written = 0;
         while self.out_pos < self.out.len() {
-            match self.stream.write(&self.out[self.out_pos..]) {
+            match stream.write(&self.out[self.out_pos..]) {
                 Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
                 Ok(n) => {
                     self.out_pos += n;
@@ -169,7 +243,15 @@ impl Io<'_> {
 
     /// Whether `conn` is an open Engine.IO session.
     pub fn is_open(&self, conn: ConnId) -> bool {
-        matches!(self.conns.get(conn), Some(Some(c)) if c.state == State::WebSocket)
+        matches!(self.conns.get(conn), Some(Some(c)) if matches!(c.state, State::WebSocket | State::Polling))
+    }
+
+    /// The Engine.IO version `conn` speaks (3 for legacy clients, else 4).
+    pub fn eio(&self, conn: ConnId) -> u8 {
+        match self.conns.get(conn) {
+            Some(Some(c)) => c.eio,
+            _ => 4,
+        }
     }
 
     /// Queues an Engine.IO message packet (`4` + the parts) as one text frame.
@@ -199,6 +281,24 @@ impl Io<'_> {
         let Some(c) = self.writable(conn, len + 10) else {
             return false;
         };
+        if c.state == State::Polling {
+            if opcode == ws::BINARY {
+                polling::push_binary(&mut c.out, c.eio, parts[0]);
+            } else {
+                polling::push_text(&mut c.out, c.eio, prefix, parts);
+            }
+            self.mark_dirty(conn);
+            return true;
+        }
+        if opcode == ws::BINARY && c.eio == 3 {
+            // Engine.IO v3 frames a binary message with its packet type.
+            c.out.reserve(len + 11);
+            ws::write_header(&mut c.out, opcode, len + 1);
+            c.out.push(4);
+            c.out.extend_from_slice(parts[0]);
+            self.mark_dirty(conn);
+            return true;
+        }
         c.out.reserve(len + 10);
         ws::write_header(&mut c.out, opcode, len);
         c.out.extend_from_slice(prefix);
@@ -222,7 +322,7 @@ impl Io<'_> {
     fn writable(&mut self, conn: ConnId, extra: usize) -> Option<&mut Conn> {
         let bound = self.out_bytes_max;
         let c = self.conns.get_mut(conn)?.as_mut()?;
-        if c.state != State::WebSocket {
+        if !matches!(c.state, State::WebSocket | State::Polling) {
             return None;
         }
         let pending = c.pending_out() + extra;
@@ -272,6 +372,9 @@ impl Io<'_> {
         }
         if c.state == State::WebSocket {
             ws::write_close(&mut c.out, code);
+        } else if c.state == State::Polling {
+            // The held GET (if any) takes the close packet.
+            polling::push_text(&mut c.out, c.eio, b"1", &[]);
         }
         c.state = State::Closing;
         self.closing.push(conn);

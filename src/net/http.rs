@@ -1,5 +1,6 @@
-//! A minimal HTTP/1.1 layer: request-head parsing with a bounded size, and
-//! response encoding. Pure: it sees bytes, never sockets.
+//! A minimal HTTP/1.1 layer: request-head parsing with a bounded size, the
+//! body length a request announces, keep-alive, and response encoding.
+//! Pure: it sees bytes, never sockets.
 
 /// The most bytes a request head (request line and headers) may take.
 pub const HEAD_BYTES_MAX: usize = 8 * 1024;
@@ -12,6 +13,8 @@ pub struct Request {
     pub path: String,
     pub query: String,
     pub headers: Vec<(String, String)>,
+    /// The minor version of `HTTP/1.x`.
+    pub minor: u8,
 }
 
 impl Request {
@@ -29,6 +32,35 @@ impl Request {
             .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
     }
 
+    /// Whether the connection may carry another request after the answer
+    /// (HTTP/1.1 unless `Connection: close`; HTTP/1.0 only when asked).
+    pub fn keep_alive(&self) -> bool {
+        if self.minor == 0 {
+            self.header_has_token("Connection", "keep-alive")
+        } else {
+            !self.header_has_token("Connection", "close")
+        }
+    }
+
+    /// The body length the head announces: `Ok(0)` without a body, an error
+    /// for a body whose length is not given by one valid Content-Length.
+    pub fn body_len(&self) -> Result<usize, HttpError> {
+        if self.header("Transfer-Encoding").is_some() {
+            return Err(HttpError::LengthRequired);
+        }
+        let mut lens = self
+            .headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("Content-Length"));
+        let Some((_, v)) = lens.next() else {
+            return Ok(0);
+        };
+        if lens.next().is_some() || v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(HttpError::BadRequest);
+        }
+        v.parse::<usize>().map_err(|_| HttpError::PayloadTooLarge)
+    }
+
     /// A query parameter's raw value.
     pub fn query_param(&self, key: &str) -> Option<&str> {
         self.query.split('&').find_map(|p| {
@@ -44,6 +76,10 @@ pub enum HttpError {
     BadRequest,
     /// 431: the head is over `HEAD_BYTES_MAX` or has too many headers.
     HeadTooLarge,
+    /// 411: a body without a Content-Length (chunked is not spoken).
+    LengthRequired,
+    /// 413: a body over the bound.
+    PayloadTooLarge,
 }
 
 impl HttpError {
@@ -51,6 +87,8 @@ impl HttpError {
         match self {
             HttpError::BadRequest => 400,
             HttpError::HeadTooLarge => 431,
+            HttpError::LengthRequired => 411,
+            HttpError::PayloadTooLarge => 413,
         }
     }
 }
@@ -77,10 +115,12 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<(Request, usize)>, HttpError> 
     else {
         return Err(HttpError::BadRequest);
     };
-    if !version.starts_with("HTTP/1.")
-        || method.is_empty()
-        || !method.bytes().all(|b| b.is_ascii_uppercase())
-    {
+    let minor = match version {
+        "HTTP/1.0" => 0,
+        "HTTP/1.1" => 1,
+        _ => return Err(HttpError::BadRequest),
+    };
+    if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
         return Err(HttpError::BadRequest);
     }
     if !target.starts_with('/') {
@@ -103,6 +143,7 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<(Request, usize)>, HttpError> 
         path: path.to_string(),
         query: query.to_string(),
         headers,
+        minor,
     };
     Ok(Some((req, end)))
 }
@@ -139,10 +180,17 @@ impl Response {
         Response::new(status, "text/plain; charset=utf-8", body)
     }
 
-    /// The status line, headers and body as bytes.
+    /// The status line, headers and body as bytes; the connection closes
+    /// after it.
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_with(false)
+    }
+
+    /// As [`Response::encode`], saying whether the connection stays open.
+    pub fn encode_with(&self, keep_alive: bool) -> Vec<u8> {
+        let connection = if keep_alive { "keep-alive" } else { "close" };
         let mut out = format!(
-            "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
+            "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: {connection}\r\n",
             self.status,
             reason(self.status),
             self.content_type,
@@ -162,10 +210,12 @@ pub fn reason(status: u16) -> &'static str {
     match status {
         101 => "Switching Protocols",
         200 => "OK",
+        204 => "No Content",
         400 => "Bad Request",
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        411 => "Length Required",
         413 => "Payload Too Large",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
@@ -233,6 +283,41 @@ mod tests {
         }
         many.extend_from_slice(b"\r\n");
         assert_eq!(parse_request(&many), Err(HttpError::HeadTooLarge));
+    }
+
+    #[test]
+    fn reads_body_length_and_keep_alive() {
+        let req = |raw: &[u8]| parse_request(raw).unwrap().unwrap().0;
+        let r = req(b"POST /x HTTP/1.1\r\nContent-Length: 12\r\n\r\n");
+        assert_eq!(r.body_len(), Ok(12));
+        assert!(r.keep_alive());
+        let r = req(b"GET /x HTTP/1.1\r\nConnection: close\r\n\r\n");
+        assert_eq!(r.body_len(), Ok(0));
+        assert!(!r.keep_alive());
+        assert!(!req(b"GET /x HTTP/1.0\r\n\r\n").keep_alive());
+        assert!(req(b"GET /x HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").keep_alive());
+        for (raw, err) in [
+            (
+                &b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+                HttpError::LengthRequired,
+            ),
+            (
+                b"POST /x HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+                HttpError::BadRequest,
+            ),
+            (
+                b"POST /x HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                HttpError::BadRequest,
+            ),
+            (
+                b"POST /x HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+                HttpError::PayloadTooLarge,
+            ),
+        ] {
+            assert_eq!(req(raw).body_len(), Err(err));
+        }
+        let text = String::from_utf8(Response::text(200, "ok").encode_with(true)).unwrap();
+        assert!(text.contains("Connection: keep-alive\r\n"));
     }
 
     #[test]

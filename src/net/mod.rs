@@ -1,8 +1,10 @@
 //! The I/O shell: everything that touches sockets and clocks.
 //!
 //! - [`server`]: the mio event loop (accept, read, write, timers) and the
-//!   Engine.IO session over WebSocket.
-//! - [`http`]: request-head parsing and responses.
+//!   Engine.IO session over WebSocket or HTTP long-polling, with the
+//!   upgrade from polling to WebSocket.
+//! - [`http`]: request-head parsing, body length, keep-alive, responses.
+//! - [`polling`]: long-polling payloads and a polling session's state.
 //! - [`ws`]: WebSocket framing over tungstenite's frame codec.
 //! - [`conn`]: one connection's buffers and state, and [`Io`], the handle a
 //!   [`Handler`] uses to write to connections.
@@ -11,6 +13,7 @@
 //! messages and HTTP requests, never bytes of framing.
 pub mod conn;
 pub mod http;
+pub mod polling;
 pub mod server;
 pub mod signal;
 pub mod ws;

@@ -1,14 +1,17 @@
-//! The mio event loop: accepts TCP, reads HTTP heads, upgrades Engine.IO
-//! WebSocket requests, decodes frames, runs the Engine.IO heartbeat and the
-//! handler's timers, and flushes each connection's queued bytes once per
-//! loop turn (so many deliveries leave in one write).
+//! The mio event loop: accepts TCP, reads HTTP requests (keep-alive, bodies
+//! bounded by maxPayload), serves Engine.IO over WebSocket and over HTTP
+//! long-polling (GETs held until there is something to send, POSTs of
+//! packets, the upgrade of a polling session to WebSocket), decodes frames,
+//! runs the Engine.IO heartbeat and the handler's timers, and flushes each
+//! connection's queued bytes once per loop turn (so many deliveries leave in
+//! one write).
 //!
 //! Readiness is a hint (edge-triggered): sockets are read until WouldBlock or
 //! a per-turn budget, and a connection that hit the budget is read again next
 //! turn before the loop sleeps.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +24,8 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use super::conn::{
     Conn, ConnId, Io, NetStats, State, TimerEntry, BUFFER_KEEP_BYTES_MAX, LAG_GRACE,
 };
-use super::http::{self, Request, Response};
+use super::http::{self, HttpError, Request, Response};
+use super::polling::{self, Item};
 use super::ws::{self, Flow, WsEvent};
 use super::{Handler, Payload};
 use crate::protocol::engineio::{self, Beat, HandshakeError, Heartbeat, OpenInfo, Transport};
@@ -38,6 +42,10 @@ const _: () = assert!(READ_TURN_BYTES_MAX >= SCRATCH_BYTES);
 const SHUTDOWN_DRAIN_MAX: Duration = Duration::from_secs(2);
 /// Longest one wait for writable sockets during the drain.
 const SHUTDOWN_POLL_MAX: Duration = Duration::from_millis(50);
+/// How early a deadline may fire: the poller's sleep granularity.
+const TIMER_GRANULARITY: Duration = Duration::from_millis(2);
+/// Content type of long-polling answers.
+const PAYLOAD_TYPE: &str = "text/plain; charset=UTF-8";
 
 /// Engine.IO settings the loop applies to every session.
 #[derive(Debug, Clone)]
@@ -48,9 +56,19 @@ pub struct Settings {
     pub message_bytes_max: usize,
     /// Per-connection outbound bound (`-max-pending`).
     pub out_bytes_max: usize,
-    /// `Access-Control-Allow-Origin` for Engine.IO's HTTP answers.
+    /// `Access-Control-Allow-Origin` for Engine.IO's HTTP answers (`*`
+    /// answers any origin, with credentials allowed).
     pub cors_origin: Option<String>,
+    /// Whether Engine.IO v3 clients are served.
+    pub allow_eio3: bool,
+    /// Most long-polling sessions open at once (they hold no socket, so
+    /// nothing else bounds them); past it a handshake gets 503.
+    pub polling_sessions_max: usize,
 }
+
+/// A default for [`Settings::polling_sessions_max`]: about 100 MB of idle
+/// sessions at roughly 1 KB each.
+pub const POLLING_SESSIONS_MAX: usize = 100_000;
 
 pub struct Server<H: Handler> {
     poll: Poll,
@@ -101,6 +119,11 @@ struct Shell {
     stats: NetStats,
     serial: u64,
     out_bytes_max: usize,
+    /// Sessions that began on long-polling, by Engine.IO sid.
+    sids: HashMap<Box<str>, ConnId>,
+    /// Keep-alive connections whose held GET was answered while more
+    /// requests waited in their input (pipelined); read next turn.
+    http_ready: Vec<ConnId>,
 }
 
 impl Shell {
@@ -145,6 +168,8 @@ impl<H: Handler> Server<H> {
             stats: NetStats::default(),
             serial: 0,
             out_bytes_max: settings.out_bytes_max,
+            sids: HashMap::new(),
+            http_ready: Vec::new(),
         };
         Ok(Server {
             poll,
@@ -184,6 +209,9 @@ impl<H: Handler> Server<H> {
                 return Err(e);
             }
             let now = Instant::now();
+            // Deadlines that passed apply before the input of this turn: a
+            // request that arrives as its session expires finds it gone.
+            self.fire_timers(now);
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept(now),
@@ -208,10 +236,13 @@ impl<H: Handler> Server<H> {
                     self.read(id, now);
                 }
             }
+            for id in std::mem::take(&mut self.shell.http_ready) {
+                self.process_http(id, now);
+            }
             self.fire_timers(now);
             let Server { shell, handler, .. } = self;
             handler.tick(&mut shell.io(now));
-            self.flush_dirty();
+            self.flush_dirty(now);
             self.finish_closing(now);
             self.resume_stalled(now);
             if self.stop.load(Ordering::Acquire) {
@@ -221,35 +252,57 @@ impl<H: Handler> Server<H> {
     }
 
     /// Stops accepting, lets the handler say goodbye and persist
-    /// ([`Handler::shutdown`]), closes every connection and waits a bounded
-    /// time for the queued bytes to leave.
+    /// ([`Handler::shutdown`]), closes every session and waits a bounded
+    /// time for the queued bytes to leave; then the same for what is left
+    /// (the held long-polling GETs, answered with their sessions' last
+    /// packets, and other HTTP connections).
     fn shutdown(&mut self) -> io::Result<()> {
         let _ = self.poll.registry().deregister(&mut self.listener);
         let now = Instant::now();
+        let deadline = now + SHUTDOWN_DRAIN_MAX;
         {
             let Server { shell, handler, .. } = self;
             let mut io = shell.io(now);
             handler.shutdown(&mut io);
             for id in 0..io.conns.len() {
+                if matches!(&io.conns[id], Some(c) if c.session) {
+                    io.close(id);
+                }
+            }
+        }
+        self.drain(deadline)?;
+        self.finish_closing(Instant::now());
+        {
+            let mut io = self.shell.io(Instant::now());
+            for id in 0..io.conns.len() {
                 io.close(id);
             }
         }
-        let deadline = now + SHUTDOWN_DRAIN_MAX;
+        self.drain(deadline)?;
+        self.finish_closing(Instant::now());
+        Ok(())
+    }
+
+    /// Flushes until no socket has bytes queued or `deadline` passes.
+    fn drain(&mut self, deadline: Instant) -> io::Result<()> {
         let mut events = Events::with_capacity(256);
         loop {
-            self.flush_dirty();
+            self.flush_dirty(Instant::now());
             let waiting: Vec<ConnId> = (0..self.shell.conns.len())
-                .filter(|&id| matches!(&self.shell.conns[id], Some(c) if c.pending_out() > 0))
+                .filter(|&id| {
+                    matches!(&self.shell.conns[id],
+                        Some(c) if c.stream.is_some() && c.pending_out() > 0)
+                })
                 .collect();
             if waiting.is_empty() {
-                break;
+                return Ok(());
             }
             for id in waiting {
                 self.mark_dirty(id);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                break;
+                return Ok(());
             }
             match self
                 .poll
@@ -260,8 +313,6 @@ impl<H: Handler> Server<H> {
                 Err(e) => return Err(e),
             }
         }
-        self.finish_closing(Instant::now());
-        Ok(())
     }
 
     fn is_stalled(&self, id: ConnId) -> bool {
@@ -312,7 +363,10 @@ impl<H: Handler> Server<H> {
     }
 
     fn poll_timeout(&self) -> Option<Duration> {
-        if !self.shell.again.is_empty() || !self.shell.dirty.is_empty() {
+        if !self.shell.again.is_empty()
+            || !self.shell.dirty.is_empty()
+            || !self.shell.http_ready.is_empty()
+        {
             return Some(Duration::ZERO);
         }
         let stall_end = if self.shell.stalled.is_empty() {
@@ -352,11 +406,13 @@ impl<H: Handler> Server<H> {
                         continue;
                     }
                     self.shell.serial += 1;
-                    self.shell.conns[id] = Some(Conn::new(stream, self.shell.serial));
+                    let mut conn = Conn::new(stream, self.shell.serial);
+                    // A connection that never sends a request head is dropped.
+                    let at = now + self.idle_time();
+                    conn.idle_until = Some(at);
+                    self.shell.conns[id] = Some(conn);
                     self.shell.stats.connections_open += 1;
                     self.shell.stats.connections_total += 1;
-                    // A connection that never sends a request head is dropped.
-                    let at = now + self.settings.ping_interval + self.settings.ping_timeout;
                     self.shell.io(now).schedule(id, at);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -394,7 +450,10 @@ impl<H: Handler> Server<H> {
             if c.state == State::Closing {
                 return;
             }
-            match c.stream.read(&mut self.scratch) {
+            let Some(stream) = c.stream.as_mut() else {
+                return;
+            };
+            match stream.read(&mut self.scratch) {
                 Ok(0) => return self.drop_peer(id, now),
                 Ok(n) => {
                     self.shell.stats.bytes_in += n as u64;
@@ -434,7 +493,8 @@ impl<H: Handler> Server<H> {
         match state {
             State::Http => self.ingest_http(id, n, now),
             State::WebSocket => self.ingest_ws(id, n, now),
-            State::Closing => {}
+            State::Probe => self.ingest_probe(id, n, now),
+            State::Polling | State::Closing => {}
         }
     }
 
@@ -442,24 +502,62 @@ impl<H: Handler> Server<H> {
         let Some(Some(c)) = self.shell.conns.get_mut(id) else {
             return;
         };
-        let room = (http::HEAD_BYTES_MAX + 1).saturating_sub(c.inbuf.len());
+        // Room for a head and the largest body a head may announce (a
+        // read often brings both).
+        let room = (http::HEAD_BYTES_MAX + 1 + self.settings.message_bytes_max)
+            .saturating_sub(c.inbuf.len());
         c.inbuf.extend_from_slice(&self.scratch[..n.min(room)]);
-        match http::parse_request(&c.inbuf) {
-            Ok(None) => {}
-            Ok(Some((req, used))) => {
-                c.inbuf.drain(..used);
-                self.shell.stats.http_requests += 1;
-                self.route(id, &req, now);
+        self.process_http(id, now);
+    }
+
+    /// Answers the complete requests in the connection's input, one after
+    /// another while the connection stays open and holds no GET.
+    fn process_http(&mut self, id: ConnId, now: Instant) {
+        loop {
+            let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+                return;
+            };
+            if c.state != State::Http || c.link.is_some() {
+                return;
             }
-            Err(e) => {
-                let resp = Response::text(e.status(), format!("{}\n", http::reason(e.status())));
-                self.respond(id, &resp, now);
+            if let Some(wait) = c.body_wait.take() {
+                if c.inbuf.len() < wait.1 {
+                    c.body_wait = Some(wait);
+                    return;
+                }
+                let (req, len) = *wait;
+                let body: Vec<u8> = c.inbuf.drain(..len).collect();
+                if c.inbuf.is_empty() && c.inbuf.capacity() > BUFFER_KEEP_BYTES_MAX {
+                    c.inbuf = Vec::new();
+                }
+                self.route(id, &req, &body, now);
+                continue;
+            }
+            match http::parse_request(&c.inbuf) {
+                Ok(None) => return,
+                Ok(Some((req, used))) => {
+                    c.inbuf.drain(..used);
+                    c.keep_alive = req.keep_alive();
+                    c.origin = req.header("Origin").map(Into::into);
+                    self.shell.stats.http_requests += 1;
+                    match req.body_len() {
+                        Ok(0) => self.route(id, &req, &[], now),
+                        Ok(len) if len <= self.settings.message_bytes_max => {
+                            c.body_wait = Some(Box::new((req, len)));
+                        }
+                        Ok(_) => return self.fail(id, HttpError::PayloadTooLarge, now),
+                        Err(e) => return self.fail(id, e, now),
+                    }
+                }
+                Err(e) => return self.fail(id, e, now),
             }
         }
     }
 
-    fn respond(&mut self, id: ConnId, resp: &Response, now: Instant) {
-        self.respond_to(id, resp, false, now);
+    /// Answers a request the HTTP layer refused, and closes.
+    fn fail(&mut self, id: ConnId, e: HttpError, now: Instant) {
+        let resp = Response::text(e.status(), format!("{}\n", http::reason(e.status())));
+        self.respond_to(id, &resp, false, now);
     }
 
     /// Queues the answer and closes after it; `head_only` leaves the body
@@ -474,37 +572,569 @@ impl<H: Handler> Server<H> {
         io.close(id);
     }
 
-    fn route(&mut self, id: ConnId, req: &Request, now: Instant) {
+    /// An Engine.IO error answer (400 with the JSON body), then close.
+    fn refuse(&mut self, id: ConnId, e: HandshakeError, now: Instant) {
+        let mut resp = Response::json(400, e.body());
+        self.cors(id, &mut resp);
+        self.respond_to(id, &resp, false, now);
+    }
+
+    /// Adds the CORS headers when `-cors-origin` is set: `*` answers the
+    /// request's own origin (so credentials work), else the configured one.
+    fn cors(&self, id: ConnId, resp: &mut Response) {
+        let Some(allowed) = &self.settings.cors_origin else {
+            return;
+        };
+        let origin = match self.shell.conns.get(id) {
+            Some(Some(c)) => c.origin.as_deref(),
+            _ => None,
+        };
+        let value = match (allowed.as_str(), origin) {
+            ("*", Some(o)) => o.to_string(),
+            (a, _) => a.to_string(),
+        };
+        let credentials = value != "*";
+        resp.headers
+            .push(("Access-Control-Allow-Origin".into(), value));
+        if credentials {
+            resp.headers
+                .push(("Access-Control-Allow-Credentials".into(), "true".into()));
+            resp.headers.push(("Vary".into(), "Origin".into()));
+        }
+    }
+
+    fn route(&mut self, id: ConnId, req: &Request, body: &[u8], now: Instant) {
         let Some(endpoint) = self.handler.endpoint(&req.path) else {
             let Server { shell, handler, .. } = self;
             let resp = handler.http(&mut shell.io(now), req);
             return self.respond_to(id, &resp, req.method == "HEAD", now);
         };
-        let key = self.check_engine_request(req);
-        let key = match key {
-            Ok(k) => k,
-            Err(e) => {
-                let mut resp = Response::json(400, e.body());
-                if let Some(origin) = &self.settings.cors_origin {
-                    resp.headers
-                        .push(("Access-Control-Allow-Origin".into(), origin.clone()));
-                }
-                return self.respond(id, &resp, now);
-            }
+        if req.method == "OPTIONS" && self.settings.cors_origin.is_some() {
+            // A CORS preflight.
+            let mut resp = Response::text(204, "");
+            self.cors(id, &mut resp);
+            resp.headers
+                .push(("Access-Control-Allow-Methods".into(), "GET, POST".into()));
+            let asked = req.header("Access-Control-Request-Headers");
+            resp.headers.push((
+                "Access-Control-Allow-Headers".into(),
+                asked.unwrap_or("Content-Type").to_string(),
+            ));
+            return self.answer_http(id, resp, now);
+        }
+        let supported: &[u8] = if self.settings.allow_eio3 {
+            &[3, 4]
+        } else {
+            &[4]
         };
-        self.upgrade(id, endpoint, &key, now);
+        let hs = match engineio::parse_query(&req.query, supported) {
+            Ok(hs) => hs,
+            Err(e) => return self.refuse(id, e, now),
+        };
+        match (hs.transport, hs.sid) {
+            (Transport::Polling, None) if req.method == "GET" => {
+                if self.shell.stats.polling_sessions as usize >= self.settings.polling_sessions_max
+                {
+                    let mut resp =
+                        Response::json(503, r#"{"code":3,"message":"Too many sessions"}"#);
+                    self.cors(id, &mut resp);
+                    return self.respond_to(id, &resp, false, now);
+                }
+                self.open_polling(id, endpoint, hs.eio, now)
+            }
+            (Transport::Polling, None) => self.refuse(id, HandshakeError::BadHandshakeMethod, now),
+            (Transport::Polling, Some(sid)) => {
+                let Some(session) = self.polling_session(&sid, endpoint) else {
+                    return self.refuse(id, HandshakeError::UnknownSid, now);
+                };
+                match req.method.as_str() {
+                    "GET" => self.poll_get(session, id, now),
+                    "POST" => self.poll_post(session, id, body, now),
+                    _ => self.refuse(id, HandshakeError::BadRequest, now),
+                }
+            }
+            (Transport::WebSocket, sid) => {
+                if sid
+                    .as_deref()
+                    .is_some_and(|sid| !self.shell.sids.contains_key(sid))
+                {
+                    return self.refuse(id, HandshakeError::UnknownSid, now);
+                }
+                let key = match Self::check_ws_request(req) {
+                    Ok(k) => k,
+                    Err(e) => return self.refuse(id, e, now),
+                };
+                let Some(sid) = sid else {
+                    return self.upgrade(id, endpoint, hs.eio, &key, now);
+                };
+                match self.polling_session(&sid, endpoint) {
+                    Some(session) if !self.upgrading(session) => {
+                        self.start_probe(id, session, &key, now)
+                    }
+                    // A session that upgraded (or is upgrading) already:
+                    // the WebSocket opens and is closed at once, as
+                    // Engine.IO servers do.
+                    _ if self.shell.sids.contains_key(sid.as_str()) => {
+                        let mut bytes = http::upgrade_response(&ws::accept_key(&key));
+                        ws::write_close(&mut bytes, 1000);
+                        let mut io = self.shell.io(now);
+                        io.send_raw(id, &bytes);
+                        io.close(id);
+                    }
+                    _ => self.refuse(id, HandshakeError::UnknownSid, now),
+                }
+            }
+        }
     }
 
-    /// Engine.IO's checks on a request to its endpoint (WebSocket only
-    /// here); the client's WebSocket key when all pass.
-    fn check_engine_request(&self, req: &Request) -> Result<String, HandshakeError> {
-        let hs = engineio::parse_query(&req.query, &[4])?;
-        if hs.transport != Transport::WebSocket {
-            return Err(HandshakeError::UnknownTransport);
+    /// How long an HTTP connection may sit without a request.
+    fn idle_time(&self) -> Duration {
+        self.settings.ping_interval + self.settings.ping_timeout
+    }
+
+    fn heartbeat(&self, eio: u8, now: Instant) -> Heartbeat {
+        let (interval, timeout) = (self.settings.ping_interval, self.settings.ping_timeout);
+        if eio == 3 {
+            Heartbeat::passive(now, interval, timeout)
+        } else {
+            Heartbeat::new(now, interval, timeout)
         }
-        if hs.sid.is_some() {
-            return Err(HandshakeError::UnknownSid);
+    }
+
+    /// The polling session with Engine.IO sid `sid` on `endpoint`.
+    fn polling_session(&self, sid: &str, endpoint: u8) -> Option<ConnId> {
+        let &id = self.shell.sids.get(sid)?;
+        match self.shell.conns.get(id) {
+            Some(Some(c)) if c.state == State::Polling && c.endpoint == endpoint => Some(id),
+            _ => None,
         }
+    }
+
+    fn upgrading(&self, session: ConnId) -> bool {
+        match self.shell.conns.get(session) {
+            Some(Some(c)) => c.polling.as_ref().is_some_and(|p| p.upgrading),
+            _ => false,
+        }
+    }
+
+    /// A handshake GET: a new session whose open packet answers it.
+    fn open_polling(&mut self, id: ConnId, endpoint: u8, eio: u8, now: Instant) {
+        let sid = self.next_sid();
+        let slot = self.shell.free.pop().unwrap_or_else(|| {
+            self.shell.conns.push(None);
+            self.shell.conns.len() - 1
+        });
+        self.shell.serial += 1;
+        let mut conn = Conn::polling_session(self.shell.serial, eio, &sid);
+        conn.endpoint = endpoint;
+        conn.session = true;
+        let hb = self.heartbeat(eio, now);
+        let deadline = hb.deadline();
+        conn.heartbeat = Some(hb);
+        self.shell.conns[slot] = Some(conn);
+        self.shell.sids.insert(sid.as_str().into(), slot);
+        self.shell.stats.sessions_open += 1;
+        self.shell.stats.polling_sessions += 1;
+        let open = OpenInfo {
+            sid: &sid,
+            upgrades: &["websocket"],
+            ping_interval: self.settings.ping_interval,
+            ping_timeout: self.settings.ping_timeout,
+            max_payload: self.settings.message_bytes_max,
+        }
+        .encode();
+        let Server { shell, handler, .. } = self;
+        let mut io = shell.io(now);
+        io.send_engine(slot, open.as_bytes());
+        io.schedule(slot, deadline);
+        handler.opened(&mut io, slot, endpoint);
+        self.poll_get(slot, id, now);
+    }
+
+    /// A GET on a polling session: answered now if packets are queued (or
+    /// with a noop while an upgrade is probed), else held. A second GET
+    /// while one is held breaks the protocol: it is refused and the session
+    /// ends (the held GET gets the close packet).
+    fn poll_get(&mut self, session: ConnId, id: ConnId, now: Instant) {
+        let Some(serial) = self.serial_of(id) else {
+            return;
+        };
+        let Some(Some(s)) = self.shell.conns.get_mut(session) else {
+            return;
+        };
+        let s_serial = s.serial;
+        let pending = s.pending_out() > 0;
+        let Some(p) = s.polling.as_mut() else {
+            return;
+        };
+        if p.get.is_some() {
+            self.refuse(id, HandshakeError::BadRequest, now);
+            return self.close_polling(session, b"1", now);
+        }
+        if p.upgrading {
+            let mut body = Vec::new();
+            polling::push_text(&mut body, p.eio, b"6", &[]);
+            return self.answer_http(id, Response::new(200, PAYLOAD_TYPE, body), now);
+        }
+        p.get = Some((id, serial));
+        if let Some(Some(c)) = self.shell.conns.get_mut(id) {
+            c.link = Some((session, s_serial));
+        }
+        if pending {
+            self.answer_get(session, false, now);
+        }
+    }
+
+    /// A POST of packets to a polling session; answered `ok` once they were
+    /// handled. A malformed payload is refused and ends the session.
+    fn poll_post(&mut self, session: ConnId, id: ConnId, body: &[u8], now: Instant) {
+        let eio = match self.shell.conns.get(session) {
+            Some(Some(c)) => c.eio,
+            _ => return,
+        };
+        let items = polling::decode(body, eio);
+        let valid = items.as_ref().is_ok_and(|items| {
+            items.iter().all(|item| match item {
+                Item::Text(t) => {
+                    !matches!(engineio::decode(t), Err(_) | Ok(engineio::Packet::Open(_)))
+                }
+                Item::Binary(_) => true,
+            })
+        });
+        let (Ok(items), true) = (items, valid) else {
+            self.refuse(id, HandshakeError::BadRequest, now);
+            return self.shell.io(now).close(session);
+        };
+        for item in &items {
+            let Server { shell, handler, .. } = self;
+            let mut io = shell.io(now);
+            if !io.is_open(session) {
+                break;
+            }
+            match item {
+                Item::Text(t) if engineio::decode(t) == Ok(engineio::Packet::Close) => {
+                    // The client ends the session: a held GET ends quietly.
+                    self.close_polling(session, b"6", now);
+                    break;
+                }
+                Item::Text(t) => on_engine_text(&mut io, handler, session, t),
+                Item::Binary(b) => handler.message(&mut io, session, Payload::Binary(b.as_slice())),
+            }
+        }
+        self.answer_http(id, Response::new(200, PAYLOAD_TYPE, "ok"), now);
+    }
+
+    /// Ends a polling session now; its held GET (if any) gets `packet`.
+    fn close_polling(&mut self, session: ConnId, packet: &[u8], now: Instant) {
+        let Some(Some(s)) = self.shell.conns.get_mut(session) else {
+            return;
+        };
+        if s.state != State::Polling {
+            return;
+        }
+        s.out.clear();
+        s.out_pos = 0;
+        polling::push_text(&mut s.out, s.eio, packet, &[]);
+        self.answer_get(session, false, now);
+        if let Some(Some(s)) = self.shell.conns.get_mut(session) {
+            s.out = Vec::new();
+            s.state = State::Closing;
+            self.shell.closing.push(session);
+        }
+    }
+
+    /// Answers a polling session's held GET with its queue (or, with
+    /// `noop`, with a noop packet, leaving the queue for the upgrade).
+    fn answer_get(&mut self, session: ConnId, noop: bool, now: Instant) {
+        let Some(Some(s)) = self.shell.conns.get_mut(session) else {
+            return;
+        };
+        let eio = s.eio;
+        let Some((get, serial)) = s.polling.as_mut().and_then(|p| p.get.take()) else {
+            return;
+        };
+        let body = if noop {
+            let mut b = Vec::new();
+            polling::push_text(&mut b, eio, b"6", &[]);
+            b
+        } else {
+            s.lag_since = None;
+            let mut out = std::mem::take(&mut s.out);
+            out.drain(..s.out_pos);
+            s.out_pos = 0;
+            out
+        };
+        match self.shell.conns.get_mut(get) {
+            Some(Some(c)) if c.serial == serial && c.state == State::Http => c.link = None,
+            _ => return,
+        }
+        self.answer_http(get, Response::new(200, PAYLOAD_TYPE, body), now);
+    }
+
+    /// Answers the request on HTTP connection `id` (with CORS headers),
+    /// writes it at once, and keeps the connection if the request asked.
+    fn answer_http(&mut self, id: ConnId, mut resp: Response, now: Instant) {
+        self.cors(id, &mut resp);
+        let idle_at = now + self.idle_time();
+        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+            return;
+        };
+        let keep = c.keep_alive;
+        c.out.extend_from_slice(&resp.encode_with(keep));
+        match c.flush() {
+            Ok(written) => self.shell.stats.bytes_out += written as u64,
+            Err(_) => {
+                if c.abort() {
+                    self.shell.closing.push(id);
+                }
+                return;
+            }
+        }
+        let mut io = self.shell.io(now);
+        if keep {
+            // The connection's one timer (armed at accept) sees the new
+            // deadline when it fires.
+            let mut pipelined = false;
+            if let Some(c) = io.conn_mut(id) {
+                c.idle_until = Some(idle_at);
+                pipelined = !c.inbuf.is_empty();
+                if c.pending_out() > 0 && !c.dirty {
+                    c.dirty = true;
+                    io.dirty.push(id);
+                }
+            }
+            if pipelined {
+                self.shell.http_ready.push(id);
+            }
+        } else {
+            io.close(id);
+        }
+    }
+
+    fn serial_of(&self, id: ConnId) -> Option<u64> {
+        match self.shell.conns.get(id) {
+            Some(Some(c)) => Some(c.serial),
+            _ => None,
+        }
+    }
+
+    /// A WebSocket asking to take over polling session `session`: after
+    /// the handshake it waits for `2probe` and `5`.
+    fn start_probe(&mut self, id: ConnId, session: ConnId, key: &str, now: Instant) {
+        let Some(s_serial) = self.serial_of(session) else {
+            return;
+        };
+        let idle_at = now + self.idle_time();
+        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+            return;
+        };
+        c.state = State::Probe;
+        c.link = Some((session, s_serial));
+        c.idle_until = Some(idle_at);
+        c.out
+            .extend_from_slice(&http::upgrade_response(&ws::accept_key(key)));
+        if c.flush().is_err() {
+            return self.drop_peer(id, now);
+        }
+        let leftover = !c.inbuf.is_empty();
+        if leftover {
+            self.ingest_probe(id, 0, now);
+        }
+    }
+
+    /// Decodes a probing WebSocket's frames: `2probe` is answered `3probe`
+    /// (and the session's GETs get noops from then on), `5` completes the
+    /// upgrade; anything else ends the probe.
+    fn ingest_probe(&mut self, id: ConnId, n: usize, now: Instant) {
+        #[derive(PartialEq)]
+        enum Step {
+            Probe,
+            Upgrade,
+            Bad,
+        }
+        let Server {
+            shell,
+            scratch,
+            settings,
+            ..
+        } = self;
+        let Some(Some(c)) = shell.conns.get_mut(id) else {
+            return;
+        };
+        let mut held = std::mem::take(&mut c.inbuf);
+        held.extend_from_slice(&scratch[..n]);
+        let mut steps = Vec::new();
+        let result = c
+            .decoder
+            .decode(&mut held, settings.message_bytes_max, &mut |ev| {
+                let step = match ev {
+                    WsEvent::Text("2probe") => Step::Probe,
+                    WsEvent::Text("5") => Step::Upgrade,
+                    WsEvent::Ping(_) | WsEvent::Pong => return Flow::Continue,
+                    _ => Step::Bad,
+                };
+                let go_on = step == Step::Probe;
+                steps.push(step);
+                if go_on {
+                    Flow::Continue
+                } else {
+                    Flow::Stop
+                }
+            });
+        match result {
+            Ok(used) => {
+                held.drain(..used);
+                c.inbuf = held;
+            }
+            Err(e) => return self.shell.io(now).close_with(id, e.close_code()),
+        }
+        for step in steps {
+            match step {
+                Step::Probe => self.probe_answered(id, now),
+                Step::Upgrade => return self.complete_upgrade(id, now),
+                Step::Bad => return self.shell.io(now).close_with(id, 1002),
+            }
+        }
+    }
+
+    /// The probe's session, if it is still the polling session it was.
+    fn probe_target(&self, probe: ConnId) -> Option<ConnId> {
+        let Some(Some(c)) = self.shell.conns.get(probe) else {
+            return None;
+        };
+        let (session, serial) = c.link?;
+        match self.shell.conns.get(session) {
+            Some(Some(s)) if s.serial == serial && s.state == State::Polling => Some(session),
+            _ => None,
+        }
+    }
+
+    fn probe_answered(&mut self, probe: ConnId, now: Instant) {
+        let mut frame = Vec::with_capacity(8);
+        ws::write_header(&mut frame, ws::TEXT, 6);
+        frame.extend_from_slice(b"3probe");
+        self.shell.io(now).send_raw(probe, &frame);
+        let Some(session) = self.probe_target(probe) else {
+            return self.shell.io(now).close(probe);
+        };
+        if let Some(Some(s)) = self.shell.conns.get_mut(session) {
+            if let Some(p) = s.polling.as_mut() {
+                p.upgrading = true;
+            }
+        }
+        // The held GET ends with a noop so the client stops polling.
+        self.answer_get(session, true, now);
+    }
+
+    /// `5` on the probe: its socket becomes the session's transport, and
+    /// what was queued for polling leaves as WebSocket frames.
+    fn complete_upgrade(&mut self, probe: ConnId, now: Instant) {
+        let Some(session) = self.probe_target(probe) else {
+            return self.shell.io(now).close(probe);
+        };
+        self.answer_get(session, true, now);
+        let Some(mut p) = self.shell.conns[probe].take() else {
+            return;
+        };
+        self.shell.free.push(probe);
+        let Some(mut stream) = p.stream.take() else {
+            return;
+        };
+        let registry = self.poll.registry();
+        let _ = registry.deregister(&mut stream);
+        let interest = Interest::READABLE | Interest::WRITABLE;
+        if registry
+            .register(&mut stream, Token(session), interest)
+            .is_err()
+        {
+            self.shell.stats.connections_open -= 1;
+            return self.shell.io(now).close(session);
+        }
+        let Some(Some(s)) = self.shell.conns.get_mut(session) else {
+            return;
+        };
+        let queued = std::mem::take(&mut s.out);
+        let queued = &queued[s.out_pos..];
+        s.out_pos = 0;
+        s.lag_since = None;
+        s.stream = Some(stream);
+        s.state = State::WebSocket;
+        s.polling = None;
+        s.decoder = std::mem::take(&mut p.decoder);
+        s.inbuf = std::mem::take(&mut p.inbuf);
+        // What the probe had not written yet (its `3probe`) goes first.
+        s.out.extend_from_slice(&p.out[p.out_pos..]);
+        self.shell.stats.polling_sessions -= 1;
+        let items = if queued.is_empty() {
+            Vec::new()
+        } else {
+            polling::decode(queued, s.eio).unwrap_or_default()
+        };
+        for item in items {
+            match item {
+                Item::Text(t) => {
+                    ws::write_header(&mut s.out, ws::TEXT, t.len());
+                    s.out.extend_from_slice(t.as_bytes());
+                }
+                Item::Binary(b) if s.eio == 3 => {
+                    ws::write_header(&mut s.out, ws::BINARY, b.len() + 1);
+                    s.out.push(4);
+                    s.out.extend_from_slice(&b);
+                }
+                Item::Binary(b) => {
+                    ws::write_header(&mut s.out, ws::BINARY, b.len());
+                    s.out.extend_from_slice(&b);
+                }
+            }
+        }
+        let leftover = !s.inbuf.is_empty();
+        self.mark_dirty(session);
+        if leftover {
+            self.ingest_ws(session, 0, now);
+        }
+    }
+
+    /// Undoes the links of a connection that is gone: a held GET leaves its
+    /// session, a probe gives polling back, a polling session's sid is
+    /// forgotten and its held GET gets what was queued (the close packet).
+    fn unlink(&mut self, id: ConnId, c: &mut Conn, now: Instant) {
+        if let Some(sid) = c.sid.take() {
+            self.shell.sids.remove(&sid);
+        }
+        if let Some(p) = c.polling.take() {
+            self.shell.stats.polling_sessions -= 1;
+            if let Some((get, serial)) = p.get {
+                let mut body = std::mem::take(&mut c.out);
+                if body.is_empty() {
+                    polling::push_text(&mut body, p.eio, b"1", &[]);
+                }
+                match self.shell.conns.get_mut(get) {
+                    Some(Some(g)) if g.serial == serial && g.state == State::Http => {
+                        g.link = None;
+                        self.answer_http(get, Response::new(200, PAYLOAD_TYPE, body), now);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let Some((session, serial)) = c.link.take() {
+            if let Some(Some(s)) = self.shell.conns.get_mut(session) {
+                if s.serial == serial {
+                    if let Some(p) = s.polling.as_mut() {
+                        if p.get.is_some_and(|(g, gs)| g == id && gs == c.serial) {
+                            p.get = None;
+                        } else if c.state == State::Closing && p.get.is_none_or(|(g, _)| g != id) {
+                            p.upgrading = false;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Engine.IO's checks on a WebSocket request; the client's key when
+    /// all pass.
+    fn check_ws_request(req: &Request) -> Result<String, HandshakeError> {
         if req.method != "GET" {
             return Err(HandshakeError::BadHandshakeMethod);
         }
@@ -522,7 +1152,7 @@ impl<H: Handler> Server<H> {
             .ok_or(HandshakeError::BadRequest)
     }
 
-    fn upgrade(&mut self, id: ConnId, endpoint: u8, key: &str, now: Instant) {
+    fn upgrade(&mut self, id: ConnId, endpoint: u8, eio: u8, key: &str, now: Instant) {
         let sid = self.next_sid();
         let open = OpenInfo {
             sid: &sid,
@@ -538,6 +1168,7 @@ impl<H: Handler> Server<H> {
         c.state = State::WebSocket;
         c.endpoint = endpoint;
         c.session = true;
+        c.eio = eio;
         c.out
             .extend_from_slice(&http::upgrade_response(&ws::accept_key(key)));
         // The 101 leaves in a write of its own, as Engine.IO servers send
@@ -545,8 +1176,11 @@ impl<H: Handler> Server<H> {
         if c.flush().is_err() {
             return self.drop_peer(id, now);
         }
-        let hb = Heartbeat::new(now, self.settings.ping_interval, self.settings.ping_timeout);
+        let hb = self.heartbeat(eio, now);
         let deadline = hb.deadline();
+        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+            return;
+        };
         c.heartbeat = Some(hb);
         let leftover = !c.inbuf.is_empty();
         self.shell.stats.sessions_open += 1;
@@ -625,8 +1259,11 @@ impl<H: Handler> Server<H> {
     }
 
     fn fire_timers(&mut self, now: Instant) {
+        // The poller sleeps in whole milliseconds: a deadline within that
+        // granularity counts as due now rather than one wake-up later.
+        let due = now + TIMER_GRANULARITY;
         while let Some(Reverse(t)) = self.shell.timers.peek().copied() {
-            if t.at > now {
+            if t.at > due {
                 return;
             }
             self.shell.timers.pop();
@@ -636,14 +1273,27 @@ impl<H: Handler> Server<H> {
             if c.serial != t.serial || c.state == State::Closing {
                 continue;
             }
-            if c.state == State::Http {
-                // No request head in time.
-                self.shell.io(now).close(t.conn);
+            if matches!(c.state, State::Http | State::Probe) {
+                // One timer per connection, re-armed here: a held GET waits
+                // for its session; an idle connection (no request, or a
+                // probe that never upgrades) is dropped once its latest
+                // deadline passed.
+                let holding = c.state == State::Http && c.link.is_some();
+                let next = match c.idle_until {
+                    _ if holding => Some(now + self.idle_time()),
+                    Some(at) if at > due => Some(at),
+                    _ => None,
+                };
+                let mut io = self.shell.io(now);
+                match next {
+                    Some(at) => io.schedule(t.conn, at),
+                    None => io.close(t.conn),
+                }
                 continue;
             }
-            let beat = c.heartbeat.as_mut().map_or(Beat::Idle, |hb| hb.poll(now));
+            let beat = c.heartbeat.as_mut().map_or(Beat::Idle, |hb| hb.poll(due));
             let next = c.heartbeat.as_ref().map(Heartbeat::deadline);
-            let app_due = c.app_deadline.is_some_and(|d| d <= now);
+            let app_due = c.app_deadline.is_some_and(|d| d <= due);
             if app_due {
                 c.app_deadline = None;
             }
@@ -670,13 +1320,21 @@ impl<H: Handler> Server<H> {
         }
     }
 
-    fn flush_dirty(&mut self) {
+    fn flush_dirty(&mut self, now: Instant) {
         let dirty = std::mem::take(&mut self.shell.dirty);
         for &id in &dirty {
             let Some(Some(c)) = self.shell.conns.get_mut(id) else {
                 continue;
             };
             c.dirty = false;
+            if c.state == State::Polling {
+                // A polling session's queue leaves with its held GET.
+                let held = c.polling.as_ref().is_some_and(|p| p.get.is_some());
+                if held && c.pending_out() > 0 {
+                    self.answer_get(id, false, now);
+                }
+                continue;
+            }
             match c.flush() {
                 Ok(written) => {
                     self.shell.stats.bytes_out += written as u64;
@@ -708,10 +1366,13 @@ impl<H: Handler> Server<H> {
             let Some(mut c) = self.shell.conns[id].take() else {
                 continue;
             };
-            let _ = c.stream.shutdown(std::net::Shutdown::Both);
-            let _ = self.poll.registry().deregister(&mut c.stream);
+            if let Some(stream) = c.stream.as_mut() {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+                let _ = self.poll.registry().deregister(stream);
+                self.shell.stats.connections_open -= 1;
+            }
             self.shell.free.push(id);
-            self.shell.stats.connections_open -= 1;
+            self.unlink(id, &mut c, now);
             if c.session {
                 self.shell.stats.sessions_open -= 1;
                 let Server { shell, handler, .. } = self;
@@ -725,29 +1386,16 @@ impl<H: Handler> Server<H> {
 /// heartbeat or the handler.
 fn on_ws_event<H: Handler>(io: &mut Io<'_>, handler: &mut H, id: ConnId, ev: WsEvent<'_>) -> Flow {
     match ev {
-        WsEvent::Text(text) => match engineio::decode(text) {
-            Ok(engineio::Packet::Message(m)) => handler.message(io, id, Payload::Text(m)),
-            Ok(engineio::Packet::Pong(_)) => {
-                let now = io.now();
-                if let Some(c) = io.conn_mut(id) {
-                    if let Some(hb) = c.heartbeat.as_mut() {
-                        hb.on_pong(now);
-                        let at = hb.deadline();
-                        io.schedule(id, at);
-                    }
-                }
-            }
-            Ok(engineio::Packet::Ping(data)) => {
-                let mut pong = Vec::with_capacity(1 + data.len());
-                pong.push(b'3');
-                pong.extend_from_slice(data.as_bytes());
-                io.send_engine(id, &pong);
-            }
-            Ok(engineio::Packet::Close) => io.close(id),
-            Ok(engineio::Packet::Noop | engineio::Packet::Upgrade) => {}
-            Ok(engineio::Packet::Open(_)) | Err(_) => io.close_with(id, 1002),
-        },
-        WsEvent::Binary(bytes) => handler.message(io, id, Payload::Binary(bytes)),
+        WsEvent::Text(text) => on_engine_text(io, handler, id, text),
+        WsEvent::Binary(bytes) => {
+            // Engine.IO v3 puts the packet type before a binary message.
+            let bytes = if io.eio(id) == 3 {
+                bytes.get(1..).unwrap_or_default()
+            } else {
+                bytes
+            };
+            handler.message(io, id, Payload::Binary(bytes))
+        }
         WsEvent::Ping(data) => {
             let mut frame = Vec::with_capacity(2 + data.len());
             ws::write_header(&mut frame, ws::PONG, data.len());
@@ -761,6 +1409,43 @@ fn on_ws_event<H: Handler>(io: &mut Io<'_>, handler: &mut H, id: ConnId, ev: WsE
         Flow::Continue
     } else {
         Flow::Stop
+    }
+}
+
+/// Handles one Engine.IO text packet of a session, whatever its transport:
+/// messages go to the handler, pings and pongs to the heartbeat.
+fn on_engine_text<H: Handler>(io: &mut Io<'_>, handler: &mut H, id: ConnId, text: &str) {
+    match engineio::decode(text) {
+        Ok(engineio::Packet::Message(m)) => handler.message(io, id, Payload::Text(m)),
+        Ok(engineio::Packet::Pong(_)) => {
+            let now = io.now();
+            if let Some(c) = io.conn_mut(id) {
+                if let Some(hb) = c.heartbeat.as_mut() {
+                    hb.on_pong(now);
+                    let at = hb.deadline();
+                    io.schedule(id, at);
+                }
+            }
+        }
+        Ok(engineio::Packet::Ping(data)) => {
+            // Engine.IO v3 clients ping; the answer also resets their
+            // heartbeat.
+            let now = io.now();
+            if let Some(c) = io.conn_mut(id) {
+                if let Some(hb) = c.heartbeat.as_mut() {
+                    hb.on_ping(now);
+                    let at = hb.deadline();
+                    io.schedule(id, at);
+                }
+            }
+            let mut pong = Vec::with_capacity(1 + data.len());
+            pong.push(b'3');
+            pong.extend_from_slice(data.as_bytes());
+            io.send_engine(id, &pong);
+        }
+        Ok(engineio::Packet::Close) => io.close(id),
+        Ok(engineio::Packet::Noop | engineio::Packet::Upgrade) => {}
+        Ok(engineio::Packet::Open(_)) | Err(_) => io.close_with(id, 1002),
     }
 }
 

@@ -172,13 +172,16 @@ pub enum Beat {
 }
 
 /// Engine.IO v4 heartbeat: the server pings every `interval`; a pong must
-/// arrive within `timeout` of the ping.
+/// arrive within `timeout` of the ping. Engine.IO v3 turns it around (the
+/// passive form): the client pings, and a session that sends no ping for
+/// `interval + timeout` is closed.
 #[derive(Debug, Clone)]
 pub struct Heartbeat {
     interval: Duration,
     timeout: Duration,
     next_ping: Instant,
     pong_due: Option<Instant>,
+    passive: bool,
 }
 
 impl Heartbeat {
@@ -188,11 +191,33 @@ impl Heartbeat {
             timeout,
             next_ping: now + interval,
             pong_due: None,
+            passive: false,
+        }
+    }
+
+    /// The v3 form: the client must ping within `interval + timeout`.
+    pub fn passive(now: Instant, interval: Duration, timeout: Duration) -> Heartbeat {
+        Heartbeat {
+            interval,
+            timeout,
+            next_ping: now + interval,
+            pong_due: Some(now + interval + timeout),
+            passive: true,
+        }
+    }
+
+    /// The client pinged: a passive heartbeat waits a full period again.
+    pub fn on_ping(&mut self, now: Instant) {
+        if self.passive {
+            self.pong_due = Some(now + self.interval + self.timeout);
         }
     }
 
     /// A pong arrived: the next ping is due one interval from now.
     pub fn on_pong(&mut self, now: Instant) {
+        if self.passive {
+            return;
+        }
         if self.pong_due.take().is_some() {
             self.next_ping = now + self.interval;
         }
@@ -326,6 +351,21 @@ mod tests {
         assert_eq!(hb.deadline(), t0 + iv + to);
         assert_eq!(hb.poll(t0 + iv + to - Duration::from_millis(1)), Beat::Idle);
         assert_eq!(hb.poll(t0 + iv + to), Beat::TimedOut);
+    }
+
+    #[test]
+    fn passive_heartbeat_waits_for_client_pings() {
+        let t0 = Instant::now();
+        let (iv, to) = (Duration::from_millis(300), Duration::from_millis(200));
+        let mut hb = Heartbeat::passive(t0, iv, to);
+        assert_eq!(hb.poll(t0 + iv), Beat::Idle);
+        assert_eq!(hb.deadline(), t0 + iv + to);
+        let t1 = t0 + Duration::from_millis(400);
+        hb.on_ping(t1);
+        hb.on_pong(t1);
+        assert_eq!(hb.poll(t0 + iv + to), Beat::Idle);
+        assert_eq!(hb.deadline(), t1 + iv + to);
+        assert_eq!(hb.poll(t1 + iv + to), Beat::TimedOut);
     }
 
     #[test]

@@ -1,8 +1,10 @@
 """Interop checks with the unmodified python-socketio 5.x client.
 
-Usage: py_client.py URL CONTROL_TOKEN [streams]   (URL like http://127.0.0.1:PORT)
+Usage: py_client.py URL CONTROL_TOKEN [MODE]   (URL like http://127.0.0.1:PORT)
 
-With `streams` it runs only the stream check (contract section 5).
+MODE picks the transports: `websocket` (the default here: WebSocket only),
+`default` (the client's own default: long-polling first, then the upgrade to
+WebSocket) or `polling` (long-polling only, no upgrade).
 
 Prints one line per check, `PASS <name>` or `FAIL <name>: <detail>`, and
 exits 1 if any check failed. Every wait is bounded by WAIT_S; a watchdog ends
@@ -15,12 +17,20 @@ import os
 import queue
 import sys
 import threading
+import time
 
 import socketio
 
 WAIT_S = 5.0
 RUN_MAX_S = 50.0
-TRANSPORTS = ["websocket"]
+# Per mode: the transports passed to connect (None: the client's default)
+# and the Engine.IO transport a connection must end up on.
+MODES = {
+    "websocket": (["websocket"], "websocket"),
+    "default": (None, "websocket"),
+    "polling": (["polling"], "polling"),
+}
+TRANSPORTS, FINAL_TRANSPORT = MODES["websocket"]
 
 results = []
 
@@ -100,6 +110,17 @@ def check_connect(url):
         if not peer.sio.connected or not peer.sio.get_sid("/"):
             raise AssertionError("connected without a namespace sid")
         expect_ok(peer.call("ping", {}), "ping")
+        # The transport the mode asks for is the one in use (after an
+        # upgrade, when there is one).
+        deadline = time.monotonic() + WAIT_S
+        while (peer.sio.transport() != FINAL_TRANSPORT
+               and time.monotonic() < deadline):
+            expect_ok(peer.call("ping", {}), "ping while upgrading")
+            time.sleep(0.05)
+        if peer.sio.transport() != FINAL_TRANSPORT:
+            raise AssertionError(f"on transport {peer.sio.transport()!r}, "
+                                 f"expected {FINAL_TRANSPORT!r}")
+        expect_ok(peer.call("ping", {}), "ping on the final transport")
     finally:
         peer.close()
 
@@ -256,14 +277,14 @@ def check_streams(url):
 
 
 def main():
-    if len(sys.argv) not in (3, 4):
-        print("usage: py_client.py URL CONTROL_TOKEN [streams]", file=sys.stderr)
+    global TRANSPORTS, FINAL_TRANSPORT
+    if len(sys.argv) not in (3, 4) or sys.argv[3:] and sys.argv[3] not in MODES:
+        print("usage: py_client.py URL CONTROL_TOKEN [websocket|default|polling]",
+              file=sys.stderr)
         return 2
     url, token = sys.argv[1], sys.argv[2]
+    TRANSPORTS, FINAL_TRANSPORT = MODES[sys.argv[3] if len(sys.argv) == 4 else "websocket"]
     start_watchdog()
-    if sys.argv[3:] == ["streams"]:
-        check("streams", lambda: check_streams(url))
-        return 0 if all(results) else 1
     check("connect", lambda: check_connect(url))
     check("control_info", lambda: check_control(url, token))
     check("control_unauthorized", lambda: check_control_refused(url, token))
@@ -271,6 +292,7 @@ def main():
     check("request_reply", lambda: check_request_reply(url))
     check("error_acks", lambda: check_error_acks(url))
     check("binary", lambda: check_binary(url))
+    check("streams", lambda: check_streams(url))
     failed = results.count(False)
     print(f"summary: {len(results) - failed} of {len(results)} checks passed",
           flush=True)

@@ -1,6 +1,10 @@
 // Interop checks with the unmodified socket.io-client 4.x.
 //
-// Usage: node client.mjs URL CONTROL_TOKEN   (URL like http://127.0.0.1:PORT)
+// Usage: node client.mjs URL CONTROL_TOKEN [MODE]   (URL like http://127.0.0.1:PORT)
+//
+// MODE picks the transports: `websocket` (the default here: WebSocket
+// only), `default` (the client's own default: long-polling first, then
+// the upgrade to WebSocket) or `polling` (long-polling with upgrades off).
 //
 // Prints one line per check, `PASS <name>` or `FAIL <name>: <detail>`, and
 // exits 1 if any check failed. Every wait is bounded by WAIT_MS and a
@@ -14,6 +18,14 @@ const WAIT_MS = 5000;
 const RUN_MAX_MS = 50000;
 
 const results = [];
+
+// Client options and the Engine.IO transport each mode must end up on.
+const MODES = {
+  websocket: { options: { transports: ["websocket"] }, transport: "websocket" },
+  default: { options: {}, transport: "websocket" },
+  polling: { options: { upgrade: false }, transport: "polling" },
+};
+let mode = MODES.websocket;
 
 function report(name, error) {
   results.push(error === null);
@@ -42,7 +54,7 @@ function open(url, options = {}) {
   // forceNew: every socket gets its own Engine.IO connection, so one check's
   // connection state cannot leak into another's.
   return io(url, {
-    transports: ["websocket"],
+    ...mode.options,
     reconnection: false,
     forceNew: true,
     timeout: WAIT_MS,
@@ -137,6 +149,16 @@ async function checkConnect(url) {
   await withPeers(url, 1, async (peer) => {
     if (!peer.socket.connected || !peer.socket.id) throw new Error("connected without an id");
     expectOk(await peer.call("ping", {}), "ping");
+    // The transport the mode asks for is the one in use (after an upgrade,
+    // when there is one).
+    const engine = peer.socket.io.engine;
+    if (engine.transport.name !== mode.transport) {
+      await bounded(new Promise((resolve) => engine.once("upgrade", resolve)), "the upgrade");
+    }
+    if (engine.transport.name !== mode.transport) {
+      throw new Error(`on transport ${engine.transport.name}, expected ${mode.transport}`);
+    }
+    expectOk(await peer.call("ping", {}), "ping on the final transport");
   });
 }
 
@@ -246,11 +268,12 @@ async function checkBinary(url) {
 }
 
 async function main() {
-  const [url, token] = process.argv.slice(2);
-  if (!url || token === undefined) {
-    console.error("usage: node client.mjs URL CONTROL_TOKEN");
+  const [url, token, modeName = "websocket"] = process.argv.slice(2);
+  if (!url || token === undefined || !MODES[modeName]) {
+    console.error("usage: node client.mjs URL CONTROL_TOKEN [websocket|default|polling]");
     return 2;
   }
+  mode = MODES[modeName];
   const watchdog = setTimeout(() => {
     console.log(`FAIL watchdog: run exceeded ${RUN_MAX_MS / 1000} s`);
     process.exit(3);

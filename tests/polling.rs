@@ -1,0 +1,526 @@
+//! HTTP long-polling against the broker: Socket.IO over polling next to
+//! WebSocket clients (binary attachments both ways), and the edge cases a
+//! polling client can cause (concurrent GETs, an oversized POST, an unknown
+//! sid, a session left to expire, a client that vanishes mid-long-poll, a
+//! session that never polls while messages pile up). After each, the
+//! `gombus_polling_sessions` gauge in /metrics must come back down: no case
+//! leaks a session. Contract: /work/shared/PROTOCOL.md §1, §3, §4.
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::Broker;
+use serde_json::Value;
+use tungstenite::{Message, WebSocket};
+
+const WAIT: Duration = Duration::from_secs(5);
+const PING_INTERVAL_MS: u64 = 300;
+const PING_TIMEOUT_MS: u64 = 200;
+/// How long a session may outlive its heartbeat on a busy machine.
+const SLACK: Duration = Duration::from_secs(2);
+
+fn broker(extra: &[&str]) -> Broker {
+    let mut args = vec![
+        format!("-ping-interval={PING_INTERVAL_MS}ms"),
+        format!("-ping-timeout={PING_TIMEOUT_MS}ms"),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Broker::start(&args)
+}
+
+struct Answer {
+    status: u16,
+    body: String,
+}
+
+/// One request with `Connection: close`, read to EOF.
+fn request(addr: &str, method: &str, target: &str, body: &[u8]) -> Answer {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut raw = format!(
+        "{method} {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(body);
+    s.write_all(&raw).expect("write");
+    read_answer(s)
+}
+
+fn read_answer(mut s: TcpStream) -> Answer {
+    let mut raw = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    let mut chunk = [0u8; 8192];
+    loop {
+        assert!(Instant::now() < deadline, "no complete answer");
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+    let text = String::from_utf8(raw).expect("UTF-8");
+    let (head, body) = text.split_once("\r\n\r\n").expect("head");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    Answer {
+        status,
+        body: body.to_string(),
+    }
+}
+
+fn target(sid: &str) -> String {
+    format!("/socket.io/?EIO=4&transport=polling&sid={sid}")
+}
+
+fn open(addr: &str) -> String {
+    let a = request(addr, "GET", "/socket.io/?EIO=4&transport=polling", b"");
+    assert_eq!(a.status, 200, "{}", a.body);
+    let open: Value = serde_json::from_str(&a.body[1..]).expect("open packet");
+    assert_eq!(open["upgrades"], serde_json::json!(["websocket"]));
+    open["sid"].as_str().expect("sid").to_string()
+}
+
+fn post(addr: &str, sid: &str, body: &str) -> Answer {
+    request(addr, "POST", &target(sid), body.as_bytes())
+}
+
+fn get(addr: &str, sid: &str) -> Answer {
+    request(addr, "GET", &target(sid), b"")
+}
+
+/// A gauge or counter from /metrics.
+fn metric(addr: &str, name: &str) -> u64 {
+    let a = request(addr, "GET", "/metrics", b"");
+    a.body
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+}
+
+/// Waits (bounded) until `name` reads `want`.
+fn wait_metric(addr: &str, name: &str, want: u64, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let got = metric(addr, name);
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} is {got}, expected {want}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn expiry() -> Duration {
+    Duration::from_millis(PING_INTERVAL_MS + PING_TIMEOUT_MS) + SLACK
+}
+
+/// A Socket.IO client on polling: joins `/` and collects what GETs bring,
+/// answering pings.
+struct Poller {
+    addr: String,
+    sid: String,
+    /// Packets received and not yet taken.
+    inbox: Vec<String>,
+}
+
+impl Poller {
+    fn join(addr: &str) -> Poller {
+        let sid = open(addr);
+        assert_eq!(post(addr, &sid, "40").body, "ok");
+        let mut p = Poller {
+            addr: addr.to_string(),
+            sid,
+            inbox: Vec::new(),
+        };
+        let connect = p.next(|t| t.starts_with("40"));
+        assert!(connect.starts_with("40{\"sid\":"), "{connect}");
+        p
+    }
+
+    fn send(&self, payload: &str) {
+        assert_eq!(post(&self.addr, &self.sid, payload).body, "ok");
+    }
+
+    /// The first packet (polling as needed) that `pick` accepts.
+    fn next(&mut self, pick: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(i) = self.inbox.iter().position(|t| pick(t)) {
+                return self.inbox.remove(i);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no such packet: {:?}",
+                self.inbox
+            );
+            let a = get(&self.addr, &self.sid);
+            assert_eq!(a.status, 200, "{}", a.body);
+            for packet in a.body.split('\x1e') {
+                if packet == "2" {
+                    self.send("3");
+                } else {
+                    self.inbox.push(packet.to_string());
+                }
+            }
+        }
+    }
+
+    /// Emits `event` with `arg` and ack id `id`; returns the ack's argument.
+    fn call(&mut self, id: u64, event: &str, arg: &str) -> Value {
+        self.send(&format!("42{id}[\"{event}\",{arg}]"));
+        let head = format!("43{id}[");
+        let ack = self.next(|t| t.starts_with(&head));
+        let args: Value = serde_json::from_str(&ack[head.len() - 1..]).expect("ack JSON");
+        args[0].clone()
+    }
+}
+
+/// A Socket.IO client on WebSocket, joined to `/`.
+fn ws_join(addr: &str) -> WebSocket<TcpStream> {
+    let stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let url = format!("ws://{addr}/socket.io/?EIO=4&transport=websocket");
+    let (mut ws, _) = tungstenite::client(url.as_str(), stream).expect("upgrade");
+    let open = ws_next(&mut ws);
+    assert!(matches!(&open, Message::Text(t) if t.starts_with('0')));
+    ws.send(Message::text("40")).expect("send");
+    let connect = ws_next(&mut ws);
+    assert!(matches!(&connect, Message::Text(t) if t.starts_with("40")));
+    ws
+}
+
+/// The next frame that is not an Engine.IO ping (pings are answered).
+fn ws_next(ws: &mut WebSocket<TcpStream>) -> Message {
+    loop {
+        match ws.read().expect("read") {
+            Message::Text(t) if t.as_str() == "2" => ws.send(Message::text("3")).expect("pong"),
+            Message::Ping(_) | Message::Pong(_) => {}
+            other => return other,
+        }
+    }
+}
+
+#[test]
+fn polling_and_websocket_clients_exchange_text_and_bytes() {
+    let b = broker(&[]);
+    let mut poller = Poller::join(&b.addr);
+    let mut ws = ws_join(&b.addr);
+    assert_eq!(metric(&b.addr, "gombus_polling_sessions"), 1);
+
+    // WebSocket subscriber, polling publisher with a binary attachment.
+    ws.send(Message::text(r#"421["sub",{"subject":"mix.*","sid":"w"}]"#))
+        .expect("send");
+    assert_eq!(
+        ws_next(&mut ws),
+        Message::text(r#"431[{"ok":true,"sid":"w"}]"#)
+    );
+    poller.send(
+        "451-1[\"pub\",{\"subject\":\"mix.bin\",\"data\":{\"_placeholder\":true,\"num\":0}}]\x1ebAAEC/w==",
+    );
+    let ack = poller.next(|t| t.starts_with("431["));
+    assert_eq!(ack, r#"431[{"ok":true}]"#);
+    let Message::Text(head) = ws_next(&mut ws) else {
+        panic!("expected the msg head");
+    };
+    assert!(head.as_str().starts_with("451-[\"msg\","), "{head}");
+    assert!(head.as_str().contains(r#""subject":"mix.bin""#), "{head}");
+    assert_eq!(ws_next(&mut ws), Message::binary(vec![0, 1, 2, 255]));
+
+    // Polling subscriber (wildcard), WebSocket publisher: text, then bytes.
+    let ack = poller.call(2, "sub", r#"{"subject":"back.>","sid":"p"}"#);
+    assert_eq!(ack["ok"], true, "{ack}");
+    ws.send(Message::text(
+        r#"422["pub",{"subject":"back.a.b","data":{"n":1}}]"#,
+    ))
+    .expect("send");
+    let msg = poller.next(|t| t.starts_with("42[\"msg\""));
+    let args: Value = serde_json::from_str(&msg[2..]).expect("msg JSON");
+    assert_eq!(
+        args[1],
+        serde_json::json!({"sid":"p","subject":"back.a.b","data":{"n":1}})
+    );
+    ws.send(Message::text(
+        r#"451-3["pub",{"subject":"back.bin","data":{"_placeholder":true,"num":0}}]"#,
+    ))
+    .expect("send");
+    ws.send(Message::binary(vec![9, 8, 7])).expect("send");
+    let head = poller.next(|t| t.starts_with("451-[\"msg\""));
+    assert!(head.contains(r#""subject":"back.bin""#), "{head}");
+    let attachment = poller.next(|t| t.starts_with('b'));
+    assert_eq!(attachment, "bCQgH", "base64 of [9, 8, 7]");
+
+    // Request/reply with the requester on polling.
+    let _ = poller.call(4, "request", r#"{"subject":"nobody","data":1}"#);
+    let ack = poller.call(5, "ping", "{}");
+    assert_eq!(ack["ok"], true);
+}
+
+#[test]
+fn concurrent_gets_end_the_session_and_leak_nothing() {
+    let b = broker(&[]);
+    let sid = open(&b.addr);
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let (addr, sid) = (b.addr.clone(), sid.clone());
+            std::thread::spawn(move || get(&addr, &sid))
+        })
+        .collect();
+    let mut got: Vec<(u16, String)> = threads
+        .into_iter()
+        .map(|t| {
+            let a = t.join().expect("thread");
+            (a.status, a.body)
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got[0], (200, "1".to_string()), "{got:?}");
+    assert_eq!(got[1].0, 400, "{got:?}");
+    wait_metric(&b.addr, "gombus_polling_sessions", 0, WAIT);
+    wait_metric(&b.addr, "gombus_sessions", 0, WAIT);
+}
+
+#[test]
+fn an_oversized_post_gets_413_and_the_session_lives_on() {
+    let b = broker(&["-max-payload=1000"]);
+    let sid = open(&b.addr);
+    let mut s = TcpStream::connect(&b.addr).expect("connect");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n",
+        target(&sid)
+    );
+    s.write_all(head.as_bytes()).expect("write");
+    assert_eq!(read_answer(s).status, 413);
+    assert_eq!(post(&b.addr, &sid, "40").status, 200);
+    assert_eq!(metric(&b.addr, "gombus_polling_sessions"), 1);
+    // Left alone, it expires.
+    wait_metric(&b.addr, "gombus_polling_sessions", 0, expiry());
+}
+
+#[test]
+fn an_unknown_sid_is_refused_with_code_1() {
+    let b = broker(&[]);
+    for method in ["GET", "POST"] {
+        let a = request(&b.addr, method, &target("nope"), b"40");
+        assert_eq!(a.status, 400);
+        assert_eq!(a.body, r#"{"code":1,"message":"Session ID unknown"}"#);
+    }
+    assert_eq!(metric(&b.addr, "gombus_polling_sessions"), 0);
+}
+
+#[test]
+fn abandoned_sessions_expire_after_the_heartbeat() {
+    let b = broker(&[]);
+    let started = Instant::now();
+    for _ in 0..20 {
+        let sid = open(&b.addr);
+        assert_eq!(post(&b.addr, &sid, "40").status, 200);
+    }
+    assert_eq!(metric(&b.addr, "gombus_polling_sessions"), 20);
+    wait_metric(&b.addr, "gombus_polling_sessions", 0, expiry());
+    assert!(
+        started.elapsed() >= Duration::from_millis(PING_INTERVAL_MS + PING_TIMEOUT_MS),
+        "expired before pingInterval + pingTimeout"
+    );
+    wait_metric(&b.addr, "gombus_sessions", 0, WAIT);
+}
+
+#[test]
+fn a_client_that_vanishes_mid_long_poll_leaks_nothing() {
+    let b = broker(&[]);
+    let baseline = metric(&b.addr, "gombus_connections");
+    let sid = open(&b.addr);
+    // A GET that will be held (nothing is queued), then the client is gone.
+    let mut s = TcpStream::connect(&b.addr).expect("connect");
+    let req = format!("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", target(&sid));
+    s.write_all(req.as_bytes()).expect("write");
+    drop(s);
+    wait_metric(&b.addr, "gombus_polling_sessions", 0, expiry());
+    wait_metric(&b.addr, "gombus_sessions", 0, WAIT);
+    // Only the /metrics request's own connection is open.
+    wait_metric(&b.addr, "gombus_connections", baseline, WAIT);
+}
+
+#[test]
+fn a_session_that_never_polls_is_cut_as_a_slow_consumer() {
+    // The default heartbeat: the publisher is paused (backpressure) while
+    // the receiver lags, longer than the short test heartbeat allows.
+    let b = Broker::start(&["-max-pending=65536"]);
+    let mut idle = Poller::join(&b.addr);
+    let ack = idle.call(1, "sub", r#"{"subject":"flood"}"#);
+    assert_eq!(ack["ok"], true);
+    let mut ws = ws_join(&b.addr);
+    let data = "x".repeat(4096);
+    let before = metric(&b.addr, "gombus_slow_consumers_total");
+    // Enough messages to pass the 64 KiB bound while nobody polls.
+    for i in 0..40 {
+        let event = format!(r#"42["pub",{{"subject":"flood","data":"{data}{i}"}}]"#);
+        ws.send(Message::text(event)).expect("send");
+    }
+    ws.send(Message::text(r#"4299["ping",{}]"#)).expect("send");
+    assert_eq!(ws_next(&mut ws), Message::text(r#"4399[{"ok":true}]"#));
+    wait_metric(&b.addr, "gombus_polling_sessions", 0, WAIT);
+    assert!(metric(&b.addr, "gombus_slow_consumers_total") > before);
+    assert_eq!(get(&b.addr, &idle.sid).status, 400);
+}
+
+#[test]
+fn eio3_sessions_use_v3_payloads_and_client_pings() {
+    let b = broker(&[]);
+    let a = request(&b.addr, "GET", "/socket.io/?EIO=3&transport=polling", b"");
+    assert_eq!(a.status, 200);
+    // `<length>:<packet>` framing; the open packet, then the implicit
+    // CONNECT to `/` that Socket.IO v4 servers send.
+    let (len, rest) = a.body.split_once(':').expect("length prefix");
+    let len: usize = len.parse().expect("length");
+    let open = &rest[..len];
+    assert!(open.starts_with("0{"), "{open}");
+    let sid = serde_json::from_str::<Value>(&open[1..]).expect("open JSON")["sid"]
+        .as_str()
+        .expect("sid")
+        .to_string();
+    let connect = &rest[len..];
+    assert!(
+        connect.starts_with("2:40") || connect.is_empty(),
+        "{connect}"
+    );
+    let target = format!("/socket.io/?EIO=3&transport=polling&sid={sid}");
+    let mut got = connect.to_string();
+    if got.is_empty() {
+        got = request(&b.addr, "GET", &target, b"").body;
+    }
+    assert!(got.starts_with("2:40"), "{got}");
+    // A v3 client pings; the server answers with a pong. The session
+    // outlives pingInterval + pingTimeout while pings keep coming.
+    let started = Instant::now();
+    let expiry_at = Duration::from_millis(PING_INTERVAL_MS + PING_TIMEOUT_MS);
+    while started.elapsed() < expiry_at * 2 {
+        let a = request(&b.addr, "POST", &target, b"1:2");
+        assert_eq!((a.status, a.body.as_str()), (200, "ok"));
+        let a = request(&b.addr, "GET", &target, b"");
+        assert_eq!((a.status, a.body.as_str()), (200, "1:3"));
+    }
+    // An event with an ack in v3 framing, with a multi-byte character
+    // (lengths count UTF-16 units).
+    let event = r#"421["pub",{"subject":"é.x","data":"😀"}]"#;
+    let units: usize = event.chars().map(char::len_utf16).sum();
+    let body = format!("{units}:{event}");
+    assert_eq!(
+        request(&b.addr, "POST", &target, body.as_bytes()).body,
+        "ok"
+    );
+    let a = request(&b.addr, "GET", &target, b"");
+    assert_eq!(a.body, "16:431[{\"ok\":true}]");
+    // Without pings it expires.
+    wait_metric(&b.addr, "gombus_polling_sessions", 0, expiry());
+}
+
+#[test]
+fn eio3_is_refused_when_disabled() {
+    let b = broker(&["-allow-eio3=false"]);
+    let a = request(&b.addr, "GET", "/socket.io/?EIO=3&transport=polling", b"");
+    assert_eq!(a.status, 400);
+    assert_eq!(
+        a.body,
+        r#"{"code":5,"message":"Unsupported protocol version"}"#
+    );
+    let on = broker(&[]);
+    let a = request(&on.addr, "GET", "/socket.io/?EIO=3&transport=polling", b"");
+    assert_eq!(a.status, 200);
+}
+
+/// A seeded xorshift64* generator, so a failing run can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[(self.next() % items.len() as u64) as usize]
+    }
+}
+
+#[test]
+fn garbage_payloads_end_only_their_own_session() {
+    let b = broker(&[]);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut good = Poller::join(&b.addr);
+    let pieces = [
+        "4",
+        "40",
+        "42[\"pub\",{}]",
+        "451-[\"pub\",{\"_placeholder\":true,\"num\":0}]",
+        "b",
+        "bAQID",
+        "b!!",
+        "\x1e",
+        "2",
+        "3",
+        "5",
+        "6",
+        "1",
+        "0{}",
+        "9",
+        "",
+        "é",
+        "12:",
+        "43[]",
+        "42",
+        "[",
+        "\u{0}",
+    ];
+    for round in 0..200 {
+        let sid = open(&b.addr);
+        let eio3 = round % 5 == 0;
+        let mut body = String::new();
+        for _ in 0..(1 + rng.next() % 6) {
+            body.push_str(rng.pick(&pieces));
+        }
+        let target = if eio3 {
+            format!("/socket.io/?EIO=3&transport=polling&sid={sid}")
+        } else {
+            target(&sid)
+        };
+        let a = request(&b.addr, "POST", &target, body.as_bytes());
+        assert!(
+            a.status == 200 || a.status == 400,
+            "round {round}: {} for {body:?}",
+            a.status
+        );
+        if round % 20 == 0 {
+            // A well-behaved neighbour is never disturbed.
+            let ack = good.call(round, "ping", "{}");
+            assert_eq!(ack["ok"], true, "round {round}");
+        }
+    }
+    assert!(request(&b.addr, "GET", "/healthz", b"").status == 200);
+    // Whatever the garbage left open expires; only the good session stays
+    // (it keeps answering pings).
+    let deadline = Instant::now() + expiry() + SLACK;
+    loop {
+        let ack = good.call(9999, "ping", "{}");
+        assert_eq!(ack["ok"], true);
+        if metric(&b.addr, "gombus_polling_sessions") == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "garbage sessions did not expire");
+    }
+}
