@@ -6,18 +6,28 @@ CARGO ?= cargo
 TARGET := x86_64-unknown-linux-gnu
 RUSTFLAGS_STATIC := -C target-feature=+crt-static
 BIN := bin/broker
+CLI := bin/gombus
 
 .PHONY: all build run test test-deps fmt fmt-check clippy bench conformance clean
 
 all: build
 
-build: $(BIN)
+build: $(BIN) $(CLI)
 
 # A statically linked, stripped release binary.
 $(BIN): Cargo.toml Cargo.lock $(shell find src -name '*.rs')
 	RUSTFLAGS="$(RUSTFLAGS_STATIC)" $(CARGO) build --release --locked --target $(TARGET) --bin broker
 	mkdir -p bin
 	cp target/$(TARGET)/release/broker $(BIN)
+
+# The dashboard page is compiled into the broker.
+$(BIN): src/broker/dashboard/index.html
+
+# The gombus CLI, static like the broker.
+$(CLI): Cargo.toml Cargo.lock $(shell find src -name '*.rs')
+	RUSTFLAGS="$(RUSTFLAGS_STATIC)" $(CARGO) build --release --locked --target $(TARGET) --bin gombus
+	mkdir -p bin
+	cp target/$(TARGET)/release/gombus $(CLI)
 
 run: build
 	mkdir -p data

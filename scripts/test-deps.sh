@@ -3,8 +3,12 @@
 #   - .venv/ at the repository root with python-socketio 5.x and its
 #     websocket transport (websocket-client), every package pinned;
 #   - tests/interop/node/node_modules from the committed package-lock.json
-#   - tests/interop/node2/node_modules (socket.io-client 2.x) likewise
-#     (socket.io-client 4.x), installed with `npm ci`.
+#     (socket.io-client 4.x), installed with `npm ci`;
+#   - tests/interop/node2/node_modules (socket.io-client 2.x) likewise;
+#   - prometheus_client in the same .venv, whose strict text-format parser
+#     checks /metrics (tests/metrics.rs);
+#   - Debian's chromium (apt-get), the headless browser that loads the
+#     dashboard (tests/dashboard.rs).
 # Idempotent: a stamp file records what was installed, and a second run that
 # finds the same pins (and a working install) does nothing. Quiet on success;
 # on failure the failing tool's output is shown and the exit code is non-zero.
@@ -32,6 +36,7 @@ python_pins=(
     "idna==3.20"
     "charset-normalizer==3.5.3"
     "certifi==2026.10.19.post1"
+    "prometheus-client==0.26.0"
 )
 
 die() {
@@ -63,7 +68,7 @@ python_is_current() {
     [[ -f "${python_stamp}" ]] || return 1
     [[ "$(cat "${python_stamp}")" == "${python_want}" ]] || return 1
     # The stamp could outlive a broken venv (e.g. the base interpreter moved).
-    "${venv_dir}/bin/python" -c 'import socketio, websocket' >/dev/null 2>&1
+    "${venv_dir}/bin/python" -c 'import socketio, websocket, prometheus_client' >/dev/null 2>&1
 }
 
 make_venv() {
@@ -94,8 +99,8 @@ install_python() {
     quietly "${venv_dir}/bin/python" -m pip install --disable-pip-version-check \
         --no-input --quiet "${python_pins[@]}" ||
         die "pip install into ${venv_dir} failed"
-    quietly "${venv_dir}/bin/python" -c 'import socketio, websocket' ||
-        die "the venv cannot import socketio and websocket after installing"
+    quietly "${venv_dir}/bin/python" -c 'import socketio, websocket, prometheus_client' ||
+        die "the venv cannot import socketio, websocket and prometheus_client after installing"
     printf '%s\n' "${python_want}" >"${python_stamp}"
 }
 
@@ -138,6 +143,18 @@ install_node2() {
     cp "${node2_dir}/package-lock.json" "${node2_stamp}"
 }
 
+# ---- Chromium -------------------------------------------------------------
+
+install_chromium() {
+    command -v apt-get >/dev/null 2>&1 ||
+        die "chromium is not installed and apt-get is not available; install Chromium so that 'chromium' is on PATH"
+    quietly apt-get install -y --no-install-recommends chromium ||
+        quietly sh -c 'apt-get update && apt-get install -y --no-install-recommends chromium' ||
+        die "could not install chromium with apt-get"
+    command -v chromium >/dev/null 2>&1 || die "chromium is still not on PATH after installing"
+}
+
 python_is_current || install_python
 node_is_current || install_node
 node2_is_current || install_node2
+command -v chromium >/dev/null 2>&1 || install_chromium

@@ -424,6 +424,8 @@ pub fn usage() -> String {
          \n\
          Flags may be written -flag=value, -flag value, --flag=value or --flag value.\n\
          Boolean flags take -flag, -flag=true or -flag=false.\n\
+         Every flag can also be set from the environment as GOMBUS_<NAME>\n\
+         (e.g. GOMBUS_CONTROL_TOKEN); a flag on the command line wins.\n\
          \n\
          Flags:\n",
     );
@@ -553,6 +555,56 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, ConfigEr
 
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// The environment variable that can set flag `name`: `GOMBUS_` and the
+/// name in upper snake case (`-control-token` -> `GOMBUS_CONTROL_TOKEN`).
+pub fn env_var_name(name: &str) -> String {
+    format!("GOMBUS_{}", name.to_ascii_uppercase().replace('-', "_"))
+}
+
+/// [`parse`] with every flag also readable from its environment variable
+/// (see [`env_var_name`]); a flag on the command line wins over the
+/// variable. `lookup` is `std::env::var` in the binary, a map in tests.
+pub fn parse_with_env<I, F>(args: I, lookup: F) -> Result<Config, ConfigError>
+where
+    I: IntoIterator<Item = String>,
+    F: Fn(&str) -> Option<String>,
+{
+    let args: Vec<String> = args.into_iter().collect();
+    let given: HashSet<String> = args
+        .iter()
+        .take_while(|a| a.as_str() != "--")
+        .filter_map(|a| flag_name(a))
+        .map(str::to_string)
+        .collect();
+    let mut all = Vec::new();
+    for f in FLAGS.iter().filter(|f| f.kind != Kind::Help) {
+        if given.contains(f.name) {
+            continue;
+        }
+        let var = env_var_name(f.name);
+        if let Some(v) = lookup(&var) {
+            all.push(format!("-{}={v}", f.name));
+        }
+    }
+    all.extend(args);
+    parse(all).map_err(|e| match e {
+        ConfigError::Invalid(m) if !given.iter().any(|g| m.starts_with(&format!("-{g}:"))) => {
+            ConfigError::Invalid(env_hint(m))
+        }
+        other => other,
+    })
+}
+
+/// Names the variable in a message about a flag that came from one.
+fn env_hint(msg: String) -> String {
+    match msg.strip_prefix('-').and_then(|m| m.split_once(':')) {
+        Some((name, _)) if find_flag(name).is_some() => {
+            format!("{msg} (from {})", env_var_name(name))
+        }
+        _ => msg,
+    }
 }
 
 /// Catches `-flag -other` where a value-taking flag would otherwise swallow
@@ -1388,6 +1440,33 @@ mod tests {
         assert!(bad(&["-segment-size=2GiB"]).contains("outside"));
         assert!(usage().contains("-sync policy"));
         assert!(usage().contains("-segment-size bytes"));
+    }
+
+    #[test]
+    fn env_vars_fill_flags_and_flags_win() {
+        let env = |name: &str| match name {
+            "GOMBUS_CONTROL_TOKEN" => Some("fromenv".to_string()),
+            "GOMBUS_MAX_PAYLOAD" => Some("2MiB".to_string()),
+            "GOMBUS_NODE_ID" => Some("env-node".to_string()),
+            "GOMBUS_BOOTSTRAP" => Some("true".to_string()),
+            _ => None,
+        };
+        let cfg = parse_with_env(argv(&["-node-id=flag-node"]), env).unwrap();
+        assert_eq!(cfg.control_token.as_deref(), Some("fromenv"));
+        assert_eq!(cfg.max_payload, 2 * MIB as usize);
+        assert_eq!(cfg.node_id, "flag-node");
+        assert!(cfg.bootstrap);
+        assert_eq!(env_var_name("max-payload"), "GOMBUS_MAX_PAYLOAD");
+    }
+
+    #[test]
+    fn bad_env_value_names_the_variable() {
+        let env = |name: &str| (name == "GOMBUS_MAX_PAYLOAD").then(|| "lots".to_string());
+        let e = parse_with_env(argv(&[]), env).unwrap_err().to_string();
+        assert!(e.contains("-max-payload"), "{e}");
+        assert!(e.contains("GOMBUS_MAX_PAYLOAD"), "{e}");
+        // The flag wins, so the bad variable is not read at all.
+        assert!(parse_with_env(argv(&["-max-payload=1KiB"]), env).is_ok());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //!
 //! Layout (data flows top to bottom, one concern per file):
 //! - [`config`]: command-line flags and their validation.
+//! - [`log`]: one line per event on stderr, filtered by `-log-level`.
 //! - [`net`]: the mio event loop, the hand-rolled HTTP/1.1 layer, WebSocket
 //!   framing over tungstenite's frame codec, bounded outbound buffers, timers.
 //! - [`protocol`]: pure codecs for Engine.IO v4 and Socket.IO v5 packets, the
@@ -11,10 +12,13 @@
 //!   `apply` path.
 //! - [`stream`]: streams and consumers over an append-only segment store.
 //! - [`client`]: the Rust client module used by the examples, tests and tools.
+//! - [`cli`]: the `gombus` command line, on the client.
 
 pub mod broker;
+pub mod cli;
 pub mod client;
 pub mod config;
+pub mod log;
 pub mod net;
 pub mod protocol;
 pub mod stream;

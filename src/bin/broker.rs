@@ -1,5 +1,6 @@
-//! The `broker` binary: flags -> Config -> a single-node broker on one
-//! event loop.
+//! The `broker` binary: flags (or their GOMBUS_* environment variables)
+//! -> Config -> a single-node broker on one event loop, stopped cleanly by
+//! SIGTERM or SIGINT.
 
 use std::process::ExitCode;
 
@@ -7,9 +8,12 @@ use gombus::broker::dispatch::ENVELOPE_BYTES;
 use gombus::broker::{Broker, BrokerConfig};
 use gombus::config::{self, ConfigError};
 use gombus::net::server::{Server, Settings, POLLING_SESSIONS_MAX};
+use gombus::net::signal;
+use gombus::{log, log_error, log_info, log_warn};
 
 fn main() -> ExitCode {
-    let cfg = match config::parse(std::env::args().skip(1)) {
+    let env = |name: &str| std::env::var(name).ok();
+    let cfg = match config::parse_with_env(std::env::args().skip(1), env) {
         Ok(c) => c,
         Err(ConfigError::Help(text)) => {
             println!("{text}");
@@ -20,6 +24,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    log::set_level(cfg.log_level);
     let mut broker = Broker::new(BrokerConfig {
         node_id: cfg.node_id.clone(),
         control_token: cfg.control_token.clone(),
@@ -28,7 +33,7 @@ fn main() -> ExitCode {
         connect_timeout: cfg.connect_timeout,
     });
     if let Err(e) = broker.open_streams(&cfg.data_dir, cfg.sync, cfg.segment_size as u64) {
-        eprintln!("[error] streams unavailable: {e}");
+        log_error!("streams unavailable: {e}");
     }
     let settings = Settings {
         ping_interval: cfg.ping_interval,
@@ -42,18 +47,23 @@ fn main() -> ExitCode {
     let mut server = match Server::bind(cfg.addr, settings, broker) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("broker: cannot listen on {}: {e}", cfg.addr);
+            log_error!("cannot listen on {}: {e}", cfg.addr);
             return ExitCode::from(1);
         }
     };
-    eprintln!("[info] config {}", cfg.summary());
+    signal::stop_on_terminate(server.stopper());
+    log_info!("config {}", cfg.summary());
     match server.local_addr() {
-        Ok(addr) => eprintln!("[info] listening on {addr}"),
-        Err(e) => eprintln!("[warn] listening, but the address is unknown: {e}"),
+        Ok(addr) => log_info!("listening on {addr}"),
+        Err(e) => log_warn!("listening, but the address is unknown: {e}"),
     }
     if let Err(e) = server.run() {
-        eprintln!("[error] event loop stopped: {e}");
+        log_error!("event loop stopped: {e}");
         return ExitCode::from(1);
     }
+    // Dropping the broker closes the stream stores: their last buffered
+    // writes, then a final fsync round before the sync thread ends.
+    drop(server);
+    log_info!("stopped");
     ExitCode::SUCCESS
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::value::RawValue;
 
 use super::groups::GroupMode;
+use super::history::History;
 use super::metrics::Metrics;
 use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
 use super::session::{token_eq, Session, NSP_CONTROL, NSP_ROOT};
@@ -35,10 +36,12 @@ pub struct BrokerConfig {
 pub struct Broker {
     pub(crate) cfg: BrokerConfig,
     pub(crate) started: Instant,
-    sessions: Vec<Option<Session>>,
+    pub(crate) sessions: Vec<Option<Session>>,
     pub(crate) subs: SubTable,
     requests: Requests,
     pub(crate) metrics: Metrics,
+    /// Per-second traffic samples for the dashboard.
+    pub(crate) history: History,
     pub(crate) streams: Streams,
     /// Reused buffer for the shared part of a delivery.
     tail: Vec<u8>,
@@ -70,6 +73,7 @@ impl Broker {
             subs: SubTable::new(),
             requests,
             metrics: Metrics::default(),
+            history: History::new(Instant::now()),
             streams: Streams::default(),
             tail: Vec::with_capacity(1024),
             ack_head: Vec::with_capacity(32),
@@ -197,6 +201,7 @@ impl Broker {
         } else {
             session.control = true;
         }
+        crate::log_debug!("conn {conn} joined {}", p.nsp);
         let body = format!("{{\"sid\":\"{id}\"}}");
         let head = socketio::encode(Kind::Connect, 0, p.nsp, None, "");
         io.send_text(conn, &[&head, body.as_bytes()]);
@@ -688,6 +693,9 @@ impl Handler for Broker {
     }
 
     fn http(&mut self, io: &mut Io<'_>, req: &Request) -> Response {
+        if let Some(r) = self.dashboard_http(io, req) {
+            return r;
+        }
         let known = matches!(req.path.as_str(), "/healthz" | "/metrics");
         if known && req.method != "GET" && req.method != "HEAD" {
             let mut r = Response::json(405, r#"{"error":"method not allowed"}"#);
@@ -701,7 +709,10 @@ impl Handler for Broker {
                     .now()
                     .saturating_duration_since(self.started)
                     .as_secs_f64();
-                let mut body = self.metrics.render(io.stats(), self.subs.len(), uptime);
+                let families = self.metric_families(io);
+                let mut body =
+                    self.metrics
+                        .render_all(io.stats(), self.subs.len(), uptime, &families);
                 self.streams.render_metrics(&mut body);
                 Response::new(200, "text/plain; version=0.0.4; charset=utf-8", body)
             }
@@ -738,6 +749,7 @@ impl Handler for Broker {
     }
 
     fn closed(&mut self, _io: &mut Io<'_>, conn: ConnId) {
+        crate::log_debug!("conn {conn} closed");
         self.drop_root_state(conn);
         self.streams.closed(conn);
         if let Some(slot) = self.sessions.get_mut(conn) {
@@ -753,6 +765,7 @@ impl Handler for Broker {
     }
 
     fn tick(&mut self, io: &mut Io<'_>) {
+        self.sample_history(io);
         self.streams.tick(io, &mut self.subs);
         if self.requests.is_empty() {
             return;
@@ -766,10 +779,18 @@ impl Handler for Broker {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        match (self.requests.next_deadline(), self.streams.next_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        let mut next = self.history.next_at();
+        for d in [self.requests.next_deadline(), self.streams.next_deadline()]
+            .into_iter()
+            .flatten()
+        {
+            next = next.min(d);
         }
+        Some(next)
+    }
+
+    fn shutdown(&mut self, io: &mut Io<'_>) {
+        self.say_goodbye(io);
     }
 
     fn attach(&mut self, waker: std::sync::Arc<mio::Waker>) {

@@ -1,9 +1,126 @@
 //! Broker counters and their Prometheus text exposition for `/metrics`.
+//!
+//! Fixed counters render in [`Metrics::render`]; everything with labels or
+//! owned by another part (per-stream figures, the Raft state) is a
+//! [`Family`] built by [`Broker::metric_families`], so a new part adds its
+//! figures with a few lines there.
 
 use std::fmt::Write as _;
 
-use crate::net::NetStats;
+use serde_json::Value;
+
+use super::Broker;
+use crate::net::{Io, NetStats};
 use crate::protocol::errors::Code;
+
+/// One metric family: name, type, help and its samples (label set, value).
+#[derive(Debug, Clone)]
+pub struct Family {
+    pub name: &'static str,
+    pub kind: &'static str,
+    pub help: &'static str,
+    /// `(labels, value)`; labels as `[("stream", "ORDERS")]`.
+    pub samples: Vec<(Vec<(&'static str, String)>, f64)>,
+}
+
+impl Family {
+    pub fn gauge(name: &'static str, help: &'static str) -> Family {
+        Family {
+            name,
+            kind: "gauge",
+            help,
+            samples: Vec::new(),
+        }
+    }
+
+    pub fn counter(name: &'static str, help: &'static str) -> Family {
+        Family {
+            kind: "counter",
+            ..Family::gauge(name, help)
+        }
+    }
+
+    /// Adds a sample; returns the family for chaining.
+    pub fn with(mut self, labels: Vec<(&'static str, String)>, value: f64) -> Family {
+        self.samples.push((labels, value));
+        self
+    }
+
+    /// The family in the text format; nothing when it has no samples.
+    pub fn render(&self, out: &mut String) {
+        if self.samples.is_empty() {
+            return;
+        }
+        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
+        let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
+        for (labels, value) in &self.samples {
+            out.push_str(self.name);
+            if !labels.is_empty() {
+                out.push('{');
+                for (i, (k, v)) in labels.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    let _ = write!(out, "{k}=\"{}\"", escape_label(v));
+                }
+                out.push('}');
+            }
+            let _ = writeln!(out, " {value}");
+        }
+    }
+}
+
+/// A label value with `\`, `"` and newlines escaped, as the format requires.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Broker {
+    /// The labelled and part-owned families: node info, the Raft state (a
+    /// single node is a cluster of one that leads itself, as
+    /// `cluster.status` reports) and one sample per stream and consumer.
+    pub fn metric_families(&mut self, io: &mut Io<'_>) -> Vec<Family> {
+        let mut families = self.node_families();
+        families.extend(stream_families(&self.streams_overview(io)));
+        families
+    }
+
+    fn node_families(&self) -> Vec<Family> {
+        vec![
+            Family::gauge("gombus_info", "Always 1; labels name the node and version.").with(
+                vec![
+                    ("node_id", self.cfg.node_id.clone()),
+                    ("version", env!("CARGO_PKG_VERSION").to_string()),
+                ],
+                1.0,
+            ),
+            Family::gauge(
+                "gombus_raft_term",
+                "Current Raft term (0 on a single node).",
+            )
+            .with(vec![], 0.0),
+            Family::gauge(
+                "gombus_raft_commit_index",
+                "Highest committed Raft log index.",
+            )
+            .with(vec![], 0.0),
+            Family::gauge(
+                "gombus_raft_applied_index",
+                "Highest applied Raft log index.",
+            )
+            .with(vec![], 0.0),
+            Family::gauge("gombus_raft_leader", "1 if this node is the Raft leader.")
+                .with(vec![], 1.0),
+            Family::gauge(
+                "gombus_raft_peer_reachable",
+                "1 if the peer answered recently (this node counts itself).",
+            )
+            .with(vec![("peer", self.cfg.node_id.clone())], 1.0),
+        ]
+    }
+}
 
 #[derive(Debug, Default, Clone)]
 pub struct Metrics {
@@ -20,6 +137,21 @@ impl Metrics {
         if let Some(i) = Code::ALL.iter().position(|c| *c == code) {
             self.errors[i] += 1;
         }
+    }
+
+    /// [`Metrics::render`] followed by `families`: the whole `/metrics`.
+    pub fn render_all(
+        &self,
+        net: &NetStats,
+        subscriptions: usize,
+        uptime_s: f64,
+        families: &[Family],
+    ) -> String {
+        let mut out = self.render(net, subscriptions, uptime_s);
+        for f in families {
+            f.render(&mut out);
+        }
+        out
     }
 
     /// The text format (version 0.0.4) with HELP and TYPE lines.
@@ -123,6 +255,52 @@ impl Metrics {
     }
 }
 
+/// Per-stream and per-consumer families from the streams overview. The
+/// stream count and each stream's messages and bytes are rendered by
+/// `Streams::render_metrics`; these add what the consumers hold.
+fn stream_families(streams: &[Value]) -> Vec<Family> {
+    let num = |v: &Value| v.as_f64().unwrap_or(0.0);
+    let mut last = Family::gauge(
+        "gombus_stream_last_seq",
+        "Last sequence stored in the stream.",
+    );
+    let mut consumers = Family::gauge("gombus_stream_consumers", "Consumers of the stream.");
+    let mut pending = Family::gauge(
+        "gombus_consumer_pending",
+        "Messages of the stream the consumer has not been given yet.",
+    );
+    let mut ack_pending = Family::gauge(
+        "gombus_consumer_ack_pending",
+        "Messages given to the consumer and not acked yet.",
+    );
+    let mut redelivered = Family::gauge(
+        "gombus_consumer_redelivered",
+        "Messages the consumer is being given again.",
+    );
+    for s in streams {
+        let name = s["name"].as_str().unwrap_or_default().to_string();
+        let l = || vec![("stream", name.clone())];
+        last.samples.push((l(), num(&s["last_seq"])));
+        let list = s["consumers"].as_array().map_or(&[][..], Vec::as_slice);
+        consumers.samples.push((l(), list.len() as f64));
+        for c in list {
+            let cl = || {
+                vec![
+                    ("stream", name.clone()),
+                    (
+                        "consumer",
+                        c["name"].as_str().unwrap_or_default().to_string(),
+                    ),
+                ]
+            };
+            pending.samples.push((cl(), num(&c["num_pending"])));
+            ack_pending.samples.push((cl(), num(&c["num_ack_pending"])));
+            redelivered.samples.push((cl(), num(&c["num_redelivered"])));
+        }
+    }
+    vec![last, consumers, pending, ack_pending, redelivered]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,7 +309,13 @@ mod tests {
     fn every_sample_has_help_and_type() {
         let mut m = Metrics::default();
         m.count_error(Code::Timeout);
-        let text = m.render(&NetStats::default(), 3, 1.5);
+        let fam = Family::gauge("gombus_stream_messages", "Messages stored.")
+            .with(vec![("stream", "a\"b\\c\nd".to_string())], 5.0);
+        let text = m.render_all(&NetStats::default(), 3, 1.5, &[fam]);
+        assert!(
+            text.contains("gombus_stream_messages{stream=\"a\\\"b\\\\c\\nd\"} 5\n"),
+            "{text}"
+        );
         assert!(text.contains("gombus_subscriptions 3\n"));
         assert!(text.contains("gombus_errors_total{code=\"timeout\"} 1\n"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
@@ -139,5 +323,38 @@ mod tests {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name}");
             assert!(text.contains(&format!("# HELP {name} ")), "{name}");
         }
+    }
+
+    #[test]
+    fn stream_and_consumer_samples() {
+        let streams = [serde_json::json!({
+            "name": "ORDERS", "messages": 3, "bytes": 90, "last_seq": 3,
+            "consumers": [{"name": "w", "num_pending": 2, "num_ack_pending": 1, "num_redelivered": 0}],
+        })];
+        let mut text = String::new();
+        for f in stream_families(&streams) {
+            f.render(&mut text);
+        }
+        assert!(
+            text.contains("gombus_stream_last_seq{stream=\"ORDERS\"} 3\n"),
+            "{text}"
+        );
+        // Streams::render_metrics owns these.
+        assert!(!text.contains("gombus_streams "), "{text}");
+        assert!(!text.contains("gombus_stream_messages"), "{text}");
+        assert!(
+            text.contains("gombus_stream_consumers{stream=\"ORDERS\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gombus_consumer_pending{stream=\"ORDERS\",consumer=\"w\"} 2\n"),
+            "{text}"
+        );
+        // No stream: no empty families.
+        let mut empty = String::new();
+        for f in stream_families(&[]) {
+            f.render(&mut empty);
+        }
+        assert_eq!(empty, "");
     }
 }

@@ -16,9 +16,15 @@
 //! - [`stream_out`]: push deliveries, fetch answers and the JSON views of
 //!   streams, consumers and messages.
 //! - [`metrics`]: counters and `/metrics`, `/healthz`.
+//! - [`lifecycle`]: goodbyes to clients at shutdown.
+//! - [`history`]: per-second traffic samples (rates, the chart).
+//! - [`dashboard`]: the page at `/` and the JSON at `/api/info`.
 pub mod control;
+pub mod dashboard;
 pub mod dispatch;
 pub mod groups;
+pub mod history;
+pub mod lifecycle;
 pub mod metrics;
 pub mod requests;
 pub mod session;

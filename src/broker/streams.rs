@@ -1085,7 +1085,7 @@ impl Streams {
             }
         }
         if let Some(f) = failed {
-            eprintln!("[error] streams: write failed: {f}");
+            crate::log_error!("streams: write failed: {f}");
             self.down = Some(format!("write failed: {f}"));
         }
         let t = self.ticket;

@@ -15,6 +15,7 @@ pub mod conn;
 pub mod http;
 pub mod polling;
 pub mod server;
+pub mod signal;
 pub mod ws;
 
 use std::sync::Arc;
@@ -54,4 +55,8 @@ pub trait Handler {
     fn attach(&mut self, _waker: Arc<mio::Waker>) {}
     /// Some thread called the waker; the handler collects what it reported.
     fn woken(&mut self, _io: &mut Io<'_>) {}
+    /// The server is shutting down (SIGTERM): say goodbye to clients and
+    /// make durable state durable (flush and fsync stores) before this
+    /// returns. Connections are closed and drained afterwards, bounded.
+    fn shutdown(&mut self, _io: &mut Io<'_>) {}
 }

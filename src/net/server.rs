@@ -14,6 +14,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, Read};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,10 @@ const READ_TURN_BYTES_MAX: usize = 1 << 20;
 /// The shared read buffer; partial frames are copied out of it.
 const SCRATCH_BYTES: usize = 64 * 1024;
 const _: () = assert!(READ_TURN_BYTES_MAX >= SCRATCH_BYTES);
+/// Longest a shutdown waits for queued bytes (goodbyes) to leave.
+const SHUTDOWN_DRAIN_MAX: Duration = Duration::from_secs(2);
+/// Longest one wait for writable sockets during the drain.
+const SHUTDOWN_POLL_MAX: Duration = Duration::from_millis(50);
 /// How early a deadline may fire: the poller's sleep granularity.
 const TIMER_GRANULARITY: Duration = Duration::from_millis(2);
 /// Content type of long-polling answers.
@@ -73,6 +78,25 @@ pub struct Server<H: Handler> {
     shell: Shell,
     scratch: Vec<u8>,
     sid_rng: u64,
+    waker: Arc<Waker>,
+    stop: Arc<AtomicBool>,
+}
+
+/// Asks a running [`Server`] to shut down; cheap to clone, usable from
+/// any thread and from a signal handler (an atomic store and a write to
+/// the loop's eventfd, nothing allocated).
+#[derive(Clone)]
+pub struct Stopper {
+    stop: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+}
+
+impl Stopper {
+    /// Makes [`Server::run`] shut down and return at its next turn.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.waker.wake();
+    }
 }
 
 /// The loop's own state, apart from the handler so both can be borrowed.
@@ -128,7 +152,7 @@ impl<H: Handler> Server<H> {
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let mut handler = handler;
-        handler.attach(waker);
+        handler.attach(Arc::clone(&waker));
         let shell = Shell {
             conns: Vec::new(),
             free: Vec::new(),
@@ -155,14 +179,25 @@ impl<H: Handler> Server<H> {
             shell,
             scratch: vec![0; SCRATCH_BYTES],
             sid_rng: random_seed(),
+            waker,
+            stop: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// A handle that makes [`Server::run`] shut down (SIGTERM, tests).
+    pub fn stopper(&self) -> Stopper {
+        Stopper {
+            stop: Arc::clone(&self.stop),
+            waker: Arc::clone(&self.waker),
+        }
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.listener.local_addr()
     }
 
-    /// Runs the loop until an I/O error on the poller itself.
+    /// Runs the loop until a [`Stopper`] asks it to stop (then it shuts
+    /// down cleanly and returns `Ok`) or the poller itself fails.
     pub fn run(&mut self) -> io::Result<()> {
         let mut events = Events::with_capacity(1024);
         loop {
@@ -210,6 +245,73 @@ impl<H: Handler> Server<H> {
             self.flush_dirty(now);
             self.finish_closing(now);
             self.resume_stalled(now);
+            if self.stop.load(Ordering::Acquire) {
+                return self.shutdown();
+            }
+        }
+    }
+
+    /// Stops accepting, lets the handler say goodbye and persist
+    /// ([`Handler::shutdown`]), closes every session and waits a bounded
+    /// time for the queued bytes to leave; then the same for what is left
+    /// (the held long-polling GETs, answered with their sessions' last
+    /// packets, and other HTTP connections).
+    fn shutdown(&mut self) -> io::Result<()> {
+        let _ = self.poll.registry().deregister(&mut self.listener);
+        let now = Instant::now();
+        let deadline = now + SHUTDOWN_DRAIN_MAX;
+        {
+            let Server { shell, handler, .. } = self;
+            let mut io = shell.io(now);
+            handler.shutdown(&mut io);
+            for id in 0..io.conns.len() {
+                if matches!(&io.conns[id], Some(c) if c.session) {
+                    io.close(id);
+                }
+            }
+        }
+        self.drain(deadline)?;
+        self.finish_closing(Instant::now());
+        {
+            let mut io = self.shell.io(Instant::now());
+            for id in 0..io.conns.len() {
+                io.close(id);
+            }
+        }
+        self.drain(deadline)?;
+        self.finish_closing(Instant::now());
+        Ok(())
+    }
+
+    /// Flushes until no socket has bytes queued or `deadline` passes.
+    fn drain(&mut self, deadline: Instant) -> io::Result<()> {
+        let mut events = Events::with_capacity(256);
+        loop {
+            self.flush_dirty(Instant::now());
+            let waiting: Vec<ConnId> = (0..self.shell.conns.len())
+                .filter(|&id| {
+                    matches!(&self.shell.conns[id],
+                        Some(c) if c.stream.is_some() && c.pending_out() > 0)
+                })
+                .collect();
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            for id in waiting {
+                self.mark_dirty(id);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(());
+            }
+            match self
+                .poll
+                .poll(&mut events, Some(left.min(SHUTDOWN_POLL_MAX)))
+            {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
     }
 

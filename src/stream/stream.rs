@@ -102,7 +102,7 @@ impl Stream {
     ) -> Result<Stream, String> {
         let (store, report) = Store::open(dir, opts).map_err(|e| e.to_string())?;
         for cut in &report.cuts {
-            eprintln!("[warn] stream {:?}: {cut}", cfg.name);
+            crate::log_warn!("stream {:?}: {cut}", cfg.name);
         }
         let mut s = Stream {
             cfg,

@@ -35,6 +35,11 @@ impl Broker {
     /// Starts the broker (`GOMBUS_BIN`, else the crate's `broker` binary)
     /// with a free port, node id `test`, a fresh data dir and `extra_args`.
     pub fn start(extra_args: &[&str]) -> Broker {
+        Broker::start_with_env(extra_args, &[])
+    }
+
+    /// [`Broker::start`] with extra environment variables (`GOMBUS_*`).
+    pub fn start_with_env(extra_args: &[&str], env: &[(&str, &str)]) -> Broker {
         let bin = std::env::var("GOMBUS_BIN")
             .unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string());
         let data_dir = fresh_dir();
@@ -43,6 +48,7 @@ impl Broker {
             .arg("-node-id=test")
             .arg(format!("-data={}", data_dir.display()))
             .args(extra_args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -123,6 +129,26 @@ impl Broker {
     pub fn recent_log(&self) -> String {
         let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
         log.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+
+    /// Sends SIGTERM (by PID) and waits at most `limit` for the process to
+    /// exit; its exit status, or `None` if it is still running.
+    pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .map(|s| s.success());
+        assert!(matches!(sent, Ok(true)), "kill -TERM failed: {sent:?}");
+        let deadline = Instant::now() + limit;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < deadline => {
+                    thread::sleep(Duration::from_millis(10));
+                }
+                _ => return None,
+            }
+        }
     }
 
     /// Kills the process (by its PID) and reaps it; idempotent.

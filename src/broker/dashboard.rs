@@ -1,0 +1,219 @@
+//! The built-in dashboard: `GET /` serves one self-contained page
+//! (`dashboard/index.html`, compiled in: HTML, CSS and a little JS, no
+//! CDN) that polls `GET /api/info`, the JSON overview the CLI can read
+//! too. With `-control-token` set both need the token, as
+//! `Authorization: Bearer TOKEN` or `?token=TOKEN`.
+
+use serde_json::{json, Map, Value};
+
+use super::history::Counters;
+use super::session::token_eq;
+use super::Broker;
+use crate::net::{ConnId, Io, Request, Response};
+use crate::protocol::errors::Code;
+
+/// The page, compiled into the binary.
+const PAGE: &str = include_str!("dashboard/index.html");
+
+impl Broker {
+    /// Answers `/`, `/index.html` and `/api/info`; `None` for other paths.
+    pub(crate) fn dashboard_http(&mut self, io: &mut Io<'_>, req: &Request) -> Option<Response> {
+        let page = matches!(req.path.as_str(), "/" | "/index.html");
+        if !page && req.path != "/api/info" {
+            return None;
+        }
+        if req.method != "GET" && req.method != "HEAD" {
+            let mut r = Response::json(405, r#"{"error":"method not allowed"}"#);
+            r.headers.push(("Allow".into(), "GET".into()));
+            return Some(r);
+        }
+        if !self.dashboard_authorized(req) {
+            let mut r = Response::json(
+                401,
+                r#"{"error":"unauthorized: give the control token as Authorization: Bearer TOKEN or ?token=TOKEN"}"#,
+            );
+            r.headers
+                .push(("WWW-Authenticate".into(), "Bearer realm=\"gombus\"".into()));
+            return Some(r);
+        }
+        let mut r = if page {
+            Response::new(200, "text/html; charset=utf-8", PAGE)
+        } else {
+            Response::json(200, self.api_info(io).to_string())
+        };
+        r.headers.push(("Cache-Control".into(), "no-store".into()));
+        Some(r)
+    }
+
+    fn dashboard_authorized(&self, req: &Request) -> bool {
+        let Some(expected) = &self.cfg.control_token else {
+            return true;
+        };
+        let bearer = req
+            .header("authorization")
+            .and_then(|v| v.trim().strip_prefix("Bearer "))
+            .map(|t| t.trim().to_string());
+        let given = bearer.or_else(|| req.query_param("token").map(percent_decode));
+        given.is_some_and(|g| token_eq(g.as_bytes(), expected.as_bytes()))
+    }
+
+    /// Samples the traffic counters once a second (called every turn).
+    pub(crate) fn sample_history(&mut self, io: &Io<'_>) {
+        let m = &self.metrics;
+        self.history.sample(
+            io.now(),
+            Counters {
+                msgs_in: m.msgs_in,
+                msgs_out: m.msgs_out,
+                bytes_in: m.bytes_in,
+                bytes_out: m.bytes_out,
+            },
+        );
+    }
+
+    /// The overview behind the dashboard, as JSON.
+    pub fn api_info(&mut self, io: &mut Io<'_>) -> Value {
+        let streams = self.streams_overview(io);
+        let net = io.stats();
+        let now = self.history.current();
+        let history: Vec<Value> = self
+            .history
+            .rates()
+            .map(|r| json!([r.at_ms, r.msgs_in, r.msgs_out, r.bytes_in, r.bytes_out]))
+            .collect();
+        let mut errors = Map::new();
+        for (code, n) in Code::ALL.iter().zip(self.metrics.errors.iter()) {
+            errors.insert(code.as_str().to_string(), json!(n));
+        }
+        json!({
+            "node_id": self.cfg.node_id,
+            "version": env!("CARGO_PKG_VERSION"),
+            "uptime_ms": io.now().saturating_duration_since(self.started).as_millis() as u64,
+            "connections": net.sessions_open,
+            "tcp_connections": net.connections_open,
+            "connections_total": net.connections_total,
+            "subscriptions": self.subs.len(),
+            "slow_consumers": net.slow_consumers,
+            "messages": {"in": self.metrics.msgs_in, "out": self.metrics.msgs_out},
+            "bytes": {"in": self.metrics.bytes_in, "out": self.metrics.bytes_out},
+            "requests": self.metrics.requests,
+            "errors": errors,
+            "rates": {
+                "msgs_in": now.msgs_in,
+                "msgs_out": now.msgs_out,
+                "bytes_in": now.bytes_in,
+                "bytes_out": now.bytes_out,
+            },
+            "history": {
+                "columns": ["at_ms", "msgs_in", "msgs_out", "bytes_in", "bytes_out"],
+                "rows": history,
+            },
+            "streams": streams,
+            // A single node has no cluster; cluster mode fills this in.
+            "cluster": Value::Null,
+        })
+    }
+
+    /// Every stream with its state and its consumers' pending counts,
+    /// read through the same `stream.list` / `consumer.list` events that
+    /// clients use (so this view cannot drift from what they see):
+    /// `[{name, subjects, messages, bytes, first_seq, last_seq,
+    /// consumers:[{name, num_pending, num_ack_pending, num_redelivered}]}]`.
+    pub(crate) fn streams_overview(&mut self, io: &mut Io<'_>) -> Vec<Value> {
+        let list = self.stream_query(io, "stream.list", json!({}));
+        let mut out = Vec::new();
+        for s in list["streams"].as_array().into_iter().flatten() {
+            let s = s.get("stream").unwrap_or(s);
+            let (cfg, st) = (&s["config"], &s["state"]);
+            let name = cfg["name"].clone();
+            let consumers = self.stream_query(io, "consumer.list", json!({"stream": name}));
+            let consumers: Vec<Value> = consumers["consumers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| {
+                    let c = c.get("consumer").unwrap_or(c);
+                    json!({
+                        "name": c["name"],
+                        "num_pending": c["num_pending"],
+                        "num_ack_pending": c["num_ack_pending"],
+                        "num_redelivered": c["num_redelivered"],
+                    })
+                })
+                .collect();
+            out.push(json!({
+                "name": name,
+                "subjects": cfg["subjects"],
+                "messages": st["messages"],
+                "bytes": st["bytes"],
+                "first_seq": st["first_seq"],
+                "last_seq": st["last_seq"],
+                "consumers": consumers,
+            }));
+        }
+        out
+    }
+
+    /// One read-only stream event answered in-process; `Null` when streams
+    /// are unavailable or the event fails.
+    fn stream_query(&mut self, io: &mut Io<'_>, event: &str, arg: Value) -> Value {
+        let Ok(raw) = serde_json::value::to_raw_value(&arg) else {
+            return Value::Null;
+        };
+        // List events use no connection; none is named.
+        match self.streams.event(io, ConnId::MAX, event, Some(&raw), None) {
+            Some(Ok(Some(body))) => serde_json::from_str::<Vec<Value>>(&body)
+                .ok()
+                .and_then(|mut v| (!v.is_empty()).then(|| v.swap_remove(0)))
+                .unwrap_or(Value::Null),
+            _ => Value::Null,
+        }
+    }
+}
+
+/// Decodes `%XX` escapes and `+` in a query value.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(v) => {
+                        out.push(v);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_tokens_are_decoded() {
+        assert_eq!(percent_decode("a%2Fb%3D"), "a/b=");
+        assert_eq!(percent_decode("plain"), "plain");
+        assert_eq!(percent_decode("bad%zz"), "bad%zz");
+        assert_eq!(percent_decode("end%4"), "end%4");
+        assert_eq!(percent_decode("x+y"), "x y");
+    }
+
+    #[test]
+    fn the_page_is_self_contained() {
+        assert!(PAGE.contains("/api/info"));
+        assert!(!PAGE.contains("http://") && !PAGE.contains("https://"));
+        assert!(!PAGE.contains("<script src"));
+    }
+}

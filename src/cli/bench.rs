@@ -1,0 +1,424 @@
+//! `gombus bench WORKLOAD`: publishers and subscribers on their own
+//! connections and threads, a progress line on runs longer than a second,
+//! and a summary table (msgs/s, MB/s, latency percentiles).
+//!
+//! Workloads: `pub` (publishers only), `sub` (publishers and one
+//! subscriber), `fanout` (every subscriber gets every message), `queue`
+//! (subscribers share the messages in a queue group), `reqrep` (requests
+//! answered by a queue group of responders), `stream` (acked publishes into
+//! a stream made for the run and deleted after). Latency is measured from a
+//! send timestamp inside each message (same host clock) or, for acked
+//! publishes and requests, as the round trip.
+
+use std::io::{IsTerminal, Write as _};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+use super::args::Parsed;
+use super::output::{self, Failure};
+use super::{connect, connect_tuned, Namespace, Run};
+use crate::client::Error;
+
+/// A receiver that hears nothing for this long stops waiting.
+const IDLE_MAX: Duration = Duration::from_secs(5);
+/// How often the progress line is redrawn.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// Bytes one bench subscription may queue before its client drops some.
+const RECEIVER_BYTES_MAX: usize = 1 << 30;
+/// One wait of a receiver before it checks whether the run is over.
+const RECV_SLICE: Duration = Duration::from_millis(100);
+
+const WORKLOADS: &[&str] = &["pub", "sub", "fanout", "queue", "reqrep", "stream"];
+
+/// One side's outcome: how many messages, over how long, and latencies
+/// in microseconds (empty when not measured).
+#[derive(Debug, Default)]
+pub struct Side {
+    pub msgs: u64,
+    pub secs: f64,
+    pub lat_us: Vec<u64>,
+    /// When a receiver got its last message.
+    pub last: Option<Instant>,
+    /// Messages the receiving client dropped (its queue was full).
+    pub dropped: u64,
+}
+
+struct Plan {
+    workload: String,
+    subject: String,
+    msgs: u64,
+    size: usize,
+    pubs: u64,
+    subs: u64,
+    acked: bool,
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// The percentile `q` (0..=1) of sorted values.
+pub fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((sorted.len() as f64) * q).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+pub fn run(p: &Parsed) -> Result<(), Run> {
+    let workload = p.args[0].clone();
+    if !WORKLOADS.contains(&workload.as_str()) {
+        return Err(p
+            .usage_error(format!(
+                "unknown workload {workload:?} (use {})",
+                WORKLOADS.join(", ")
+            ))
+            .into());
+    }
+    let few = matches!(workload.as_str(), "reqrep" | "stream");
+    let plan = Plan {
+        subject: p
+            .opt("subject")
+            .unwrap_or_else(|| format!("bench.{workload}")),
+        msgs: p
+            .opt_u64("msgs")?
+            .unwrap_or(if few { 10_000 } else { 100_000 }),
+        size: p.opt_size("size")?.unwrap_or(128) as usize,
+        pubs: p.opt_u64("pubs")?.unwrap_or(1).max(1),
+        subs: p.opt_u64("subs")?.unwrap_or(match workload.as_str() {
+            "fanout" | "queue" => 4,
+            "pub" | "stream" => 0,
+            _ => 1,
+        }),
+        acked: p.flag("acked") || workload == "stream",
+        workload,
+    };
+    if plan.msgs == 0 {
+        return Err(p.usage_error("--msgs: must be at least 1".into()).into());
+    }
+    let (publish, receive) = execute(p, &plan)?;
+    report(p, &plan, &publish, receive.as_ref());
+    Ok(())
+}
+
+/// Runs the plan; the publishing side and, when there is one, the
+/// receiving side.
+fn execute(p: &Parsed, plan: &Plan) -> Result<(Side, Option<Side>), Failure> {
+    let sent = Arc::new(AtomicU64::new(0));
+    let received = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let pad = "x".repeat(plan.size);
+
+    let mut stream_name = None;
+    if plan.workload == "stream" {
+        let name = format!("bench_{}", std::process::id());
+        let c = connect(&p.global, Namespace::Root)?;
+        c.call(
+            "stream.create",
+            json!({"name": name, "subjects": [plan.subject]}),
+        )
+        .map_err(|e| Failure::call("stream.create", &e))?;
+        stream_name = Some(name);
+    }
+
+    // Receivers first, each subscribed before any message is sent.
+    let expected = match plan.workload.as_str() {
+        "sub" | "fanout" => plan.msgs * plan.subs,
+        "queue" => plan.msgs,
+        _ => 0,
+    };
+    let mut receivers = Vec::new();
+    let mut responders = Vec::new();
+    let per_sub = match plan.workload.as_str() {
+        "sub" | "fanout" => plan.msgs,
+        _ => u64::MAX,
+    };
+    // Receivers queue everything the run sends, so the count is exact;
+    // anything their client still had to drop is reported.
+    let capacity = usize::try_from(plan.msgs).unwrap_or(usize::MAX);
+    for _ in 0..plan.subs {
+        let client = connect_tuned(&p.global, Namespace::Root, |o| {
+            o.subscription_capacity = capacity;
+            o.subscription_bytes_max = RECEIVER_BYTES_MAX;
+        })?;
+        let queue = matches!(plan.workload.as_str(), "queue" | "reqrep").then_some("bench");
+        let sub = client
+            .subscribe_with(&plan.subject, queue, None)
+            .map_err(|e| Failure::call("subscribe", &e))?;
+        let received = Arc::clone(&received);
+        let done = Arc::clone(&done);
+        if plan.workload == "reqrep" {
+            responders.push(thread::spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    let Ok(m) = sub.recv_timeout(Duration::from_millis(200)) else {
+                        continue;
+                    };
+                    if let Some(reply) = &m.reply {
+                        let _ = client.publish(reply, &m.data);
+                    }
+                }
+            }));
+            continue;
+        }
+        receivers.push(thread::spawn(move || {
+            let mut side = Side::default();
+            let mut last = Instant::now();
+            while side.msgs < per_sub && received.load(Ordering::Relaxed) < expected {
+                // Short waits, so a queue member stops soon after the
+                // group as a whole has everything.
+                match sub.recv_timeout(RECV_SLICE) {
+                    Err(Error::Timeout) if last.elapsed() < IDLE_MAX => {}
+                    Ok(m) => {
+                        if let Some(t) = m.data.get("t").and_then(Value::as_u64) {
+                            side.lat_us.push(now_us().saturating_sub(t));
+                        }
+                        side.msgs += 1;
+                        last = Instant::now();
+                        side.last = Some(last);
+                        received.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => break,
+                }
+            }
+            side.dropped = sub.dropped();
+            drop(client);
+            side
+        }));
+    }
+
+    let total = plan.msgs;
+    let progress = {
+        let (sent, received, done) = (Arc::clone(&sent), Arc::clone(&received), Arc::clone(&done));
+        let quiet = p.global.json;
+        thread::spawn(move || progress_loop(total, expected, &sent, &received, &done, quiet))
+    };
+
+    let started = Instant::now();
+    let mut publishers = Vec::new();
+    for i in 0..plan.pubs {
+        let n = total / plan.pubs + u64::from(i < total % plan.pubs);
+        let client = connect(&p.global, Namespace::Root)?;
+        let sent = Arc::clone(&sent);
+        let subject = plan.subject.clone();
+        let pad = pad.clone();
+        let workload = plan.workload.clone();
+        let acked = plan.acked;
+        let timeout = p.global.timeout;
+        publishers.push(thread::spawn(move || -> Result<Vec<u64>, Failure> {
+            let mut lat = Vec::new();
+            for _ in 0..n {
+                let data = json!({"t": now_us(), "p": pad});
+                let t0 = Instant::now();
+                let r = match workload.as_str() {
+                    "reqrep" => client.request(&subject, data, timeout).map(|_| ()),
+                    _ if acked => client.publish_acked(&subject, data).map(|_| ()),
+                    _ => client.publish(&subject, data),
+                };
+                r.map_err(|e| Failure::call(&format!("{workload} on {subject}"), &e))?;
+                if acked || workload == "reqrep" {
+                    lat.push(t0.elapsed().as_micros() as u64);
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+            }
+            // Everything sent was processed once the ping is answered.
+            client.ping().map_err(|e| Failure::call("ping", &e))?;
+            Ok(lat)
+        }));
+    }
+    let mut publish = Side::default();
+    let mut first_err = None;
+    for h in publishers {
+        match h.join() {
+            Ok(Ok(lat)) => publish.lat_us.extend(lat),
+            Ok(Err(e)) => first_err = first_err.or(Some(e)),
+            Err(_) => first_err = first_err.or(Some(Failure("a publisher panicked".into()))),
+        }
+    }
+    publish.secs = started.elapsed().as_secs_f64();
+    publish.msgs = sent.load(Ordering::Relaxed);
+
+    let mut receive = None;
+    if !receivers.is_empty() {
+        let mut side = Side::default();
+        for h in receivers {
+            if let Ok(s) = h.join() {
+                side.msgs += s.msgs;
+                side.dropped += s.dropped;
+                // From the first publish to the last delivery anywhere.
+                if let Some(last) = s.last {
+                    let secs = last.saturating_duration_since(started).as_secs_f64();
+                    side.secs = side.secs.max(secs);
+                }
+                side.lat_us.extend(s.lat_us);
+            }
+        }
+        receive = Some(side);
+    }
+    done.store(true, Ordering::Relaxed);
+    for h in responders {
+        let _ = h.join();
+    }
+    let _ = progress.join();
+    if let Some(name) = stream_name {
+        if let Ok(c) = connect(&p.global, Namespace::Root) {
+            let _ = c.call("stream.delete", json!({"name": name}));
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    Ok((publish, receive))
+}
+
+fn progress_loop(
+    total: u64,
+    expected: u64,
+    sent: &AtomicU64,
+    received: &AtomicU64,
+    done: &AtomicBool,
+    quiet: bool,
+) {
+    let started = Instant::now();
+    let tty = std::io::stderr().is_terminal();
+    let mut next = started + PROGRESS_EVERY;
+    let mut drew = false;
+    while !done.load(Ordering::Relaxed) {
+        // Short naps so the loop ends soon after the run does.
+        thread::sleep(Duration::from_millis(50));
+        if quiet || Instant::now() < next {
+            continue;
+        }
+        next += PROGRESS_EVERY;
+        let mut line = format!(
+            "{:>5.1}s  sent {}/{}",
+            started.elapsed().as_secs_f64(),
+            sent.load(Ordering::Relaxed),
+            total
+        );
+        if expected > 0 {
+            line.push_str(&format!(
+                "  received {}/{}",
+                received.load(Ordering::Relaxed),
+                expected
+            ));
+        }
+        let mut err = std::io::stderr().lock();
+        let _ = if tty {
+            write!(err, "\r{line}   ")
+        } else {
+            writeln!(err, "{line}")
+        };
+        drew = true;
+    }
+    if drew && tty {
+        eprintln!();
+    }
+}
+
+fn side_json(role: &str, s: &Side, size: usize) -> Value {
+    let mut lat = s.lat_us.clone();
+    lat.sort_unstable();
+    let rate = if s.secs > 0.0 {
+        s.msgs as f64 / s.secs
+    } else {
+        0.0
+    };
+    json!({
+        "role": role,
+        "msgs": s.msgs,
+        "dropped": s.dropped,
+        "seconds": s.secs,
+        "msgs_per_sec": rate,
+        "mb_per_sec": rate * size as f64 / 1e6,
+        "latency_us": if lat.is_empty() { Value::Null } else { json!({
+            "p50": percentile(&lat, 0.50),
+            "p90": percentile(&lat, 0.90),
+            "p99": percentile(&lat, 0.99),
+            "max": lat.last(),
+        })},
+    })
+}
+
+fn report(p: &Parsed, plan: &Plan, publish: &Side, receive: Option<&Side>) {
+    let pub_role = match plan.workload.as_str() {
+        "reqrep" => "request",
+        "stream" => "publish (acked)",
+        _ if plan.acked => "publish (acked)",
+        _ => "publish",
+    };
+    let mut rows = vec![side_json(pub_role, publish, plan.size)];
+    if let Some(r) = receive {
+        rows.push(side_json("receive", r, plan.size));
+    }
+    if p.global.json {
+        output::json_pretty(&json!({
+            "workload": plan.workload,
+            "subject": plan.subject,
+            "msgs": plan.msgs,
+            "size": plan.size,
+            "pubs": plan.pubs,
+            "subs": plan.subs,
+            "rows": rows,
+        }));
+        return;
+    }
+    println!(
+        "bench {}: {} msgs of {} B, {} publisher(s), {} subscriber(s) on {}\n",
+        plan.workload, plan.msgs, plan.size, plan.pubs, plan.subs, plan.subject
+    );
+    let us = |v: &Value, k: &str| {
+        v["latency_us"][k]
+            .as_u64()
+            .map_or("-".to_string(), |n| n.to_string())
+    };
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                output::plain(&r["role"]),
+                output::plain(&r["msgs"]),
+                format!("{:.3}", r["seconds"].as_f64().unwrap_or(0.0)),
+                format!("{:.0}", r["msgs_per_sec"].as_f64().unwrap_or(0.0)),
+                format!("{:.2}", r["mb_per_sec"].as_f64().unwrap_or(0.0)),
+                us(r, "p50"),
+                us(r, "p90"),
+                us(r, "p99"),
+                us(r, "max"),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "ROLE", "MSGS", "SECONDS", "MSGS/S", "MB/S", "P50 us", "P90 us", "P99 us", "MAX us",
+        ],
+        &table,
+    );
+    if let Some(r) = receive.filter(|r| r.dropped > 0) {
+        println!(
+            "\nthe receiving clients dropped {} messages (their queues were full)",
+            r.dropped
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 0.5), Some(50));
+        assert_eq!(percentile(&v, 0.99), Some(99));
+        assert_eq!(percentile(&v, 1.0), Some(100));
+        assert_eq!(percentile(&[7], 0.9), Some(7));
+        assert_eq!(percentile(&[], 0.5), None);
+    }
+}

@@ -1,0 +1,42 @@
+//! SIGTERM and SIGINT: the process's polite stop. The handler only asks
+//! the event loop to stop (an atomic store and a wake, both safe in a
+//! signal handler); the loop then shuts down in its own time.
+//!
+//! `signal(2)` is declared here directly rather than through a crate.
+
+use std::sync::OnceLock;
+
+use super::server::Stopper;
+
+const SIGINT: i32 = 2;
+const SIGTERM: i32 = 15;
+
+extern "C" {
+    /// `sighandler_t signal(int signum, sighandler_t handler)`.
+    fn signal(signum: i32, handler: usize) -> usize;
+}
+
+/// Who the handler tells; set once, before the handler is installed.
+static STOPPER: OnceLock<Stopper> = OnceLock::new();
+
+extern "C" fn on_signal(_signum: i32) {
+    if let Some(stopper) = STOPPER.get() {
+        stopper.stop();
+    }
+}
+
+/// Makes SIGTERM and SIGINT stop the server behind `stopper`. Only the
+/// first call in a process takes effect.
+pub fn stop_on_terminate(stopper: Stopper) {
+    if STOPPER.set(stopper).is_err() {
+        return;
+    }
+    let handler = on_signal as extern "C" fn(i32) as usize;
+    // SAFETY: `signal` is the C library's; the handler only touches a
+    // OnceLock that is already set and an eventfd write, both
+    // async-signal-safe.
+    unsafe {
+        signal(SIGTERM, handler);
+        signal(SIGINT, handler);
+    }
+}
