@@ -8,8 +8,9 @@ use serde_json::{json, Map, Value};
 
 use super::history::Counters;
 use super::session::token_eq;
+use super::streams::StreamSummary;
 use super::Broker;
-use crate::net::{ConnId, Io, Request, Response};
+use crate::net::{Io, Request, Response};
 use crate::protocol::errors::Code;
 
 /// The page, compiled into the binary.
@@ -73,7 +74,7 @@ impl Broker {
 
     /// The overview behind the dashboard, as JSON.
     pub fn api_info(&mut self, io: &mut Io<'_>) -> Value {
-        let streams = self.streams_overview(io);
+        let streams = self.streams_overview();
         let net = io.stats();
         let now = self.history.current();
         let history: Vec<Value> = self
@@ -114,61 +115,39 @@ impl Broker {
         })
     }
 
-    /// Every stream with its state and its consumers' pending counts,
-    /// read through the same `stream.list` / `consumer.list` events that
-    /// clients use (so this view cannot drift from what they see):
+    /// Every stream with its state and its consumers' counts, from
+    /// [`Streams::overview`](super::streams::Streams::overview) (the same
+    /// figures `stream.list` and `consumer.list` report):
     /// `[{name, subjects, messages, bytes, first_seq, last_seq,
     /// consumers:[{name, num_pending, num_ack_pending, num_redelivered}]}]`.
-    pub(crate) fn streams_overview(&mut self, io: &mut Io<'_>) -> Vec<Value> {
-        let list = self.stream_query(io, "stream.list", json!({}));
-        let mut out = Vec::new();
-        for s in list["streams"].as_array().into_iter().flatten() {
-            let s = s.get("stream").unwrap_or(s);
-            let (cfg, st) = (&s["config"], &s["state"]);
-            let name = cfg["name"].clone();
-            let consumers = self.stream_query(io, "consumer.list", json!({"stream": name}));
-            let consumers: Vec<Value> = consumers["consumers"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|c| {
-                    let c = c.get("consumer").unwrap_or(c);
-                    json!({
-                        "name": c["name"],
-                        "num_pending": c["num_pending"],
-                        "num_ack_pending": c["num_ack_pending"],
-                        "num_redelivered": c["num_redelivered"],
-                    })
-                })
-                .collect();
-            out.push(json!({
-                "name": name,
-                "subjects": cfg["subjects"],
-                "messages": st["messages"],
-                "bytes": st["bytes"],
-                "first_seq": st["first_seq"],
-                "last_seq": st["last_seq"],
-                "consumers": consumers,
-            }));
-        }
-        out
+    pub(crate) fn streams_overview(&self) -> Vec<Value> {
+        self.streams.overview().iter().map(stream_view).collect()
     }
+}
 
-    /// One read-only stream event answered in-process; `Null` when streams
-    /// are unavailable or the event fails.
-    fn stream_query(&mut self, io: &mut Io<'_>, event: &str, arg: Value) -> Value {
-        let Ok(raw) = serde_json::value::to_raw_value(&arg) else {
-            return Value::Null;
-        };
-        // List events use no connection; none is named.
-        match self.streams.event(io, ConnId::MAX, event, Some(&raw), None) {
-            Some(Ok(Some(body))) => serde_json::from_str::<Vec<Value>>(&body)
-                .ok()
-                .and_then(|mut v| (!v.is_empty()).then(|| v.swap_remove(0)))
-                .unwrap_or(Value::Null),
-            _ => Value::Null,
-        }
-    }
+/// One stream of `/api/info`'s `streams`.
+fn stream_view(s: &StreamSummary) -> Value {
+    let consumers: Vec<Value> = s
+        .consumers
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "num_pending": c.num_pending,
+                "num_ack_pending": c.num_ack_pending,
+                "num_redelivered": c.num_redelivered,
+            })
+        })
+        .collect();
+    json!({
+        "name": s.name,
+        "subjects": s.subjects,
+        "messages": s.state.messages,
+        "bytes": s.state.bytes,
+        "first_seq": s.state.first_seq,
+        "last_seq": s.state.last_seq,
+        "consumers": consumers,
+    })
 }
 
 /// Decodes `%XX` escapes and `+` in a query value.

@@ -709,7 +709,7 @@ impl Handler for Broker {
                     .now()
                     .saturating_duration_since(self.started)
                     .as_secs_f64();
-                let families = self.metric_families(io);
+                let families = self.metric_families();
                 let mut body =
                     self.metrics
                         .render_all(io.stats(), self.subs.len(), uptime, &families);

@@ -7,10 +7,9 @@
 
 use std::fmt::Write as _;
 
-use serde_json::Value;
-
+use super::streams::StreamSummary;
 use super::Broker;
-use crate::net::{Io, NetStats};
+use crate::net::NetStats;
 use crate::protocol::errors::Code;
 
 /// One metric family: name, type, help and its samples (label set, value).
@@ -81,9 +80,9 @@ impl Broker {
     /// The labelled and part-owned families: node info, the Raft state (a
     /// single node is a cluster of one that leads itself, as
     /// `cluster.status` reports) and one sample per stream and consumer.
-    pub fn metric_families(&mut self, io: &mut Io<'_>) -> Vec<Family> {
+    pub fn metric_families(&self) -> Vec<Family> {
         let mut families = self.node_families();
-        families.extend(stream_families(&self.streams_overview(io)));
+        families.extend(stream_families(&self.streams.overview()));
         families
     }
 
@@ -258,8 +257,7 @@ impl Metrics {
 /// Per-stream and per-consumer families from the streams overview. The
 /// stream count and each stream's messages and bytes are rendered by
 /// `Streams::render_metrics`; these add what the consumers hold.
-fn stream_families(streams: &[Value]) -> Vec<Family> {
-    let num = |v: &Value| v.as_f64().unwrap_or(0.0);
+fn stream_families(streams: &[StreamSummary]) -> Vec<Family> {
     let mut last = Family::gauge(
         "gombus_stream_last_seq",
         "Last sequence stored in the stream.",
@@ -278,24 +276,14 @@ fn stream_families(streams: &[Value]) -> Vec<Family> {
         "Messages the consumer is being given again.",
     );
     for s in streams {
-        let name = s["name"].as_str().unwrap_or_default().to_string();
-        let l = || vec![("stream", name.clone())];
-        last.samples.push((l(), num(&s["last_seq"])));
-        let list = s["consumers"].as_array().map_or(&[][..], Vec::as_slice);
-        consumers.samples.push((l(), list.len() as f64));
-        for c in list {
-            let cl = || {
-                vec![
-                    ("stream", name.clone()),
-                    (
-                        "consumer",
-                        c["name"].as_str().unwrap_or_default().to_string(),
-                    ),
-                ]
-            };
-            pending.samples.push((cl(), num(&c["num_pending"])));
-            ack_pending.samples.push((cl(), num(&c["num_ack_pending"])));
-            redelivered.samples.push((cl(), num(&c["num_redelivered"])));
+        let l = || vec![("stream", s.name.clone())];
+        last.samples.push((l(), s.state.last_seq as f64));
+        consumers.samples.push((l(), s.consumers.len() as f64));
+        for c in &s.consumers {
+            let cl = || vec![("stream", s.name.clone()), ("consumer", c.name.clone())];
+            pending.samples.push((cl(), c.num_pending as f64));
+            ack_pending.samples.push((cl(), c.num_ack_pending as f64));
+            redelivered.samples.push((cl(), c.num_redelivered as f64));
         }
     }
     vec![last, consumers, pending, ack_pending, redelivered]
@@ -304,6 +292,8 @@ fn stream_families(streams: &[Value]) -> Vec<Family> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::broker::streams::ConsumerSummary;
+    use crate::stream::stream::State;
 
     #[test]
     fn every_sample_has_help_and_type() {
@@ -327,10 +317,23 @@ mod tests {
 
     #[test]
     fn stream_and_consumer_samples() {
-        let streams = [serde_json::json!({
-            "name": "ORDERS", "messages": 3, "bytes": 90, "last_seq": 3,
-            "consumers": [{"name": "w", "num_pending": 2, "num_ack_pending": 1, "num_redelivered": 0}],
-        })];
+        let streams = [StreamSummary {
+            name: "ORDERS".into(),
+            subjects: vec!["orders.>".into()],
+            state: State {
+                messages: 3,
+                bytes: 90,
+                first_seq: 1,
+                last_seq: 3,
+                consumer_count: 1,
+            },
+            consumers: vec![ConsumerSummary {
+                name: "w".into(),
+                num_pending: 2,
+                num_ack_pending: 1,
+                num_redelivered: 0,
+            }],
+        }];
         let mut text = String::new();
         for f in stream_families(&streams) {
             f.render(&mut text);
@@ -348,6 +351,14 @@ mod tests {
         );
         assert!(
             text.contains("gombus_consumer_pending{stream=\"ORDERS\",consumer=\"w\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gombus_consumer_ack_pending{stream=\"ORDERS\",consumer=\"w\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gombus_consumer_redelivered{stream=\"ORDERS\",consumer=\"w\"} 0\n"),
             "{text}"
         );
         // No stream: no empty families.

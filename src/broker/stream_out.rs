@@ -9,7 +9,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use super::groups::GroupMode;
-use super::streams::{after_events, Slot, FETCH_BYTES_MAX, PUSH_PER_TURN_MAX};
+use super::streams::{after_events, ConsumerSummary, Slot, FETCH_BYTES_MAX, PUSH_PER_TURN_MAX};
 use super::subs::SubTable;
 use crate::net::Io;
 use crate::protocol::stream_messages::AckPolicy;
@@ -201,6 +201,7 @@ pub(super) fn consumer_json(s: &Stream, name: &str) -> Value {
     let c = &m.consumer;
     let d = c.delivered();
     let f = c.ack_floor();
+    let n = ConsumerSummary::of(s, name, c);
     json!({
         "consumer": {
             "stream": s.cfg.name,
@@ -208,9 +209,9 @@ pub(super) fn consumer_json(s: &Stream, name: &str) -> Value {
             "config": c.cfg,
             "delivered": {"stream_seq": d.stream_seq, "consumer_seq": d.consumer_seq},
             "ack_floor": {"stream_seq": f.stream_seq, "consumer_seq": f.consumer_seq},
-            "num_pending": s.count_from(c.next_seq(), c.cfg.filter_subject.as_deref()),
-            "num_ack_pending": c.num_ack_pending(),
-            "num_redelivered": c.num_redelivered(),
+            "num_pending": n.num_pending,
+            "num_ack_pending": n.num_ack_pending,
+            "num_redelivered": n.num_redelivered,
         }
     })
 }

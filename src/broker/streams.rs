@@ -37,7 +37,7 @@ use crate::protocol::stream_messages::{
 use crate::stream::consumer::{Consumer, Event};
 use crate::stream::meta::{ConsumerSnap, MetaLog, Snapshot};
 use crate::stream::store::Options;
-use crate::stream::stream::{Member, Stored, Stream, CONSUMERS_PER_STREAM_MAX};
+use crate::stream::stream::{Member, State, Stored, Stream, CONSUMERS_PER_STREAM_MAX};
 use crate::stream::sync::{FileKey, SyncPolicy, Syncer, Ticket};
 
 pub use crate::protocol::stream_messages::FETCH_BATCH_MAX;
@@ -83,6 +83,41 @@ enum Reply {
     Ok,
     /// Any other body, ready.
     Body(String),
+}
+
+/// One stream as the dashboard and `/metrics` show it: a read-only copy
+/// of its name, subjects and state, and of each consumer's counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamSummary {
+    pub name: String,
+    pub subjects: Vec<String>,
+    pub state: State,
+    /// In name order.
+    pub consumers: Vec<ConsumerSummary>,
+}
+
+/// A consumer's counts, as `consumer.info` reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerSummary {
+    pub name: String,
+    /// Messages of the stream (matching its filter) not given to it yet.
+    pub num_pending: u64,
+    /// Messages given to it and not acked yet.
+    pub num_ack_pending: u64,
+    /// Of those, the ones given more than once.
+    pub num_redelivered: u64,
+}
+
+impl ConsumerSummary {
+    /// The counts of consumer `name` (`c`) of `stream`.
+    pub(super) fn of(stream: &Stream, name: &str, c: &Consumer) -> ConsumerSummary {
+        ConsumerSummary {
+            name: name.to_string(),
+            num_pending: stream.count_from(c.next_seq(), c.cfg.filter_subject.as_deref()),
+            num_ack_pending: c.num_ack_pending() as u64,
+            num_redelivered: c.num_redelivered() as u64,
+        }
+    }
 }
 
 /// A `consumer.fetch` waiting for messages.
@@ -384,6 +419,29 @@ impl Streams {
             let st = s.stream.state();
             (&*s.name, st.messages, st.bytes)
         })
+    }
+
+    /// Every stream held, in name order, with its state and its consumers'
+    /// counts: the figures `stream.list` and `consumer.list` report, read
+    /// directly (nothing is written or changed). Streams that could not be
+    /// recovered are not in it.
+    pub fn overview(&self) -> Vec<StreamSummary> {
+        self.set
+            .values()
+            .map(|slot| {
+                let s = &slot.stream;
+                StreamSummary {
+                    name: slot.name.to_string(),
+                    subjects: s.cfg.subjects.clone(),
+                    state: s.state(),
+                    consumers: s
+                        .consumers
+                        .iter()
+                        .map(|(name, m)| ConsumerSummary::of(s, name, &m.consumer))
+                        .collect(),
+                }
+            })
+            .collect()
     }
 
     /// Adds a stream to the set and its subjects to the capture index.
