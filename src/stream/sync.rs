@@ -33,7 +33,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The number of an fsync round. Rounds are numbered from 1; ticket 0 is
 /// covered from the start (nothing to wait for).
@@ -125,6 +125,8 @@ struct State {
     open_round: Ticket,
     /// Something is dirty (saves a walk of `files`).
     any_dirty: bool,
+    /// Run a round now, whatever the policy ([`Syncer::sync_now`]).
+    force: bool,
     stop: bool,
 }
 
@@ -165,6 +167,7 @@ impl Syncer {
                 next_key: 1,
                 open_round: 1,
                 any_dirty: false,
+                force: false,
                 stop: false,
             }),
             wake: Condvar::new(),
@@ -294,21 +297,62 @@ impl Syncer {
     /// Blocks until `ticket` is covered or the syncer failed (for startup,
     /// shutdown and tests; never on the event loop).
     pub fn wait(&self, ticket: Ticket) -> Result<(), String> {
+        self.wait_until(ticket, None).map(|_| ())
+    }
+
+    /// Starts a round now for everything written so far, whatever the
+    /// policy (an interval policy does not wait for its interval), and
+    /// blocks until every ticket handed out so far is covered: `Ok(true)`;
+    /// `Ok(false)` if `within` passed first (the round goes on, and a
+    /// later [`Syncer::covered`] sees it); `Err` on an fsync failure.
+    /// Under `Never` nothing is fsynced and it returns `Ok(true)` at once.
+    /// For shutdown; never on the event loop's normal path.
+    pub fn sync_now(&self, within: Duration) -> Result<bool, String> {
+        if self.policy == SyncPolicy::Never {
+            return Ok(true);
+        }
+        let deadline = Instant::now() + within;
+        let target = {
+            let mut st = self.shared.lock();
+            if st.any_dirty {
+                st.force = true;
+                st.open_round
+            } else {
+                // Every write so far is in a round already taken (running
+                // or done).
+                st.open_round - 1
+            }
+        };
+        self.shared.wake.notify_all();
+        self.wait_until(target, Some(deadline))
+    }
+
+    /// [`Syncer::wait`] with an optional deadline: `Ok(false)` once it
+    /// passes with `ticket` still uncovered.
+    fn wait_until(&self, ticket: Ticket, deadline: Option<Instant>) -> Result<bool, String> {
         let mut st = self.shared.lock();
         loop {
             if let Some(f) = self.failure() {
                 return Err(f);
             }
             if self.covered(ticket) {
-                return Ok(());
+                return Ok(true);
             }
             if st.stop {
                 return Err("syncer stopped".into());
             }
+            let mut step = Duration::from_millis(50);
+            if let Some(d) = deadline {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Ok(false);
+                }
+                step = step.min(left);
+            }
             st = self
                 .shared
                 .finished
-                .wait_timeout(st, Duration::from_millis(50))
+                .wait_timeout(st, step)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
@@ -332,7 +376,7 @@ fn run(shared: &Shared, policy: SyncPolicy) {
         let (round, files, stop) = {
             let mut st = shared.lock();
             loop {
-                if st.stop || (st.any_dirty && policy == SyncPolicy::Always) {
+                if st.stop || st.force || (st.any_dirty && policy == SyncPolicy::Always) {
                     break;
                 }
                 match policy {
@@ -349,6 +393,7 @@ fn run(shared: &Shared, policy: SyncPolicy) {
                     }
                 }
             }
+            st.force = false;
             let round = st.open_round;
             let mut files = Vec::new();
             if st.any_dirty {
@@ -487,6 +532,36 @@ mod tests {
         s.wait(t).unwrap();
         assert!(s.done() >= t);
         drop(s);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn sync_now_runs_a_round_without_waiting_for_the_interval() {
+        // An interval far longer than the test may take: only a forced
+        // round can cover the write in time.
+        let s = Syncer::start(SyncPolicy::Every(SYNC_INTERVAL_MAX)).unwrap();
+        let (path, f) = temp_file("now");
+        let key = s.register(&f).unwrap();
+        // Nothing written yet: nothing to wait for.
+        assert_eq!(s.sync_now(Duration::ZERO), Ok(true));
+        let t = s.dirty(key);
+        assert!(!s.covered(t));
+        let t0 = Instant::now();
+        assert_eq!(s.sync_now(Duration::from_secs(10)), Ok(true));
+        assert!(s.covered(t));
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        assert_eq!(s.counts(), (1, 1));
+        // Nothing written since: nothing to wait for, no new round.
+        assert_eq!(s.sync_now(Duration::ZERO), Ok(true));
+        assert_eq!(s.counts(), (1, 1));
+        drop(s);
+        // Under `none` there is no thread and nothing to wait for.
+        let n = Syncer::start(SyncPolicy::Never).unwrap();
+        let k = n.register(&f).unwrap();
+        assert_eq!(n.dirty(k), 0);
+        assert_eq!(n.sync_now(Duration::ZERO), Ok(true));
+        assert_eq!(n.counts(), (0, 0));
+        drop(n);
         std::fs::remove_file(path).unwrap();
     }
 
