@@ -1,6 +1,7 @@
 //! The broker process's lifecycle from outside: SIGTERM under load ends it
-//! with status 0 within 5 s after telling clients goodbye, and every stream
-//! message acked before it is there after a restart; flags can come
+//! with status 0 within 5 s after telling clients goodbye, every stream
+//! message acked before it is there after a restart, and (once the final
+//! fsync finishes in time) every message there was acked; flags can come
 //! from GOMBUS_* environment variables (flags winning); the start-up config
 //! line shows no secrets; `-log-level` filters lines.
 
@@ -206,12 +207,25 @@ fn sigterm_under_stream_load_keeps_every_acked_message() {
         p.join().unwrap();
     }
     let acked = std::mem::take(&mut *acked.lock().unwrap());
+    // Whether the final fsync round finished in time (then every held ack
+    // it covered went out before the DISCONNECT), from the log's last lines.
+    assert!(wait_for(Duration::from_secs(3), || broker
+        .recent_log()
+        .lines()
+        .any(|l| l.ends_with(" stopped"))));
+    let log = broker.recent_log();
+    let synced = log.contains("shutting down: streams written and synced");
+    assert!(
+        synced || log.contains("the final fsync did not finish"),
+        "no word on the final fsync:\n{log}"
+    );
 
     broker.restart(&[]);
     let c = Client::connect(&broker.addr).unwrap();
     let info = c.call("stream.info", json!({"name": "LOAD"})).unwrap();
+    let state = &info["stream"]["state"];
     assert!(
-        info["stream"]["state"]["messages"].as_u64().unwrap() >= acked.len() as u64,
+        state["messages"].as_u64().unwrap() >= acked.len() as u64,
         "{info}"
     );
     for (seq, data) in &acked {
@@ -220,9 +234,44 @@ fn sigterm_under_stream_load_keeps_every_acked_message() {
             .unwrap_or_else(|e| panic!("acked seq {seq} is gone after restart: {e}"));
         assert_eq!(&got["message"]["data"], data, "seq {seq}");
     }
+    // What is there but was never acked: each publisher had at most one
+    // publish in flight, and once the final fsync finished its ack (if the
+    // message was stored) went out ahead of the DISCONNECT, so then none.
+    let acked_seqs: std::collections::HashSet<u64> = acked.iter().map(|(s, _)| *s).collect();
+    let (first, last) = (
+        state["first_seq"].as_u64().unwrap(),
+        state["last_seq"].as_u64().unwrap(),
+    );
+    let mut unacked = Vec::new();
+    for seq in (first..=last).filter(|s| !acked_seqs.contains(s)) {
+        let got = c
+            .call("stream.get", json!({"name": "LOAD", "seq": seq}))
+            .unwrap();
+        unacked.push(got["message"]["data"].clone());
+    }
+    for p in 0..4u64 {
+        let n = acked.iter().filter(|(_, d)| d["p"] == p).count() as u64;
+        let extra: Vec<&Value> = unacked.iter().filter(|d| d["p"] == p).collect();
+        // Only the publish that was in flight can be there unacked.
+        assert!(
+            extra.is_empty() || extra == [&json!({"p": p, "n": n})],
+            "publisher {p}: {n} acked, also stored: {extra:?}"
+        );
+    }
+    if synced {
+        assert!(
+            unacked.is_empty(),
+            "stored but never acked although the final fsync finished: {unacked:?}\n{}",
+            broker.recent_log()
+        );
+    }
     eprintln!(
-        "{} acked messages all present after SIGTERM and restart",
-        acked.len()
+        "{} acked messages all present after SIGTERM and restart; {} stored unacked; {}",
+        acked.len(),
+        unacked.len(),
+        log.lines()
+            .find(|l| l.contains("shutting down: streams") || l.contains("final fsync"))
+            .unwrap_or("")
     );
 }
 

@@ -790,7 +790,7 @@ impl Handler for Broker {
     }
 
     fn shutdown(&mut self, io: &mut Io<'_>) {
-        self.say_goodbye(io);
+        self.shut_down(io);
     }
 
     fn attach(&mut self, waker: std::sync::Arc<mio::Waker>) {

@@ -1,12 +1,27 @@
-//! The broker's part of a clean stop: every client is told it is
-//! disconnected (Socket.IO DISCONNECT on each namespace it joined) before
-//! the event loop closes the connections. Stores that must be flushed and
-//! fsynced at shutdown do it here too, from `Handler::shutdown`.
+//! The broker's part of a clean stop, in order: the streams write what
+//! they hold, run a final fsync round (bounded by [`STREAM_SYNC_MAX`]) and
+//! send the held acks it covers; then every client is told it is
+//! disconnected (Socket.IO DISCONNECT on each namespace it joined), before
+//! the event loop closes the connections. Called from `Handler::shutdown`.
+
+use std::time::Duration;
 
 use super::Broker;
 use crate::net::Io;
 
+/// Longest the final fsync round may hold up the goodbyes. The event loop's
+/// 2 s drain of queued bytes starts before it, so time spent here is taken
+/// from that drain.
+pub const STREAM_SYNC_MAX: Duration = Duration::from_secs(2);
+
 impl Broker {
+    /// The clean stop: streams first (so the acks their final fsync makes
+    /// true are queued ahead of the DISCONNECT), then the goodbyes.
+    pub(crate) fn shut_down(&mut self, io: &mut Io<'_>) {
+        self.streams.shutdown(io, STREAM_SYNC_MAX);
+        self.say_goodbye(io);
+    }
+
     /// Sends DISCONNECT (`1` on `/`, `1/control,` on `/control`) to every
     /// session, as a Socket.IO server does when it closes a socket.
     pub(crate) fn say_goodbye(&mut self, io: &mut Io<'_>) {

@@ -1104,6 +1104,51 @@ impl Streams {
         self.release(io);
     }
 
+    /// The broker is stopping (before any client is told): writes what
+    /// the last turn left (messages before the cursor logs naming them),
+    /// runs a final fsync round over every stream file whatever `-sync`
+    /// says (none under `-sync=none`), waiting at most `within` for it, and
+    /// then sends every held ack that round covers, so a publisher whose
+    /// message is now durable hears so before its DISCONNECT. Acks still
+    /// held after `within` are not sent: their messages were written and
+    /// the round goes on (the fsync thread finishes it when the syncer is
+    /// dropped), but their publishers are never told.
+    /// An fsync failure answers them with `internal` instead.
+    pub fn shutdown(&mut self, io: &mut Io<'_>, within: Duration) {
+        if self.root.is_none() {
+            return;
+        }
+        let t0 = Instant::now();
+        if self.down.is_none() {
+            let now = io.now();
+            self.flush_all(now, self.wall.ms_at(now));
+        }
+        let synced = self
+            .syncer
+            .as_ref()
+            .map_or(Ok(true), |s| s.sync_now(within));
+        let held = self.held.len();
+        self.release(io);
+        let sent = held - self.held.len();
+        let ms = t0.elapsed().as_millis();
+        match synced {
+            Ok(true) if self.policy == SyncPolicy::Never => crate::log_info!(
+                "shutting down: streams written (not fsynced: -sync=none), {sent} held acks sent"
+            ),
+            Ok(true) => crate::log_info!(
+                "shutting down: streams written and synced in {ms} ms, {sent} held acks sent"
+            ),
+            Ok(false) => crate::log_warn!(
+                "shutting down: the final fsync did not finish within {} ms; {} held acks are not sent",
+                within.as_millis(),
+                self.held.len()
+            ),
+            Err(e) => crate::log_error!(
+                "shutting down: streams could not be synced ({e}); {sent} held acks answered"
+            ),
+        }
+    }
+
     /// A connection went away: its held acks and waiting fetches go too.
     pub fn closed(&mut self, conn: ConnId) {
         self.unflushed.retain(|h| h.conn != conn);
