@@ -11,9 +11,12 @@
 //!   `apply` path.
 //! - [`stream`]: streams and consumers over an append-only segment store.
 //! - [`client`]: the Rust client module used by the examples, tests and tools.
+//! - [`cluster`]: cluster mode's Raft: a pure consensus core, its log
+//!   storage and its node-to-node transport.
 
 pub mod broker;
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod net;
 pub mod protocol;
