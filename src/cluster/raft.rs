@@ -567,8 +567,11 @@ impl Raft {
             let leader = self.leader.filter(|&l| l != self.cfg.id);
             return match leader {
                 Some(to) if self.cfg.forward_proposals => {
+                    // Numbers of an earlier life (epoch) are never reused:
+                    // the leader drops numbers it has seen, and a late
+                    // answer must not match a new proposal.
                     self.forward_seq += 1;
-                    let seq = self.forward_seq;
+                    let seq = (self.epoch << 32) | (self.forward_seq & 0xffff_ffff);
                     self.send(to, Body::Propose { seq, data });
                     Ok(Proposed::Forwarded { seq })
                 }

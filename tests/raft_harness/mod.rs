@@ -611,7 +611,7 @@ impl Sim {
     pub fn chaos(&mut self) -> Check {
         let n = self.nodes.len();
         let i = self.rng.below(n as u64) as usize;
-        match self.rng.below(12) {
+        match self.rng.below(13) {
             0 | 1 => self.heal(),
             10 | 11 => {
                 // Crash (or cut off) whoever leads now.
@@ -643,6 +643,15 @@ impl Sim {
                     self.crash(i);
                 }
             }
+            9 => {
+                // A quick bounce: crash and restart at once, so a node can
+                // come back inside the election it took part in.
+                if self.alive(i) && (!self.memory_log || !self.non_voter_exists()) {
+                    self.crash(i);
+                    self.start(i);
+                    self.process(i)?;
+                }
+            }
             _ => {
                 if !self.alive(i) {
                     self.start(i);
@@ -670,12 +679,13 @@ pub fn run(seed: u64, n: usize, memory_log: bool) -> (Sim, Check) {
         slow_per_mille: pick.below(100),
         chaos: true,
     };
+    let chaos_per_mille = pick.range(20, 300);
     let mut sim = Sim::new(seed, n, memory_log, faults);
-    let r = chaos_then_heal(&mut sim, n);
+    let r = chaos_then_heal(&mut sim, n, chaos_per_mille);
     (sim, r)
 }
 
-fn chaos_then_heal(sim: &mut Sim, n: usize) -> Check {
+fn chaos_then_heal(sim: &mut Sim, n: usize, chaos_per_mille: u64) -> Check {
     let chaos_end = 15_000;
     let mut t = 0;
     while t < chaos_end {
@@ -688,7 +698,7 @@ fn chaos_then_heal(sim: &mut Sim, n: usize) -> Check {
         if sim.rng.chance(100) {
             sim.read(i)?;
         }
-        if sim.rng.chance(60) {
+        if sim.rng.chance(chaos_per_mille) {
             sim.chaos()?;
         }
     }
