@@ -256,7 +256,9 @@ fn votes_for_shorter_or_older_logs_are_refused() {
     assert!(ask(1, 3), "newer last term");
 
     // One vote per term: a second candidate of the same term is refused.
-    let mut r = Raft::new(config(1, 3), hs(2), Snapshot::default(), log);
+    // (The node already is in that term: only the vote makes it dirty.)
+    let mut r = Raft::new(config(1, 3), hs(3), Snapshot::default(), log);
+    let _ = r.ready();
     for from in [2, 3] {
         r.step(Message {
             from,
@@ -268,8 +270,9 @@ fn votes_for_shorter_or_older_logs_are_refused() {
             },
         });
     }
-    let answers: Vec<bool> = r
-        .ready()
+    let ready = r.ready();
+    assert_eq!(ready.hard_state.map(|h| h.vote), Some(Some(2)));
+    let answers: Vec<bool> = ready
         .persisted()
         .messages
         .iter()
