@@ -252,6 +252,13 @@ impl DurableLog {
             len: 0,
         };
         d.recover()?;
+        let covered = d
+            .index
+            .first()
+            .is_some_and(|&(i, _, _)| i <= d.snapshot.index);
+        if covered {
+            d.rewrite_after_snapshot()?;
+        }
         Ok(d)
     }
 
@@ -330,12 +337,7 @@ impl DurableLog {
 
 impl LogStore for DurableLog {
     fn load(&mut self) -> Result<Loaded, StoreError> {
-        let mut entries = self.read_entries()?;
-        // Entries the snapshot covers mean a crash came between writing
-        // the snapshot and rewriting the log: finish the job in memory.
-        if entries.iter().any(|e| e.index <= self.snapshot.index) {
-            keep_after(&self.snapshot, &mut entries);
-        }
+        let entries = self.read_entries()?;
         if let Some(first) = entries.first() {
             if first.index != self.snapshot.index + 1 {
                 let why = format!(
@@ -366,10 +368,22 @@ impl LogStore for DurableLog {
         let mut body = Vec::with_capacity(snap.data.len() + 24);
         encode_snapshot(&mut body, snap);
         write_atomic(&self.dir, &self.snap_path, &body)?;
-        // Rewrite the log with only what the snapshot leaves: a crash in
-        // between leaves old entries, which load() skips.
+        self.snapshot = snap.clone();
+        self.rewrite_after_snapshot()
+    }
+
+    fn is_durable(&self) -> bool {
+        true
+    }
+}
+
+impl DurableLog {
+    /// Rewrites the log with only what the snapshot leaves. A crash before
+    /// this is done leaves covered entries in the file; [`DurableLog::open`]
+    /// sees them and finishes the job.
+    fn rewrite_after_snapshot(&mut self) -> Result<(), StoreError> {
         let mut entries = self.read_entries()?;
-        keep_after(snap, &mut entries);
+        keep_after(&self.snapshot, &mut entries);
         let tmp = self.log_path.with_extension("tmp");
         let mut out = Vec::new();
         let mut index = Vec::with_capacity(entries.len());
@@ -389,13 +403,8 @@ impl LogStore for DurableLog {
             .append(true)
             .open(&self.log_path)
             .map_err(io_err(&self.log_path))?;
-        self.snapshot = snap.clone();
         self.index = index;
         self.len = out.len() as u64;
         Ok(())
-    }
-
-    fn is_durable(&self) -> bool {
-        true
     }
 }
