@@ -112,3 +112,90 @@ fn stats() {
         );
     }
 }
+
+fn percentile(v: &mut [u64], p: usize) -> u64 {
+    v.sort_unstable();
+    v[(v.len() - 1) * p / 100]
+}
+
+/// Election times with the default timeouts on a calm network (1-8 ms
+/// delays): to the first leader, and from a leader's crash to the next
+/// one. The p99 after a loss must stay under 1 s. Prints the figures
+/// (`cargo test --test raft_sim figures -- --nocapture`).
+#[test]
+fn figures_election_times() {
+    use raft_harness::{Faults, Sim};
+    for n in [3, 5] {
+        let (mut first, mut failover) = (Vec::new(), Vec::new());
+        for seed in 0..300 {
+            let mut sim = Sim::new(seed, n, false, Faults::calm());
+            let mut t = 0;
+            while sim.leader().is_none() {
+                t += 1;
+                sim.run_until(t).unwrap();
+                assert!(t < 10_000, "seed {seed}: no first leader");
+            }
+            first.push(t);
+            t += 1_000;
+            sim.run_until(t).unwrap();
+            let old = sim.leader().unwrap();
+            sim.crash(old);
+            let crashed_at = t;
+            loop {
+                t += 1;
+                sim.run_until(t).unwrap();
+                if sim.leader().is_some_and(|l| l != old) {
+                    break;
+                }
+                assert!(t < crashed_at + 10_000, "seed {seed}: no leader after loss");
+            }
+            failover.push(t - crashed_at);
+        }
+        let tick = gombus::cluster::raft::TICK_MS;
+        let (f50, f99) = (percentile(&mut first, 50), percentile(&mut first, 99));
+        let (l50, l99) = (percentile(&mut failover, 50), percentile(&mut failover, 99));
+        println!(
+            "{n} nodes: first leader median {f50} ms ({} ticks), p99 {f99} ms ({} ticks); \
+             after leader loss median {l50} ms ({} ticks), p99 {l99} ms ({} ticks)",
+            f50 / tick,
+            f99 / tick,
+            l50 / tick,
+            l99 / tick
+        );
+        assert!(l99 < 1_000, "{n} nodes: p99 failover {l99} ms");
+    }
+}
+
+/// A healthy 3-node cluster under steady load for 10 simulated seconds:
+/// one election at the start and none after; prints commits per second.
+#[test]
+fn figures_no_spurious_elections_and_throughput() {
+    use raft_harness::{Faults, Sim};
+    for seed in 0..2 {
+        let mut sim = Sim::with_snapshots_every(seed, 3, false, Faults::calm(), 200);
+        let mut t = 0;
+        while sim.leader().is_none() {
+            t += 1;
+            sim.run_until(t).unwrap();
+        }
+        let start = t;
+        let committed_at_start = sim.committed.len();
+        while t < start + 10_000 {
+            t += 1;
+            sim.run_until(t).unwrap();
+            let l = sim.leader().unwrap();
+            for _ in 0..2 {
+                sim.propose(l).unwrap();
+            }
+        }
+        assert_eq!(
+            sim.leader_changes.len(),
+            1,
+            "seed {seed}: {:?}",
+            sim.leader_changes
+        );
+        let per_s = (sim.committed.len() - committed_at_start) as u64 / 10;
+        println!("seed {seed}: 2000 proposals/s offered, {per_s} committed per simulated second");
+        assert!(per_s >= 1_950, "seed {seed}: only {per_s}/s");
+    }
+}

@@ -137,6 +137,17 @@ pub type Check = Result<(), String>;
 
 impl Sim {
     pub fn new(seed: u64, n: usize, memory_log: bool, faults: Faults) -> Sim {
+        Sim::with_snapshots_every(seed, n, memory_log, faults, 40)
+    }
+
+    /// [`Sim::new`], asking for a snapshot every `entries` applied entries.
+    pub fn with_snapshots_every(
+        seed: u64,
+        n: usize,
+        memory_log: bool,
+        faults: Faults,
+        entries: u64,
+    ) -> Sim {
         let mut rng = Rng::new(seed);
         let members: Vec<NodeId> = (1..=n as u64).collect();
         let mut nodes = Vec::new();
@@ -162,7 +173,7 @@ impl Sim {
             memory_log,
             faults,
             tick_ms: raft::TICK_MS,
-            snapshot_entries: 40,
+            snapshot_entries: entries,
             net: BinaryHeap::new(),
             in_flight: BTreeMap::new(),
             msg_seq: 0,
