@@ -643,3 +643,30 @@ fn a_node_that_lost_its_log_votes_only_after_catching_up() {
     assert_eq!(net.node(3).commit(), net.node(leader).commit());
     assert_eq!(net.applied_data(3), ["a"]);
 }
+
+/// An Append whose entries do not follow its `prev_index` one by one is
+/// dropped whole, not half applied (and does not bring the node down).
+#[test]
+fn a_malformed_append_is_dropped() {
+    let mut r = Raft::new(config(2, 3), hs(2), Snapshot::default(), vec![entry(1, 1)]);
+    let _ = r.ready();
+    for entries in [
+        vec![entry(3, 2)],
+        vec![entry(2, 2), entry(4, 2)],
+        vec![entry(u64::MAX, 2)],
+    ] {
+        r.step(Message {
+            from: 1,
+            to: 2,
+            term: 2,
+            body: Body::Append {
+                prev_index: 1,
+                prev_term: 1,
+                entries,
+                commit: 1,
+            },
+        });
+        assert_eq!(r.last_index(), 1);
+        assert!(r.ready().entries.is_none());
+    }
+}

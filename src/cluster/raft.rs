@@ -1214,6 +1214,15 @@ impl Raft {
         entries: Vec<Entry>,
         commit: u64,
     ) {
+        // Entries must follow `prev_index` one by one; anything else is
+        // not an Append this code sends, and is dropped.
+        let contiguous = entries
+            .iter()
+            .zip(1u64..)
+            .all(|(e, k)| prev_index.checked_add(k) == Some(e.index));
+        if !contiguous {
+            return;
+        }
         // What is committed here is known to match: skip it.
         let (prev_index, prev_term, entries) = if prev_index < self.commit {
             let skip = usize::try_from(self.commit - prev_index).unwrap_or(usize::MAX);

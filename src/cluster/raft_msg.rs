@@ -3,7 +3,7 @@
 //!
 //! The encoding is hand-written: fixed-width little-endian integers, a
 //! one-byte tag per variant, and `u32` length prefixes for byte strings and
-//! lists. It is compact (an empty heartbeat is 50 bytes), needs no schema
+//! lists. It is compact (a heartbeat is 49 bytes), needs no schema
 //! crate, and every length is checked against the bytes actually present
 //! before anything is allocated, so a corrupt or hostile frame is an error,
 //! never a panic or a huge allocation. Framing (length + crc32) is the
@@ -564,6 +564,23 @@ mod tests {
             out.push(0);
             assert_eq!(decode(&out), Err(CodecError::Trailing(1)));
         }
+    }
+
+    #[test]
+    fn a_heartbeat_is_49_bytes() {
+        let m = Message {
+            from: 1,
+            to: 2,
+            term: 3,
+            body: Body::Heartbeat {
+                commit: 4,
+                commit_term: 3,
+                read_seq: 0,
+            },
+        };
+        let mut out = Vec::new();
+        encode(&mut out, &m);
+        assert_eq!(out.len(), 49);
     }
 
     #[test]
