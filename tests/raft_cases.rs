@@ -356,6 +356,7 @@ fn conflicting_uncommitted_entries_are_overwritten() {
             prev_term: 1,
             entries: vec![entry(3, 3)],
             commit: 2,
+            epoch: 0,
         },
     });
     let ready = r.ready();
@@ -390,6 +391,7 @@ fn conflicting_uncommitted_entries_are_overwritten() {
             prev_term: 1,
             entries: vec![entry(2, 1)],
             commit: 2,
+            epoch: 0,
         },
     });
     assert_eq!(r.ready().entries, None);
@@ -664,6 +666,7 @@ fn a_malformed_append_is_dropped() {
                 prev_term: 1,
                 entries,
                 commit: 1,
+                epoch: 0,
             },
         });
         assert_eq!(r.last_index(), 1);

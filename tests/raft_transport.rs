@@ -55,6 +55,7 @@ fn append(from: NodeId, to: NodeId, n: u64, size: usize) -> Message {
                 data: vec![(n % 251) as u8; size],
             }],
             commit: n,
+            epoch: 0,
         },
     }
 }

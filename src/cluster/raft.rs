@@ -740,9 +740,11 @@ impl Raft {
                 prev_term,
                 entries,
                 commit,
+                epoch,
             } => {
                 self.follow(from);
                 self.on_append(from, prev_index, prev_term, entries, commit);
+                self.maybe_vote_again(commit, epoch);
             }
             Body::Heartbeat {
                 commit,
@@ -1034,6 +1036,7 @@ impl Raft {
             }
         }
         let commit = self.commit;
+        let epoch = self.progress.get(&p).map_or(0, |pr| pr.epoch);
         self.send(
             p,
             Body::Append {
@@ -1041,6 +1044,7 @@ impl Raft {
                 prev_term,
                 entries,
                 commit,
+                epoch,
             },
         );
         true
@@ -1260,17 +1264,7 @@ impl Raft {
             self.unstable_from = Some(self.unstable_from.map_or(e.index, |u| u.min(e.index)));
             self.log.push(e);
         }
-        let leader_commit = commit;
-        self.commit = self.commit.max(leader_commit.min(last_new));
-        // A node that lost its log votes again once it holds the leader's
-        // commit index, and that index is of the leader's own term (so it
-        // covers everything committed before).
-        if !self.voter
-            && self.commit >= leader_commit
-            && self.log.term(leader_commit) == Some(self.term)
-        {
-            self.voter = true;
-        }
+        self.commit = self.commit.max(commit.min(last_new));
         let epoch = self.epoch;
         self.send(
             from,
@@ -1282,6 +1276,21 @@ impl Raft {
                 epoch,
             },
         );
+    }
+
+    /// A node that lost its log votes again once it holds the leader's
+    /// commit index, that index is of the leader's own term (so it covers
+    /// everything committed before), and the leader has seen this life's
+    /// epoch (so no ack of an earlier life, whose entries may be gone, is
+    /// counted from now on: anything it counted is within that commit).
+    fn maybe_vote_again(&mut self, leader_commit: u64, epoch: u64) {
+        if !self.voter
+            && epoch == self.epoch
+            && self.commit >= leader_commit
+            && self.log.term(leader_commit) == Some(self.term)
+        {
+            self.voter = true;
+        }
     }
 
     /// Where the leader should back up to after a refused Append: the

@@ -82,12 +82,16 @@ pub enum Body {
     VoteResp {
         granted: bool,
     },
-    /// AppendEntries (Raft §5.3).
+    /// AppendEntries (Raft §5.3). `epoch` is the follower's epoch as the
+    /// leader knows it: a follower that lost its log votes again only
+    /// once the leader has seen its new epoch (and so stopped counting
+    /// acks of its earlier life).
     Append {
         prev_index: u64,
         prev_term: u64,
         entries: Vec<Entry>,
         commit: u64,
+        epoch: u64,
     },
     /// `ok`: `index` is the last index now known to match. Refused:
     /// `index` is the `prev_index` that did not match, and the hint says
@@ -242,11 +246,13 @@ pub fn encode(out: &mut Vec<u8>, m: &Message) {
             prev_term,
             entries,
             commit,
+            epoch,
         } => {
             out.push(5);
             put_u64(out, *prev_index);
             put_u64(out, *prev_term);
             put_u64(out, *commit);
+            put_u64(out, *epoch);
             out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
             for e in entries {
                 encode_entry(out, e);
@@ -407,6 +413,7 @@ impl<'a> Reader<'a> {
                 let prev_index = self.u64()?;
                 let prev_term = self.u64()?;
                 let commit = self.u64()?;
+                let epoch = self.u64()?;
                 let n = self.u32()? as usize;
                 // Each entry takes at least 21 bytes: refuse a count the
                 // remaining bytes cannot hold before reserving room.
@@ -422,6 +429,7 @@ impl<'a> Reader<'a> {
                     prev_term,
                     entries,
                     commit,
+                    epoch,
                 }
             }
             6 => Body::AppendResp {
@@ -502,6 +510,7 @@ mod tests {
                 prev_term: 2,
                 entries: vec![e(5, b""), e(6, b"set x 1")],
                 commit: 4,
+                epoch: 2,
             },
             Body::AppendResp {
                 ok: false,
@@ -609,7 +618,7 @@ mod tests {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out.push(5);
-        out.extend_from_slice(&[0; 24]);
+        out.extend_from_slice(&[0; 32]);
         out.extend_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(decode(&out), Err(CodecError::Short));
     }

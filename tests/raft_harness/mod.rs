@@ -123,6 +123,9 @@ pub struct Sim {
     // What the checks remember.
     leaders: BTreeMap<u64, NodeId>,
     pub committed: BTreeMap<u64, (u64, Option<u64>)>,
+    /// For each committed index, a bound on the term it was committed in:
+    /// the highest term any leader had when it was first applied.
+    commit_term: BTreeMap<u64, u64>,
     cmd_index: BTreeMap<u64, u64>,
     pub acked: BTreeSet<u64>,
     next_cmd: u64,
@@ -131,6 +134,8 @@ pub struct Sim {
     /// (time, node, term) of every change to leader.
     pub leader_changes: Vec<(u64, NodeId, u64)>,
     pub steps: u64,
+    /// Print every event (`SIM_TRACE=1` with the replay command).
+    pub trace: bool,
 }
 
 pub type Check = Result<(), String>;
@@ -180,6 +185,7 @@ impl Sim {
             cut: BTreeSet::new(),
             leaders: BTreeMap::new(),
             committed: BTreeMap::new(),
+            commit_term: BTreeMap::new(),
             cmd_index: BTreeMap::new(),
             acked: BTreeSet::new(),
             next_cmd: 1,
@@ -187,6 +193,7 @@ impl Sim {
             reads_done: 0,
             leader_changes: Vec::new(),
             steps: 0,
+            trace: std::env::var_os("SIM_TRACE").is_some(),
         };
         for i in 0..n {
             sim.start(i);
@@ -213,6 +220,12 @@ impl Sim {
 
     /// Starts node `i` from what its disk holds.
     pub fn start(&mut self, i: usize) {
+        if self.trace {
+            println!(
+                "{} start node {} from {:?}",
+                self.now, self.nodes[i].id, self.nodes[i].state_file
+            );
+        }
         let members = self.members();
         let memory = self.memory_log;
         let node = &mut self.nodes[i];
@@ -222,7 +235,9 @@ impl Sim {
         let loaded = node.log.load().unwrap();
         let log_empty = loaded.snapshot.index == 0 && loaded.entries.is_empty();
         let mut cfg = Config::new(node.id, members);
-        cfg.seed = self.seed.wrapping_mul(31).wrapping_add(node.id) ^ node.state_file.epoch;
+        // Every node and every life draws its own timeouts.
+        let life = node.id.rotate_left(32) ^ node.state_file.epoch.rotate_left(48);
+        cfg.seed = Rng::new(self.seed ^ life).next();
         cfg.snapshot_entries = self.snapshot_entries;
         cfg.inflight_max = 8;
         cfg.append_entries_max = 16;
@@ -242,6 +257,9 @@ impl Sim {
     }
 
     pub fn crash(&mut self, i: usize) {
+        if self.trace {
+            println!("{} crash node {}", self.now, self.nodes[i].id);
+        }
         self.nodes[i].raft = None;
     }
 
@@ -302,6 +320,9 @@ impl Sim {
             // the log (a memory log forgets it at a crash).
             if let Some(hs) = ready.hard_state {
                 node.state_file = hs;
+                if self.trace {
+                    println!("{} node {} persist {:?}", self.now, node.id, hs);
+                }
             }
             if let Some(s) = &ready.snapshot {
                 node.log.save_snapshot(s).unwrap();
@@ -311,6 +332,9 @@ impl Sim {
             }
             let after = ready.persisted();
             if let Some(st) = after.status {
+                if self.trace {
+                    println!("{} node {} status {:?}", self.now, self.nodes[i].id, st);
+                }
                 if st.role == Role::Leader {
                     self.on_new_leader(i, st.term)?;
                 }
@@ -360,10 +384,16 @@ impl Sim {
         }
         self.leaders.insert(term, id);
         self.leader_changes.push((self.now, id, term));
-        // Leader completeness (§5.4): every committed entry is in its log.
+        // Leader completeness (§5.4): an entry committed in a term is in
+        // the log of every leader of a later term. (A leader of an older
+        // term can still be elected late, by delayed votes, and need not
+        // hold it: it cannot commit anything.)
         let r = self.nodes[i].raft.as_ref().unwrap();
         let snap = r.snapshot().index;
         for (&index, &(t, _)) in self.committed.range(snap + 1..) {
+            if self.commit_term[&index] >= term {
+                continue;
+            }
             if r.term_at(index) != Some(t) {
                 return Err(format!(
                     "leader {id} of term {term} lacks committed entry {index} (term {t}), has {:?}",
@@ -419,6 +449,8 @@ impl Sim {
                     }
                 }
                 self.committed.insert(e.index, (e.term, cmd));
+                let bound = self.leaders.keys().next_back().copied().unwrap_or(0);
+                self.commit_term.insert(e.index, bound);
             }
         }
         let node = &mut self.nodes[i];
@@ -555,6 +587,9 @@ impl Sim {
             let to = (m.to - 1) as usize;
             if self.cut.contains(&(m.from, m.to)) || !self.alive(to) {
                 return Ok(true);
+            }
+            if self.trace {
+                println!("{} deliver {:?}", self.now, m);
             }
             self.nodes[to].raft.as_mut().unwrap().step(m);
             self.process(to)?;
@@ -770,8 +805,9 @@ pub fn liveness(sim: &mut Sim, healed_at: u64) -> Check {
         }
     }
     // Let every node apply up to the leader's commit index.
-    let target = sim.committed.keys().next_back().copied().unwrap_or(0);
-    while sim.nodes.iter().any(|n| n.applied < target) {
+    // (Recomputed as it goes: an earlier marker may commit meanwhile.)
+    let target = |sim: &Sim| sim.committed.keys().next_back().copied().unwrap_or(0);
+    while sim.nodes.iter().any(|n| n.applied < target(sim)) {
         t += 10;
         sim.run_until(t)?;
         if t > healed_at + 8_000 {
