@@ -227,3 +227,25 @@ fn a_peer_that_stops_reading_costs_a_bounded_queue() {
         ib.get(&3).map_or(0, |v| v.len()) == 64 * 16
     });
 }
+
+#[test]
+fn idle_connections_cannot_lock_a_peer_out() {
+    let mut ts = cluster(2, |c| c.inbound_max = 4);
+    let addr = ts[&2].local_addr().unwrap();
+    // Eight idle sockets fill node 2's inbound slots twice over...
+    let idle: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let mut inbox = BTreeMap::new();
+    for _ in 0..50 {
+        ts.get_mut(&2)
+            .unwrap()
+            .poll(Duration::from_millis(1), inbox.entry(2).or_default())
+            .unwrap();
+    }
+    // ...and node 1 still gets through.
+    let m = append(1, 2, 5, 5);
+    ts.get_mut(&1).unwrap().send(&m);
+    pump(&mut ts, &mut inbox, |ib, _| {
+        ib.get(&2).is_some_and(|v| v.contains(&m))
+    });
+    drop(idle);
+}

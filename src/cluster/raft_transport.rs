@@ -41,7 +41,8 @@ pub struct TransportConfig {
     pub queue_bytes_max: usize,
     /// Largest frame body accepted from a peer.
     pub frame_bytes_max: usize,
-    /// Most accepted connections held at once.
+    /// Most accepted connections held at once (the oldest is closed to
+    /// make room). With `frame_bytes_max`, this bounds inbound buffers.
     pub inbound_max: usize,
     pub backoff_min: Duration,
     pub backoff_max: Duration,
@@ -55,7 +56,7 @@ impl TransportConfig {
             peers,
             queue_bytes_max: 8 << 20,
             frame_bytes_max: 64 << 20,
-            inbound_max: 64,
+            inbound_max: 16,
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_secs(2),
         }
@@ -273,10 +274,15 @@ impl Transport {
             match self.listener.accept() {
                 Ok((mut stream, _)) => {
                     if self.inbound.len() >= self.cfg.inbound_max {
-                        continue; // dropped: closes at once
+                        // Make room by closing the oldest: a peer that
+                        // reconnects must not be locked out by idle ones.
+                        if let Some((_, mut old)) = self.inbound.pop_first() {
+                            let _ = self.poll.registry().deregister(&mut old.stream);
+                        }
                     }
+                    // Tokens only grow, so the map's first entry is the oldest.
                     let token = Token(INBOUND_BASE + self.next_inbound);
-                    self.next_inbound = (self.next_inbound + 1) % (usize::MAX - INBOUND_BASE);
+                    self.next_inbound += 1;
                     if self
                         .poll
                         .registry()
