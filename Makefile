@@ -8,7 +8,7 @@ RUSTFLAGS_STATIC := -C target-feature=+crt-static
 BIN := bin/broker
 CLI := bin/gombus
 
-.PHONY: all build run test test-deps fmt fmt-check clippy bench conformance clean
+.PHONY: all build run test test-deps fmt fmt-check clippy bench conformance clean sim
 
 all: build
 
@@ -50,6 +50,13 @@ clippy:
 # conformance tests, ending with a "tests: N passed, N failed" line.
 test: build test-deps fmt-check clippy
 	GOMBUS_BIN=$(CURDIR)/$(BIN) scripts/run-tests.sh
+
+# The Raft simulation over more seeds than `make test` runs (2000), in
+# release: `make sim SEEDS=100000`. A failure prints the command that
+# replays its seed.
+SEEDS ?= 20000
+sim:
+	SIM_SEEDS=$(SEEDS) $(CARGO) test --release --locked --test raft_sim -- --nocapture
 
 # The conformance fixture for the official Engine.IO/Socket.IO suites.
 conformance:

@@ -13,10 +13,13 @@
 //! - [`stream`]: streams and consumers over an append-only segment store.
 //! - [`client`]: the Rust client module used by the examples, tests and tools.
 //! - [`cli`]: the `gombus` command line, on the client.
+//! - [`cluster`]: cluster mode's Raft: a pure consensus core, its log
+//!   storage and its node-to-node transport.
 
 pub mod broker;
 pub mod cli;
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod log;
 pub mod net;

@@ -1,0 +1,17 @@
+//! Cluster mode's building blocks: a home-grown Raft, kept small enough to
+//! audit and tested by deterministic simulation.
+//!
+//! - [`raft_msg`]: entries, messages, hard state and snapshots, and their
+//!   compact binary encoding (the wire and the disk share it).
+//! - [`raft`]: the pure consensus core: `tick`, `step`, `propose`,
+//!   `read_index` in; a [`raft::Ready`] of things to persist, send and
+//!   apply out. No sockets, files, threads or clocks.
+//! - [`raft_log`]: where the log and the term/vote state live: the
+//!   [`raft_log::LogStore`] trait, an in-memory and a durable (record
+//!   framed, fsynced) implementation, and the crc-framed state file.
+//! - [`raft_transport`]: node-to-node TCP on its own mio `Poll`, length +
+//!   crc32 framed, with reconnect backoff and bounded send queues.
+pub mod raft;
+pub mod raft_log;
+pub mod raft_msg;
+pub mod raft_transport;

@@ -1,0 +1,1346 @@
+//! The Raft consensus core: a value driven by `tick`, `step`, `propose`
+//! and `read_index`, which answers with a [`Ready`]: hard state and
+//! entries to persist, then (only once they are persisted) messages to
+//! send, committed entries to apply, finished reads and role changes.
+//!
+//! Pure: no sockets, files, threads or clocks. Given the same inputs and
+//! the same seed it makes the same decisions. Membership is fixed.
+//!
+//! Beyond the paper's basic algorithm it implements PreVote and
+//! CheckQuorum (thesis §9.6: a partitioned or rejoining node cannot depose
+//! a healthy leader), fast backtracking by term, the Figure 8 commit rule
+//! with a no-op entry per term, leader step-down on lost quorum, proposal
+//! forwarding, ReadIndex (thesis §6.4), snapshots with InstallSnapshot,
+//! and non-voting catch-up for a node that restarted without its log.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+
+use super::raft_msg::{Body, Entry, EntryKind, HardState, Message, NodeId, Snapshot};
+
+/// The tick the shells use, in milliseconds.
+pub const TICK_MS: u64 = 50;
+/// A follower campaigns after hearing nothing for a random number of
+/// ticks in `[ELECTION_TICKS, 2 * ELECTION_TICKS)`: 400..800 ms.
+pub const ELECTION_TICKS: u32 = 8;
+/// A leader sends heartbeats this often: 100 ms.
+pub const HEARTBEAT_TICKS: u32 = 2;
+const _: () = assert!(HEARTBEAT_TICKS * 3 <= ELECTION_TICKS);
+// Worst case from losing a leader to a new one: the slowest timer plus one
+// PreVote and one Vote round trip must fit in a second.
+const _: () = assert!(2 * ELECTION_TICKS as u64 * TICK_MS <= 800);
+
+/// Tunables of one node; [`Config::new`] gives the defaults.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub id: NodeId,
+    /// Every voting member, this node included.
+    pub members: Vec<NodeId>,
+    pub election_ticks: u32,
+    pub heartbeat_ticks: u32,
+    /// Most entries in one Append.
+    pub append_entries_max: usize,
+    /// Most entry bytes in one Append (at least one entry is always sent).
+    pub append_bytes_max: usize,
+    /// Most Appends in flight to one follower.
+    pub inflight_max: usize,
+    /// Ask the state machine for a snapshot once this many applied entries
+    /// sit in the log after the last one.
+    pub snapshot_entries: u64,
+    /// Most entries a leader holds beyond its commit index; proposals past
+    /// it are refused with [`ProposeError::Busy`].
+    pub uncommitted_max: u64,
+    /// Most ReadIndex requests waiting at a leader.
+    pub pending_reads_max: usize,
+    /// Followers forward proposals to the leader instead of refusing them.
+    pub forward_proposals: bool,
+    /// Whether this node may vote and campaign from the start; see
+    /// [`starts_as_voter`].
+    pub voter: bool,
+    /// Seed of the election-timeout randomness.
+    pub seed: u64,
+}
+
+impl Config {
+    /// The defaults for node `id` of `members`.
+    pub fn new(id: NodeId, members: Vec<NodeId>) -> Config {
+        Config {
+            id,
+            members,
+            election_ticks: ELECTION_TICKS,
+            heartbeat_ticks: HEARTBEAT_TICKS,
+            append_entries_max: 256,
+            append_bytes_max: 1 << 20,
+            inflight_max: 64,
+            snapshot_entries: 10_000,
+            uncommitted_max: 4_096,
+            pending_reads_max: 1_024,
+            forward_proposals: true,
+            voter: true,
+            seed: id,
+        }
+    }
+}
+
+/// Whether a node starting with hard state `hs` and a log that is empty
+/// or not may vote at once. A node that ran before under a memory log has
+/// lost entries it may have acknowledged: letting it vote could elect a
+/// leader that lacks committed entries, so it waits, as a non-voter, until
+/// it holds the leader's commit index. A fresh node votes only if it
+/// bootstraps (`-bootstrap`); otherwise it waits to be caught up.
+pub fn starts_as_voter(bootstrap: bool, memory_log: bool, hs: &HardState, log_empty: bool) -> bool {
+    if memory_log && hs.term > 0 {
+        return false;
+    }
+    !log_empty || bootstrap || hs.term > 0
+}
+
+/// A node's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Follower,
+    PreCandidate,
+    Candidate,
+    Leader,
+}
+
+/// What the outside may want to know about the role, reported on change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status {
+    pub role: Role,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub voter: bool,
+}
+
+/// Why a proposal or a read was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProposeError {
+    /// This node is not the leader; the leader, if known.
+    NotLeader(Option<NodeId>),
+    /// Too much is waiting already; try again later.
+    Busy,
+}
+
+impl fmt::Display for ProposeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProposeError::NotLeader(Some(id)) => write!(f, "not leader, leader is {id}"),
+            ProposeError::NotLeader(None) => write!(f, "not leader, no leader known"),
+            ProposeError::Busy => write!(f, "too many requests pending"),
+        }
+    }
+}
+
+impl std::error::Error for ProposeError {}
+
+/// Where a proposal went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proposed {
+    /// Appended to this leader's log: it is done when the entry applied at
+    /// `index` has term `term`.
+    Appended { index: u64, term: u64 },
+    /// Forwarded to the leader as proposal `seq`; its [`Forwarded`] outcome
+    /// comes in a later [`Ready`].
+    Forwarded { seq: u64 },
+}
+
+/// The outcome of a forwarded proposal: appended at (index, term), or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Forwarded {
+    pub seq: u64,
+    pub at: Option<(u64, u64)>,
+}
+
+/// A linearizable read may be served once the state machine has applied
+/// `index` (thesis §6.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadState {
+    pub ctx: u64,
+    pub index: u64,
+}
+
+/// What a step produced. Persist `hard_state`, `snapshot` and `entries`
+/// (in that order) durably, then call [`Ready::persisted`] for what may
+/// only happen afterwards.
+#[derive(Debug, Default)]
+pub struct Ready {
+    pub hard_state: Option<HardState>,
+    /// Store this snapshot and drop the entries it covers (all entries, if
+    /// the log holds no entry at its index with its term).
+    pub snapshot: Option<Snapshot>,
+    /// Drop every stored entry at or after `.0`, then store these (which
+    /// start at `.0`).
+    pub entries: Option<(u64, Vec<Entry>)>,
+    after: AfterPersist,
+}
+
+/// The part of a [`Ready`] that must wait until it is persisted.
+#[derive(Debug, Default)]
+pub struct AfterPersist {
+    pub messages: Vec<Message>,
+    /// Load this snapshot into the state machine before applying `committed`.
+    pub restore: Option<Snapshot>,
+    pub committed: Vec<Entry>,
+    pub reads: Vec<ReadState>,
+    pub forwarded: Vec<Forwarded>,
+    pub status: Option<Status>,
+    /// The log is long: hand the state machine's snapshot at the applied
+    /// index to [`Raft::compact`].
+    pub want_snapshot: bool,
+}
+
+impl Ready {
+    /// Whether there is anything to do at all.
+    pub fn is_empty(&self) -> bool {
+        let a = &self.after;
+        self.hard_state.is_none()
+            && self.snapshot.is_none()
+            && self.entries.is_none()
+            && a.messages.is_empty()
+            && a.restore.is_none()
+            && a.committed.is_empty()
+            && a.reads.is_empty()
+            && a.forwarded.is_empty()
+            && a.status.is_none()
+            && !a.want_snapshot
+    }
+
+    /// Call once the hard state, snapshot and entries are durable.
+    pub fn persisted(self) -> AfterPersist {
+        self.after
+    }
+}
+
+/// The log as the core sees it: the last snapshot, then entries.
+#[derive(Debug, Clone, Default)]
+struct Log {
+    snap: Snapshot,
+    entries: Vec<Entry>,
+}
+
+impl Log {
+    fn first_index(&self) -> u64 {
+        self.snap.index + 1
+    }
+
+    fn last_index(&self) -> u64 {
+        self.snap.index + self.entries.len() as u64
+    }
+
+    fn last_term(&self) -> u64 {
+        self.entries.last().map_or(self.snap.term, |e| e.term)
+    }
+
+    /// The term at `i`, if the log still holds (or covers) it.
+    fn term(&self, i: u64) -> Option<u64> {
+        if i == self.snap.index {
+            return Some(self.snap.term);
+        }
+        if i < self.snap.index {
+            return None;
+        }
+        self.get(i).map(|e| e.term)
+    }
+
+    fn get(&self, i: u64) -> Option<&Entry> {
+        let off = i.checked_sub(self.first_index())?;
+        self.entries.get(usize::try_from(off).ok()?)
+    }
+
+    /// Entries from `lo` on, within the count and byte bounds (at least
+    /// one when any exists).
+    fn slice(&self, lo: u64, count_max: usize, bytes_max: usize) -> Vec<Entry> {
+        let Some(off) = lo.checked_sub(self.first_index()) else {
+            return Vec::new();
+        };
+        let off = usize::try_from(off).unwrap_or(usize::MAX);
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for e in self.entries.iter().skip(off).take(count_max) {
+            bytes += e.data.len() + 32;
+            if !out.is_empty() && bytes > bytes_max {
+                break;
+            }
+            out.push(e.clone());
+        }
+        out
+    }
+
+    /// Drops every entry at or after `i`.
+    fn truncate_from(&mut self, i: u64) {
+        let keep = i.saturating_sub(self.first_index());
+        self.entries
+            .truncate(usize::try_from(keep).unwrap_or(usize::MAX));
+    }
+
+    fn push(&mut self, e: Entry) {
+        assert_eq!(e.index, self.last_index() + 1, "log must stay contiguous");
+        self.entries.push(e);
+    }
+
+    /// Replaces the prefix up to `snap.index` by `snap`; entries after it
+    /// stay only if the log agrees with the snapshot at its index.
+    fn install(&mut self, snap: Snapshot) {
+        if self.term(snap.index) == Some(snap.term) {
+            let drop = snap.index + 1 - self.first_index();
+            self.entries
+                .drain(..usize::try_from(drop).unwrap_or(usize::MAX));
+        } else {
+            self.entries.clear();
+        }
+        self.snap = snap;
+    }
+
+    fn last_index_of_term(&self, term: u64, at_most: u64) -> Option<u64> {
+        let mut i = at_most.min(self.last_index());
+        while i >= self.first_index() {
+            match self.term(i) {
+                Some(t) if t == term => return Some(i),
+                Some(t) if t < term => return None,
+                _ => {}
+            }
+            i -= 1;
+        }
+        None
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    /// One Append at a time until the follower's position is known.
+    Probe { paused: bool },
+    /// Appends pipelined up to `inflight_max`.
+    Replicate,
+    /// A snapshot is on its way; `waited` ticks since it was sent.
+    Snapshot { index: u64, waited: u32 },
+}
+
+/// A leader's view of one follower.
+#[derive(Debug, Clone)]
+struct Progress {
+    matched: u64,
+    next: u64,
+    flow: Flow,
+    inflight: VecDeque<u64>,
+    /// Heard from since the last CheckQuorum.
+    active: bool,
+    epoch: u64,
+    read_acked: u64,
+    matched_at_heartbeat: u64,
+}
+
+#[derive(Debug, Clone)]
+struct PendingRead {
+    ctx: u64,
+    index: u64,
+    seq: u64,
+}
+
+/// One node's consensus state.
+pub struct Raft {
+    cfg: Config,
+    peers: Vec<NodeId>,
+    quorum: usize,
+    term: u64,
+    vote: Option<NodeId>,
+    epoch: u64,
+    role: Role,
+    leader: Option<NodeId>,
+    voter: bool,
+    log: Log,
+    commit: u64,
+    applied: u64,
+    elapsed: u32,
+    heartbeat_elapsed: u32,
+    timeout: u32,
+    rng: u64,
+    votes: BTreeMap<NodeId, bool>,
+    progress: BTreeMap<NodeId, Progress>,
+    term_start: u64,
+    read_seq: u64,
+    reads: VecDeque<PendingRead>,
+    reads_waiting: Vec<u64>,
+    forward_seq: u64,
+    proposals_seen: BTreeMap<NodeId, u64>,
+    // What the next Ready carries.
+    hard_state_dirty: bool,
+    unstable_from: Option<u64>,
+    snapshot_out: Option<Snapshot>,
+    after: AfterPersist,
+    reported: Option<Status>,
+}
+
+/// Whether a log ending at (`index`, `term`) is at least as up to date as
+/// one ending at (`my_index`, `my_term`) (Raft §5.4.1).
+fn up_to_date(term: u64, index: u64, my_term: u64, my_index: u64) -> bool {
+    term > my_term || (term == my_term && index >= my_index)
+}
+
+impl Raft {
+    /// A node restored from what its store loaded: hard state, the last
+    /// snapshot (default: none) and the entries after it.
+    pub fn new(cfg: Config, hs: HardState, snap: Snapshot, entries: Vec<Entry>) -> Raft {
+        assert!(
+            cfg.members.contains(&cfg.id),
+            "a node is one of the members"
+        );
+        assert!(cfg.heartbeat_ticks >= 1 && cfg.heartbeat_ticks < cfg.election_ticks);
+        let peers: Vec<NodeId> = cfg
+            .members
+            .iter()
+            .copied()
+            .filter(|&p| p != cfg.id)
+            .collect();
+        let quorum = cfg.members.len() / 2 + 1;
+        let mut log = Log {
+            snap,
+            entries: Vec::new(),
+        };
+        for e in entries {
+            log.push(e);
+        }
+        let at = log.snap.index;
+        let mut r = Raft {
+            peers,
+            quorum,
+            term: hs.term,
+            vote: hs.vote,
+            // Every start is a new life: acks of the previous one are void.
+            epoch: hs.epoch + 1,
+            role: Role::Follower,
+            leader: None,
+            voter: cfg.voter,
+            log,
+            commit: at,
+            applied: at,
+            elapsed: 0,
+            heartbeat_elapsed: 0,
+            timeout: cfg.election_ticks,
+            rng: cfg.seed ^ 0x9e37_79b9_7f4a_7c15,
+            votes: BTreeMap::new(),
+            progress: BTreeMap::new(),
+            term_start: 0,
+            read_seq: 0,
+            reads: VecDeque::new(),
+            reads_waiting: Vec::new(),
+            forward_seq: 0,
+            proposals_seen: BTreeMap::new(),
+            hard_state_dirty: true,
+            unstable_from: None,
+            snapshot_out: None,
+            after: AfterPersist::default(),
+            reported: None,
+            cfg,
+        };
+        r.reset_timeout();
+        r
+    }
+
+    // ---- accessors ----
+
+    pub fn id(&self) -> NodeId {
+        self.cfg.id
+    }
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+    pub fn vote(&self) -> Option<NodeId> {
+        self.vote
+    }
+    pub fn role(&self) -> Role {
+        self.role
+    }
+    pub fn leader(&self) -> Option<NodeId> {
+        self.leader
+    }
+    pub fn is_voter(&self) -> bool {
+        self.voter
+    }
+    pub fn commit(&self) -> u64 {
+        self.commit
+    }
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+    pub fn last_index(&self) -> u64 {
+        self.log.last_index()
+    }
+    /// The snapshot the log starts after (index 0: none).
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.log.snap
+    }
+    /// The entries after the snapshot.
+    pub fn entries(&self) -> &[Entry] {
+        &self.log.entries
+    }
+    /// The term of the entry at `i`, if the log holds or covers it.
+    pub fn term_at(&self, i: u64) -> Option<u64> {
+        self.log.term(i)
+    }
+    pub fn hard_state(&self) -> HardState {
+        HardState {
+            term: self.term,
+            vote: self.vote,
+            epoch: self.epoch,
+        }
+    }
+    pub fn status(&self) -> Status {
+        Status {
+            role: self.role,
+            term: self.term,
+            leader: self.leader,
+            voter: self.voter,
+        }
+    }
+
+    /// A one-line summary of the node's state, for logs and test failures.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "node {} {:?} term {} vote {:?} leader {:?} voter {} commit {} applied {} log {}..={} epoch {}",
+            self.cfg.id,
+            self.role,
+            self.term,
+            self.vote,
+            self.leader,
+            self.voter,
+            self.commit,
+            self.applied,
+            self.log.snap.index,
+            self.log.last_index(),
+            self.epoch
+        );
+        for (p, pr) in &self.progress {
+            s += &format!(
+                " [{p}: match {} next {} {:?} inflight {} epoch {}]",
+                pr.matched,
+                pr.next,
+                pr.flow,
+                pr.inflight.len(),
+                pr.epoch
+            );
+        }
+        s
+    }
+
+    // ---- inputs ----
+
+    /// One tick of the logical clock.
+    pub fn tick(&mut self) {
+        self.elapsed += 1;
+        if self.role == Role::Leader {
+            self.tick_leader();
+        } else if self.voter && self.elapsed >= self.timeout {
+            self.campaign();
+        }
+    }
+
+    fn tick_leader(&mut self) {
+        self.heartbeat_elapsed += 1;
+        for pr in self.progress.values_mut() {
+            if let Flow::Snapshot { waited, .. } = &mut pr.flow {
+                *waited += 1;
+            }
+        }
+        if self.heartbeat_elapsed >= self.cfg.heartbeat_ticks {
+            self.heartbeat_elapsed = 0;
+            self.broadcast_heartbeat();
+        }
+        if self.elapsed >= self.cfg.election_ticks {
+            self.elapsed = 0;
+            // CheckQuorum (thesis §6.2): a leader that has not heard from
+            // a majority within an election timeout steps down.
+            let active = 1 + self.progress.values().filter(|p| p.active).count();
+            for pr in self.progress.values_mut() {
+                pr.active = false;
+            }
+            if active < self.quorum {
+                let term = self.term;
+                self.become_follower(term, None);
+            }
+        }
+    }
+
+    /// Proposes a command.
+    pub fn propose(&mut self, data: Vec<u8>) -> Result<Proposed, ProposeError> {
+        if self.role != Role::Leader {
+            let leader = self.leader.filter(|&l| l != self.cfg.id);
+            return match leader {
+                Some(to) if self.cfg.forward_proposals => {
+                    // Numbers of an earlier life (epoch) are never reused:
+                    // the leader drops numbers it has seen, and a late
+                    // answer must not match a new proposal.
+                    self.forward_seq += 1;
+                    let seq = (self.epoch << 32) | (self.forward_seq & 0xffff_ffff);
+                    self.send(to, Body::Propose { seq, data });
+                    Ok(Proposed::Forwarded { seq })
+                }
+                _ => Err(ProposeError::NotLeader(leader)),
+            };
+        }
+        if self.log.last_index() - self.commit >= self.cfg.uncommitted_max {
+            return Err(ProposeError::Busy);
+        }
+        let index = self.append_local(EntryKind::Command, data);
+        self.broadcast_append();
+        Ok(Proposed::Appended {
+            index,
+            term: self.term,
+        })
+    }
+
+    /// Asks for a linearizable read point; the answer is a [`ReadState`]
+    /// with this `ctx` in a later [`Ready`] (or none if leadership is lost
+    /// meanwhile: the caller times out and retries).
+    pub fn read_index(&mut self, ctx: u64) -> Result<(), ProposeError> {
+        if self.role != Role::Leader {
+            return Err(ProposeError::NotLeader(self.leader));
+        }
+        if self.reads.len() + self.reads_waiting.len() >= self.cfg.pending_reads_max {
+            return Err(ProposeError::Busy);
+        }
+        if self.commit < self.term_start {
+            // The leader does not know the commit index before it has
+            // committed an entry of its own term.
+            self.reads_waiting.push(ctx);
+            return Ok(());
+        }
+        self.start_read(ctx);
+        Ok(())
+    }
+
+    fn start_read(&mut self, ctx: u64) {
+        if self.quorum == 1 {
+            self.after.reads.push(ReadState {
+                ctx,
+                index: self.commit,
+            });
+            return;
+        }
+        self.read_seq += 1;
+        self.reads.push_back(PendingRead {
+            ctx,
+            index: self.commit,
+            seq: self.read_seq,
+        });
+        self.broadcast_heartbeat();
+    }
+
+    /// The state machine's snapshot at `index` (at most the applied index):
+    /// the log up to it is dropped.
+    pub fn compact(&mut self, index: u64, data: Vec<u8>) {
+        assert!(index <= self.applied, "snapshot beyond the applied index");
+        if index <= self.log.snap.index {
+            return;
+        }
+        let Some(term) = self.log.term(index) else {
+            return;
+        };
+        let snap = Snapshot { index, term, data };
+        self.log.install(snap.clone());
+        self.snapshot_out = Some(snap);
+    }
+
+    /// Hands over what has accumulated since the last call.
+    pub fn ready(&mut self) -> Ready {
+        let mut r = Ready {
+            hard_state: None,
+            snapshot: self.snapshot_out.take(),
+            entries: None,
+            after: std::mem::take(&mut self.after),
+        };
+        if self.hard_state_dirty {
+            self.hard_state_dirty = false;
+            r.hard_state = Some(self.hard_state());
+        }
+        if let Some(from) = self.unstable_from.take() {
+            let from = from.max(self.log.first_index());
+            let n = usize::MAX;
+            r.entries = Some((from, self.log.slice(from, n, usize::MAX)));
+        }
+        if self.commit > self.applied {
+            let n = usize::try_from(self.commit - self.applied).unwrap_or(usize::MAX);
+            r.after.committed = self.log.slice(self.applied + 1, n, usize::MAX);
+            assert_eq!(
+                r.after.committed.len(),
+                n,
+                "committed entries are in the log"
+            );
+            self.applied = self.commit;
+        }
+        let status = self.status();
+        if self.reported != Some(status) {
+            self.reported = Some(status);
+            r.after.status = Some(status);
+        }
+        r.after.want_snapshot = self.applied - self.log.snap.index >= self.cfg.snapshot_entries;
+        r
+    }
+
+    /// Takes one message from another node.
+    pub fn step(&mut self, m: Message) {
+        if m.to != self.cfg.id || !self.peers.contains(&m.from) {
+            return;
+        }
+        if m.term > self.term {
+            match m.body {
+                // Inside a leader's lease, a vote request is ignored
+                // outright: it cannot disrupt a healthy leader (§9.6).
+                Body::PreVote { .. } | Body::Vote { .. } if self.in_lease() => return,
+                Body::PreVote { .. } | Body::PreVoteResp { granted: true } => {}
+                Body::Append { .. } | Body::Heartbeat { .. } | Body::Snapshot { .. } => {
+                    self.become_follower(m.term, Some(m.from));
+                }
+                _ => self.become_follower(m.term, None),
+            }
+        } else if m.term < self.term {
+            self.answer_stale(m);
+            return;
+        }
+        self.dispatch(m);
+    }
+
+    /// A message from an older term: answered only where the answer
+    /// teaches the sender something (a stale leader steps down, a
+    /// pre-candidate gives up, a forwarder retries).
+    fn answer_stale(&mut self, m: Message) {
+        match m.body {
+            Body::Append { .. } | Body::Heartbeat { .. } | Body::Snapshot { .. } => {
+                self.send(m.from, Body::HeartbeatResp { read_seq: 0 });
+            }
+            Body::PreVote { .. } => self.send(m.from, Body::PreVoteResp { granted: false }),
+            Body::Propose { seq, .. } => self.send(m.from, Body::ProposeResp { seq, index: 0 }),
+            _ => {}
+        }
+    }
+
+    fn dispatch(&mut self, m: Message) {
+        let from = m.from;
+        match m.body {
+            Body::PreVote {
+                last_index,
+                last_term,
+            } => self.on_pre_vote(from, m.term, last_index, last_term),
+            Body::Vote {
+                last_index,
+                last_term,
+            } => self.on_vote(from, last_index, last_term),
+            Body::PreVoteResp { granted } => {
+                if self.role == Role::PreCandidate && m.term == self.term + u64::from(granted) {
+                    self.count_vote(from, granted);
+                }
+            }
+            Body::VoteResp { granted } => {
+                if self.role == Role::Candidate {
+                    self.count_vote(from, granted);
+                }
+            }
+            Body::Append {
+                prev_index,
+                prev_term,
+                entries,
+                commit,
+                epoch,
+            } => {
+                self.follow(from);
+                self.on_append(from, prev_index, prev_term, entries, commit);
+                self.maybe_vote_again(commit, epoch);
+            }
+            Body::Heartbeat {
+                commit,
+                commit_term,
+                read_seq,
+            } => {
+                self.follow(from);
+                if commit > self.commit && self.log.term(commit) == Some(commit_term) {
+                    self.commit = commit;
+                }
+                self.send(from, Body::HeartbeatResp { read_seq });
+            }
+            Body::Snapshot { snapshot } => {
+                self.follow(from);
+                self.on_snapshot(from, snapshot);
+            }
+            Body::AppendResp {
+                ok,
+                index,
+                hint_index,
+                hint_term,
+                epoch,
+            } => {
+                if self.role == Role::Leader {
+                    self.on_append_resp(from, ok, index, hint_index, hint_term, epoch);
+                }
+            }
+            Body::HeartbeatResp { read_seq } => {
+                if self.role == Role::Leader {
+                    self.on_heartbeat_resp(from, read_seq);
+                }
+            }
+            Body::Propose { seq, data } => self.on_propose(from, seq, data),
+            Body::ProposeResp { seq, index } => {
+                let at = (index > 0).then_some((index, m.term));
+                self.after.forwarded.push(Forwarded { seq, at });
+            }
+        }
+    }
+
+    // ---- elections ----
+
+    fn in_lease(&self) -> bool {
+        self.leader.is_some() && self.elapsed < self.cfg.election_ticks
+    }
+
+    fn reset_timeout(&mut self) {
+        // SplitMix64: small, seeded, and good enough for timer jitter.
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let spread = u64::from(self.cfg.election_ticks);
+        self.timeout = self.cfg.election_ticks + (z % spread) as u32;
+        self.elapsed = 0;
+    }
+
+    fn campaign(&mut self) {
+        self.role = Role::PreCandidate;
+        self.leader = None;
+        self.reset_timeout();
+        self.votes.clear();
+        self.votes.insert(self.cfg.id, true);
+        if self.quorum == 1 {
+            self.become_candidate();
+            return;
+        }
+        let (last_index, last_term) = (self.log.last_index(), self.log.last_term());
+        for p in self.peers.clone() {
+            let m = Message {
+                from: self.cfg.id,
+                to: p,
+                term: self.term + 1,
+                body: Body::PreVote {
+                    last_index,
+                    last_term,
+                },
+            };
+            self.after.messages.push(m);
+        }
+    }
+
+    fn become_candidate(&mut self) {
+        self.term += 1;
+        self.vote = Some(self.cfg.id);
+        self.hard_state_dirty = true;
+        self.role = Role::Candidate;
+        self.leader = None;
+        self.reset_timeout();
+        self.votes.clear();
+        self.votes.insert(self.cfg.id, true);
+        if self.quorum == 1 {
+            self.become_leader();
+            return;
+        }
+        let (last_index, last_term) = (self.log.last_index(), self.log.last_term());
+        for p in self.peers.clone() {
+            self.send(
+                p,
+                Body::Vote {
+                    last_index,
+                    last_term,
+                },
+            );
+        }
+    }
+
+    fn count_vote(&mut self, from: NodeId, granted: bool) {
+        self.votes.entry(from).or_insert(granted);
+        let yes = self.votes.values().filter(|&&g| g).count();
+        let no = self.votes.len() - yes;
+        if yes >= self.quorum {
+            match self.role {
+                Role::PreCandidate => self.become_candidate(),
+                Role::Candidate => self.become_leader(),
+                _ => {}
+            }
+        } else if no >= self.quorum {
+            let term = self.term;
+            self.become_follower(term, None);
+        }
+    }
+
+    fn on_pre_vote(&mut self, from: NodeId, term: u64, last_index: u64, last_term: u64) {
+        let my = (self.log.last_term(), self.log.last_index());
+        let granted = self.voter
+            && term > self.term
+            && up_to_date(last_term, last_index, my.0, my.1)
+            && !self.in_lease();
+        let m = Message {
+            from: self.cfg.id,
+            to: from,
+            // A grant speaks for the term the sender would campaign in.
+            term: if granted { term } else { self.term },
+            body: Body::PreVoteResp { granted },
+        };
+        self.after.messages.push(m);
+    }
+
+    fn on_vote(&mut self, from: NodeId, last_index: u64, last_term: u64) {
+        let free = self.vote == Some(from) || (self.vote.is_none() && self.leader.is_none());
+        let my = (self.log.last_term(), self.log.last_index());
+        let granted = self.voter && free && up_to_date(last_term, last_index, my.0, my.1);
+        if granted {
+            // Persisted (the Ready's hard state) before this answer leaves.
+            self.vote = Some(from);
+            self.hard_state_dirty = true;
+            self.elapsed = 0;
+        }
+        self.send(from, Body::VoteResp { granted });
+    }
+
+    fn become_follower(&mut self, term: u64, leader: Option<NodeId>) {
+        if term != self.term {
+            assert!(term > self.term, "terms only grow");
+            self.term = term;
+            self.vote = None;
+            self.hard_state_dirty = true;
+        }
+        self.role = Role::Follower;
+        self.leader = leader;
+        self.reset_timeout();
+        self.votes.clear();
+        self.progress.clear();
+        self.reads.clear();
+        self.reads_waiting.clear();
+    }
+
+    /// A leader of the current term spoke: follow it.
+    fn follow(&mut self, from: NodeId) {
+        assert!(
+            self.role != Role::Leader,
+            "two leaders in term {}: {} and {from}",
+            self.term,
+            self.cfg.id
+        );
+        if self.role != Role::Follower || self.leader != Some(from) {
+            let term = self.term;
+            self.become_follower(term, Some(from));
+        }
+        self.elapsed = 0;
+    }
+
+    fn become_leader(&mut self) {
+        self.role = Role::Leader;
+        self.leader = Some(self.cfg.id);
+        self.elapsed = 0;
+        self.heartbeat_elapsed = 0;
+        self.votes.clear();
+        let next = self.log.last_index() + 1;
+        self.progress = self
+            .peers
+            .iter()
+            .map(|&p| {
+                let pr = Progress {
+                    matched: 0,
+                    next,
+                    flow: Flow::Probe { paused: false },
+                    inflight: VecDeque::new(),
+                    active: true,
+                    epoch: 0,
+                    read_acked: 0,
+                    matched_at_heartbeat: 0,
+                };
+                (p, pr)
+            })
+            .collect();
+        self.read_seq = 0;
+        // The no-op of this term: committing it commits every earlier
+        // entry (§5.4.2), and lets ReadIndex know the commit index.
+        self.term_start = self.append_local(EntryKind::Noop, Vec::new());
+        for p in self.peers.clone() {
+            self.send_append(p, true);
+        }
+    }
+
+    // ---- replication (leader) ----
+
+    fn append_local(&mut self, kind: EntryKind, data: Vec<u8>) -> u64 {
+        let index = self.log.last_index() + 1;
+        self.log.push(Entry {
+            term: self.term,
+            index,
+            kind,
+            data,
+        });
+        self.unstable_from = Some(self.unstable_from.map_or(index, |u| u.min(index)));
+        self.maybe_commit();
+        index
+    }
+
+    fn broadcast_append(&mut self) {
+        for p in self.peers.clone() {
+            self.send_append(p, false);
+        }
+    }
+
+    fn broadcast_heartbeat(&mut self) {
+        for p in self.peers.clone() {
+            let matched = self.progress.get(&p).map_or(0, |pr| pr.matched);
+            let commit = matched.min(self.commit);
+            let commit_term = self.log.term(commit).unwrap_or(0);
+            let read_seq = self.read_seq;
+            self.send(
+                p,
+                Body::Heartbeat {
+                    commit,
+                    commit_term,
+                    read_seq,
+                },
+            );
+        }
+    }
+
+    /// Sends `p` what it is missing; with `empty_ok`, even when that is
+    /// nothing (a probe). Returns whether an Append went out.
+    fn send_append(&mut self, p: NodeId, empty_ok: bool) -> bool {
+        let Some(pr) = self.progress.get(&p) else {
+            return false;
+        };
+        match pr.flow {
+            Flow::Snapshot { .. } | Flow::Probe { paused: true } => return false,
+            Flow::Replicate if pr.inflight.len() >= self.cfg.inflight_max => return false,
+            _ => {}
+        }
+        let prev_index = pr.next - 1;
+        let Some(prev_term) = self.log.term(prev_index) else {
+            self.send_snapshot(p);
+            return true;
+        };
+        let entries = self.log.slice(
+            pr.next,
+            self.cfg.append_entries_max,
+            self.cfg.append_bytes_max,
+        );
+        if entries.is_empty() && !empty_ok {
+            return false;
+        }
+        let last = prev_index + entries.len() as u64;
+        if let Some(pr) = self.progress.get_mut(&p) {
+            match &mut pr.flow {
+                Flow::Replicate if last > prev_index => {
+                    pr.next = last + 1;
+                    pr.inflight.push_back(last);
+                }
+                Flow::Probe { paused } => *paused = true,
+                _ => {}
+            }
+        }
+        let commit = self.commit;
+        let epoch = self.progress.get(&p).map_or(0, |pr| pr.epoch);
+        self.send(
+            p,
+            Body::Append {
+                prev_index,
+                prev_term,
+                entries,
+                commit,
+                epoch,
+            },
+        );
+        true
+    }
+
+    fn send_snapshot(&mut self, p: NodeId) {
+        let snapshot = self.log.snap.clone();
+        if let Some(pr) = self.progress.get_mut(&p) {
+            pr.flow = Flow::Snapshot {
+                index: snapshot.index,
+                waited: 0,
+            };
+            pr.inflight.clear();
+        }
+        self.send(p, Body::Snapshot { snapshot });
+    }
+
+    fn on_append_resp(
+        &mut self,
+        p: NodeId,
+        ok: bool,
+        index: u64,
+        hint: u64,
+        hint_term: u64,
+        epoch: u64,
+    ) {
+        let Some(pr) = self.progress.get_mut(&p) else {
+            return;
+        };
+        pr.active = true;
+        if epoch < pr.epoch {
+            return; // an answer from the follower's previous life
+        }
+        if epoch > pr.epoch {
+            // The follower restarted: what it acked before may be gone.
+            pr.epoch = epoch;
+            pr.matched = 0;
+            pr.flow = Flow::Probe { paused: false };
+            pr.inflight.clear();
+        }
+        if ok {
+            pr.matched = pr.matched.max(index);
+            pr.next = pr.next.max(index + 1);
+            while pr.inflight.front().is_some_and(|&i| i <= index) {
+                pr.inflight.pop_front();
+            }
+            match pr.flow {
+                Flow::Probe { .. } => {
+                    pr.flow = Flow::Replicate;
+                    pr.next = pr.matched + 1;
+                    pr.inflight.clear();
+                }
+                Flow::Snapshot { index: si, .. } if pr.matched >= si => {
+                    pr.flow = Flow::Probe { paused: false };
+                    pr.next = pr.matched + 1;
+                }
+                _ => {}
+            }
+            self.maybe_commit();
+            while self.send_append(p, false) {}
+            return;
+        }
+        if index < pr.matched {
+            return; // a refusal older than what is known to match
+        }
+        let mut next = hint.max(1);
+        if hint_term > 0 {
+            if let Some(j) = self.log.last_index_of_term(hint_term, index) {
+                next = j + 1;
+            }
+        }
+        pr.next = next.min(index).max(pr.matched + 1);
+        pr.flow = Flow::Probe { paused: false };
+        pr.inflight.clear();
+        self.send_append(p, true);
+    }
+
+    fn on_heartbeat_resp(&mut self, p: NodeId, read_seq: u64) {
+        let last = self.log.last_index();
+        let Some(pr) = self.progress.get_mut(&p) else {
+            return;
+        };
+        pr.active = true;
+        pr.read_acked = pr.read_acked.max(read_seq);
+        let stalled = pr.matched < last && pr.matched == pr.matched_at_heartbeat;
+        match pr.flow {
+            Flow::Probe { .. } => pr.flow = Flow::Probe { paused: false },
+            // An Append was lost: start again from what is known.
+            Flow::Replicate if stalled => {
+                pr.flow = Flow::Probe { paused: false };
+                pr.next = pr.matched + 1;
+                pr.inflight.clear();
+            }
+            Flow::Snapshot { waited, .. } if waited >= self.cfg.election_ticks => {
+                pr.flow = Flow::Probe { paused: false };
+                pr.next = pr.matched + 1;
+            }
+            _ => {}
+        }
+        pr.matched_at_heartbeat = pr.matched;
+        if pr.matched < last {
+            self.send_append(p, false);
+        }
+        self.release_reads();
+    }
+
+    /// Commits the highest index held by a majority, if it is of the
+    /// current term (Figure 8: older entries commit only under it).
+    fn maybe_commit(&mut self) {
+        if self.role != Role::Leader {
+            return;
+        }
+        let mut matched: Vec<u64> = self.progress.values().map(|p| p.matched).collect();
+        matched.push(self.log.last_index());
+        matched.sort_unstable_by(|a, b| b.cmp(a));
+        let n = matched[self.quorum - 1];
+        if n > self.commit && self.log.term(n) == Some(self.term) {
+            self.commit = n;
+            if self.commit >= self.term_start && !self.reads_waiting.is_empty() {
+                for ctx in std::mem::take(&mut self.reads_waiting) {
+                    self.start_read(ctx);
+                }
+            }
+        }
+    }
+
+    fn release_reads(&mut self) {
+        while let Some(front) = self.reads.front() {
+            let acks = 1 + self
+                .progress
+                .values()
+                .filter(|p| p.read_acked >= front.seq)
+                .count();
+            if acks < self.quorum {
+                break;
+            }
+            if let Some(r) = self.reads.pop_front() {
+                self.after.reads.push(ReadState {
+                    ctx: r.ctx,
+                    index: r.index,
+                });
+            }
+        }
+    }
+
+    fn on_propose(&mut self, from: NodeId, seq: u64, data: Vec<u8>) {
+        if self.role != Role::Leader {
+            self.send(from, Body::ProposeResp { seq, index: 0 });
+            return;
+        }
+        let seen = self.proposals_seen.entry(from).or_insert(0);
+        if seq <= *seen {
+            return; // a duplicate (or overtaken) copy
+        }
+        *seen = seq;
+        match self.propose(data) {
+            Ok(Proposed::Appended { index, .. }) => {
+                self.send(from, Body::ProposeResp { seq, index })
+            }
+            _ => self.send(from, Body::ProposeResp { seq, index: 0 }),
+        }
+    }
+
+    // ---- replication (follower) ----
+
+    fn on_append(
+        &mut self,
+        from: NodeId,
+        prev_index: u64,
+        prev_term: u64,
+        entries: Vec<Entry>,
+        commit: u64,
+    ) {
+        // Entries must follow `prev_index` one by one; anything else is
+        // not an Append this code sends, and is dropped.
+        let contiguous = entries
+            .iter()
+            .zip(1u64..)
+            .all(|(e, k)| prev_index.checked_add(k) == Some(e.index));
+        if !contiguous {
+            return;
+        }
+        // What is committed here is known to match: skip it.
+        let (prev_index, prev_term, entries) = if prev_index < self.commit {
+            let skip = usize::try_from(self.commit - prev_index).unwrap_or(usize::MAX);
+            let rest: Vec<Entry> = entries.into_iter().skip(skip).collect();
+            (self.commit, self.log.term(self.commit).unwrap_or(0), rest)
+        } else {
+            (prev_index, prev_term, entries)
+        };
+        if self.log.term(prev_index) != Some(prev_term) {
+            let (hint_index, hint_term) = self.conflict_hint(prev_index);
+            let epoch = self.epoch;
+            self.send(
+                from,
+                Body::AppendResp {
+                    ok: false,
+                    index: prev_index,
+                    hint_index,
+                    hint_term,
+                    epoch,
+                },
+            );
+            return;
+        }
+        let last_new = prev_index + entries.len() as u64;
+        for e in entries {
+            match self.log.term(e.index) {
+                Some(t) if t == e.term => continue,
+                Some(_) => {
+                    // A conflicting entry: it and all after it go (§5.3).
+                    assert!(e.index > self.commit, "a committed entry was overwritten");
+                    self.log.truncate_from(e.index);
+                }
+                None => {}
+            }
+            self.unstable_from = Some(self.unstable_from.map_or(e.index, |u| u.min(e.index)));
+            self.log.push(e);
+        }
+        self.commit = self.commit.max(commit.min(last_new));
+        let epoch = self.epoch;
+        self.send(
+            from,
+            Body::AppendResp {
+                ok: true,
+                index: last_new,
+                hint_index: 0,
+                hint_term: 0,
+                epoch,
+            },
+        );
+    }
+
+    /// A node that lost its log votes again once it holds the leader's
+    /// commit index, that index is of the leader's own term (so it covers
+    /// everything committed before), and the leader has seen this life's
+    /// epoch (so no ack of an earlier life, whose entries may be gone, is
+    /// counted from now on: anything it counted is within that commit).
+    fn maybe_vote_again(&mut self, leader_commit: u64, epoch: u64) {
+        if !self.voter
+            && epoch == self.epoch
+            && self.commit >= leader_commit
+            && self.log.term(leader_commit) == Some(self.term)
+        {
+            self.voter = true;
+        }
+    }
+
+    /// Where the leader should back up to after a refused Append: the
+    /// first index of the conflicting term, or just past our log.
+    fn conflict_hint(&self, prev_index: u64) -> (u64, u64) {
+        if prev_index > self.log.last_index() {
+            return (self.log.last_index() + 1, 0);
+        }
+        let t = self.log.term(prev_index).unwrap_or(0);
+        let mut i = prev_index;
+        while i > self.commit + 1 && self.log.term(i - 1) == Some(t) {
+            i -= 1;
+        }
+        (i, t)
+    }
+
+    fn on_snapshot(&mut self, from: NodeId, snap: Snapshot) {
+        let index = snap.index;
+        if index > self.commit {
+            if self.log.term(index) == Some(snap.term) {
+                self.commit = index;
+            } else {
+                self.log.install(snap.clone());
+                self.commit = index;
+                self.applied = index;
+                self.unstable_from = None;
+                self.snapshot_out = Some(snap.clone());
+                self.after.restore = Some(snap);
+            }
+        }
+        let epoch = self.epoch;
+        let index = self.commit;
+        self.send(
+            from,
+            Body::AppendResp {
+                ok: true,
+                index,
+                hint_index: 0,
+                hint_term: 0,
+                epoch,
+            },
+        );
+    }
+
+    fn send(&mut self, to: NodeId, body: Body) {
+        self.after.messages.push(Message {
+            from: self.cfg.id,
+            to,
+            term: self.term,
+            body,
+        });
+    }
+}

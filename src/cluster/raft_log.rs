@@ -1,0 +1,410 @@
+//! Where a node's Raft state lives between runs: the [`LogStore`] trait
+//! with an in-memory ([`MemoryLog`], `-raft-log=memory`) and a durable
+//! ([`DurableLog`], the default with `-data`) implementation, the small
+//! crc-framed [`StateFile`] that keeps term, vote and epoch under either,
+//! and [`persist`], which writes a [`Ready`] in the order Raft requires.
+//!
+//! Files under the Raft directory (all in [`record`] framing):
+//! - `state`: one record, the hard state. Replaced atomically (write
+//!   `state.tmp`, fsync, rename, fsync the directory).
+//! - `snapshot`: one record, the last snapshot. Replaced the same way.
+//! - `log`: one record per entry, in index order. A truncation cuts the
+//!   file; a snapshot rewrites it with only the entries after it.
+//!   Recovery keeps the valid prefix and cuts a torn tail.
+
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use super::raft::Ready;
+use super::raft_msg::{
+    encode_entry, encode_hard_state, encode_snapshot, Entry, HardState, Reader, Snapshot,
+};
+use crate::stream::record;
+
+/// Why the store could not do its job.
+#[derive(Debug)]
+pub enum StoreError {
+    /// An operating-system error on a file.
+    Io(PathBuf, io::Error),
+    /// A file's content is not what this module writes (named with the
+    /// offset of the bad record).
+    Corrupt(PathBuf, u64, String),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Io(p, e) => write!(f, "{}: {e}", p.display()),
+            StoreError::Corrupt(p, at, why) => {
+                write!(f, "{}: corrupt at offset {at}: {why}", p.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+fn io_err(p: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
+    move |e| StoreError::Io(p.to_path_buf(), e)
+}
+
+/// What a store held at start: the last snapshot (index 0: none) and the
+/// entries after it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Loaded {
+    pub snapshot: Snapshot,
+    pub entries: Vec<Entry>,
+}
+
+/// A Raft log's storage. Every method returns once its change is durable
+/// (as durable as the implementation is).
+pub trait LogStore {
+    /// What is stored.
+    fn load(&mut self) -> Result<Loaded, StoreError>;
+    /// Drops every entry at or after `first`, then stores `entries`, which
+    /// start at `first`.
+    fn append(&mut self, first: u64, entries: &[Entry]) -> Result<(), StoreError>;
+    /// Stores `snap` and drops the entries it covers; if the log does not
+    /// hold an entry at `snap.index` with `snap.term`, drops all entries.
+    fn save_snapshot(&mut self, snap: &Snapshot) -> Result<(), StoreError>;
+    /// Whether the contents survive a restart of the process.
+    fn is_durable(&self) -> bool;
+}
+
+/// Writes what a [`Ready`] asks to persist, in order: hard state (through
+/// `state`), snapshot, entries.
+pub fn persist(
+    ready: &Ready,
+    state: &mut dyn FnMut(&HardState) -> Result<(), StoreError>,
+    log: &mut dyn LogStore,
+) -> Result<(), StoreError> {
+    if let Some(hs) = &ready.hard_state {
+        state(hs)?;
+    }
+    if let Some(snap) = &ready.snapshot {
+        log.save_snapshot(snap)?;
+    }
+    if let Some((first, entries)) = &ready.entries {
+        log.append(*first, entries)?;
+    }
+    Ok(())
+}
+
+/// The rule both stores share for a snapshot: which of `entries` stay.
+fn keep_after(snap: &Snapshot, entries: &mut Vec<Entry>) {
+    let agrees = entries
+        .iter()
+        .any(|e| e.index == snap.index && e.term == snap.term);
+    if agrees {
+        entries.retain(|e| e.index > snap.index);
+    } else {
+        entries.clear();
+    }
+}
+
+/// The log in memory only: gone when the process ends.
+#[derive(Debug, Default)]
+pub struct MemoryLog {
+    snapshot: Snapshot,
+    entries: Vec<Entry>,
+}
+
+impl MemoryLog {
+    pub fn new() -> MemoryLog {
+        MemoryLog::default()
+    }
+}
+
+impl LogStore for MemoryLog {
+    fn load(&mut self) -> Result<Loaded, StoreError> {
+        Ok(Loaded {
+            snapshot: self.snapshot.clone(),
+            entries: self.entries.clone(),
+        })
+    }
+
+    fn append(&mut self, first: u64, entries: &[Entry]) -> Result<(), StoreError> {
+        self.entries.retain(|e| e.index < first);
+        self.entries.extend_from_slice(entries);
+        Ok(())
+    }
+
+    fn save_snapshot(&mut self, snap: &Snapshot) -> Result<(), StoreError> {
+        keep_after(snap, &mut self.entries);
+        self.snapshot = snap.clone();
+        Ok(())
+    }
+
+    fn is_durable(&self) -> bool {
+        false
+    }
+}
+
+/// Replaces `path` by one record holding `body`, atomically and durably.
+fn write_atomic(dir: &Path, path: &Path, body: &[u8]) -> Result<(), StoreError> {
+    let tmp = path.with_extension("tmp");
+    let mut out = Vec::with_capacity(body.len() + record::HEAD_BYTES);
+    record::encode(&mut out, body);
+    let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+    f.write_all(&out).map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    fs::rename(&tmp, path).map_err(io_err(path))?;
+    sync_dir(dir)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
+/// Reads a one-record file; `None` if it does not exist.
+fn read_single(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(StoreError::Io(path.to_path_buf(), e)),
+    };
+    match record::read(&bytes, 0) {
+        Ok(Some((body, end))) if end == bytes.len() => Ok(Some(body.to_vec())),
+        Ok(_) => Err(StoreError::Corrupt(
+            path.to_path_buf(),
+            0,
+            "not one record".into(),
+        )),
+        Err(bad) => Err(StoreError::Corrupt(path.to_path_buf(), 0, bad.to_string())),
+    }
+}
+
+/// Term, vote and epoch in `<dir>/state`, written and fsynced before
+/// [`StateFile::save`] returns (so before any reply that depends on them).
+#[derive(Debug)]
+pub struct StateFile {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl StateFile {
+    /// The state file in `dir` (created if missing).
+    pub fn open(dir: &Path) -> Result<StateFile, StoreError> {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        Ok(StateFile {
+            dir: dir.to_path_buf(),
+            path: dir.join("state"),
+        })
+    }
+
+    /// The stored hard state; the default if none was ever saved.
+    pub fn load(&self) -> Result<HardState, StoreError> {
+        let Some(body) = read_single(&self.path)? else {
+            return Ok(HardState::default());
+        };
+        let mut r = Reader::new(&body);
+        let hs = r
+            .hard_state()
+            .and_then(|hs| r.finish().map(|_| hs))
+            .map_err(|e| StoreError::Corrupt(self.path.clone(), 0, e.to_string()))?;
+        Ok(hs)
+    }
+
+    pub fn save(&mut self, hs: &HardState) -> Result<(), StoreError> {
+        let mut body = Vec::with_capacity(24);
+        encode_hard_state(&mut body, hs);
+        write_atomic(&self.dir, &self.path, &body)
+    }
+}
+
+/// The log on disk (see the module doc for the files).
+#[derive(Debug)]
+pub struct DurableLog {
+    dir: PathBuf,
+    log_path: PathBuf,
+    snap_path: PathBuf,
+    file: File,
+    snapshot: Snapshot,
+    /// Index, term and file offset of each entry in `log`.
+    index: Vec<(u64, u64, u64)>,
+    len: u64,
+}
+
+impl DurableLog {
+    /// Opens (creating if needed) the log in `dir`, recovering it: a torn
+    /// or corrupt tail of `log` is cut off.
+    pub fn open(dir: &Path) -> Result<DurableLog, StoreError> {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let log_path = dir.join("log");
+        let snap_path = dir.join("snapshot");
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&log_path)
+            .map_err(io_err(&log_path))?;
+        let mut d = DurableLog {
+            dir: dir.to_path_buf(),
+            log_path,
+            snap_path,
+            file,
+            snapshot: Snapshot::default(),
+            index: Vec::new(),
+            len: 0,
+        };
+        d.recover()?;
+        let covered = d
+            .index
+            .first()
+            .is_some_and(|&(i, _, _)| i <= d.snapshot.index);
+        if covered {
+            d.rewrite_after_snapshot()?;
+        }
+        Ok(d)
+    }
+
+    fn corrupt(&self, path: &Path, at: u64, why: impl Into<String>) -> StoreError {
+        StoreError::Corrupt(path.to_path_buf(), at, why.into())
+    }
+
+    fn recover(&mut self) -> Result<(), StoreError> {
+        if let Some(body) = read_single(&self.snap_path)? {
+            let mut r = Reader::new(&body);
+            self.snapshot = r
+                .snapshot()
+                .and_then(|s| r.finish().map(|_| s))
+                .map_err(|e| self.corrupt(&self.snap_path, 0, e.to_string()))?;
+        }
+        let bytes = fs::read(&self.log_path).map_err(io_err(&self.log_path))?;
+        let mut at = 0usize;
+        let mut expect = None;
+        while let Ok(Some((body, next))) = record::read(&bytes, at) {
+            let mut r = Reader::new(body);
+            let e = r
+                .entry()
+                .and_then(|e| r.finish().map(|_| e))
+                .map_err(|e| self.corrupt(&self.log_path, at as u64, e.to_string()))?;
+            if expect.is_some_and(|x| x != e.index) {
+                let why = format!(
+                    "entry {} where {} was expected",
+                    e.index,
+                    expect.unwrap_or(0)
+                );
+                return Err(self.corrupt(&self.log_path, at as u64, why));
+            }
+            expect = Some(e.index + 1);
+            self.index.push((e.index, e.term, at as u64));
+            at = next;
+        }
+        // What follows the valid prefix is a write that never completed
+        // (every completed write was fsynced before it was relied on).
+        self.len = at as u64;
+        if self.len < bytes.len() as u64 {
+            self.file
+                .set_len(self.len)
+                .map_err(io_err(&self.log_path))?;
+            self.file.sync_all().map_err(io_err(&self.log_path))?;
+        }
+        Ok(())
+    }
+
+    fn read_entries(&self) -> Result<Vec<Entry>, StoreError> {
+        let bytes = fs::read(&self.log_path).map_err(io_err(&self.log_path))?;
+        let (bodies, _, _) = record::scan(&bytes);
+        let mut out = Vec::with_capacity(bodies.len());
+        for (i, body) in bodies.into_iter().enumerate().take(self.index.len()) {
+            let e = Reader::new(body)
+                .entry()
+                .map_err(|e| self.corrupt(&self.log_path, self.index[i].2, e.to_string()))?;
+            out.push(e);
+        }
+        Ok(out)
+    }
+
+    fn write_entries(&mut self, entries: &[Entry]) -> Result<(), StoreError> {
+        let mut out = Vec::new();
+        for e in entries {
+            let start = record::begin(&mut out);
+            encode_entry(&mut out, e);
+            record::finish(&mut out, start);
+            self.index.push((e.index, e.term, self.len + start as u64));
+        }
+        self.file.write_all(&out).map_err(io_err(&self.log_path))?;
+        self.file.sync_data().map_err(io_err(&self.log_path))?;
+        self.len += out.len() as u64;
+        Ok(())
+    }
+}
+
+impl LogStore for DurableLog {
+    fn load(&mut self) -> Result<Loaded, StoreError> {
+        let entries = self.read_entries()?;
+        if let Some(first) = entries.first() {
+            if first.index != self.snapshot.index + 1 {
+                let why = format!(
+                    "log starts at {} after snapshot {}",
+                    first.index, self.snapshot.index
+                );
+                return Err(self.corrupt(&self.log_path, 0, why));
+            }
+        }
+        Ok(Loaded {
+            snapshot: self.snapshot.clone(),
+            entries,
+        })
+    }
+
+    fn append(&mut self, first: u64, entries: &[Entry]) -> Result<(), StoreError> {
+        let keep = self.index.iter().take_while(|(i, _, _)| *i < first).count();
+        if keep < self.index.len() {
+            let cut = self.index[keep].2;
+            self.index.truncate(keep);
+            self.file.set_len(cut).map_err(io_err(&self.log_path))?;
+            self.len = cut;
+        }
+        self.write_entries(entries)
+    }
+
+    fn save_snapshot(&mut self, snap: &Snapshot) -> Result<(), StoreError> {
+        let mut body = Vec::with_capacity(snap.data.len() + 24);
+        encode_snapshot(&mut body, snap);
+        write_atomic(&self.dir, &self.snap_path, &body)?;
+        self.snapshot = snap.clone();
+        self.rewrite_after_snapshot()
+    }
+
+    fn is_durable(&self) -> bool {
+        true
+    }
+}
+
+impl DurableLog {
+    /// Rewrites the log with only what the snapshot leaves. A crash before
+    /// this is done leaves covered entries in the file; [`DurableLog::open`]
+    /// sees them and finishes the job.
+    fn rewrite_after_snapshot(&mut self) -> Result<(), StoreError> {
+        let mut entries = self.read_entries()?;
+        keep_after(&self.snapshot, &mut entries);
+        let tmp = self.log_path.with_extension("tmp");
+        let mut out = Vec::new();
+        let mut index = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let start = record::begin(&mut out);
+            encode_entry(&mut out, e);
+            record::finish(&mut out, start);
+            index.push((e.index, e.term, start as u64));
+        }
+        let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+        f.write_all(&out).map_err(io_err(&tmp))?;
+        f.sync_all().map_err(io_err(&tmp))?;
+        fs::rename(&tmp, &self.log_path).map_err(io_err(&self.log_path))?;
+        sync_dir(&self.dir)?;
+        self.file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&self.log_path)
+            .map_err(io_err(&self.log_path))?;
+        self.index = index;
+        self.len = out.len() as u64;
+        Ok(())
+    }
+}

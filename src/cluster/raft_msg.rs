@@ -1,0 +1,625 @@
+//! Raft's data types (log entries, messages, hard state, snapshots) and
+//! their binary encoding, shared by the transport and the durable log.
+//!
+//! The encoding is hand-written: fixed-width little-endian integers, a
+//! one-byte tag per variant, and `u32` length prefixes for byte strings and
+//! lists. It is compact (a heartbeat is 49 bytes), needs no schema
+//! crate, and every length is checked against the bytes actually present
+//! before anything is allocated, so a corrupt or hostile frame is an error,
+//! never a panic or a huge allocation. Framing (length + crc32) is the
+//! caller's: [`crate::stream::record`].
+
+use std::fmt;
+
+/// A node's numeric id inside the Raft group. The shell maps `-node-id`
+/// names to these (the position in the sorted `-raft-peers` list, plus 1).
+pub type NodeId = u64;
+
+/// What an entry carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// Appended by every new leader at the start of its term (Raft §5.4.2,
+    /// thesis §6.4): committing it commits everything before it.
+    Noop,
+    /// A command for the state machine.
+    Command,
+}
+
+/// One log entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub term: u64,
+    pub index: u64,
+    pub kind: EntryKind,
+    pub data: Vec<u8>,
+}
+
+/// What must be on disk before any message that depends on it is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HardState {
+    pub term: u64,
+    pub vote: Option<NodeId>,
+    /// Bumped by the shell at every start. Acks carry it, so a leader can
+    /// tell an ack of a node's earlier life (whose log may be gone) from a
+    /// current one.
+    pub epoch: u64,
+}
+
+/// A state-machine snapshot covering every entry up to `index`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Snapshot {
+    pub index: u64,
+    pub term: u64,
+    pub data: Vec<u8>,
+}
+
+/// One message between two nodes. `term` is the sender's term (for
+/// `PreVote`, the term it would campaign in).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub from: NodeId,
+    pub to: NodeId,
+    pub term: u64,
+    pub body: Body,
+}
+
+/// The message kinds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// "Would you vote for me?" without raising anyone's term (thesis §9.6).
+    PreVote {
+        last_index: u64,
+        last_term: u64,
+    },
+    PreVoteResp {
+        granted: bool,
+    },
+    /// RequestVote (Raft §5.2).
+    Vote {
+        last_index: u64,
+        last_term: u64,
+    },
+    VoteResp {
+        granted: bool,
+    },
+    /// AppendEntries (Raft §5.3). `epoch` is the follower's epoch as the
+    /// leader knows it: a follower that lost its log votes again only
+    /// once the leader has seen its new epoch (and so stopped counting
+    /// acks of its earlier life).
+    Append {
+        prev_index: u64,
+        prev_term: u64,
+        entries: Vec<Entry>,
+        commit: u64,
+        epoch: u64,
+    },
+    /// `ok`: `index` is the last index now known to match. Refused:
+    /// `index` is the `prev_index` that did not match, and the hint says
+    /// where the leader should back up to (the first index of the
+    /// conflicting term, or the follower's last index + 1).
+    AppendResp {
+        ok: bool,
+        index: u64,
+        hint_index: u64,
+        hint_term: u64,
+        epoch: u64,
+    },
+    /// Keeps followers from campaigning, carries the commit index (only
+    /// used if the follower holds `commit_term` at `commit`) and the
+    /// ReadIndex round number.
+    Heartbeat {
+        commit: u64,
+        commit_term: u64,
+        read_seq: u64,
+    },
+    HeartbeatResp {
+        read_seq: u64,
+    },
+    /// InstallSnapshot (Raft §7), the whole snapshot in one message.
+    Snapshot {
+        snapshot: Snapshot,
+    },
+    /// A proposal forwarded by a follower; `seq` is the follower's own
+    /// number for it.
+    Propose {
+        seq: u64,
+        data: Vec<u8>,
+    },
+    /// The leader's answer: appended at `index` in term `term` of the
+    /// message, or refused (`index` 0: not the leader of that term).
+    ProposeResp {
+        seq: u64,
+        index: u64,
+    },
+}
+
+/// Why bytes are not a message (or an entry, or a snapshot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CodecError {
+    /// The bytes end before the value does.
+    Short,
+    /// An unknown tag at this offset.
+    Tag(usize, u8),
+    /// Bytes left over after the value.
+    Trailing(usize),
+}
+
+impl fmt::Display for CodecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CodecError::Short => write!(f, "raft message cut short"),
+            CodecError::Tag(at, t) => write!(f, "unknown tag {t} at offset {at}"),
+            CodecError::Trailing(n) => write!(f, "{n} bytes after the message"),
+        }
+    }
+}
+
+impl std::error::Error for CodecError {}
+
+impl Body {
+    /// A short name for logs and tests.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Body::PreVote { .. } => "PreVote",
+            Body::PreVoteResp { .. } => "PreVoteResp",
+            Body::Vote { .. } => "Vote",
+            Body::VoteResp { .. } => "VoteResp",
+            Body::Append { .. } => "Append",
+            Body::AppendResp { .. } => "AppendResp",
+            Body::Heartbeat { .. } => "Heartbeat",
+            Body::HeartbeatResp { .. } => "HeartbeatResp",
+            Body::Snapshot { .. } => "Snapshot",
+            Body::Propose { .. } => "Propose",
+            Body::ProposeResp { .. } => "ProposeResp",
+        }
+    }
+}
+
+// ---- encoding ----
+
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+/// Appends the encoding of `e` to `out`.
+pub fn encode_entry(out: &mut Vec<u8>, e: &Entry) {
+    put_u64(out, e.term);
+    put_u64(out, e.index);
+    out.push(match e.kind {
+        EntryKind::Noop => 0,
+        EntryKind::Command => 1,
+    });
+    put_bytes(out, &e.data);
+}
+
+/// Appends the encoding of `s` to `out`.
+pub fn encode_snapshot(out: &mut Vec<u8>, s: &Snapshot) {
+    put_u64(out, s.index);
+    put_u64(out, s.term);
+    put_bytes(out, &s.data);
+}
+
+/// Appends the encoding of `h` to `out`.
+pub fn encode_hard_state(out: &mut Vec<u8>, h: &HardState) {
+    put_u64(out, h.term);
+    put_u64(out, h.vote.unwrap_or(0));
+    put_u64(out, h.epoch);
+}
+
+/// Appends the encoding of `m` to `out`.
+pub fn encode(out: &mut Vec<u8>, m: &Message) {
+    put_u64(out, m.from);
+    put_u64(out, m.to);
+    put_u64(out, m.term);
+    match &m.body {
+        Body::PreVote {
+            last_index,
+            last_term,
+        } => {
+            out.push(1);
+            put_u64(out, *last_index);
+            put_u64(out, *last_term);
+        }
+        Body::PreVoteResp { granted } => {
+            out.push(2);
+            out.push(*granted as u8);
+        }
+        Body::Vote {
+            last_index,
+            last_term,
+        } => {
+            out.push(3);
+            put_u64(out, *last_index);
+            put_u64(out, *last_term);
+        }
+        Body::VoteResp { granted } => {
+            out.push(4);
+            out.push(*granted as u8);
+        }
+        Body::Append {
+            prev_index,
+            prev_term,
+            entries,
+            commit,
+            epoch,
+        } => {
+            out.push(5);
+            put_u64(out, *prev_index);
+            put_u64(out, *prev_term);
+            put_u64(out, *commit);
+            put_u64(out, *epoch);
+            out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+            for e in entries {
+                encode_entry(out, e);
+            }
+        }
+        Body::AppendResp {
+            ok,
+            index,
+            hint_index,
+            hint_term,
+            epoch,
+        } => {
+            out.push(6);
+            out.push(*ok as u8);
+            put_u64(out, *index);
+            put_u64(out, *hint_index);
+            put_u64(out, *hint_term);
+            put_u64(out, *epoch);
+        }
+        Body::Heartbeat {
+            commit,
+            commit_term,
+            read_seq,
+        } => {
+            out.push(7);
+            put_u64(out, *commit);
+            put_u64(out, *commit_term);
+            put_u64(out, *read_seq);
+        }
+        Body::HeartbeatResp { read_seq } => {
+            out.push(8);
+            put_u64(out, *read_seq);
+        }
+        Body::Snapshot { snapshot } => {
+            out.push(9);
+            encode_snapshot(out, snapshot);
+        }
+        Body::Propose { seq, data } => {
+            out.push(10);
+            put_u64(out, *seq);
+            put_bytes(out, data);
+        }
+        Body::ProposeResp { seq, index } => {
+            out.push(11);
+            put_u64(out, *seq);
+            put_u64(out, *index);
+        }
+    }
+}
+
+// ---- decoding ----
+
+/// A cursor over bytes that refuses to read past the end.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, at: 0 }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
+        let end = self.at.checked_add(n).ok_or(CodecError::Short)?;
+        let s = self.buf.get(self.at..end).ok_or(CodecError::Short)?;
+        self.at = end;
+        Ok(s)
+    }
+
+    fn u8(&mut self) -> Result<u8, CodecError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, CodecError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, CodecError> {
+        let b = self.take(8)?;
+        let mut a = [0; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    fn bool(&mut self) -> Result<bool, CodecError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            t => Err(CodecError::Tag(self.at - 1, t)),
+        }
+    }
+
+    fn bytes(&mut self) -> Result<Vec<u8>, CodecError> {
+        let n = self.u32()? as usize;
+        Ok(self.take(n)?.to_vec())
+    }
+
+    /// Fails unless every byte was read.
+    pub fn finish(&self) -> Result<(), CodecError> {
+        match self.buf.len() - self.at {
+            0 => Ok(()),
+            n => Err(CodecError::Trailing(n)),
+        }
+    }
+
+    pub fn entry(&mut self) -> Result<Entry, CodecError> {
+        let term = self.u64()?;
+        let index = self.u64()?;
+        let kind = match self.u8()? {
+            0 => EntryKind::Noop,
+            1 => EntryKind::Command,
+            t => return Err(CodecError::Tag(self.at - 1, t)),
+        };
+        let data = self.bytes()?;
+        Ok(Entry {
+            term,
+            index,
+            kind,
+            data,
+        })
+    }
+
+    pub fn snapshot(&mut self) -> Result<Snapshot, CodecError> {
+        Ok(Snapshot {
+            index: self.u64()?,
+            term: self.u64()?,
+            data: self.bytes()?,
+        })
+    }
+
+    pub fn hard_state(&mut self) -> Result<HardState, CodecError> {
+        let term = self.u64()?;
+        let vote = Some(self.u64()?).filter(|&v| v != 0);
+        let epoch = self.u64()?;
+        Ok(HardState { term, vote, epoch })
+    }
+
+    fn body(&mut self) -> Result<Body, CodecError> {
+        let tag_at = self.at;
+        Ok(match self.u8()? {
+            1 => Body::PreVote {
+                last_index: self.u64()?,
+                last_term: self.u64()?,
+            },
+            2 => Body::PreVoteResp {
+                granted: self.bool()?,
+            },
+            3 => Body::Vote {
+                last_index: self.u64()?,
+                last_term: self.u64()?,
+            },
+            4 => Body::VoteResp {
+                granted: self.bool()?,
+            },
+            5 => {
+                let prev_index = self.u64()?;
+                let prev_term = self.u64()?;
+                let commit = self.u64()?;
+                let epoch = self.u64()?;
+                let n = self.u32()? as usize;
+                // Each entry takes at least 21 bytes: refuse a count the
+                // remaining bytes cannot hold before reserving room.
+                if n > (self.buf.len() - self.at) / 21 {
+                    return Err(CodecError::Short);
+                }
+                let mut entries = Vec::with_capacity(n);
+                for _ in 0..n {
+                    entries.push(self.entry()?);
+                }
+                Body::Append {
+                    prev_index,
+                    prev_term,
+                    entries,
+                    commit,
+                    epoch,
+                }
+            }
+            6 => Body::AppendResp {
+                ok: self.bool()?,
+                index: self.u64()?,
+                hint_index: self.u64()?,
+                hint_term: self.u64()?,
+                epoch: self.u64()?,
+            },
+            7 => Body::Heartbeat {
+                commit: self.u64()?,
+                commit_term: self.u64()?,
+                read_seq: self.u64()?,
+            },
+            8 => Body::HeartbeatResp {
+                read_seq: self.u64()?,
+            },
+            9 => Body::Snapshot {
+                snapshot: self.snapshot()?,
+            },
+            10 => Body::Propose {
+                seq: self.u64()?,
+                data: self.bytes()?,
+            },
+            11 => Body::ProposeResp {
+                seq: self.u64()?,
+                index: self.u64()?,
+            },
+            t => return Err(CodecError::Tag(tag_at, t)),
+        })
+    }
+}
+
+/// Decodes one whole message from `buf`.
+pub fn decode(buf: &[u8]) -> Result<Message, CodecError> {
+    let mut r = Reader::new(buf);
+    let from = r.u64()?;
+    let to = r.u64()?;
+    let term = r.u64()?;
+    let body = r.body()?;
+    r.finish()?;
+    Ok(Message {
+        from,
+        to,
+        term,
+        body,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples() -> Vec<Message> {
+        let e = |i: u64, d: &[u8]| Entry {
+            term: 3,
+            index: i,
+            kind: if d.is_empty() {
+                EntryKind::Noop
+            } else {
+                EntryKind::Command
+            },
+            data: d.to_vec(),
+        };
+        let bodies = vec![
+            Body::PreVote {
+                last_index: 9,
+                last_term: 2,
+            },
+            Body::PreVoteResp { granted: true },
+            Body::Vote {
+                last_index: 1,
+                last_term: 1,
+            },
+            Body::VoteResp { granted: false },
+            Body::Append {
+                prev_index: 4,
+                prev_term: 2,
+                entries: vec![e(5, b""), e(6, b"set x 1")],
+                commit: 4,
+                epoch: 2,
+            },
+            Body::AppendResp {
+                ok: false,
+                index: 4,
+                hint_index: 3,
+                hint_term: 1,
+                epoch: 7,
+            },
+            Body::Heartbeat {
+                commit: 6,
+                commit_term: 3,
+                read_seq: 12,
+            },
+            Body::HeartbeatResp { read_seq: 12 },
+            Body::Snapshot {
+                snapshot: Snapshot {
+                    index: 100,
+                    term: 3,
+                    data: vec![1, 2, 3],
+                },
+            },
+            Body::Propose {
+                seq: 5,
+                data: b"incr".to_vec(),
+            },
+            Body::ProposeResp { seq: 5, index: 77 },
+        ];
+        bodies
+            .into_iter()
+            .map(|body| Message {
+                from: 1,
+                to: 2,
+                term: 3,
+                body,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        for m in samples() {
+            let mut out = Vec::new();
+            encode(&mut out, &m);
+            assert_eq!(decode(&out), Ok(m));
+        }
+    }
+
+    #[test]
+    fn every_cut_is_an_error_not_a_panic() {
+        for m in samples() {
+            let mut out = Vec::new();
+            encode(&mut out, &m);
+            for cut in 0..out.len() {
+                assert!(
+                    decode(&out[..cut]).is_err(),
+                    "{} cut at {cut}",
+                    m.body.name()
+                );
+            }
+            out.push(0);
+            assert_eq!(decode(&out), Err(CodecError::Trailing(1)));
+        }
+    }
+
+    #[test]
+    fn a_heartbeat_is_49_bytes() {
+        let m = Message {
+            from: 1,
+            to: 2,
+            term: 3,
+            body: Body::Heartbeat {
+                commit: 4,
+                commit_term: 3,
+                read_seq: 0,
+            },
+        };
+        let mut out = Vec::new();
+        encode(&mut out, &m);
+        assert_eq!(out.len(), 49);
+    }
+
+    #[test]
+    fn known_bytes_of_a_heartbeat_response() {
+        let m = Message {
+            from: 1,
+            to: 2,
+            term: 3,
+            body: Body::HeartbeatResp { read_seq: 4 },
+        };
+        let mut out = Vec::new();
+        encode(&mut out, &m);
+        let mut want = Vec::new();
+        for v in [1u64, 2, 3] {
+            want.extend_from_slice(&v.to_le_bytes());
+        }
+        want.push(8);
+        want.extend_from_slice(&4u64.to_le_bytes());
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn a_huge_entry_count_is_refused_without_allocating() {
+        let mut out = Vec::new();
+        for v in [1u64, 2, 3] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.push(5);
+        out.extend_from_slice(&[0; 32]);
+        out.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(decode(&out), Err(CodecError::Short));
+    }
+}

@@ -1,0 +1,675 @@
+//! The classic cases from the Raft paper and thesis, each set up by hand
+//! (init), driven message by message (act) and checked (check): a stale
+//! leader, votes refused to shorter logs, Figure 8, conflicting entries
+//! overwritten, fast backtracking, PreVote and CheckQuorum, snapshot
+//! install, ReadIndex, forwarding, and the non-voting catch-up of a node
+//! that lost its log.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gombus::cluster::raft::{self, Config, ProposeError, Proposed, Raft, ReadState, Role};
+use gombus::cluster::raft_msg::{Body, Entry, EntryKind, HardState, Message, NodeId, Snapshot};
+
+fn entry(index: u64, term: u64) -> Entry {
+    Entry {
+        term,
+        index,
+        kind: EntryKind::Command,
+        data: format!("{index}@{term}").into_bytes(),
+    }
+}
+
+fn config(id: NodeId, n: u64) -> Config {
+    let mut c = Config::new(id, (1..=n).collect());
+    c.seed = id * 7919;
+    c
+}
+
+/// A hand-driven cluster: nothing moves unless a test says so.
+struct Net {
+    nodes: BTreeMap<NodeId, Raft>,
+    cfgs: BTreeMap<NodeId, Config>,
+    queue: Vec<Message>,
+    cut: BTreeSet<(NodeId, NodeId)>,
+    applied: BTreeMap<NodeId, Vec<Entry>>,
+    reads: BTreeMap<NodeId, Vec<ReadState>>,
+    restored: BTreeMap<NodeId, Snapshot>,
+    /// Messages for which this returns false are dropped; it may also
+    /// shorten a message (as if the leader had sent less).
+    filter: Box<dyn FnMut(&mut Message) -> bool>,
+}
+
+impl Net {
+    fn new(n: u64) -> Net {
+        let logs = (1..=n)
+            .map(|id| (id, HardState::default(), vec![]))
+            .collect();
+        Net::with_logs(n, logs, |_| {})
+    }
+
+    fn with_logs(
+        n: u64,
+        logs: Vec<(NodeId, HardState, Vec<Entry>)>,
+        tune: impl Fn(&mut Config),
+    ) -> Net {
+        let mut net = Net {
+            nodes: BTreeMap::new(),
+            cfgs: BTreeMap::new(),
+            queue: Vec::new(),
+            cut: BTreeSet::new(),
+            applied: BTreeMap::new(),
+            reads: BTreeMap::new(),
+            restored: BTreeMap::new(),
+            filter: Box::new(|_| true),
+        };
+        for (id, hs, entries) in logs {
+            let mut cfg = config(id, n);
+            tune(&mut cfg);
+            net.cfgs.insert(id, cfg.clone());
+            net.nodes
+                .insert(id, Raft::new(cfg, hs, Snapshot::default(), entries));
+        }
+        net.settle();
+        net
+    }
+
+    fn node(&self, id: NodeId) -> &Raft {
+        &self.nodes[&id]
+    }
+
+    fn node_mut(&mut self, id: NodeId) -> &mut Raft {
+        self.nodes.get_mut(&id).unwrap()
+    }
+
+    /// Collects every node's Ready (as if persisted) into the queue.
+    fn collect(&mut self) {
+        for (id, r) in self.nodes.iter_mut() {
+            let ready = r.ready();
+            let after = ready.persisted();
+            self.queue.extend(after.messages);
+            if let Some(s) = after.restore {
+                self.restored.insert(*id, s);
+            }
+            self.applied.entry(*id).or_default().extend(after.committed);
+            self.reads.entry(*id).or_default().extend(after.reads);
+        }
+    }
+
+    /// Delivers messages (and what they cause) until the network is quiet.
+    fn settle(&mut self) {
+        for _ in 0..1000 {
+            self.collect();
+            if self.queue.is_empty() {
+                return;
+            }
+            for mut m in std::mem::take(&mut self.queue) {
+                if self.cut.contains(&(m.from, m.to)) || !(self.filter)(&mut m) {
+                    continue;
+                }
+                if let Some(r) = self.nodes.get_mut(&m.to) {
+                    r.step(m);
+                }
+            }
+        }
+        panic!("the network never went quiet");
+    }
+
+    fn tick(&mut self, id: NodeId, n: u32) {
+        for _ in 0..n {
+            self.node_mut(id).tick();
+            self.settle();
+        }
+    }
+
+    /// Ticks `id` alone until it leads (others stay put).
+    fn elect(&mut self, id: NodeId) {
+        for _ in 0..100 {
+            if self.node(id).role() == Role::Leader {
+                return;
+            }
+            self.tick(id, 1);
+        }
+        panic!("{} did not become leader: {}", id, self.node(id).describe());
+    }
+
+    /// Ticks `ids` in turn until one of them leads; returns it.
+    fn elect_any(&mut self, ids: &[NodeId]) -> NodeId {
+        for _ in 0..100 {
+            for &id in ids {
+                if self.node(id).role() == Role::Leader {
+                    return id;
+                }
+                self.tick(id, 1);
+            }
+        }
+        panic!("none of {ids:?} became leader");
+    }
+
+    fn isolate(&mut self, id: NodeId) {
+        for &o in self.cfgs.keys() {
+            if o != id {
+                self.cut.insert((id, o));
+                self.cut.insert((o, id));
+            }
+        }
+    }
+
+    fn heal(&mut self) {
+        self.cut.clear();
+    }
+
+    /// Restarts `id` from its (durable) state: it forgets who leads.
+    fn restart(&mut self, id: NodeId) {
+        let r = self.node(id);
+        let (hs, snap, entries) = (r.hard_state(), r.snapshot().clone(), r.entries().to_vec());
+        let cfg = self.cfgs[&id].clone();
+        self.nodes.insert(id, Raft::new(cfg, hs, snap, entries));
+    }
+
+    fn propose(&mut self, id: NodeId, data: &str) -> Result<Proposed, ProposeError> {
+        let r = self.node_mut(id).propose(data.as_bytes().to_vec());
+        self.settle();
+        r
+    }
+
+    fn applied_data(&self, id: NodeId) -> Vec<String> {
+        self.applied[&id]
+            .iter()
+            .filter(|e| e.kind == EntryKind::Command)
+            .map(|e| String::from_utf8_lossy(&e.data).into_owned())
+            .collect()
+    }
+}
+
+fn hs(term: u64) -> HardState {
+    HardState {
+        term,
+        vote: None,
+        epoch: 0,
+    }
+}
+
+/// Raft §5.1/§5.3: a leader cut off from the rest is replaced; when it
+/// comes back it steps down at the first message of the newer term, and
+/// what it appended alone is overwritten.
+#[test]
+fn stale_leader_steps_down_and_loses_its_uncommitted_entries() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.propose(1, "a").unwrap();
+    net.tick(1, raft::HEARTBEAT_TICKS);
+    assert_eq!(net.applied_data(2), ["a"]);
+
+    net.isolate(1);
+    net.propose(1, "lost").unwrap();
+    let l = net.elect_any(&[2, 3]);
+    assert_eq!(net.node(1).role(), Role::Leader, "1 has not noticed yet");
+    assert!(net.node(l).term() > net.node(1).term());
+    net.propose(l, "b").unwrap();
+
+    net.heal();
+    net.tick(1, raft::HEARTBEAT_TICKS);
+    net.tick(l, raft::HEARTBEAT_TICKS);
+    assert_eq!(net.node(1).role(), Role::Follower);
+    assert_eq!(net.node(1).leader(), Some(l));
+    net.tick(l, raft::HEARTBEAT_TICKS);
+    assert_eq!(net.applied_data(1), ["a", "b"]);
+    assert!(!net.node(1).entries().iter().any(|e| e.data == b"lost"));
+}
+
+/// Raft §5.4.1: a vote is refused to a candidate whose log is less up to
+/// date (older last term, or same last term and shorter); a granted vote
+/// is in the Ready's hard state, ahead of the answer that depends on it.
+#[test]
+fn votes_for_shorter_or_older_logs_are_refused() {
+    let log = vec![entry(1, 1), entry(2, 2), entry(3, 2)];
+    let ask = |last_index: u64, last_term: u64| {
+        let mut r = Raft::new(config(1, 3), hs(2), Snapshot::default(), log.clone());
+        let _ = r.ready();
+        r.step(Message {
+            from: 2,
+            to: 1,
+            term: 3,
+            body: Body::Vote {
+                last_index,
+                last_term,
+            },
+        });
+        let ready = r.ready();
+        let vote = ready.hard_state.and_then(|h| h.vote);
+        let after = ready.persisted();
+        let granted = after
+            .messages
+            .iter()
+            .any(|m| m.body == Body::VoteResp { granted: true });
+        assert_eq!(
+            vote.is_some(),
+            granted,
+            "the vote is persisted with the grant"
+        );
+        granted
+    };
+    assert!(!ask(2, 2), "same last term, shorter log");
+    assert!(!ask(9, 1), "longer log, older last term");
+    assert!(ask(3, 2), "same log");
+    assert!(ask(4, 2), "longer log, same last term");
+    assert!(ask(1, 3), "newer last term");
+
+    // One vote per term: a second candidate of the same term is refused.
+    // (The node already is in that term: only the vote makes it dirty.)
+    let mut r = Raft::new(config(1, 3), hs(3), Snapshot::default(), log);
+    let _ = r.ready();
+    for from in [2, 3] {
+        r.step(Message {
+            from,
+            to: 1,
+            term: 3,
+            body: Body::Vote {
+                last_index: 5,
+                last_term: 3,
+            },
+        });
+    }
+    let ready = r.ready();
+    assert_eq!(ready.hard_state.map(|h| h.vote), Some(Some(2)));
+    let answers: Vec<bool> = ready
+        .persisted()
+        .messages
+        .iter()
+        .filter_map(|m| match m.body {
+            Body::VoteResp { granted } => Some(granted),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answers, [true, false]);
+    assert_eq!(r.vote(), Some(2));
+}
+
+/// Raft Figure 8: an entry of an older term stored on a majority is not
+/// committed by counting replicas, because a node with a newer last term
+/// can still be elected and overwrite it.
+#[test]
+fn figure_8_old_term_entries_commit_only_under_the_current_term() {
+    // (b)→(c): S1 led term 2 and stored index 2 on S1, S2; S5 led term 3
+    // and stored a different index 2 on itself only.
+    let logs = vec![
+        (1, hs(3), vec![entry(1, 1), entry(2, 2)]),
+        (2, hs(3), vec![entry(1, 1), entry(2, 2)]),
+        (3, hs(3), vec![entry(1, 1)]),
+        (4, hs(3), vec![entry(1, 1)]),
+        (5, hs(3), vec![entry(1, 1), entry(2, 3)]),
+    ];
+    let mut net = Net::with_logs(5, logs, |c| c.append_entries_max = 1);
+    net.isolate(5);
+    net.cut.insert((1, 2));
+    // S1 becomes leader of term 4 and copies index 2 (term 2) to S3 and S4,
+    // but its own term's no-op (index 3) never gets through.
+    net.filter = Box::new(|m| {
+        if let Body::Append { entries, .. } = &mut m.body {
+            entries.retain(|e| e.index < 3);
+        }
+        true
+    });
+    net.elect(1);
+    assert_eq!(net.node(1).term(), 4);
+    net.tick(1, 2 * raft::HEARTBEAT_TICKS);
+    assert_eq!(net.node(3).term_at(2), Some(2));
+    assert_eq!(net.node(4).term_at(2), Some(2));
+    assert!(
+        net.node(1).commit() < 2,
+        "index 2 (term 2) is on S1, S3, S4, a majority, but must not commit"
+    );
+
+    // (d): S1 crashes; S5 (last term 3) can win and overwrite index 2.
+    net.nodes.remove(&1);
+    net.cfgs.remove(&1);
+    net.filter = Box::new(|_| true);
+    net.heal();
+    for id in [2, 3, 4] {
+        net.restart(id);
+    }
+    net.restart(5);
+    net.elect(5);
+    net.tick(5, 3 * raft::HEARTBEAT_TICKS);
+    for id in [2, 3, 4] {
+        assert_eq!(net.node(id).term_at(2), Some(3), "S{id} took S5's index 2");
+    }
+    assert_eq!(
+        net.applied[&3].iter().map(|e| e.term).collect::<Vec<_>>()[..2],
+        [1, 3]
+    );
+}
+
+/// Raft §5.3: a follower's conflicting uncommitted entries are dropped,
+/// with everything after them, and the leader's take their place.
+#[test]
+fn conflicting_uncommitted_entries_are_overwritten() {
+    let log = vec![entry(1, 1), entry(2, 1), entry(3, 2), entry(4, 2)];
+    let mut r = Raft::new(config(2, 3), hs(2), Snapshot::default(), log);
+    let _ = r.ready();
+    r.step(Message {
+        from: 1,
+        to: 2,
+        term: 3,
+        body: Body::Append {
+            prev_index: 2,
+            prev_term: 1,
+            entries: vec![entry(3, 3)],
+            commit: 2,
+            epoch: 0,
+        },
+    });
+    let ready = r.ready();
+    assert_eq!(
+        ready.entries,
+        Some((3, vec![entry(3, 3)])),
+        "truncate at 3, store the new 3"
+    );
+    let after = ready.persisted();
+    assert_eq!(after.committed, vec![entry(1, 1), entry(2, 1)]);
+    assert_eq!(r.last_index(), 3);
+    assert_eq!(r.term_at(3), Some(3));
+    let ok = after.messages.iter().any(|m| {
+        matches!(
+            m.body,
+            Body::AppendResp {
+                ok: true,
+                index: 3,
+                ..
+            }
+        )
+    });
+    assert!(ok);
+
+    // A stale, shorter Append does not cut what already matches.
+    r.step(Message {
+        from: 1,
+        to: 2,
+        term: 3,
+        body: Body::Append {
+            prev_index: 1,
+            prev_term: 1,
+            entries: vec![entry(2, 1)],
+            commit: 2,
+            epoch: 0,
+        },
+    });
+    assert_eq!(r.ready().entries, None);
+    assert_eq!(r.last_index(), 3);
+}
+
+/// Fast backtracking by term: a follower with a long run of conflicting
+/// entries is repaired in a few round trips, not one per entry.
+#[test]
+fn backtracking_skips_a_whole_conflicting_term_at_once() {
+    let mut leader_log: Vec<Entry> = (1..=10).map(|i| entry(i, 1)).collect();
+    leader_log.extend((11..=60).map(|i| entry(i, 3)));
+    let mut follower_log: Vec<Entry> = (1..=10).map(|i| entry(i, 1)).collect();
+    follower_log.extend((11..=80).map(|i| entry(i, 2)));
+    let logs = vec![
+        (1, hs(3), leader_log),
+        (2, hs(3), follower_log),
+        (3, hs(3), (1..=10).map(|i| entry(i, 1)).collect()),
+    ];
+    let mut net = Net::with_logs(3, logs, |_| {});
+    net.isolate(2);
+    net.elect(1);
+    net.heal();
+    let refusals = std::rc::Rc::new(std::cell::Cell::new(0));
+    let count = refusals.clone();
+    net.filter = Box::new(move |m| {
+        if matches!(m.body, Body::AppendResp { ok: false, .. }) {
+            count.set(count.get() + 1);
+        }
+        true
+    });
+    net.tick(1, 2 * raft::HEARTBEAT_TICKS);
+    assert_eq!(net.node(2).last_index(), 61);
+    assert_eq!(net.node(2).term_at(61), Some(4));
+    assert_eq!(net.node(2).term_at(11), Some(3));
+    assert!(refusals.get() <= 2, "{} refusals", refusals.get());
+}
+
+/// Thesis §9.6: a node cut off from a healthy cluster keeps timing out,
+/// but PreVote keeps its term down and the lease keeps it from deposing
+/// the leader when it rejoins.
+#[test]
+fn a_rejoining_partitioned_node_does_not_disrupt_the_leader() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.propose(1, "a").unwrap();
+    let term = net.node(1).term();
+    net.isolate(3);
+    net.tick(3, 10 * raft::ELECTION_TICKS);
+    assert_eq!(net.node(3).term(), term, "PreVote keeps the term");
+    assert_ne!(net.node(3).role(), Role::Leader);
+    net.heal();
+    for _ in 0..raft::ELECTION_TICKS {
+        net.tick(1, 1);
+        net.tick(2, 1);
+        net.tick(3, 1);
+    }
+    assert_eq!(net.node(1).role(), Role::Leader);
+    assert_eq!(net.node(1).term(), term);
+    assert_eq!(net.node(3).leader(), Some(1));
+    assert_eq!(net.applied_data(3), ["a"]);
+}
+
+/// Even when the isolated node's term has grown (it had no PreVote
+/// partner to stop it), a follower in its leader's lease ignores its
+/// vote requests.
+#[test]
+fn a_vote_request_inside_the_lease_is_ignored() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    let term = net.node(1).term();
+    net.node_mut(2).step(Message {
+        from: 3,
+        to: 2,
+        term: term + 5,
+        body: Body::Vote {
+            last_index: 100,
+            last_term: term + 4,
+        },
+    });
+    assert_eq!(net.node(2).term(), term);
+    assert_eq!(net.node(2).vote(), Some(1));
+    assert!(net.node_mut(2).ready().persisted().messages.is_empty());
+}
+
+/// Thesis §6.2 (CheckQuorum): a leader that hears from no majority for an
+/// election timeout steps down, and stops taking proposals.
+#[test]
+fn a_leader_without_quorum_steps_down() {
+    let mut net = Net::new(5);
+    net.elect(1);
+    net.isolate(1);
+    net.tick(1, 2 * raft::ELECTION_TICKS);
+    assert_eq!(net.node(1).role(), Role::Follower);
+    assert_eq!(net.node(1).leader(), None);
+    assert_eq!(net.propose(1, "x"), Err(ProposeError::NotLeader(None)));
+}
+
+/// Raft §7: a follower too far behind receives the leader's snapshot,
+/// restores it, and then follows the log from there.
+#[test]
+fn a_lagging_follower_is_sent_a_snapshot() {
+    let mut net = Net::with_logs(3, (1..=3).map(|id| (id, hs(0), vec![])).collect(), |c| {
+        c.snapshot_entries = 10
+    });
+    net.elect(1);
+    net.isolate(3);
+    for i in 0..30 {
+        net.propose(1, &format!("c{i}")).unwrap();
+    }
+    net.tick(1, raft::HEARTBEAT_TICKS);
+    let applied = net.node(1).applied();
+    net.node_mut(1).compact(applied, b"state at 31".to_vec());
+    assert_eq!(net.node(1).snapshot().index, applied);
+    assert!(net.node(1).entries().is_empty());
+
+    net.heal();
+    net.tick(1, 2 * raft::HEARTBEAT_TICKS);
+    let restored = &net.restored[&3];
+    assert_eq!(restored.index, applied);
+    assert_eq!(restored.data, b"state at 31");
+    assert_eq!(net.node(3).snapshot().index, applied);
+
+    net.propose(1, "after").unwrap();
+    net.tick(1, raft::HEARTBEAT_TICKS);
+    assert_eq!(net.applied_data(3), ["after"]);
+    assert_eq!(net.node(3).commit(), net.node(1).commit());
+}
+
+/// Thesis §6.4: a read point is handed out only after a majority has
+/// confirmed the leader is still the leader; a deposed leader never gives
+/// one.
+#[test]
+fn read_index_needs_a_majority_heartbeat() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.propose(1, "a").unwrap();
+    let commit = net.node(1).commit();
+    net.node_mut(1).read_index(7).unwrap();
+    net.settle();
+    assert_eq!(
+        net.reads[&1],
+        [ReadState {
+            ctx: 7,
+            index: commit
+        }]
+    );
+
+    net.isolate(1);
+    net.node_mut(1).read_index(8).unwrap();
+    net.settle();
+    net.tick(1, 2 * raft::ELECTION_TICKS);
+    assert_eq!(net.reads[&1].len(), 1, "no read without a majority");
+    assert_eq!(
+        net.node_mut(2).read_index(9),
+        Err(ProposeError::NotLeader(Some(1)))
+    );
+}
+
+/// A follower forwards a proposal to the leader and learns where it
+/// landed; with forwarding off, it answers "not leader, leader is X".
+#[test]
+fn proposals_at_a_follower_are_forwarded_or_refused_with_the_leader() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    let r = net.propose(2, "fwd").unwrap();
+    assert!(matches!(r, Proposed::Forwarded { .. }));
+    net.tick(1, raft::HEARTBEAT_TICKS);
+    assert_eq!(net.applied_data(1), ["fwd"]);
+    assert_eq!(net.applied_data(2), ["fwd"]);
+
+    let mut net = Net::with_logs(3, (1..=3).map(|id| (id, hs(0), vec![])).collect(), |c| {
+        c.forward_proposals = false
+    });
+    net.elect(1);
+    let e = net.propose(3, "x").unwrap_err();
+    assert_eq!(e, ProposeError::NotLeader(Some(1)));
+    assert_eq!(e.to_string(), "not leader, leader is 1");
+}
+
+/// A node that restarts without its log (memory log, term already > 0)
+/// neither votes nor campaigns until it holds the leader's commit index.
+#[test]
+fn a_node_that_lost_its_log_votes_only_after_catching_up() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.propose(1, "a").unwrap();
+    net.tick(1, raft::HEARTBEAT_TICKS);
+    let old = net.node(3).hard_state();
+    assert!(!raft::starts_as_voter(true, true, &old, true));
+    assert!(
+        raft::starts_as_voter(true, false, &old, true),
+        "durable: nothing lost"
+    );
+    assert!(
+        raft::starts_as_voter(true, true, &HardState::default(), true),
+        "fresh bootstrap"
+    );
+    assert!(!raft::starts_as_voter(
+        false,
+        false,
+        &HardState::default(),
+        true
+    ));
+
+    let mut cfg = net.cfgs[&3].clone();
+    cfg.voter = false;
+    net.cfgs.insert(3, cfg.clone());
+    net.nodes
+        .insert(3, Raft::new(cfg, old, Snapshot::default(), vec![]));
+    net.applied.remove(&3);
+    net.isolate(3);
+    net.tick(3, 10 * raft::ELECTION_TICKS);
+    assert_eq!(
+        net.node(3).role(),
+        Role::Follower,
+        "a non-voter never campaigns"
+    );
+    let vote_ask = Message {
+        from: 2,
+        to: 3,
+        term: old.term + 1,
+        body: Body::Vote {
+            last_index: 0,
+            last_term: 0,
+        },
+    };
+    net.node_mut(3).step(vote_ask);
+    assert_eq!(net.node(3).vote(), None, "a non-voter never votes");
+    let _ = net.node_mut(3).ready();
+
+    // Its answer to that request raised its term, so the old leader steps
+    // down when they meet again; the cluster re-elects among 1 and 2 and
+    // catches 3 up, after which it votes again.
+    net.heal();
+    for _ in 0..20 * raft::ELECTION_TICKS {
+        if net.node(3).is_voter() {
+            break;
+        }
+        for id in 1..=3 {
+            net.tick(id, 1);
+        }
+    }
+    assert!(
+        net.node(3).is_voter(),
+        "caught up: {}",
+        net.node(3).describe()
+    );
+    let leader = net.node(3).leader().unwrap();
+    assert_ne!(leader, 3);
+    assert_eq!(net.node(3).commit(), net.node(leader).commit());
+    assert_eq!(net.applied_data(3), ["a"]);
+}
+
+/// An Append whose entries do not follow its `prev_index` one by one is
+/// dropped whole, not half applied (and does not bring the node down).
+#[test]
+fn a_malformed_append_is_dropped() {
+    let mut r = Raft::new(config(2, 3), hs(2), Snapshot::default(), vec![entry(1, 1)]);
+    let _ = r.ready();
+    for entries in [
+        vec![entry(3, 2)],
+        vec![entry(2, 2), entry(4, 2)],
+        vec![entry(u64::MAX, 2)],
+    ] {
+        r.step(Message {
+            from: 1,
+            to: 2,
+            term: 2,
+            body: Body::Append {
+                prev_index: 1,
+                prev_term: 1,
+                entries,
+                commit: 1,
+                epoch: 0,
+            },
+        });
+        assert_eq!(r.last_index(), 1);
+        assert!(r.ready().entries.is_none());
+    }
+}

@@ -1,0 +1,205 @@
+//! Deterministic simulation of 3- and 5-node Raft clusters under faults
+//! (see tests/raft_harness). `SIM_SEEDS` sets how many seeds run (default
+//! 2000, split over four tests: 3 or 5 nodes, durable or memory log);
+//! `make sim SEEDS=N` runs more in release. A failure names its seed and
+//! the command that replays it.
+
+mod raft_harness;
+
+use raft_harness::run_seed;
+
+/// The cluster shape a seed runs: its size and whether logs are in memory.
+fn shape(seed: u64) -> (usize, bool) {
+    match seed % 4 {
+        0 => (3, false),
+        1 => (3, true),
+        2 => (5, false),
+        _ => (5, true),
+    }
+}
+
+fn seeds_total() -> u64 {
+    std::env::var("SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+}
+
+fn run_one(seed: u64) -> Result<(), String> {
+    let (n, memory) = shape(seed);
+    match std::panic::catch_unwind(|| run_seed(seed, n, memory)) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(format!("panicked: {msg}"))
+        }
+    }
+}
+
+fn run_group(group: u64) {
+    let mut failures = Vec::new();
+    let mut seed = group;
+    while seed < seeds_total() {
+        if let Err(e) = run_one(seed) {
+            let (n, memory) = shape(seed);
+            let log = if memory { "memory" } else { "durable" };
+            failures.push(format!(
+                "seed {seed} ({n} nodes, {log} log): {e}\n  replay: SIM_SEED={seed} cargo test --test raft_sim replay -- --ignored --nocapture"
+            ));
+        }
+        seed += 4;
+    }
+    assert!(
+        failures.is_empty(),
+        "{} seeds failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn sim_3_nodes_durable_log() {
+    run_group(0);
+}
+
+#[test]
+fn sim_3_nodes_memory_log() {
+    run_group(1);
+}
+
+#[test]
+fn sim_5_nodes_durable_log() {
+    run_group(2);
+}
+
+#[test]
+fn sim_5_nodes_memory_log() {
+    run_group(3);
+}
+
+/// Replays one seed: `SIM_SEED=N cargo test --test raft_sim replay -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn replay() {
+    let seed: u64 = std::env::var("SIM_SEED")
+        .expect("set SIM_SEED")
+        .parse()
+        .expect("SIM_SEED is a number");
+    let (n, memory) = shape(seed);
+    println!("seed {seed}: {n} nodes, memory log: {memory}");
+    let r = run_seed(seed, n, memory);
+    assert_eq!(r, Ok(()), "seed {seed}");
+}
+
+/// Prints what the first 16 seeds' runs did (steps, commits, acks,
+/// reads, leader changes), to see that the chaos is doing its job:
+/// `cargo test --test raft_sim stats -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn stats() {
+    for seed in 0..16u64 {
+        let (n, memory) = shape(seed);
+        let (sim, r) = raft_harness::run(seed, n, memory);
+        println!(
+            "seed {seed} {r:?} steps {} committed {} acked {} reads {} leader changes {} last term {:?}",
+            sim.steps,
+            sim.committed.len(),
+            sim.acked.len(),
+            sim.reads_done,
+            sim.leader_changes.len(),
+            sim.leader_changes.last()
+        );
+        assert_eq!(r, Ok(()), "seed {seed}");
+    }
+}
+
+fn percentile(v: &mut [u64], p: usize) -> u64 {
+    v.sort_unstable();
+    v[(v.len() - 1) * p / 100]
+}
+
+/// Election times with the default timeouts on a calm network (1-8 ms
+/// delays): to the first leader, and from a leader's crash to the next
+/// one. The p99 after a loss must stay under 1 s. Prints the figures
+/// (`cargo test --test raft_sim figures -- --nocapture`).
+#[test]
+fn figures_election_times() {
+    use raft_harness::{Faults, Sim};
+    for n in [3, 5] {
+        let (mut first, mut failover) = (Vec::new(), Vec::new());
+        for seed in 0..300 {
+            let mut sim = Sim::new(seed, n, false, Faults::calm());
+            let mut t = 0;
+            while sim.leader().is_none() {
+                t += 1;
+                sim.run_until(t).unwrap();
+                assert!(t < 10_000, "seed {seed}: no first leader");
+            }
+            first.push(t);
+            t += 1_000;
+            sim.run_until(t).unwrap();
+            let old = sim.leader().unwrap();
+            sim.crash(old);
+            let crashed_at = t;
+            loop {
+                t += 1;
+                sim.run_until(t).unwrap();
+                if sim.leader().is_some_and(|l| l != old) {
+                    break;
+                }
+                assert!(t < crashed_at + 10_000, "seed {seed}: no leader after loss");
+            }
+            failover.push(t - crashed_at);
+        }
+        let tick = gombus::cluster::raft::TICK_MS;
+        let (f50, f99) = (percentile(&mut first, 50), percentile(&mut first, 99));
+        let (l50, l99) = (percentile(&mut failover, 50), percentile(&mut failover, 99));
+        println!(
+            "{n} nodes: first leader median {f50} ms ({} ticks), p99 {f99} ms ({} ticks); \
+             after leader loss median {l50} ms ({} ticks), p99 {l99} ms ({} ticks)",
+            f50 / tick,
+            f99 / tick,
+            l50 / tick,
+            l99 / tick
+        );
+        assert!(l99 < 1_000, "{n} nodes: p99 failover {l99} ms");
+    }
+}
+
+/// A healthy 3-node cluster under steady load for 10 simulated seconds:
+/// one election at the start and none after; prints commits per second.
+#[test]
+fn figures_no_spurious_elections_and_throughput() {
+    use raft_harness::{Faults, Sim};
+    for seed in 0..2 {
+        let mut sim = Sim::with_snapshots_every(seed, 3, false, Faults::calm(), 200);
+        let mut t = 0;
+        while sim.leader().is_none() {
+            t += 1;
+            sim.run_until(t).unwrap();
+        }
+        let start = t;
+        let committed_at_start = sim.committed.len();
+        while t < start + 10_000 {
+            t += 1;
+            sim.run_until(t).unwrap();
+            let l = sim.leader().unwrap();
+            for _ in 0..2 {
+                sim.propose(l).unwrap();
+            }
+        }
+        assert_eq!(
+            sim.leader_changes.len(),
+            1,
+            "seed {seed}: {:?}",
+            sim.leader_changes
+        );
+        let per_s = (sim.committed.len() - committed_at_start) as u64 / 10;
+        println!("seed {seed}: 2000 proposals/s offered, {per_s} committed per simulated second");
+        assert!(per_s >= 1_950, "seed {seed}: only {per_s}/s");
+    }
+}
