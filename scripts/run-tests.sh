@@ -5,7 +5,10 @@
 set -uo pipefail
 log=$(mktemp "${TMPDIR:-/tmp}/gombus-tests.XXXXXX")
 trap 'rm -f "$log"' EXIT
-cargo test --locked --all-targets "$@" 2>&1 | tee "$log"
+# `cargo test --all-targets` compiles examples as test harnesses; the
+# multi-process Raft test runs the real `raft_node` example binary, so
+# build the examples as programs first.
+{ cargo build --locked --examples && cargo test --locked --all-targets "$@"; } 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 passed=$(awk '/^test result:/ {for (i = 1; i <= NF; i++) if ($i ~ /^passed/) s += $(i - 1)} END {print s + 0}' "$log")
 failed=$(awk '/^test result:/ {for (i = 1; i <= NF; i++) if ($i ~ /^failed/) s += $(i - 1)} END {print s + 0}' "$log")

@@ -149,7 +149,11 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 #[test]
 fn three_processes_elect_fail_over_and_catch_up() {
     let bin = example_bin();
-    assert!(bin.exists(), "{} is built by cargo test", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --example raft_node` first (scripts/run-tests.sh does)",
+        bin.display()
+    );
     let mut c = Cluster::new();
     for n in ["a", "b", "c"] {
         c.start(n);
