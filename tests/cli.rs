@@ -519,6 +519,30 @@ fn bench_stream_publishes_acked_into_a_stream_it_removes_after() {
 }
 
 #[test]
+fn bench_stream_pipelines_acked_publishes_within_its_window() {
+    let b = Broker::start(&[]);
+    let s = b.addr.as_str();
+    let r = ok_json(&[
+        "-s", s, "bench", "stream", "--msgs", "2000", "--window", "64", "--json",
+    ]);
+    assert_eq!(
+        (r["msgs"].as_u64(), r["window"].as_u64()),
+        (Some(2000), Some(64))
+    );
+    let row = &r["rows"][0];
+    assert_eq!(row["role"], "publish (acked)");
+    assert_eq!(
+        (row["msgs"].as_u64(), row["acked"].as_u64()),
+        (Some(2000), Some(2000))
+    );
+    let lat = &row["latency_us"];
+    assert!(lat["p50"].as_u64().unwrap() <= lat["max"].as_u64().unwrap());
+    let o = run(&["-s", s, "bench", "stream", "--window", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--window"), "{}", stderr(&o));
+}
+
+#[test]
 fn bench_workloads_report_as_json() {
     let b = Broker::start(&[]);
     let s = b.addr.as_str();

@@ -2,7 +2,8 @@
 //! a SIGKILL and restart of the broker with its subscriptions intact,
 //! reports the outage as events, fails or holds publishes made while down,
 //! falls through a list of addresses, and keeps each subscription's queue
-//! bounded.
+//! bounded. Pipelined acked calls are answered in order and fail when the
+//! broker dies under them.
 
 mod common;
 
@@ -12,7 +13,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::Broker;
-use gombus::client::{Client, Error, Event, Events, Options, Reconnect, Subscription};
+use gombus::client::{
+    Client, Error, Event, Events, Options, OutMessage, Payload, Reconnect, StreamConfig,
+    Subscription,
+};
 use serde_json::json;
 
 /// Bound on any single wait for a message or an event.
@@ -390,4 +394,75 @@ fn a_subscription_queue_is_bounded_in_bytes_too() {
     client.ping().unwrap();
     assert_eq!(sub.pending(), 1);
     assert_eq!(recv_data(&sub)["n"], json!(99));
+}
+
+#[test]
+fn pipelined_acked_publishes_are_acked_in_order() {
+    let broker = Broker::start(&[]);
+    let client = Client::connect(&broker.addr).unwrap();
+    client
+        .stream_create(&StreamConfig::new("PIPE", &["pipe.>"]))
+        .unwrap();
+    let pending: Vec<_> = (0..1000)
+        .map(|i| {
+            let msg = OutMessage::new("pipe.a", Payload::Json(json!(i)));
+            client.publish_async(&msg).unwrap()
+        })
+        .collect();
+    let seqs: Vec<u64> = pending
+        .into_iter()
+        .map(|ack| {
+            let ack = ack.wait().unwrap();
+            assert_eq!(ack["stream"], json!("PIPE"), "{ack}");
+            ack["seq"].as_u64().unwrap()
+        })
+        .collect();
+    assert_eq!(seqs, (1..=1000).collect::<Vec<u64>>());
+    let state = client.stream_info("PIPE").unwrap().state;
+    assert_eq!((state.messages, state.last_seq), (1000, 1000));
+    // Message 500 is the 500th published.
+    assert_eq!(client.stream_get("PIPE", 500).unwrap().data, json!(499));
+}
+
+#[test]
+fn a_pending_ack_fails_with_disconnected_when_the_broker_dies() {
+    let mut broker = Broker::start(&[]);
+    let responder = Client::connect(&broker.addr).unwrap();
+    let silent = responder.subscribe("svc.never").unwrap();
+    let client = Client::connect_any_with(&[&broker.addr], resilient(0)).unwrap();
+    let arg = json!({"subject": "svc.never", "data": 1, "timeout_ms": 30_000});
+    let pending = client.call_async("request", arg).unwrap();
+    // The request reached the responder, so its ack is outstanding.
+    recv_data(&silent);
+    let started = Instant::now();
+    broker.kill();
+    assert_eq!(pending.wait_timeout(WAIT), Err(Error::Disconnected));
+    assert!(started.elapsed() < WAIT, "the wait ran out instead");
+}
+
+#[test]
+fn a_full_window_of_async_acks_blocks_the_next_call_until_its_timeout() {
+    let broker = Broker::start(&[]);
+    let responder = Client::connect(&broker.addr).unwrap();
+    let silent = responder.subscribe("svc.never").unwrap();
+    let opts = Options {
+        async_acks_max: 2,
+        timeout: Duration::from_millis(300),
+        ..Options::default()
+    };
+    let client = Client::connect_with(&broker.addr, opts).unwrap();
+    let request = || json!({"subject": "svc.never", "data": 1, "timeout_ms": 30_000});
+    let first = client.call_async("request", request()).unwrap();
+    let _second = client.call_async("request", request()).unwrap();
+    let started = Instant::now();
+    assert_eq!(
+        client.call_async("request", request()).unwrap_err(),
+        Error::Timeout
+    );
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    // Giving up on one frees its slot; a quick call then goes through.
+    drop(first);
+    let ping = client.call_async("ping", json!({})).unwrap();
+    assert_eq!(ping.wait().unwrap()["ok"], json!(true));
+    drop(silent);
 }

@@ -219,6 +219,12 @@ fn bench_opts(o: &mut Options) {
         "acked",
         "pub: wait for each publish's ack (gives latencies)",
     );
+    o.optopt(
+        "",
+        "window",
+        "stream, pub --acked: acked publishes each publisher keeps in flight (default 256)",
+        "W",
+    );
 }
 
 /// Every command, in the order `gombus --help` lists them.

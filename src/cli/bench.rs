@@ -8,8 +8,12 @@
 //! answered by a queue group of responders), `stream` (acked publishes into
 //! a stream made for the run and deleted after). Latency is measured from a
 //! send timestamp inside each message (same host clock) or, for acked
-//! publishes and requests, as the round trip.
+//! publishes and requests, as the round trip. Acked publishes are
+//! pipelined: each publisher keeps up to `--window` of them in flight
+//! (default 256) and times each from its send to its ack, so the run
+//! measures throughput rather than one round trip after another.
 
+use std::collections::VecDeque;
 use std::io::{IsTerminal, Write as _};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -21,7 +25,7 @@ use serde_json::{json, Value};
 use super::args::Parsed;
 use super::output::{self, Failure};
 use super::{connect, connect_tuned, Namespace, Run};
-use crate::client::Error;
+use crate::client::{Client, Error, OutMessage, Payload, PendingAck};
 
 /// A receiver that hears nothing for this long stops waiting.
 const IDLE_MAX: Duration = Duration::from_secs(5);
@@ -31,6 +35,9 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 const RECEIVER_BYTES_MAX: usize = 1 << 30;
 /// One wait of a receiver before it checks whether the run is over.
 const RECV_SLICE: Duration = Duration::from_millis(100);
+
+/// Default of `--window`: acked publishes each publisher keeps in flight.
+const WINDOW_DEFAULT: u64 = 256;
 
 const WORKLOADS: &[&str] = &["pub", "sub", "fanout", "queue", "reqrep", "stream"];
 
@@ -45,6 +52,8 @@ pub struct Side {
     pub last: Option<Instant>,
     /// Messages the receiving client dropped (its queue was full).
     pub dropped: u64,
+    /// Publishes the server acked (acked workloads only).
+    pub acked: u64,
 }
 
 struct Plan {
@@ -55,6 +64,8 @@ struct Plan {
     pubs: u64,
     subs: u64,
     acked: bool,
+    /// Acked publishes in flight per publisher.
+    window: u64,
 }
 
 fn now_us() -> u64 {
@@ -98,10 +109,14 @@ pub fn run(p: &Parsed) -> Result<(), Run> {
             _ => 1,
         }),
         acked: p.flag("acked") || workload == "stream",
+        window: p.opt_u64("window")?.unwrap_or(WINDOW_DEFAULT),
         workload,
     };
     if plan.msgs == 0 {
         return Err(p.usage_error("--msgs: must be at least 1".into()).into());
+    }
+    if plan.window == 0 {
+        return Err(p.usage_error("--window: must be at least 1".into()).into());
     }
     let (publish, receive) = execute(p, &plan)?;
     report(p, &plan, &publish, receive.as_ref());
@@ -204,39 +219,59 @@ fn execute(p: &Parsed, plan: &Plan) -> Result<(Side, Option<Side>), Failure> {
     let mut publishers = Vec::new();
     for i in 0..plan.pubs {
         let n = total / plan.pubs + u64::from(i < total % plan.pubs);
-        let client = connect(&p.global, Namespace::Root)?;
+        let window = usize::try_from(plan.window).unwrap_or(usize::MAX);
+        let client = connect_tuned(&p.global, Namespace::Root, |o| {
+            o.async_acks_max = window;
+        })?;
         let sent = Arc::clone(&sent);
         let subject = plan.subject.clone();
         let pad = pad.clone();
         let workload = plan.workload.clone();
         let acked = plan.acked;
         let timeout = p.global.timeout;
-        publishers.push(thread::spawn(move || -> Result<Vec<u64>, Failure> {
-            let mut lat = Vec::new();
-            for _ in 0..n {
-                let data = json!({"t": now_us(), "p": pad});
-                let t0 = Instant::now();
-                let r = match workload.as_str() {
-                    "reqrep" => client.request(&subject, data, timeout).map(|_| ()),
-                    _ if acked => client.publish_acked(&subject, data).map(|_| ()),
-                    _ => client.publish(&subject, data),
-                };
-                r.map_err(|e| Failure::call(&format!("{workload} on {subject}"), &e))?;
-                if acked || workload == "reqrep" {
-                    lat.push(t0.elapsed().as_micros() as u64);
+        publishers.push(thread::spawn(
+            move || -> Result<(Vec<u64>, u64), Failure> {
+                if acked && workload != "reqrep" {
+                    let pipe = Pipeline {
+                        client: &client,
+                        subject: &subject,
+                        stored: workload == "stream",
+                        window,
+                        sent: &sent,
+                    };
+                    let (lat, acks) = pipe.run(n, &pad)?;
+                    client.ping().map_err(|e| Failure::call("ping", &e))?;
+                    return Ok((lat, acks));
                 }
-                sent.fetch_add(1, Ordering::Relaxed);
-            }
-            // Everything sent was processed once the ping is answered.
-            client.ping().map_err(|e| Failure::call("ping", &e))?;
-            Ok(lat)
-        }));
+                let mut lat = Vec::new();
+                for _ in 0..n {
+                    let data = json!({"t": now_us(), "p": pad});
+                    let t0 = Instant::now();
+                    let r = match workload.as_str() {
+                        "reqrep" => client.request(&subject, data, timeout).map(|_| ()),
+                        _ if acked => client.publish_acked(&subject, data).map(|_| ()),
+                        _ => client.publish(&subject, data),
+                    };
+                    r.map_err(|e| Failure::call(&format!("{workload} on {subject}"), &e))?;
+                    if acked || workload == "reqrep" {
+                        lat.push(t0.elapsed().as_micros() as u64);
+                    }
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+                // Everything sent was processed once the ping is answered.
+                client.ping().map_err(|e| Failure::call("ping", &e))?;
+                Ok((lat, 0))
+            },
+        ));
     }
     let mut publish = Side::default();
     let mut first_err = None;
     for h in publishers {
         match h.join() {
-            Ok(Ok(lat)) => publish.lat_us.extend(lat),
+            Ok(Ok((lat, acks))) => {
+                publish.lat_us.extend(lat);
+                publish.acked += acks;
+            }
             Ok(Err(e)) => first_err = first_err.or(Some(e)),
             Err(_) => first_err = first_err.or(Some(Failure("a publisher panicked".into()))),
         }
@@ -275,6 +310,61 @@ fn execute(p: &Parsed, plan: &Plan) -> Result<(Side, Option<Side>), Failure> {
         return Err(e);
     }
     Ok((publish, receive))
+}
+
+/// One publisher's acked publishes, up to `window` of them in flight.
+struct Pipeline<'a> {
+    client: &'a Client,
+    subject: &'a str,
+    /// Each ack must say which stream stored the message.
+    stored: bool,
+    window: usize,
+    sent: &'a AtomicU64,
+}
+
+impl Pipeline<'_> {
+    /// Publishes `n` messages; returns each one's latency from its send to
+    /// its ack, in microseconds, and how many were acked. Acks already
+    /// here are collected before each send, so a latency is at most one
+    /// send late; with `window` in flight it waits for the oldest.
+    fn run(&self, n: u64, pad: &str) -> Result<(Vec<u64>, u64), Failure> {
+        let mut lat = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+        let mut inflight: VecDeque<(Instant, PendingAck)> = VecDeque::new();
+        for _ in 0..n {
+            while let Some((_, front)) = inflight.front_mut() {
+                if !front.is_ready() && inflight.len() < self.window {
+                    break;
+                }
+                if let Some((t0, ack)) = inflight.pop_front() {
+                    self.settle(t0, ack, &mut lat)?;
+                }
+            }
+            let data = json!({"t": now_us(), "p": pad});
+            let msg = OutMessage::new(self.subject, Payload::Json(data));
+            let t0 = Instant::now();
+            let ack = self
+                .client
+                .publish_async(&msg)
+                .map_err(|e| Failure::call(&format!("publish on {}", self.subject), &e))?;
+            inflight.push_back((t0, ack));
+            self.sent.fetch_add(1, Ordering::Relaxed);
+        }
+        while let Some((t0, ack)) = inflight.pop_front() {
+            self.settle(t0, ack, &mut lat)?;
+        }
+        let acks = lat.len() as u64;
+        Ok((lat, acks))
+    }
+
+    fn settle(&self, t0: Instant, ack: PendingAck, lat: &mut Vec<u64>) -> Result<(), Failure> {
+        let what = format!("acked publish on {}", self.subject);
+        let v = ack.wait().map_err(|e| Failure::call(&what, &e))?;
+        lat.push(t0.elapsed().as_micros() as u64);
+        if self.stored && v.get("seq").and_then(Value::as_u64).is_none() {
+            return Err(Failure(format!("{what}: no stream stored it: {v}")));
+        }
+        Ok(())
+    }
 }
 
 fn progress_loop(
@@ -322,7 +412,7 @@ fn progress_loop(
     }
 }
 
-fn side_json(role: &str, s: &Side, size: usize) -> Value {
+fn side_json(role: &str, s: &Side, size: usize, acked: bool) -> Value {
     let mut lat = s.lat_us.clone();
     lat.sort_unstable();
     let rate = if s.secs > 0.0 {
@@ -330,7 +420,7 @@ fn side_json(role: &str, s: &Side, size: usize) -> Value {
     } else {
         0.0
     };
-    json!({
+    let mut row = json!({
         "role": role,
         "msgs": s.msgs,
         "dropped": s.dropped,
@@ -343,7 +433,11 @@ fn side_json(role: &str, s: &Side, size: usize) -> Value {
             "p99": percentile(&lat, 0.99),
             "max": lat.last(),
         })},
-    })
+    });
+    if acked {
+        row["acked"] = json!(s.acked);
+    }
+    row
 }
 
 fn report(p: &Parsed, plan: &Plan, publish: &Side, receive: Option<&Side>) {
@@ -353,12 +447,13 @@ fn report(p: &Parsed, plan: &Plan, publish: &Side, receive: Option<&Side>) {
         _ if plan.acked => "publish (acked)",
         _ => "publish",
     };
-    let mut rows = vec![side_json(pub_role, publish, plan.size)];
+    let pipelined = plan.acked && plan.workload != "reqrep";
+    let mut rows = vec![side_json(pub_role, publish, plan.size, pipelined)];
     if let Some(r) = receive {
-        rows.push(side_json("receive", r, plan.size));
+        rows.push(side_json("receive", r, plan.size, false));
     }
     if p.global.json {
-        output::json_pretty(&json!({
+        let mut summary = json!({
             "workload": plan.workload,
             "subject": plan.subject,
             "msgs": plan.msgs,
@@ -366,11 +461,20 @@ fn report(p: &Parsed, plan: &Plan, publish: &Side, receive: Option<&Side>) {
             "pubs": plan.pubs,
             "subs": plan.subs,
             "rows": rows,
-        }));
+        });
+        if pipelined {
+            summary["window"] = json!(plan.window);
+        }
+        output::json_pretty(&summary);
         return;
     }
+    let window = if pipelined {
+        format!(" (window {})", plan.window)
+    } else {
+        String::new()
+    };
     println!(
-        "bench {}: {} msgs of {} B, {} publisher(s), {} subscriber(s) on {}\n",
+        "bench {}: {} msgs of {} B, {} publisher(s){window}, {} subscriber(s) on {}\n",
         plan.workload, plan.msgs, plan.size, plan.pubs, plan.subs, plan.subject
     );
     let us = |v: &Value, k: &str| {

@@ -78,6 +78,17 @@
 //! # }
 //! ```
 //!
+//! # Pipelining
+//!
+//! [`Client::call_async`] and [`Client::publish_async`] send an event with
+//! an ack id and return a [`PendingAck`] at once, so one thread can keep
+//! many acked publishes in flight (the server acks a connection's events
+//! in order). At most [`Options::async_acks_max`] of them are outstanding
+//! per client; past that the next call blocks until one ends, or fails
+//! with [`Error::Timeout`] after the client's timeout. A pending ack ends
+//! like a blocking call: with the ack, [`Error::Disconnected`] when the
+//! link drops (while reconnecting), [`Error::Closed`], or a timeout.
+//!
 //! # Bounded queues
 //!
 //! Each subscription queues at most [`Options::subscription_capacity`]
@@ -92,6 +103,7 @@
 mod backoff;
 mod dial;
 mod inbox;
+mod pending;
 mod reader;
 mod shared;
 mod stream;
@@ -112,6 +124,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use inbox::{Empty, Inbox};
+pub use pending::PendingAck;
 use shared::{Phase, Shared, State, SubRoute};
 pub use stream::{
     ConsumerConfig, ConsumerInfo, PubAck, SeqPair, StoredMessage, StreamConfig, StreamDelivery,
@@ -131,6 +144,8 @@ const CLOSE_NORMAL: u16 = 1000;
 const SUBSCRIPTION_CAPACITY_DEFAULT: usize = 65_536;
 /// Default of [`Options::subscription_bytes_max`]: 64 MiB.
 const SUBSCRIPTION_BYTES_DEFAULT: usize = 64 * 1024 * 1024;
+/// Default of [`Options::async_acks_max`].
+const ASYNC_ACKS_DEFAULT: usize = 4096;
 /// Events kept for [`Client::events`] before the oldest is dropped.
 const EVENTS_MAX: usize = 1024;
 
@@ -140,8 +155,8 @@ const EVENTS_MAX: usize = 1024;
 
 /// Connection options; [`Options::default`] connects to `/` without a token,
 /// waits at most 5 s for the handshake and for each ack, does not
-/// reconnect, holds no publishes and queues up to 65 536 messages or 64 MiB
-/// per subscription.
+/// reconnect, holds no publishes, queues up to 65 536 messages or 64 MiB
+/// per subscription and keeps up to 4 096 async acks outstanding.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Sent as the CONNECT auth payload `{"token": …}` when set.
@@ -162,6 +177,10 @@ pub struct Options {
     /// Bytes (as received on the wire) each [`Subscription`] queues before
     /// dropping the oldest; the newest message is always kept.
     pub subscription_bytes_max: usize,
+    /// Acks of [`Client::call_async`] / [`Client::publish_async`] awaited
+    /// at once (default 4 096). Past it those calls block until one of them
+    /// ends, at most `timeout` ([`Error::Timeout`]); 0 counts as 1.
+    pub async_acks_max: usize,
 }
 
 impl Default for Options {
@@ -174,6 +193,7 @@ impl Default for Options {
             publish_buffer: 0,
             subscription_capacity: SUBSCRIPTION_CAPACITY_DEFAULT,
             subscription_bytes_max: SUBSCRIPTION_BYTES_DEFAULT,
+            async_acks_max: ASYNC_ACKS_DEFAULT,
         }
     }
 }
@@ -524,6 +544,7 @@ impl Client {
             closing: false,
             next_ack_id: 0,
             pending: HashMap::new(),
+            async_acks: 0,
             subs: HashMap::new(),
             held: VecDeque::new(),
             max_payload: link.max_payload,
@@ -536,6 +557,7 @@ impl Client {
             urls,
             state: Mutex::new(state),
             changed: Condvar::new(),
+            slots: Condvar::new(),
             next_sid: AtomicU64::new(1),
             pongs: AtomicU64::new(0),
             events: Arc::new(Inbox::new(EVENTS_MAX, usize::MAX)),

@@ -32,9 +32,26 @@ pub(super) struct Reply {
 pub(super) enum Waiter {
     /// A caller blocked on its reply (or on the error that ends the wait).
     Call(SyncSender<Result<Reply, Error>>),
+    /// A [`super::PendingAck`]: like `Call`, and it holds one of the
+    /// client's [`Options::async_acks_max`] slots until it ends.
+    Async(SyncSender<Result<Reply, Error>>),
     /// The background thread's re-`sub` of this sid after a reconnect.
     Resub(String),
 }
+
+/// Whether and how an emitted event waits for its ack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AckMode {
+    /// Sent without an ack id.
+    None,
+    /// The caller blocks for the ack.
+    Call,
+    /// The caller gets a [`super::PendingAck`] back at once.
+    Async,
+}
+
+/// An ack registered for a sent event: its id and where it will arrive.
+pub(super) type AckSlot = (u64, Receiver<Result<Reply, Error>>);
 
 /// What the client remembers of a live subscription so it can re-send it.
 #[derive(Debug)]
@@ -98,6 +115,8 @@ pub(super) struct State {
     pub(super) closing: bool,
     pub(super) next_ack_id: u64,
     pub(super) pending: HashMap<u64, Waiter>,
+    /// How many of `pending` are [`Waiter::Async`].
+    pub(super) async_acks: usize,
     pub(super) subs: HashMap<String, SubRoute>,
     /// Publishes made while down, bounded by `Options::publish_buffer`.
     pub(super) held: VecDeque<Held>,
@@ -119,9 +138,31 @@ impl State {
         id
     }
 
-    pub(super) fn register_call(&mut self) -> (u64, Receiver<Result<Reply, Error>>) {
+    pub(super) fn register_call(&mut self) -> AckSlot {
         let (tx, rx) = mpsc::sync_channel(1);
         (self.register(Waiter::Call(tx)), rx)
+    }
+
+    fn register_ack(&mut self, mode: AckMode) -> Option<AckSlot> {
+        match mode {
+            AckMode::None => None,
+            AckMode::Call => Some(self.register_call()),
+            AckMode::Async => {
+                let (tx, rx) = mpsc::sync_channel(1);
+                self.async_acks += 1;
+                Some((self.register(Waiter::Async(tx)), rx))
+            }
+        }
+    }
+
+    /// Takes the waiter of ack `id` out, freeing its async slot if it held
+    /// one.
+    pub(super) fn take(&mut self, id: u64) -> Option<Waiter> {
+        let waiter = self.pending.remove(&id);
+        if matches!(waiter, Some(Waiter::Async(_))) {
+            self.async_acks = self.async_acks.saturating_sub(1);
+        }
+        waiter
     }
 
     /// Ends every wait for an ack with `error` (a fresh one per caller),
@@ -129,8 +170,9 @@ impl State {
     pub(super) fn fail_pending(&mut self, error: impl Fn() -> Error) {
         self.resubs_unacked = 0;
         self.announce = None;
+        self.async_acks = 0;
         for (_, waiter) in self.pending.drain() {
-            if let Waiter::Call(tx) = waiter {
+            if let Waiter::Call(tx) | Waiter::Async(tx) = waiter {
                 let _ = tx.try_send(Err(error()));
             }
         }
@@ -183,6 +225,8 @@ pub(super) struct Shared {
     pub(super) state: Mutex<State>,
     /// Signalled when the phase changes or `close` is called.
     pub(super) changed: Condvar,
+    /// Signalled when an async ack ends (its slot is free again).
+    pub(super) slots: Condvar,
     pub(super) next_sid: AtomicU64,
     /// Engine.IO pings answered since the client connected.
     pub(super) pongs: AtomicU64,
@@ -236,6 +280,26 @@ impl Shared {
         ack_wait: Option<Duration>,
         holdable: bool,
     ) -> Result<Option<Reply>, Error> {
+        let mode = if ack_wait.is_some() {
+            AckMode::Call
+        } else {
+            AckMode::None
+        };
+        let ack = self.send_event(event, arg, attachments, mode, holdable)?;
+        self.await_ack(ack, ack_wait)
+    }
+
+    /// Sends `[event, arg]` with `attachments` (or holds it, as
+    /// [`Shared::emit`] does) and returns the ack registered for it, if
+    /// `mode` asks for one. [`AckMode::Async`] first waits for a free slot.
+    pub(super) fn send_event(
+        &self,
+        event: &str,
+        arg: Value,
+        attachments: &[Vec<u8>],
+        mode: AckMode,
+        holdable: bool,
+    ) -> Result<Option<AckSlot>, Error> {
         let payload = serde_json::to_string(&json!([event, arg]))
             .map_err(|e| Error::Protocol(format!("cannot encode {event}: {e}")))?;
         let kind = if attachments.is_empty() {
@@ -245,15 +309,18 @@ impl Shared {
         };
         let namespace = &self.opts.namespace;
         let mut state = self.state();
+        if mode == AckMode::Async {
+            state = self.wait_for_slot(state)?;
+        }
         let link = match &state.phase {
             Phase::Closed => return Err(Error::Closed),
             Phase::Up(link) => Arc::clone(link),
             Phase::Down if holdable => {
-                return self.hold(state, kind, attachments, &payload, ack_wait);
+                return self.hold(state, kind, attachments, &payload, mode);
             }
             Phase::Down => return Err(Error::Reconnecting),
         };
-        let ack = ack_wait.map(|_| state.register_call());
+        let ack = state.register_ack(mode);
         drop(state);
         let ack_id = ack.as_ref().map(|(id, _)| *id);
         let text = wire::encode_sio(kind, attachments.len(), namespace, ack_id, &payload);
@@ -265,11 +332,45 @@ impl Shared {
         });
         if let Err(e) = sent {
             if let Some(id) = ack_id {
-                self.state().pending.remove(&id);
+                self.forget(id);
             }
             return Err(e);
         }
-        self.await_ack(ack, ack_wait)
+        Ok(ack)
+    }
+
+    /// Waits until fewer than [`Options::async_acks_max`] async acks are
+    /// outstanding, at most the client's `timeout` ([`Error::Timeout`]).
+    fn wait_for_slot<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+    ) -> Result<MutexGuard<'a, State>, Error> {
+        let max = self.opts.async_acks_max.max(1);
+        let deadline = Instant::now() + self.opts.timeout;
+        while state.async_acks >= max {
+            if matches!(state.phase, Phase::Closed) {
+                return Err(Error::Closed);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout);
+            }
+            state = match self.slots.wait_timeout(state, left) {
+                Ok((guard, _)) => guard,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        Ok(state)
+    }
+
+    /// Stops waiting for ack `id`; false if it was no longer awaited (its
+    /// answer came, or the link failed it, already).
+    pub(super) fn forget(&self, id: u64) -> bool {
+        let waiter = self.state().take(id);
+        if matches!(waiter, Some(Waiter::Async(_))) {
+            self.slots.notify_one();
+        }
+        waiter.is_some()
     }
 
     /// Puts a publish made while down in the publish buffer, then waits for
@@ -280,8 +381,8 @@ impl Shared {
         kind: SioKind,
         attachments: &[Vec<u8>],
         payload: &str,
-        ack_wait: Option<Duration>,
-    ) -> Result<Option<Reply>, Error> {
+        mode: AckMode,
+    ) -> Result<Option<AckSlot>, Error> {
         if self.opts.publish_buffer == 0 {
             return Err(Error::Reconnecting);
         }
@@ -289,12 +390,12 @@ impl Shared {
             return Err(Error::BufferFull);
         }
         let namespace = &self.opts.namespace;
-        let ack = ack_wait.map(|_| state.register_call());
+        let ack = state.register_ack(mode);
         let ack_id = ack.as_ref().map(|(id, _)| *id);
         let text = wire::encode_sio(kind, attachments.len(), namespace, ack_id, payload);
         if let Err(e) = check_size(state.max_payload, &text, attachments) {
             if let Some(id) = ack_id {
-                state.pending.remove(&id);
+                state.take(id);
             }
             return Err(e);
         }
@@ -303,12 +404,12 @@ impl Shared {
             attachments: attachments.to_vec(),
         });
         drop(state);
-        self.await_ack(ack, ack_wait)
+        Ok(ack)
     }
 
     pub(super) fn await_ack(
         &self,
-        ack: Option<(u64, Receiver<Result<Reply, Error>>)>,
+        ack: Option<AckSlot>,
         wait: Option<Duration>,
     ) -> Result<Option<Reply>, Error> {
         let (Some((id, rx)), Some(wait)) = (ack, wait) else {
@@ -318,7 +419,7 @@ impl Shared {
             Ok(Ok(reply)) => check_ack(reply).map(Some),
             Ok(Err(e)) => Err(e),
             Err(RecvTimeoutError::Timeout) => {
-                self.state().pending.remove(&id);
+                self.forget(id);
                 Err(Error::Timeout)
             }
             Err(RecvTimeoutError::Disconnected) => Err(Error::Closed),
@@ -360,6 +461,7 @@ impl Shared {
         state.phase = Phase::Down;
         drop(state);
         self.changed.notify_all();
+        self.slots.notify_all();
         true
     }
 
@@ -370,6 +472,7 @@ impl Shared {
         }
         state.phase = Phase::Closed;
         state.fail_pending(|| Error::Closed);
+        self.slots.notify_all();
         state.held.clear();
         for (_, route) in state.subs.drain() {
             route.inbox.close();
@@ -395,11 +498,15 @@ impl Shared {
 
     /// Hands an ack to whoever waits for it.
     pub(super) fn acked(&self, id: u64, reply: Reply) {
-        let waiter = self.state().pending.remove(&id);
+        let waiter = self.state().take(id);
         match waiter {
             // The caller may have timed out already; that is fine.
             Some(Waiter::Call(tx)) => {
                 let _ = tx.try_send(Ok(reply));
+            }
+            Some(Waiter::Async(tx)) => {
+                let _ = tx.try_send(Ok(reply));
+                self.slots.notify_one();
             }
             Some(Waiter::Resub(sid)) => self.resubscribed(sid, reply),
             None => {}
@@ -511,6 +618,7 @@ mod tests {
                 closing: false,
                 next_ack_id: 0,
                 pending: HashMap::new(),
+                async_acks: 0,
                 subs: HashMap::new(),
                 held: VecDeque::new(),
                 max_payload: Some(64),
@@ -519,6 +627,7 @@ mod tests {
                 announce: None,
             }),
             changed: Condvar::new(),
+            slots: Condvar::new(),
             next_sid: AtomicU64::new(1),
             pongs: AtomicU64::new(0),
             events: Arc::new(Inbox::new(EVENTS_MAX, usize::MAX)),
@@ -723,6 +832,46 @@ mod tests {
                 reason: "gave up".to_string()
             }))
         );
+    }
+
+    #[test]
+    fn async_acks_are_capped_and_every_ending_frees_a_slot() {
+        let mut shared = down(8);
+        shared.opts.async_acks_max = 2;
+        let publish = |s: &Shared| {
+            let arg = json!({"subject": "a", "data": 1});
+            s.send_event("pub", arg, &[], AckMode::Async, true)
+        };
+        let (a, _ra) = publish(&shared).unwrap().unwrap();
+        let (_b, rb) = publish(&shared).unwrap().unwrap();
+        assert_eq!(publish(&shared).unwrap_err(), Error::Timeout);
+        assert_eq!(shared.state().held.len(), 2);
+        // An ack frees a slot.
+        shared.acked(a, reply(json!({"ok": true})));
+        let (c, _rc) = publish(&shared).unwrap().unwrap();
+        // So does giving up on one, once.
+        assert!(shared.forget(c));
+        assert!(!shared.forget(c));
+        assert_eq!(shared.state().async_acks, 1);
+        // A blocked caller goes on as soon as a slot frees.
+        let (d, _rd) = publish(&shared).unwrap().unwrap();
+        shared.opts.timeout = Duration::from_secs(10);
+        let shared = &shared;
+        std::thread::scope(|scope| {
+            let blocked = scope.spawn(|| publish(shared).map(|ack| ack.is_some()));
+            // Ends either way: the blocked call gives up after 10 s.
+            while !blocked.is_finished() {
+                if shared.state().pending.contains_key(&d) {
+                    shared.acked(d, reply(json!({"ok": true})));
+                }
+                std::thread::yield_now();
+            }
+            assert_eq!(blocked.join().unwrap(), Ok(true));
+        });
+        // A lost link fails them all and frees every slot.
+        shared.state().fail_pending(|| Error::Disconnected);
+        assert_eq!(rb.try_recv().unwrap().unwrap_err(), Error::Disconnected);
+        assert_eq!(shared.state().async_acks, 0);
     }
 
     #[test]

@@ -118,6 +118,7 @@ fn attempt(shared: &Shared, url: &str, announce: Event) -> Result<(Arc<Link>, Re
         link.abort();
         // Acks for what went out on this link will never come.
         shared.state().fail_pending(|| Error::Disconnected);
+        shared.slots.notify_all();
         return Err(e);
     }
     Ok((link, half))
