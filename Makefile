@@ -63,12 +63,20 @@ conformance:
 	$(CARGO) run --release --example conformance
 
 # Side-by-side load test against nats-server and a Node socket.io relay
-# (needs nats-server and Node.js), every workload including stream
-# (acknowledged publishes; GOMBUS_ARGS=-sync=100ms for the interval policy),
-# then fetch + ack throughput of a pull consumer under -sync=always and 100ms.
+# (needs nats-server and Node.js): every workload, including stream
+# (acknowledged publishes, 128 B, default -sync=always); then the stream
+# workload again at 4 KiB, and at both sizes under -sync=100ms; then
+# fetch + ack throughput of a pull consumer under -sync=always and 100ms.
+# BENCH_STREAM_VARIANTS=0 skips the extra stream runs.
 WORKLOADS ?= fanout queue reqrep stream conns
+BENCH_STREAM_VARIANTS ?= 1
 bench: build
 	GOMBUS_BIN=$(CURDIR)/$(BIN) WORKLOADS="$(WORKLOADS)" ../shared/bench/run.sh
+	if [ "$(BENCH_STREAM_VARIANTS)" = 1 ]; then \
+	  GOMBUS_BIN=$(CURDIR)/$(BIN) WORKLOADS=stream SIZE=4096 ../shared/bench/run.sh && \
+	  GOMBUS_BIN=$(CURDIR)/$(BIN) WORKLOADS=stream PEERS=gombus GOMBUS_ARGS=-sync=100ms ../shared/bench/run.sh && \
+	  GOMBUS_BIN=$(CURDIR)/$(BIN) WORKLOADS=stream PEERS=gombus GOMBUS_ARGS=-sync=100ms SIZE=4096 ../shared/bench/run.sh; \
+	fi
 	GOMBUS_BIN=$(CURDIR)/$(BIN) scripts/stream-bench.sh
 
 clean:
