@@ -5,7 +5,9 @@
 //! and long-polling with upgrades off.
 //! Contract: /work/shared/PROTOCOL.md §1 (transports), §2 (namespaces,
 //! acks), §3 (subjects), §4 (pub/sub, request/reply, binary data), §5
-//! (streams: python-socketio creates one, publishes, fetches and acks).
+//! (streams: python-socketio creates one, publishes, fetches and acks;
+//! tests/interop/py_streams.py holds every row of the stream table to the
+//! exact shape of its ack, with the client's default transports).
 
 mod common;
 
@@ -43,6 +45,21 @@ const PY_CHECKS: [&str; 8] = [
     "error_acks",
     "binary",
     "streams",
+];
+
+/// The checks of py_streams.py (contract §5, one or more rows each).
+const PY_STREAM_CHECKS: [&str; 11] = [
+    "create_info_list",
+    "publish_get",
+    "purge",
+    "limits",
+    "duplicates",
+    "interest",
+    "workqueue",
+    "consumers",
+    "push",
+    "fetch_waits",
+    "delete",
 ];
 
 const DEPS_HINT: &str =
@@ -199,6 +216,20 @@ fn node(mode: &str) {
         &node_dir.join("client.mjs"),
         "socket.io-client",
         mode,
+    );
+}
+
+#[test]
+fn python_socketio_streams_contract() {
+    let root = repo_root();
+    let python = root.join(".venv/bin/python");
+    require(&python, "the Python venv with python-socketio");
+    run_checks(
+        &python,
+        &root.join("tests/interop/py_streams.py"),
+        "python-socketio streams",
+        "default",
+        &PY_STREAM_CHECKS,
     );
 }
 
