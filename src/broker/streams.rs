@@ -965,7 +965,7 @@ impl Streams {
         };
         let mut body = std::mem::take(&mut self.body);
         let n = take_batch(slot, &r.consumer, batch as usize, now, &mut body);
-        if n > 0 || r.no_wait {
+        if n > 0 || r.no_wait == Some(true) {
             let out = fetch_body(&body);
             self.body = body;
             return Ok(Some(out));

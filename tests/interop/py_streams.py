@@ -185,6 +185,9 @@ def check_create_info_list(p):
     again = p.ok("stream.create", {"name": "PYS", "subjects": ["pys.>"],
                                    "retention": "limits", "discard": "old"})
     equal(again, ack, "the same config again")
+    nulls = p.ok("stream.create", {"name": "PYS", "subjects": ["pys.>"],
+                                   "max_msgs": None, "retention": None})
+    equal(nulls, ack, "optional fields sent as null are their defaults")
     p.error("stream.create", {"name": "PYS", "subjects": ["pys.>"], "max_msgs": 5},
             "exists")
     equal(state_of(p, "PYS"), v["state"], "stream.info of the new stream")
@@ -415,6 +418,11 @@ def check_fetch_waits(p, default_wait):
     p.ok("consumer.create", {"stream": "PYW", "name": "c"})
     t0 = time.monotonic()
     equal(fetch(p, "PYW", "c", no_wait=True), [], "no_wait with nothing pending")
+    equal(fetch(p, "PYW", "c", no_wait=True, batch=None, expires_ms=None), [],
+          "optional fetch fields sent as null")
+    again = p.ok("consumer.create", {"stream": "PYW", "name": "c", "filter_subject": None,
+                                     "ack_policy": None, "ack_wait_ms": None})
+    equal(again["consumer"]["config"]["ack_wait_ms"], 30000, "nulls in consumer.create")
     if time.monotonic() - t0 > 1.0:
         raise AssertionError("no_wait did not answer at once")
     t0 = time.monotonic()
