@@ -630,6 +630,9 @@ fn a_stream_that_cannot_be_recovered_is_refused_not_overwritten() {
         "internal"
     );
     assert_eq!(code(c.stream_delete("BAD")), "internal");
+    // Every event naming it says so, the fetch included.
+    assert_eq!(code(c.fetch("BAD", "c", 1, None)), "internal");
+    assert_eq!(code(c.consumer_info("BAD", "c")), "internal");
     assert!(
         b.data_dir().join("streams/BAD/meta.snap").exists(),
         "left alone"

@@ -947,6 +947,13 @@ impl Streams {
                 format!("expires_ms is at most {}", sm::FETCH_EXPIRES_MS_MAX),
             ));
         }
+        if self.broken.contains_key(&r.stream) {
+            // `internal`, as every other event naming it gets.
+            return Err(self
+                .slot(&r.stream)
+                .err()
+                .unwrap_or_else(|| not_found("stream", &r.stream)));
+        }
         let slot = self
             .set
             .get_mut(&r.stream)
