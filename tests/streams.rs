@@ -193,6 +193,13 @@ fn limits_and_discard() {
         "payload_too_large"
     );
     c.publish_stream("size", 1).unwrap();
+    // The payload counts (the JSON text of data and headers), not the
+    // subject: "12345678" is 10 bytes of JSON.
+    c.publish_stream("size", "12345678").unwrap();
+    assert_eq!(
+        code(c.publish_stream("size", "123456789")),
+        "payload_too_large"
+    );
 
     let mut cfg = StreamConfig::new("AGE", &["age"]);
     cfg.max_age_ms = Some(200);

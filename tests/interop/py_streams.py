@@ -283,6 +283,11 @@ def check_limits(p):
     p.error("pub", {"subject": "pysize.a", "data": "x" * 100}, "payload_too_large")
     stored(p.ok("pub", {"subject": "pysize.a", "data": "small"}), "PYSIZE", 1,
            "a message under max_msg_size")
+    # The payload is the JSON text of data (and headers): "x" * 62 is 64
+    # bytes of it, the subject not counted.
+    stored(p.ok("pub", {"subject": "pysize.long-subject-name", "data": "x" * 62}),
+           "PYSIZE", 2, "a payload of exactly max_msg_size")
+    p.error("pub", {"subject": "pysize.a", "data": "x" * 63}, "payload_too_large")
     p.ok("stream.create", {"name": "PYNEW", "subjects": ["pynew"], "max_msgs": 2,
                            "discard": "new"})
     for seq in (1, 2):
