@@ -5,7 +5,10 @@
 //! and long-polling with upgrades off.
 //! Contract: /work/shared/PROTOCOL.md §1 (transports), §2 (namespaces,
 //! acks), §3 (subjects), §4 (pub/sub, request/reply, binary data), §5
-//! (streams: python-socketio creates one, publishes, fetches and acks).
+//! (streams: both clients create one, publish, get, fetch, ack, purge and
+//! take a push delivery, checking the shape of each ack;
+//! tests/interop/py_streams.py holds every row of the stream table to the
+//! exact shape of its ack, with the client's default transports).
 
 mod common;
 
@@ -22,8 +25,8 @@ const SCRIPT_RUN_MAX: Duration = Duration::from_secs(60);
 
 const CONTROL_TOKEN: &str = "secret";
 
-/// The checks both scripts run, in the names they print (`PASS <name>`).
-const CHECKS: [&str; 7] = [
+/// socket.io-client 4.x's checks: the shared ones and streams.
+const NODE_CHECKS: [&str; 8] = [
     "connect",
     "control_info",
     "control_unauthorized",
@@ -31,6 +34,7 @@ const CHECKS: [&str; 7] = [
     "request_reply",
     "error_acks",
     "binary",
+    "streams",
 ];
 
 /// The python-socketio script's checks: the shared ones and streams.
@@ -43,6 +47,21 @@ const PY_CHECKS: [&str; 8] = [
     "error_acks",
     "binary",
     "streams",
+];
+
+/// The checks of py_streams.py (contract §5, one or more rows each).
+const PY_STREAM_CHECKS: [&str; 11] = [
+    "create_info_list",
+    "publish_get",
+    "purge",
+    "limits",
+    "duplicates",
+    "interest",
+    "workqueue",
+    "consumers",
+    "push",
+    "fetch_waits",
+    "delete",
 ];
 
 const DEPS_HINT: &str =
@@ -127,14 +146,10 @@ fn require(path: &Path, what: &str) {
     );
 }
 
-/// `mode`: `websocket`, `default` or `polling` (see the scripts).
-fn run_client(program: &Path, script: &Path, client: &str, mode: &str) {
-    run_checks(program, script, client, mode, &CHECKS);
-}
-
 /// The checks socket.io-client 2.x runs (Engine.IO v3, Socket.IO v4).
 const LEGACY_CHECKS: [&str; 4] = ["connect", "control", "pubsub_wildcard", "request_reply"];
 
+/// `mode`: `websocket`, `default` or `polling` (see the scripts).
 fn run_checks(program: &Path, script: &Path, client: &str, mode: &str, checks: &[&str]) {
     require(script, "the interop script");
     let broker = common::Broker::start(&[&format!("-control-token={CONTROL_TOKEN}")]);
@@ -194,11 +209,26 @@ fn node(mode: &str) {
         &node_dir.join("node_modules/socket.io-client/package.json"),
         "socket.io-client in tests/interop/node/node_modules",
     );
-    run_client(
+    run_checks(
         Path::new("node"),
         &node_dir.join("client.mjs"),
         "socket.io-client",
         mode,
+        &NODE_CHECKS,
+    );
+}
+
+#[test]
+fn python_socketio_streams_contract() {
+    let root = repo_root();
+    let python = root.join(".venv/bin/python");
+    require(&python, "the Python venv with python-socketio");
+    run_checks(
+        &python,
+        &root.join("tests/interop/py_streams.py"),
+        "python-socketio streams",
+        "default",
+        &PY_STREAM_CHECKS,
     );
 }
 

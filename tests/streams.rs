@@ -193,6 +193,13 @@ fn limits_and_discard() {
         "payload_too_large"
     );
     c.publish_stream("size", 1).unwrap();
+    // The payload counts (the JSON text of data and headers), not the
+    // subject: "12345678" is 10 bytes of JSON.
+    c.publish_stream("size", "12345678").unwrap();
+    assert_eq!(
+        code(c.publish_stream("size", "123456789")),
+        "payload_too_large"
+    );
 
     let mut cfg = StreamConfig::new("AGE", &["age"]);
     cfg.max_age_ms = Some(200);
@@ -630,6 +637,9 @@ fn a_stream_that_cannot_be_recovered_is_refused_not_overwritten() {
         "internal"
     );
     assert_eq!(code(c.stream_delete("BAD")), "internal");
+    // Every event naming it says so, the fetch included.
+    assert_eq!(code(c.fetch("BAD", "c", 1, None)), "internal");
+    assert_eq!(code(c.consumer_info("BAD", "c")), "internal");
     assert!(
         b.data_dir().join("streams/BAD/meta.snap").exists(),
         "left alone"
@@ -734,4 +744,53 @@ fn bad_input_gets_clear_errors() {
     assert_eq!(c.publish_stream("s", 1).unwrap().seq, 1);
     assert_eq!(c.fetch("S", "c", 1, None).unwrap()[0].seq, 1);
     c.ping().unwrap();
+}
+
+/// Contract §5: sequences never go back, also across purges and restarts
+/// (a `kill -9` one included), and an empty stream reports
+/// `first_seq = last_seq + 1`, whichever way it was emptied.
+#[test]
+fn emptied_streams_keep_their_sequences_across_restarts() {
+    let mut b = Broker::start(&[]);
+    let c = connect(&b);
+    stream(&c, "P", &["p.*"]);
+    let mut wq = StreamConfig::new("W", &["w"]);
+    wq.retention = Some("workqueue".into());
+    c.stream_create(&wq).unwrap();
+    c.consumer_create("W", &ConsumerConfig::new("c")).unwrap();
+    let mut int = StreamConfig::new("I", &["i"]);
+    int.retention = Some("interest".into());
+    c.stream_create(&int).unwrap();
+    for i in 1..=3 {
+        c.publish_stream("p.x", i).unwrap();
+        c.publish_stream("w", i).unwrap();
+        // No consumer: acked with its seq, not kept.
+        assert_eq!(c.publish_stream("i", i).unwrap().seq, i);
+    }
+    assert_eq!(c.stream_purge("P", Some("p.*")).unwrap(), 3);
+    for m in c.fetch("W", "c", 10, None).unwrap() {
+        c.ack("W", "c", m.seq).unwrap();
+    }
+    let empty = |c: &Client, name: &str| {
+        let st = c.stream_info(name).unwrap().state;
+        (st.messages, st.bytes, st.first_seq, st.last_seq)
+    };
+    for name in ["P", "W", "I"] {
+        assert_eq!(empty(&c, name), (0, 0, 4, 3), "{name} emptied");
+    }
+    drop(c);
+    b.restart(&[]);
+    let c = connect(&b);
+    for name in ["P", "W", "I"] {
+        assert_eq!(empty(&c, name), (0, 0, 4, 3), "{name} after a restart");
+    }
+    assert_eq!(c.publish_stream("p.y", 4).unwrap().seq, 4);
+    assert_eq!(c.stream_purge("P", None).unwrap(), 1);
+    drop(c);
+    b.kill();
+    b.restart(&[]);
+    let c = connect(&b);
+    assert_eq!(empty(&c, "P"), (0, 0, 5, 4), "after kill -9");
+    assert_eq!(c.publish_stream("p.z", 5).unwrap().seq, 5);
+    assert_eq!(c.publish_stream("w", 4).unwrap().seq, 4);
 }

@@ -216,17 +216,33 @@ pub(super) fn consumer_json(s: &Stream, name: &str) -> Value {
     })
 }
 
-/// A message as `stream.get` shows it (`data`/`headers` are raw JSON).
-pub(super) fn message_json(seq: u64, m: &Msg, delivered: Option<u64>) -> Value {
-    let data: Value = serde_json::from_str(&m.data).unwrap_or(Value::Null);
-    let mut v = json!({"seq": seq, "subject": &*m.subject, "data": data, "time": m.time_ms});
+/// Appends a stored message as a JSON object, `data` and `headers`
+/// inlined exactly as they were published (never re-encoded, so big
+/// numbers, key order and every other detail of the JSON come back as
+/// they went in): `{seq, subject, data, headers?, time, delivered?}`.
+pub(super) fn push_message(out: &mut Vec<u8>, seq: u64, m: &Msg, delivered: Option<u64>) {
+    out.extend_from_slice(format!("{{\"seq\":{seq},\"subject\":").as_bytes());
+    push_str(out, &m.subject);
+    out.extend_from_slice(b",\"data\":");
+    out.extend_from_slice(m.data.as_bytes());
     if let Some(h) = &m.headers {
-        v["headers"] = serde_json::from_str(h).unwrap_or(Value::Null);
+        out.extend_from_slice(b",\"headers\":");
+        out.extend_from_slice(h.as_bytes());
     }
+    out.extend_from_slice(format!(",\"time\":{}", m.time_ms).as_bytes());
     if let Some(d) = delivered {
-        v["delivered"] = d.into();
+        out.extend_from_slice(format!(",\"delivered\":{d}").as_bytes());
     }
-    v
+    out.push(b'}');
+}
+
+/// The `stream.get` ack: `[{"ok":true,"message":{…}}]`.
+pub(super) fn message_body(seq: u64, m: &Msg) -> String {
+    let mut out = Vec::with_capacity(m.data.len() + 128);
+    out.extend_from_slice(b"[{\"ok\":true,\"message\":");
+    push_message(&mut out, seq, m, None);
+    out.extend_from_slice(b"}]");
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// Up to `batch` deliveries of consumer `name` as JSON objects joined by
@@ -256,17 +272,7 @@ pub(super) fn take_batch(
         if n > 0 {
             body.push(b',');
         }
-        body.extend_from_slice(format!("{{\"seq\":{},\"subject\":", d.seq).as_bytes());
-        push_str(body, &m.subject);
-        body.extend_from_slice(b",\"data\":");
-        body.extend_from_slice(m.data.as_bytes());
-        if let Some(h) = &m.headers {
-            body.extend_from_slice(b",\"headers\":");
-            body.extend_from_slice(h.as_bytes());
-        }
-        body.extend_from_slice(
-            format!(",\"time\":{},\"delivered\":{}}}", m.time_ms, d.deliveries).as_bytes(),
-        );
+        push_message(body, d.seq, &m, Some(d.deliveries));
         if none {
             done.push(d.seq);
         }

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use super::stream_out::{
-    consumer_json, fetch_body, message_json, push_slot, push_str, stream_json, take_batch,
+    consumer_json, fetch_body, message_body, push_slot, push_str, stream_json, take_batch,
 };
 use super::sublist::Sublist;
 use super::subs::SubTable;
@@ -571,7 +571,7 @@ impl Streams {
             "stream.purge" => sm_arg::<PurgeReq>(arg)
                 .and_then(|r| self.stream_purge(conn, ack_id, r, now))
                 .map(|()| None),
-            "stream.get" => v(sm_arg::<GetReq>(arg).and_then(|r| self.stream_get(r))),
+            "stream.get" => sm_arg::<GetReq>(arg).and_then(|r| self.stream_get(r).map(Some)),
             "consumer.create" => {
                 v(sm_arg::<ConsumerCreate>(arg).and_then(|r| self.consumer_create(r)))
             }
@@ -775,7 +775,8 @@ impl Streams {
         Ok(())
     }
 
-    fn stream_get(&mut self, r: GetReq) -> Result<Option<Value>, ApiError> {
+    /// The ack body, the message's `data` and `headers` as published.
+    fn stream_get(&mut self, r: GetReq) -> Result<String, ApiError> {
         let slot = self.slot(&r.name)?;
         let found = match (r.seq, &r.last_by_subject) {
             (Some(seq), None) => slot.stream.get(seq)?.map(|m| (seq, m)),
@@ -788,7 +789,7 @@ impl Streams {
             }
         };
         let (seq, m) = found.ok_or_else(|| ApiError::new(Code::NotFound, "no such message"))?;
-        Ok(Some(json!({ "message": message_json(seq, &m, None) })))
+        Ok(message_body(seq, &m))
     }
 
     // ---- consumers -------------------------------------------------------
@@ -946,6 +947,13 @@ impl Streams {
                 format!("expires_ms is at most {}", sm::FETCH_EXPIRES_MS_MAX),
             ));
         }
+        if self.broken.contains_key(&r.stream) {
+            // `internal`, as every other event naming it gets.
+            return Err(self
+                .slot(&r.stream)
+                .err()
+                .unwrap_or_else(|| not_found("stream", &r.stream)));
+        }
         let slot = self
             .set
             .get_mut(&r.stream)
@@ -964,7 +972,7 @@ impl Streams {
         };
         let mut body = std::mem::take(&mut self.body);
         let n = take_batch(slot, &r.consumer, batch as usize, now, &mut body);
-        if n > 0 || r.no_wait {
+        if n > 0 || r.no_wait == Some(true) {
             let out = fetch_body(&body);
             self.body = body;
             return Ok(Some(out));

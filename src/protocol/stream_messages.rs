@@ -240,8 +240,9 @@ pub struct FetchReq {
     pub batch: Option<u64>,
     #[serde(default)]
     pub expires_ms: Option<u64>,
+    /// `null` is the same as absent (false).
     #[serde(default)]
-    pub no_wait: bool,
+    pub no_wait: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -274,10 +275,13 @@ pub fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
 }
 
 /// Reads a config object (a JSON object of the request's fields) into `T`
-/// with every default filled in; unknown fields are `bad_request`.
+/// with every default filled in; unknown fields are `bad_request`. An
+/// optional field given as `null` counts as absent (its default), as
+/// clients that send every key of a request object do.
 pub fn read_config<T: serde::de::DeserializeOwned>(
-    fields: serde_json::Map<String, serde_json::Value>,
+    mut fields: serde_json::Map<String, serde_json::Value>,
 ) -> Result<T, ApiError> {
+    fields.retain(|_, v| !v.is_null());
     serde_json::from_value(serde_json::Value::Object(fields))
         .map_err(|e| bad(format!("bad config: {e}")))
 }
@@ -349,7 +353,12 @@ mod tests {
         assert_eq!(c.validate().unwrap_err().code, Code::BadRequest);
         fields.insert("retention".into(), "sometimes".into());
         assert!(read_config::<StreamConfig>(fields.clone()).is_err());
-        fields.remove("retention");
+        fields.insert("retention".into(), serde_json::Value::Null);
+        fields.insert("max_msgs".into(), serde_json::Value::Null);
+        let mut c: StreamConfig = read_config(fields.clone()).unwrap();
+        c.subjects = vec!["a.>".into()];
+        c.validate().unwrap();
+        assert_eq!((c.retention, c.max_msgs), (Retention::Limits, 0));
         fields.insert("colour".into(), "red".into());
         assert!(read_config::<StreamConfig>(fields).is_err());
     }
@@ -363,6 +372,12 @@ mod tests {
             read_config::<ConsumerConfig>(m).and_then(|mut c| c.validate().map(|()| c))
         };
         let c = parse(serde_json::json!({"name":"c"})).unwrap();
+        let n = parse(
+            serde_json::json!({"name":"c","ack_wait_ms":null,"ack_policy":null,
+            "deliver_policy":null,"filter_subject":null}),
+        )
+        .unwrap();
+        assert_eq!(n, c);
         assert_eq!(c.ack_wait_ms, ACK_WAIT_MS_DEFAULT);
         assert_eq!(c.ack_policy, AckPolicy::Explicit);
         assert!(parse(serde_json::json!({"name":"c","deliver_policy":"by_start_seq"})).is_err());

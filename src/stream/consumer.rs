@@ -98,13 +98,18 @@ impl Consumer {
         }
     }
 
+    /// Everything up to `stream_seq` is done with; every delivery up to
+    /// `consumer_seq` is done with or was made again later. A redelivery
+    /// takes a new consumer seq, so the oldest pending message need not
+    /// hold the lowest one: the floor is below the lowest still pending.
     pub fn ack_floor(&self) -> SeqPair {
-        match self.pending.iter().next() {
-            Some((&seq, p)) => SeqPair {
-                stream_seq: seq - 1,
-                consumer_seq: p.consumer_seq.saturating_sub(1),
-            },
-            None => self.delivered(),
+        let Some((&seq, _)) = self.pending.iter().next() else {
+            return self.delivered();
+        };
+        let lowest = self.pending.values().map(|p| p.consumer_seq).min();
+        SeqPair {
+            stream_seq: seq - 1,
+            consumer_seq: lowest.unwrap_or(1).saturating_sub(1),
         }
     }
 
@@ -562,6 +567,27 @@ mod tests {
         while n.next(now, &src, &mut ev).is_some() {}
         assert_eq!(n.ack_floor().stream_seq, 3);
         assert_eq!(n.num_ack_pending(), 0);
+    }
+
+    #[test]
+    fn ack_floor_consumer_seq_stays_below_every_pending_delivery() {
+        let src = msgs(3);
+        let now = Instant::now();
+        let mut c = Consumer::new(cfg(serde_json::json!({"name":"c"})), 1);
+        let mut ev = Vec::new();
+        while c.next(now, &src, &mut ev).is_some() {}
+        // 1, 2, 3 went out as consumer seqs 1, 2, 3; 1 again as 4.
+        c.nak(1, Duration::ZERO, now).unwrap();
+        assert_eq!(c.next(now, &src, &mut ev).map(|d| d.seq), Some(1));
+        let f = c.ack_floor();
+        assert_eq!((f.stream_seq, f.consumer_seq), (0, 1));
+        c.ack(2, &mut ev).unwrap();
+        c.ack(3, &mut ev).unwrap();
+        let f = c.ack_floor();
+        assert_eq!((f.stream_seq, f.consumer_seq), (0, 3));
+        c.ack(1, &mut ev).unwrap();
+        let f = c.ack_floor();
+        assert_eq!((f.stream_seq, f.consumer_seq), (3, 4));
     }
 
     #[test]

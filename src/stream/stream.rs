@@ -39,9 +39,10 @@ pub struct Msg {
 }
 
 impl Msg {
-    /// What counts against `max_msg_size`.
+    /// What counts against `max_msg_size`: the payload as the contract
+    /// measures it (section 3), the JSON text of `data` plus `headers`.
     pub fn size(&self) -> u64 {
-        (self.subject.len() + self.data.len() + self.headers.as_ref().map_or(0, |h| h.len())) as u64
+        payload_size(&self.data, self.headers.as_deref())
     }
 }
 
@@ -176,16 +177,17 @@ impl Stream {
         headers: Option<&str>,
         now_ms: u64,
     ) -> Result<Stored, ApiError> {
-        let size = (subject.len() + data.len() + headers.map_or(0, str::len)) as u64;
-        if self.cfg.max_msg_size > 0 && size > self.cfg.max_msg_size {
+        let payload = payload_size(data, headers);
+        if self.cfg.max_msg_size > 0 && payload > self.cfg.max_msg_size {
             return Err(ApiError::new(
                 Code::PayloadTooLarge,
                 format!(
-                    "message is {size} bytes, stream {:?} takes at most {}",
+                    "message payload is {payload} bytes, stream {:?} takes at most {}",
                     self.cfg.name, self.cfg.max_msg_size
                 ),
             ));
         }
+        let size = subject.len() as u64 + payload;
         let id = self.msg_id(headers);
         if let Some(id) = &id {
             self.forget_ids(now_ms);
@@ -412,6 +414,11 @@ impl Stream {
     }
 }
 
+/// The JSON text of `data` plus `headers`, in bytes.
+fn payload_size(data: &str, headers: Option<&str>) -> u64 {
+    (data.len() + headers.map_or(0, str::len)) as u64
+}
+
 fn read_msg(store: &Store, seq: u64) -> Result<Option<Msg>, ApiError> {
     let Some(m) = store.get(seq).map_err(store_err)? else {
         return Ok(None);
@@ -529,9 +536,19 @@ mod tests {
             stream(serde_json::json!({"name":"N","subjects":["a"],"max_bytes":4,"discard":"new"}));
         n.store("a", "12", None, 0).unwrap();
         assert_eq!(n.store("a", "34", None, 0).unwrap_err().code, Code::Limit);
-        let mut z = stream(serde_json::json!({"name":"Z","subjects":["a"],"max_msg_size":3}));
+        // max_msg_size counts the payload (data and headers), not the
+        // subject.
+        let mut z = stream(serde_json::json!({"name":"Z","subjects":["a.>"],"max_msg_size":10}));
+        z.store("a.long.subject", "1234567890", None, 0).unwrap();
+        z.store("a.b", "1", Some(r#"{"h":""}"#), 0).unwrap();
         assert_eq!(
-            z.store("a", "123", None, 0).unwrap_err().code,
+            z.store("a.b", "12345678901", None, 0).unwrap_err().code,
+            Code::PayloadTooLarge
+        );
+        assert_eq!(
+            z.store("a.b", "123", Some(r#"{"h":""}"#), 0)
+                .unwrap_err()
+                .code,
             Code::PayloadTooLarge
         );
     }

@@ -267,6 +267,72 @@ async function checkBinary(url) {
   });
 }
 
+function same(got, want, what) {
+  if (!isDeepStrictEqual(got, want)) {
+    throw new Error(`${what}: expected ${show(want)}, got ${show(got)}`);
+  }
+}
+
+function keysOf(obj) {
+  return obj !== null && typeof obj === "object" ? Object.keys(obj).sort() : obj;
+}
+
+// Streams (contract section 5) as socket.io-client sees them: the exact
+// shape of the acks of create, publish, get, consumer create/info/fetch,
+// ack, purge and delete, and of a push delivery.
+async function checkStreams(url) {
+  await withPeers(url, 2, async (p, sub) => {
+    const created = expectOk(await p.call("stream.create", {
+      name: "NODES", subjects: ["nodes.>"] }), "stream.create");
+    same(keysOf(created), ["ok", "stream"], "stream.create ack");
+    same(created.stream.state, { messages: 0, bytes: 0, first_seq: 0, last_seq: 0,
+      consumer_count: 0 }, "a new stream's state");
+    same(created.stream.config, { name: "NODES", subjects: ["nodes.>"], retention: "limits",
+      max_msgs: 0, max_bytes: 0, max_age_ms: 0, max_msg_size: 0, discard: "old",
+      duplicate_window_ms: 0 }, "stream defaults");
+    const data = { z: 1, a: [true, null, "s"] };
+    const headers = { "Msg-Id": "n1", Trace: "x" };
+    same(await p.call("pub", { subject: "nodes.a", data, headers }),
+      { ok: true, stream: "NODES", seq: 1 }, "pub ack");
+    const got = expectOk(await p.call("stream.get", { name: "NODES", seq: 1 }), "stream.get");
+    same(keysOf(got.message), ["data", "headers", "seq", "subject", "time"], "stream.get keys");
+    same([got.message.seq, got.message.subject, got.message.data, got.message.headers],
+      [1, "nodes.a", data, headers], "stream.get message");
+    same(Object.keys(got.message.data), ["z", "a"], "data keeps its key order");
+    if (!Number.isInteger(got.message.time) || Math.abs(Date.now() - got.message.time) > 60000) {
+      throw new Error(`time is not ms since the epoch: ${show(got.message.time)}`);
+    }
+    const c = expectOk(await p.call("consumer.create", { stream: "NODES", name: "pull" }),
+      "consumer.create");
+    same(c.consumer.config, { name: "pull", deliver_policy: "all", ack_policy: "explicit",
+      ack_wait_ms: 30000, max_deliver: 0, max_ack_pending: 1000 }, "consumer defaults");
+    const f = expectOk(await p.call("consumer.fetch", { stream: "NODES", consumer: "pull" }),
+      "consumer.fetch");
+    same(keysOf(f), ["messages", "ok"], "consumer.fetch ack");
+    same(f.messages.map((m) => [keysOf(m), m.seq, m.data, m.headers, m.delivered]),
+      [[["data", "delivered", "headers", "seq", "subject", "time"], 1, data, headers, 1]],
+      "fetched messages");
+    same(await p.call("ack", { stream: "NODES", consumer: "pull", seq: 1 }), { ok: true }, "ack");
+    const info = expectOk(await p.call("consumer.info", { stream: "NODES", name: "pull" }),
+      "consumer.info").consumer;
+    same([info.delivered, info.ack_floor, info.num_pending, info.num_ack_pending,
+      info.num_redelivered], [{ stream_seq: 1, consumer_seq: 1 },
+      { stream_seq: 1, consumer_seq: 1 }, 0, 0, 0], "consumer.info numbers");
+    same(await p.call("consumer.fetch", { stream: "NODES", consumer: "pull", no_wait: true }),
+      { ok: true, messages: [] }, "no_wait with nothing pending");
+    expectOk(await sub.call("sub", { subject: "nodes-push", sid: "own" }), "sub");
+    expectOk(await p.call("consumer.create", { stream: "NODES", name: "push",
+      deliver_subject: "nodes-push", ack_policy: "none" }), "push consumer.create");
+    same(await sub.nextMsg(), { sid: "own", subject: "nodes.a", data, headers, stream: "NODES",
+      consumer: "push", seq: 1, delivered: 1 }, "a push delivery");
+    same(await p.call("stream.purge", { name: "NODES" }), { ok: true, purged: 1 }, "purge");
+    const st = expectOk(await p.call("stream.info", { name: "NODES" }), "stream.info").stream.state;
+    same(st, { messages: 0, bytes: 0, first_seq: 2, last_seq: 1, consumer_count: 2 },
+      "state after a purge");
+    same(await p.call("stream.delete", { name: "NODES" }), { ok: true }, "stream.delete");
+  });
+}
+
 async function main() {
   const [url, token, modeName = "websocket"] = process.argv.slice(2);
   if (!url || token === undefined || !MODES[modeName]) {
@@ -285,6 +351,7 @@ async function main() {
   await check("request_reply", () => checkRequestReply(url));
   await check("error_acks", () => checkErrorAcks(url));
   await check("binary", () => checkBinary(url));
+  await check("streams", () => checkStreams(url));
   clearTimeout(watchdog);
   const failed = results.filter((ok) => !ok).length;
   console.log(`summary: ${results.length - failed} of ${results.length} checks passed`);
