@@ -11,7 +11,7 @@
 //! turn before the loop sleeps.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,6 +33,8 @@ use crate::protocol::engineio::{self, Beat, HandshakeError, Heartbeat, OpenInfo,
 const LISTENER: Token = Token(usize::MAX);
 /// The loop's waker: other threads (the fsync thread) report through it.
 const WAKER: Token = Token(usize::MAX - 1);
+/// Client-closed polling sessions remembered for their last GET.
+const CLOSED_SIDS_MAX: usize = 1024;
 /// Bytes read from one socket per loop turn before others get a turn.
 const READ_TURN_BYTES_MAX: usize = 1 << 20;
 /// The shared read buffer; partial frames are copied out of it.
@@ -121,6 +123,12 @@ struct Shell {
     out_bytes_max: usize,
     /// Sessions that began on long-polling, by Engine.IO sid.
     sids: HashMap<Box<str>, ConnId>,
+    /// Polling sessions the client closed with no GET held, oldest first:
+    /// (sid, endpoint, eio, until). Their next GET gets the `6` noop that
+    /// would have answered a held one (a close POST can overtake the
+    /// client's own concurrent GET); after that, or past `until`, the sid
+    /// is unknown. At most [`CLOSED_SIDS_MAX`] are kept.
+    closed_sids: VecDeque<(Box<str>, u8, u8, Instant)>,
     /// Keep-alive connections whose held GET was answered while more
     /// requests waited in their input (pipelined); read next turn.
     http_ready: Vec<ConnId>,
@@ -169,6 +177,7 @@ impl<H: Handler> Server<H> {
             serial: 0,
             out_bytes_max: settings.out_bytes_max,
             sids: HashMap::new(),
+            closed_sids: VecDeque::new(),
             http_ready: Vec::new(),
         };
         Ok(Server {
@@ -645,6 +654,17 @@ impl<H: Handler> Server<H> {
             (Transport::Polling, None) => self.refuse(id, HandshakeError::BadHandshakeMethod, now),
             (Transport::Polling, Some(sid)) => {
                 let Some(session) = self.polling_session(&sid, endpoint) else {
+                    if req.method == "GET" {
+                        if let Some(eio) = self.take_closed_sid(&sid, endpoint, now) {
+                            let mut body = Vec::new();
+                            polling::push_text(&mut body, eio, b"6", &[]);
+                            return self.answer_http(
+                                id,
+                                Response::new(200, PAYLOAD_TYPE, body),
+                                now,
+                            );
+                        }
+                    }
                     return self.refuse(id, HandshakeError::UnknownSid, now);
                 };
                 match req.method.as_str() {
@@ -813,7 +833,9 @@ impl<H: Handler> Server<H> {
             }
             match item {
                 Item::Text(t) if engineio::decode(t) == Ok(engineio::Packet::Close) => {
-                    // The client ends the session: a held GET ends quietly.
+                    // The client ends the session: a held GET ends quietly,
+                    // and so does one still on its way.
+                    self.remember_closed(session, now);
                     self.close_polling(session, b"6", now);
                     break;
                 }
@@ -822,6 +844,35 @@ impl<H: Handler> Server<H> {
             }
         }
         self.answer_http(id, Response::new(200, PAYLOAD_TYPE, "ok"), now);
+    }
+
+    /// Notes a polling session the client is closing while no GET is held,
+    /// so that its GET still in flight gets the `6` noop, not an error.
+    fn remember_closed(&mut self, session: ConnId, now: Instant) {
+        let Some(Some(c)) = self.shell.conns.get(session) else {
+            return;
+        };
+        let (Some(sid), Some(p)) = (c.sid.as_ref(), c.polling.as_ref()) else {
+            return;
+        };
+        if p.get.is_some() {
+            return;
+        }
+        let entry = (sid.clone(), c.endpoint, c.eio, now + self.idle_time());
+        let closed = &mut self.shell.closed_sids;
+        while closed.len() >= CLOSED_SIDS_MAX || closed.front().is_some_and(|e| e.3 <= now) {
+            closed.pop_front();
+        }
+        closed.push_back(entry);
+    }
+
+    /// The eio of a session the client closed, if `sid` is one (once).
+    fn take_closed_sid(&mut self, sid: &str, endpoint: u8, now: Instant) -> Option<u8> {
+        let closed = &mut self.shell.closed_sids;
+        let i = closed
+            .iter()
+            .position(|e| &*e.0 == sid && e.1 == endpoint && e.3 > now)?;
+        closed.remove(i).map(|e| e.2)
     }
 
     /// Ends a polling session now; its held GET (if any) gets `packet`.
