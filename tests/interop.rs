@@ -50,7 +50,7 @@ const PY_CHECKS: [&str; 8] = [
 ];
 
 /// The checks of py_streams.py (contract §5, one or more rows each).
-const PY_STREAM_CHECKS: [&str; 11] = [
+const PY_STREAM_CHECKS: [&str; 12] = [
     "create_info_list",
     "publish_get",
     "purge",
@@ -61,6 +61,7 @@ const PY_STREAM_CHECKS: [&str; 11] = [
     "consumers",
     "push",
     "fetch_waits",
+    "binary",
     "delete",
 ];
 
