@@ -26,7 +26,7 @@ const SCRIPT_RUN_MAX: Duration = Duration::from_secs(60);
 const CONTROL_TOKEN: &str = "secret";
 
 /// socket.io-client 4.x's checks: the shared ones and streams.
-const NODE_CHECKS: [&str; 8] = [
+const NODE_CHECKS: [&str; 9] = [
     "connect",
     "control_info",
     "control_unauthorized",
@@ -35,6 +35,7 @@ const NODE_CHECKS: [&str; 8] = [
     "error_acks",
     "binary",
     "streams",
+    "stream_binary",
 ];
 
 /// The python-socketio script's checks: the shared ones and streams.
@@ -50,7 +51,7 @@ const PY_CHECKS: [&str; 8] = [
 ];
 
 /// The checks of py_streams.py (contract §5, one or more rows each).
-const PY_STREAM_CHECKS: [&str; 11] = [
+const PY_STREAM_CHECKS: [&str; 12] = [
     "create_info_list",
     "publish_get",
     "purge",
@@ -61,6 +62,7 @@ const PY_STREAM_CHECKS: [&str; 11] = [
     "consumers",
     "push",
     "fetch_waits",
+    "binary",
     "delete",
 ];
 

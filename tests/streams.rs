@@ -1,7 +1,7 @@
 //! Streams and consumers through the Rust client against the broker
 //! binary: every stream and consumer event, limits and retention modes,
 //! dedup, redelivery (ack_wait, nak), max_deliver, push delivery (also to
-//! a queue group), restart recovery, and bad input.
+//! a queue group), binary data, restart recovery, and bad input.
 
 mod common;
 
@@ -575,6 +575,112 @@ fn push_consumer_to_a_queue_group() {
         on_x > 0 && on_y > 0,
         "spread over the group: {on_x} / {on_y}"
     );
+}
+
+fn publish_bytes_to_stream(c: &Client, subject: &str, bytes: &[u8]) -> Result<u64, Error> {
+    let msg = OutMessage::new(subject, Payload::Bytes(bytes.to_vec()));
+    c.publish_stream_msg(&msg).map(|a| a.seq)
+}
+
+fn placeholder(num: u64) -> Value {
+    json!({"_placeholder": true, "num": num})
+}
+
+#[test]
+fn binary_data_is_stored_and_comes_back_as_bytes() {
+    let b = Broker::start(&[]);
+    let c = connect(&b);
+    let mut cfg = StreamConfig::new("BIN", &["bin.>"]);
+    cfg.max_msg_size = Some(300);
+    c.stream_create(&cfg).unwrap();
+    let all: Vec<u8> = (0..=255).collect();
+    let edge = vec![0xffu8; 300];
+    // max_msg_size counts the bytes themselves (not the placeholder's text).
+    assert_eq!(publish_bytes_to_stream(&c, "bin.a", &all).unwrap(), 1);
+    assert_eq!(c.publish_stream("bin.b", "text").unwrap().seq, 2);
+    assert_eq!(
+        publish_bytes_to_stream(&c, "bin.b", b"\x00\xfe").unwrap(),
+        3
+    );
+    assert_eq!(publish_bytes_to_stream(&c, "bin.c", &edge).unwrap(), 4);
+    assert_eq!(
+        code(publish_bytes_to_stream(&c, "bin.c", &[1; 301])),
+        "payload_too_large"
+    );
+    assert_eq!(c.stream_info("BIN").unwrap().state.messages, 4);
+
+    let got = c.stream_get("BIN", 1).unwrap();
+    assert_eq!((got.data, got.bytes), (placeholder(0), Some(all.clone())));
+    let got = c.stream_get("BIN", 2).unwrap();
+    assert_eq!((got.data, got.bytes), (json!("text"), None));
+    let got = c.stream_get_last("BIN", "bin.b").unwrap();
+    assert_eq!(got.seq, 3);
+    assert_eq!(got.bytes.as_deref(), Some(&b"\x00\xfe"[..]));
+
+    // A fetch answer numbers the placeholders in order.
+    c.consumer_create("BIN", &ConsumerConfig::new("pull"))
+        .unwrap();
+    let got = c.fetch("BIN", "pull", 10, None).unwrap();
+    let seen: Vec<(u64, Value, Option<Vec<u8>>)> =
+        got.into_iter().map(|m| (m.seq, m.data, m.bytes)).collect();
+    assert_eq!(
+        seen,
+        vec![
+            (1, placeholder(0), Some(all.clone())),
+            (2, json!("text"), None),
+            (3, placeholder(1), Some(b"\x00\xfe".to_vec())),
+            (4, placeholder(2), Some(edge.clone())),
+        ]
+    );
+    // The raw ack: the placeholders and one attachment per binary message.
+    let (raw, attachments) = c
+        .call_with_attachments("stream.get", json!({"name": "BIN", "seq": 4}))
+        .unwrap();
+    assert_eq!(raw["message"]["data"], placeholder(0));
+    assert_eq!(attachments, vec![edge.clone()]);
+
+    // Push delivery: a BINARY_EVENT `msg` with the stream fields.
+    let sub = c.subscribe("deliver.bin").unwrap();
+    let mut push = ConsumerConfig::new("push");
+    push.deliver_subject = Some("deliver.bin".into());
+    push.ack_policy = Some("none".into());
+    c.consumer_create("BIN", &push).unwrap();
+    let mut pushed = Vec::new();
+    for _ in 0..4 {
+        let m = sub.recv_timeout(Duration::from_secs(5)).unwrap();
+        let seq = m.stream.as_ref().map(|d| (d.stream.clone(), d.seq));
+        pushed.push((seq, m.subject.clone(), m.bytes().map(<[u8]>::to_vec)));
+    }
+    let s = |seq| Some(("BIN".to_string(), seq));
+    assert_eq!(
+        pushed,
+        vec![
+            (s(1), "bin.a".to_string(), Some(all)),
+            (s(2), "bin.b".to_string(), None),
+            (s(3), "bin.b".to_string(), Some(b"\x00\xfe".to_vec())),
+            (s(4), "bin.c".to_string(), Some(edge)),
+        ]
+    );
+}
+
+#[test]
+fn binary_messages_survive_a_restart() {
+    let mut b = Broker::start(&[]);
+    let c = connect(&b);
+    stream(&c, "BR", &["br"]);
+    // Not UTF-8, with bytes that look like record framing and JSON.
+    let blob: Vec<u8> = b"\xff\x00{\"_placeholder\":true}\x80\n".repeat(50);
+    assert_eq!(publish_bytes_to_stream(&c, "br", &blob).unwrap(), 1);
+    assert_eq!(c.publish_stream("br", json!({"n": 2})).unwrap().seq, 2);
+    drop(c);
+    b.restart(&[]);
+    let c = connect(&b);
+    let got = c.stream_get("BR", 1).unwrap();
+    assert_eq!((got.data, got.bytes), (placeholder(0), Some(blob.clone())));
+    c.consumer_create("BR", &ConsumerConfig::new("c")).unwrap();
+    let got = c.fetch("BR", "c", 5, None).unwrap();
+    let seen: Vec<(u64, Option<Vec<u8>>)> = got.into_iter().map(|m| (m.seq, m.bytes)).collect();
+    assert_eq!(seen, vec![(1, Some(blob)), (2, None)]);
 }
 
 #[test]

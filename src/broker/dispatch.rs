@@ -391,16 +391,11 @@ impl Broker {
         let headers = p.headers.map(RawValue::get).filter(|h| *h != "null");
         let captured = self.streams.captures(&p.subject);
         if let Some(stream) = captured {
-            if !attachments.is_empty() {
-                return Err(ApiError::new(
-                    Code::BadRequest,
-                    "binary attachments cannot be stored in a stream",
-                ));
-            }
             let msg = Incoming {
                 subject: &p.subject,
                 data,
                 headers,
+                attachment: super::streams::stream_attachment(data, attachments)?,
             };
             self.streams.publish(stream, conn, ack_id, msg, io.now())?;
         }

@@ -1,7 +1,9 @@
 //! How stream messages leave the broker: push deliveries to the
 //! subscribers of a consumer's `deliver_subject`, the messages of a
 //! `consumer.fetch` answer, and the JSON views of streams, consumers and
-//! stored messages that the stream events answer with.
+//! stored messages that the stream events answer with. Binary `data`
+//! leaves as a Socket.IO placeholder in the JSON and its bytes as an
+//! attachment (BINARY_EVENT / BINARY_ACK).
 
 use std::rc::Rc;
 use std::time::Instant;
@@ -11,7 +13,8 @@ use serde_json::{json, Value};
 use super::groups::GroupMode;
 use super::streams::{after_events, ConsumerSummary, Slot, FETCH_BYTES_MAX, PUSH_PER_TURN_MAX};
 use super::subs::SubTable;
-use crate::net::Io;
+use crate::net::{ConnId, Io};
+use crate::protocol::socketio::{self, Kind};
 use crate::protocol::stream_messages::AckPolicy;
 use crate::stream::stream::{Msg, Stream};
 
@@ -84,7 +87,7 @@ pub(super) fn push_one(
         tail.extend_from_slice(b",\"subject\":");
         push_str(&mut tail, &m.subject);
         tail.extend_from_slice(b",\"data\":");
-        tail.extend_from_slice(m.data.as_bytes());
+        push_data(&mut tail, &m, 0);
         if let Some(h) = &m.headers {
             tail.extend_from_slice(b",\"headers\":");
             tail.extend_from_slice(h.as_bytes());
@@ -101,10 +104,15 @@ pub(super) fn push_one(
                 continue;
             };
             let conn = s.conn;
-            io.send_text(
-                conn,
-                &[b"2[\"msg\",{\"sid\":", s.sid_json.as_bytes(), &tail],
-            );
+            let head: &[u8] = if m.binary {
+                // A BINARY_EVENT with one attachment: `51-["msg",{…`.
+                b"51-[\"msg\",{\"sid\":"
+            } else {
+                b"2[\"msg\",{\"sid\":"
+            };
+            if io.send_text(conn, &[head, s.sid_json.as_bytes(), &tail]) && m.binary {
+                io.send_binary(conn, &m.data);
+            }
             if let Some(end) = subs.delivered(key) {
                 let _ = subs.apply(end);
             }
@@ -216,15 +224,36 @@ pub(super) fn consumer_json(s: &Stream, name: &str) -> Value {
     })
 }
 
+/// Appends a message's `data`: its JSON text as published, or for binary
+/// data the placeholder of attachment `num`.
+fn push_data(out: &mut Vec<u8>, m: &Msg, num: usize) {
+    if m.binary {
+        out.extend_from_slice(format!("{{\"_placeholder\":true,\"num\":{num}}}").as_bytes());
+    } else {
+        out.extend_from_slice(&m.data);
+    }
+}
+
 /// Appends a stored message as a JSON object, `data` and `headers`
 /// inlined exactly as they were published (never re-encoded, so big
 /// numbers, key order and every other detail of the JSON come back as
 /// they went in): `{seq, subject, data, headers?, time, delivered?}`.
-pub(super) fn push_message(out: &mut Vec<u8>, seq: u64, m: &Msg, delivered: Option<u64>) {
+/// Binary `data` becomes a placeholder numbered after the attachments
+/// already in `attachments`, and its bytes join them.
+pub(super) fn push_message(
+    out: &mut Vec<u8>,
+    attachments: &mut Vec<Vec<u8>>,
+    seq: u64,
+    m: &Msg,
+    delivered: Option<u64>,
+) {
     out.extend_from_slice(format!("{{\"seq\":{seq},\"subject\":").as_bytes());
     push_str(out, &m.subject);
     out.extend_from_slice(b",\"data\":");
-    out.extend_from_slice(m.data.as_bytes());
+    push_data(out, m, attachments.len());
+    if m.binary {
+        attachments.push(m.data.to_vec());
+    }
     if let Some(h) = &m.headers {
         out.extend_from_slice(b",\"headers\":");
         out.extend_from_slice(h.as_bytes());
@@ -236,25 +265,55 @@ pub(super) fn push_message(out: &mut Vec<u8>, seq: u64, m: &Msg, delivered: Opti
     out.push(b'}');
 }
 
-/// The `stream.get` ack: `[{"ok":true,"message":{…}}]`.
-pub(super) fn message_body(seq: u64, m: &Msg) -> String {
+/// The `stream.get` ack: `[{"ok":true,"message":{…}}]`, and the bytes
+/// of its `data` when that is binary.
+pub(super) fn message_body(seq: u64, m: &Msg) -> (String, Vec<Vec<u8>>) {
     let mut out = Vec::with_capacity(m.data.len() + 128);
+    let mut attachments = Vec::new();
     out.extend_from_slice(b"[{\"ok\":true,\"message\":");
-    push_message(&mut out, seq, m, None);
+    push_message(&mut out, &mut attachments, seq, m, None);
     out.extend_from_slice(b"}]");
-    String::from_utf8(out).unwrap_or_default()
+    (String::from_utf8(out).unwrap_or_default(), attachments)
+}
+
+/// Sends the ack `ack_id` with `body`: an ACK, or a BINARY_ACK followed
+/// by `attachments` in binary frames when there are any.
+pub(super) fn send_ack(
+    io: &mut Io<'_>,
+    head: &mut Vec<u8>,
+    conn: ConnId,
+    ack_id: u64,
+    body: &[u8],
+    attachments: &[Vec<u8>],
+) {
+    let kind = if attachments.is_empty() {
+        Kind::Ack
+    } else {
+        Kind::BinaryAck
+    };
+    head.clear();
+    socketio::write_header(head, kind, attachments.len(), "/", Some(ack_id));
+    if io.send_text(conn, &[head, body]) {
+        for a in attachments {
+            io.send_binary(conn, a);
+        }
+    }
 }
 
 /// Up to `batch` deliveries of consumer `name` as JSON objects joined by
-/// commas into `body`; returns how many.
+/// commas into `body`, the bytes of binary ones into `attachments`;
+/// returns how many.
 pub(super) fn take_batch(
     slot: &mut Slot,
     name: &str,
     batch: usize,
     now: Instant,
     body: &mut Vec<u8>,
+    attachments: &mut Vec<Vec<u8>>,
 ) -> usize {
     body.clear();
+    attachments.clear();
+    let mut binary_bytes = 0;
     let Some((msgs, member)) = slot.stream.split(name) else {
         return 0;
     };
@@ -262,7 +321,7 @@ pub(super) fn take_batch(
     let mut events = Vec::new();
     let mut done = Vec::new();
     let mut n = 0;
-    while n < batch && body.len() < FETCH_BYTES_MAX {
+    while n < batch && body.len() + binary_bytes < FETCH_BYTES_MAX {
         let Some(d) = member.consumer.next(now, &msgs, &mut events) else {
             break;
         };
@@ -272,7 +331,10 @@ pub(super) fn take_batch(
         if n > 0 {
             body.push(b',');
         }
-        push_message(body, d.seq, &m, Some(d.deliveries));
+        push_message(body, attachments, d.seq, &m, Some(d.deliveries));
+        if m.binary {
+            binary_bytes += m.data.len();
+        }
         if none {
             done.push(d.seq);
         }

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use super::stream_out::{
-    consumer_json, fetch_body, message_body, push_slot, push_str, stream_json, take_batch,
+    consumer_json, fetch_body, message_body, push_slot, push_str, send_ack, stream_json, take_batch,
 };
 use super::sublist::Sublist;
 use super::subs::SubTable;
@@ -189,12 +189,40 @@ pub struct Streams {
 /// How often every stream is looked at even when nothing happened to it.
 const SWEEP_EVERY: Duration = Duration::from_millis(50);
 
-/// A publish a stream captured: raw JSON `data` and `headers`.
+/// A publish a stream captured: raw JSON `data` and `headers`, or, when
+/// `data` is a binary attachment, its bytes in `attachment`.
 #[derive(Debug, Clone, Copy)]
 pub struct Incoming<'a> {
     pub subject: &'a str,
     pub data: &'a str,
     pub headers: Option<&'a str>,
+    pub attachment: Option<&'a [u8]>,
+}
+
+/// The bytes of a captured publish's binary `data`: `None` without
+/// attachments; `bad_request` unless `data` is exactly one placeholder
+/// (`{"_placeholder":true,"num":0}`) and it is the only attachment.
+pub fn stream_attachment<'a>(
+    data: &str,
+    attachments: &'a [Vec<u8>],
+) -> Result<Option<&'a [u8]>, ApiError> {
+    if attachments.is_empty() {
+        return Ok(None);
+    }
+    let whole = serde_json::from_str::<Value>(data).ok().is_some_and(|v| {
+        v.as_object().is_some_and(|m| {
+            m.len() == 2
+                && m.get("_placeholder") == Some(&Value::Bool(true))
+                && m.get("num").and_then(Value::as_u64) == Some(0)
+        })
+    });
+    if !whole || attachments.len() != 1 {
+        return Err(ApiError::new(
+            Code::BadRequest,
+            "a stream stores binary data only as the whole of `data` (one attachment)",
+        ));
+    }
+    Ok(Some(&attachments[0]))
 }
 
 /// The wall clock at one `Instant`: message times are taken from the
@@ -478,6 +506,7 @@ impl Streams {
             subject,
             data,
             headers,
+            attachment,
         } = msg;
         if let Some(why) = &self.down {
             return Err(ApiError::new(
@@ -494,7 +523,12 @@ impl Streams {
         let now_ms = self.wall.ms_at(now);
         let slot = slot_by_id(&self.by_id, &mut self.set, id)
             .ok_or_else(|| not_found("stream capturing", subject))?;
-        let stored = slot.stream.store(subject, data, headers, now_ms)?;
+        let stored = match attachment {
+            Some(bytes) => slot.stream.store(subject, bytes, true, headers, now_ms)?,
+            None => slot
+                .stream
+                .store(subject, data.as_bytes(), false, headers, now_ms)?,
+        };
         slot.touched = true;
         let reply = match stored {
             Stored::New { seq, removed } => {
@@ -571,7 +605,9 @@ impl Streams {
             "stream.purge" => sm_arg::<PurgeReq>(arg)
                 .and_then(|r| self.stream_purge(conn, ack_id, r, now))
                 .map(|()| None),
-            "stream.get" => sm_arg::<GetReq>(arg).and_then(|r| self.stream_get(r).map(Some)),
+            "stream.get" => {
+                sm_arg::<GetReq>(arg).and_then(|r| self.stream_get(io, conn, ack_id, r))
+            }
             "consumer.create" => {
                 v(sm_arg::<ConsumerCreate>(arg).and_then(|r| self.consumer_create(r)))
             }
@@ -584,7 +620,7 @@ impl Streams {
             "consumer.delete" => v(sm_arg::<ConsumerReq>(arg)
                 .and_then(|r| self.consumer_delete(io, &r.stream, &r.name))),
             "consumer.fetch" => {
-                sm_arg::<FetchReq>(arg).and_then(|r| self.fetch(conn, ack_id, r, now))
+                sm_arg::<FetchReq>(arg).and_then(|r| self.fetch(io, conn, ack_id, r, now))
             }
             _ => sm_arg::<AckReq>(arg)
                 .and_then(|r| self.ack_event(conn, ack_id, name, r, now))
@@ -775,8 +811,15 @@ impl Streams {
         Ok(())
     }
 
-    /// The ack body, the message's `data` and `headers` as published.
-    fn stream_get(&mut self, r: GetReq) -> Result<String, ApiError> {
+    /// The ack body, the message's `data` and `headers` as published; a
+    /// binary `data` is answered here, as a BINARY_ACK (then `None`).
+    fn stream_get(
+        &mut self,
+        io: &mut Io<'_>,
+        conn: ConnId,
+        ack_id: Option<u64>,
+        r: GetReq,
+    ) -> Result<Option<String>, ApiError> {
         let slot = self.slot(&r.name)?;
         let found = match (r.seq, &r.last_by_subject) {
             (Some(seq), None) => slot.stream.get(seq)?.map(|m| (seq, m)),
@@ -789,7 +832,21 @@ impl Streams {
             }
         };
         let (seq, m) = found.ok_or_else(|| ApiError::new(Code::NotFound, "no such message"))?;
-        Ok(message_body(seq, &m))
+        let (body, attachments) = message_body(seq, &m);
+        if attachments.is_empty() {
+            return Ok(Some(body));
+        }
+        if let Some(ack_id) = ack_id {
+            send_ack(
+                io,
+                &mut self.head,
+                conn,
+                ack_id,
+                body.as_bytes(),
+                &attachments,
+            );
+        }
+        Ok(None)
     }
 
     // ---- consumers -------------------------------------------------------
@@ -928,6 +985,7 @@ impl Streams {
 
     fn fetch(
         &mut self,
+        io: &mut Io<'_>,
         conn: ConnId,
         ack_id: Option<u64>,
         r: FetchReq,
@@ -971,11 +1029,31 @@ impl Streams {
             return Ok(None);
         };
         let mut body = std::mem::take(&mut self.body);
-        let n = take_batch(slot, &r.consumer, batch as usize, now, &mut body);
+        let mut attachments = Vec::new();
+        let n = take_batch(
+            slot,
+            &r.consumer,
+            batch as usize,
+            now,
+            &mut body,
+            &mut attachments,
+        );
         if n > 0 || r.no_wait == Some(true) {
             let out = fetch_body(&body);
             self.body = body;
-            return Ok(Some(out));
+            if attachments.is_empty() {
+                return Ok(Some(out));
+            }
+            // Binary messages: a BINARY_ACK, sent here.
+            send_ack(
+                io,
+                &mut self.head,
+                conn,
+                ack_id,
+                out.as_bytes(),
+                &attachments,
+            );
+            return Ok(None);
         }
         self.body = body;
         if self.waits.iter().filter(|w| w.conn == conn).count() >= WAITS_PER_CONN_MAX {
@@ -1252,6 +1330,7 @@ impl Streams {
             return;
         }
         let mut body = std::mem::take(&mut self.body);
+        let mut attachments = Vec::new();
         let mut i = 0;
         while i < self.waits.len() {
             let w = &self.waits[i];
@@ -1264,7 +1343,7 @@ impl Streams {
                         .get(&w.consumer)
                         .is_some_and(|m| m.consumer.may_have_work(slot.stream.last_seq()));
                     if ready {
-                        take_batch(slot, &w.consumer, w.batch, now, &mut body)
+                        take_batch(slot, &w.consumer, w.batch, now, &mut body, &mut attachments)
                     } else {
                         0
                     }
@@ -1277,12 +1356,18 @@ impl Streams {
             }
             if n == 0 {
                 body.clear();
+                attachments.clear();
             }
             let w = self.waits.remove(i);
             let text = fetch_body(&body);
-            self.head.clear();
-            socketio::write_header(&mut self.head, Kind::Ack, 0, "/", Some(w.ack_id));
-            io.send_text(w.conn, &[&self.head, text.as_bytes()]);
+            send_ack(
+                io,
+                &mut self.head,
+                w.conn,
+                w.ack_id,
+                text.as_bytes(),
+                &attachments,
+            );
         }
         self.body = body;
     }
@@ -1481,4 +1566,28 @@ fn sm_arg<T: serde::de::DeserializeOwned>(
         arg.ok_or_else(|| ApiError::new(Code::BadRequest, "the event needs an object argument"))?;
     serde_json::from_str(arg.get())
         .map_err(|e| ApiError::new(Code::BadRequest, format!("bad arguments: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_takes_binary_data_only_as_the_whole_of_data() {
+        let one = vec![vec![1u8, 2]];
+        let whole = r#"{"_placeholder":true,"num":0}"#;
+        assert_eq!(stream_attachment("\"x\"", &[]).unwrap(), None);
+        assert_eq!(stream_attachment(whole, &one).unwrap(), Some(&[1u8, 2][..]));
+        let two = vec![vec![1u8], vec![2u8]];
+        for (data, atts) in [
+            (r#"{"a":{"_placeholder":true,"num":0}}"#, &one),
+            (r#"[{"_placeholder":true,"num":0}]"#, &one),
+            (r#"{"_placeholder":true,"num":0,"x":1}"#, &one),
+            (r#"{"_placeholder":true,"num":1}"#, &two),
+            (whole, &two),
+        ] {
+            let e = stream_attachment(data, atts).unwrap_err();
+            assert_eq!(e.code, Code::BadRequest, "{data}");
+        }
+    }
 }

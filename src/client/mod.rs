@@ -719,6 +719,20 @@ impl Client {
         Ok(reply.value)
     }
 
+    /// [`Client::call`], also returning the ack's binary attachments (a
+    /// BINARY_ACK's), indexed by the placeholders' `num`.
+    pub fn call_with_attachments(
+        &self,
+        event: &str,
+        args: Value,
+    ) -> Result<(Value, Vec<Vec<u8>>), Error> {
+        let reply = self
+            .shared
+            .emit(event, args, &[], Some(self.shared.opts.timeout), false)?
+            .ok_or_else(|| Error::Protocol(format!("{event} without ack")))?;
+        Ok((reply.value, reply.attachments))
+    }
+
     /// Sends any event without an ack id (fire and forget).
     pub fn emit(&self, event: &str, args: Value) -> Result<(), Error> {
         self.shared.emit(event, args, &[], None, false).map(|_| ())

@@ -122,7 +122,12 @@ pub struct ConsumerInfo {
 pub struct StoredMessage {
     pub seq: u64,
     pub subject: String,
+    /// The JSON `data`; for binary data, its Socket.IO placeholder (the
+    /// bytes are in [`StoredMessage::bytes`]).
     pub data: Value,
+    /// The bytes, when `data` was published as a binary attachment.
+    #[serde(skip)]
+    pub bytes: Option<Vec<u8>>,
     #[serde(default)]
     pub headers: Option<Map<String, Value>>,
     /// Milliseconds since the Unix epoch when it was stored.
@@ -130,6 +135,16 @@ pub struct StoredMessage {
     /// How often it has been delivered (fetch only).
     #[serde(default)]
     pub delivered: Option<u64>,
+}
+
+impl StoredMessage {
+    /// Fills [`StoredMessage::bytes`] from the ack's attachments when
+    /// `data` is a placeholder.
+    fn attach(&mut self, attachments: &[Vec<u8>]) {
+        if let Some(num) = super::wire::placeholder_num(&self.data) {
+            self.bytes = attachments.get(num).cloned();
+        }
+    }
 }
 
 /// The ack of a publish a stream captured.
@@ -200,15 +215,20 @@ impl Client {
         field(&v, "purged")
     }
 
+    /// `stream.get` by sequence; binary data comes back in `bytes`.
     pub fn stream_get(&self, name: &str, seq: u64) -> Result<StoredMessage, Error> {
-        let v = self.call("stream.get", json!({ "name": name, "seq": seq }))?;
-        field(&v, "message")
+        self.get_message(json!({ "name": name, "seq": seq }))
     }
 
     pub fn stream_get_last(&self, name: &str, subject: &str) -> Result<StoredMessage, Error> {
-        let arg = json!({ "name": name, "last_by_subject": subject });
-        let v = self.call("stream.get", arg)?;
-        field(&v, "message")
+        self.get_message(json!({ "name": name, "last_by_subject": subject }))
+    }
+
+    fn get_message(&self, arg: Value) -> Result<StoredMessage, Error> {
+        let (v, attachments) = self.call_with_attachments("stream.get", arg)?;
+        let mut m: StoredMessage = field(&v, "message")?;
+        m.attach(&attachments);
+        Ok(m)
     }
 
     /// Publishes JSON `data` to a subject a stream captures and returns
@@ -281,7 +301,11 @@ impl Client {
             .shared
             .emit("consumer.fetch", arg, &[], Some(wait), false)?
             .ok_or_else(|| Error::Protocol("fetch without ack".to_string()))?;
-        field(&reply.value, "messages")
+        let mut messages: Vec<StoredMessage> = field(&reply.value, "messages")?;
+        for m in &mut messages {
+            m.attach(&reply.attachments);
+        }
+        Ok(messages)
     }
 
     fn ack_call(

@@ -29,18 +29,21 @@ pub const CONSUMERS_PER_STREAM_MAX: usize = 1_000;
 /// The header naming a message for duplicate detection.
 pub const MSG_ID_HEADER: &str = "Msg-Id";
 
-/// A message. `data` and `headers` are raw JSON text.
+/// A message. `headers` is raw JSON text; `data` is raw JSON text, or the
+/// bytes of a binary attachment when `binary` is set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Msg {
     pub subject: Box<str>,
-    pub data: Box<str>,
+    pub data: Box<[u8]>,
+    pub binary: bool,
     pub headers: Option<Box<str>>,
     pub time_ms: u64,
 }
 
 impl Msg {
     /// What counts against `max_msg_size`: the payload as the contract
-    /// measures it (section 3), the JSON text of `data` plus `headers`.
+    /// measures it (section 3), `data` (its JSON text, or its bytes when
+    /// binary) plus `headers`.
     pub fn size(&self) -> u64 {
         payload_size(&self.data, self.headers.as_deref())
     }
@@ -169,11 +172,13 @@ impl Stream {
     }
 
     /// Stores a captured publish made at `now_ms` (buffered;
-    /// [`Stream::flush`] writes it). `data` and `headers` are raw JSON.
+    /// [`Stream::flush`] writes it). `headers` is raw JSON; `data` is raw
+    /// JSON, or an attachment's bytes when `binary`.
     pub fn store(
         &mut self,
         subject: &str,
-        data: &str,
+        data: &[u8],
+        binary: bool,
         headers: Option<&str>,
         now_ms: u64,
     ) -> Result<Stored, ApiError> {
@@ -215,7 +220,7 @@ impl Stream {
         }
         let seq = self
             .store
-            .append(subject, headers, data.as_bytes(), false, now_ms)
+            .append(subject, headers, data, binary, now_ms)
             .map_err(store_err)?;
         if let Some(id) = id {
             self.remember(id.into_boxed_str(), seq, now_ms);
@@ -415,7 +420,7 @@ impl Stream {
 }
 
 /// The JSON text of `data` plus `headers`, in bytes.
-fn payload_size(data: &str, headers: Option<&str>) -> u64 {
+fn payload_size(data: &[u8], headers: Option<&str>) -> u64 {
     (data.len() + headers.map_or(0, str::len)) as u64
 }
 
@@ -423,10 +428,14 @@ fn read_msg(store: &Store, seq: u64) -> Result<Option<Msg>, ApiError> {
     let Some(m) = store.get(seq).map_err(store_err)? else {
         return Ok(None);
     };
-    let data = String::from_utf8(m.data).map_err(store_err)?;
+    if !m.binary {
+        // JSON text goes out inline in text frames: it must be UTF-8.
+        std::str::from_utf8(&m.data).map_err(store_err)?;
+    }
     Ok(Some(Msg {
         subject: m.subject.into(),
-        data: data.into(),
+        data: m.data.into(),
+        binary: m.binary,
         headers: m.headers.map(Into::into),
         time_ms: m.time_ms,
     }))
@@ -509,16 +518,16 @@ mod tests {
         assert_eq!((s.state().first_seq, s.state().last_seq), (0, 0));
         assert!(s.captures("a.b") && !s.captures("b"));
         assert_eq!(
-            s.store("a.b", "1", None, 0).unwrap(),
+            s.store("a.b", b"1", false, None, 0).unwrap(),
             Stored::New {
                 seq: 1,
                 removed: vec![]
             }
         );
-        s.store("a.c", "2", None, 0).unwrap();
+        s.store("a.c", b"2", false, None, 0).unwrap();
         assert_eq!(s.last_by_subject("a.b").unwrap().map(|(q, _)| q), Some(1));
         assert_eq!(s.last_by_subject("a.*").unwrap().map(|(q, _)| q), Some(2));
-        assert_eq!(s.get(2).unwrap().map(|m| m.data), Some("2".into()));
+        assert_eq!(s.get(2).unwrap().map(|m| m.data), Some(b"2"[..].into()));
         assert_eq!(s.purge(Some("a.c")).unwrap(), 1);
         assert_eq!(s.purge(None).unwrap(), 1);
         let st = s.state();
@@ -529,28 +538,61 @@ mod tests {
     fn limits_discard_old_and_new() {
         let mut s = stream(serde_json::json!({"name":"S","subjects":["a"],"max_msgs":2}));
         for i in 0..3 {
-            s.store("a", &i.to_string(), None, 0).unwrap();
+            s.store("a", i.to_string().as_bytes(), false, None, 0)
+                .unwrap();
         }
         assert_eq!(s.state().first_seq, 2);
         let mut n =
             stream(serde_json::json!({"name":"N","subjects":["a"],"max_bytes":4,"discard":"new"}));
-        n.store("a", "12", None, 0).unwrap();
-        assert_eq!(n.store("a", "34", None, 0).unwrap_err().code, Code::Limit);
+        n.store("a", b"12", false, None, 0).unwrap();
+        assert_eq!(
+            n.store("a", b"34", false, None, 0).unwrap_err().code,
+            Code::Limit
+        );
         // max_msg_size counts the payload (data and headers), not the
         // subject.
         let mut z = stream(serde_json::json!({"name":"Z","subjects":["a.>"],"max_msg_size":10}));
-        z.store("a.long.subject", "1234567890", None, 0).unwrap();
-        z.store("a.b", "1", Some(r#"{"h":""}"#), 0).unwrap();
+        z.store("a.long.subject", b"1234567890", false, None, 0)
+            .unwrap();
+        z.store("a.b", b"1", false, Some(r#"{"h":""}"#), 0).unwrap();
         assert_eq!(
-            z.store("a.b", "12345678901", None, 0).unwrap_err().code,
-            Code::PayloadTooLarge
-        );
-        assert_eq!(
-            z.store("a.b", "123", Some(r#"{"h":""}"#), 0)
+            z.store("a.b", b"12345678901", false, None, 0)
                 .unwrap_err()
                 .code,
             Code::PayloadTooLarge
         );
+        assert_eq!(
+            z.store("a.b", b"123", false, Some(r#"{"h":""}"#), 0)
+                .unwrap_err()
+                .code,
+            Code::PayloadTooLarge
+        );
+    }
+
+    #[test]
+    fn binary_data_is_stored_as_bytes_and_measured_by_them() {
+        let mut s = stream(serde_json::json!({"name":"B","subjects":["b"],"max_msg_size":4}));
+        // Not UTF-8, and longer as JSON text than the limit would allow.
+        let bytes = [0xff, 0x00, 0xfe, 0x80];
+        assert_eq!(
+            s.store("b", &bytes, true, None, 7).unwrap(),
+            Stored::New {
+                seq: 1,
+                removed: vec![]
+            }
+        );
+        assert_eq!(
+            s.store("b", &[0; 5], true, None, 7).unwrap_err().code,
+            Code::PayloadTooLarge
+        );
+        s.store("b", b"12", false, None, 8).unwrap();
+        let m = s.get(1).unwrap().unwrap();
+        assert!(m.binary);
+        assert_eq!(&*m.data, &bytes);
+        assert_eq!(m.size(), 4);
+        let j = s.get(2).unwrap().unwrap();
+        assert!(!j.binary);
+        assert_eq!(&*j.data, b"12");
     }
 
     #[test]
@@ -559,11 +601,14 @@ mod tests {
             serde_json::json!({"name":"S","subjects":["a"],"max_age_ms":100,"duplicate_window_ms":50}),
         );
         let h = Some(r#"{"Msg-Id":"x"}"#);
-        s.store("a", "1", h, 1000).unwrap();
-        assert_eq!(s.store("a", "1", h, 1010).unwrap(), Stored::Duplicate(1));
+        s.store("a", b"1", false, h, 1000).unwrap();
+        assert_eq!(
+            s.store("a", b"1", false, h, 1010).unwrap(),
+            Stored::Duplicate(1)
+        );
         assert!(s.expire(1049).unwrap().is_empty());
         assert_eq!(
-            s.store("a", "1", h, 1050).unwrap(),
+            s.store("a", b"1", false, h, 1050).unwrap(),
             Stored::New {
                 seq: 2,
                 removed: vec![]
@@ -577,7 +622,7 @@ mod tests {
     fn interest_without_consumers_keeps_nothing() {
         let mut s = stream(serde_json::json!({"name":"S","subjects":["a"],"retention":"interest"}));
         assert_eq!(
-            s.store("a", "1", None, 0).unwrap(),
+            s.store("a", b"1", false, None, 0).unwrap(),
             Stored::New {
                 seq: 1,
                 removed: vec![1]

@@ -499,9 +499,62 @@ def check_push(url, p):
         s2.close()
 
 
+def is_bytes(got, want, what):
+    if not isinstance(got, (bytes, bytearray)) or bytes(got) != want:
+        raise AssertionError(f"{what}: expected {len(want)} bytes, got {got!r}")
+
+
+def check_binary(url, p):
+    """Binary data in a stream: stored as bytes, returned as bytes."""
+    blob = bytes(range(256)) + b"\xff\x00tail"
+    small = b"\x00\x01"
+    sub = Peer(url)
+    try:
+        p.ok("stream.create", {"name": "PYB", "subjects": ["pyb.>"],
+                               "max_msg_size": len(blob)})
+        stored(p.ok("pub", {"subject": "pyb.a", "data": blob}), "PYB", 1,
+               "a pub of bytes (the ack is plain)")
+        stored(p.ok("pub", {"subject": "pyb.b", "data": "json"}), "PYB", 2, "a pub of JSON")
+        stored(p.ok("pub", {"subject": "pyb.b", "data": small}), "PYB", 3, "more bytes")
+        # max_msg_size counts the bytes themselves.
+        p.error("pub", {"subject": "pyb.a", "data": blob + b"!"}, "payload_too_large")
+        # Only the whole of data may be an attachment.
+        p.error("pub", {"subject": "pyb.a", "data": {"blob": small}}, "bad_request")
+        m = keys(p.ok("stream.get", {"name": "PYB", "seq": 1}), ("ok", "message"),
+                 "stream.get")["message"]
+        keys(m, ("seq", "subject", "data", "time"), "stream.get of bytes")
+        is_bytes(m["data"], blob, "stream.get data")
+        m = p.ok("stream.get", {"name": "PYB", "last_by_subject": "pyb.b"})["message"]
+        equal(m["seq"], 3, "last_by_subject")
+        is_bytes(m["data"], small, "stream.get last_by_subject data")
+        p.ok("consumer.create", {"stream": "PYB", "name": "pull"})
+        got = fetch(p, "PYB", "pull", batch=10, no_wait=True)
+        equal([m["seq"] for m in got], [1, 2, 3], "fetched seqs")
+        is_bytes(got[0]["data"], blob, "fetched data 1")
+        equal(got[1]["data"], "json", "fetched data 2")
+        is_bytes(got[2]["data"], small, "fetched data 3")
+        sub.ok("sub", {"subject": "push.pyb", "sid": "b"})
+        p.ok("consumer.create", {"stream": "PYB", "name": "push",
+                                 "deliver_subject": "push.pyb", "ack_policy": "none"})
+        for seq, want in ((1, blob), (2, "json"), (3, small)):
+            msg = sub.next_msg()
+            if not isinstance(msg, dict):
+                raise AssertionError(f"push delivery {seq}: got {msg!r}")
+            data = msg.pop("data", None)
+            equal(msg, {"sid": "b", "subject": "pyb.a" if seq == 1 else "pyb.b",
+                        "stream": "PYB", "consumer": "push", "seq": seq,
+                        "delivered": 1}, f"push delivery {seq}")
+            if isinstance(want, bytes):
+                is_bytes(data, want, f"push delivery {seq} data")
+            else:
+                equal(data, want, f"push delivery {seq} data")
+    finally:
+        sub.close()
+
+
 def check_delete(p):
     for name in ("PYS", "PYSIZE", "PYNEW", "PYOLD", "PYDUP", "PYINT", "PYWQ", "PYC",
-                 "PYW", "PYDW", "PYP"):
+                 "PYW", "PYDW", "PYP", "PYB"):
         equal(p.ok("stream.delete", {"name": name}), {"ok": True}, f"delete {name}")
     p.error("stream.info", {"name": "PYS"}, "not_found")
     p.error("stream.delete", {"name": "PYS"}, "not_found")
@@ -528,6 +581,7 @@ def main():
     check("consumers", lambda: check_consumers(p))
     check("push", lambda: check_push(url, p))
     check("fetch_waits", lambda: check_fetch_waits(p, default_wait))
+    check("binary", lambda: check_binary(url, p))
     check("delete", lambda: check_delete(p))
     waiter.close()
     p.close()

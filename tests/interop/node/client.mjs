@@ -267,6 +267,65 @@ async function checkBinary(url) {
   });
 }
 
+// The bytes of a binary value as socket.io-client hands it over (a Buffer
+// in Node, or an ArrayBuffer / typed array), or null if it is not binary.
+function bytesOf(data) {
+  if (Buffer.isBuffer(data)) return data;
+  if (data instanceof ArrayBuffer) return Buffer.from(data);
+  if (ArrayBuffer.isView(data)) {
+    return Buffer.from(data.buffer.slice(data.byteOffset, data.byteOffset + data.byteLength));
+  }
+  return null;
+}
+
+function sameBytes(got, want, what) {
+  const b = bytesOf(got);
+  if (b === null || !b.equals(want)) {
+    throw new Error(`${what}: expected ${want.length} equal bytes, got ${show(got)}`);
+  }
+}
+
+// Binary data in a stream: stored as bytes, back as bytes from stream.get,
+// consumer.fetch (a BINARY_ACK beside JSON messages) and a push consumer.
+async function checkStreamBinary(url) {
+  await withPeers(url, 2, async (p, sub) => {
+    const blob = Buffer.concat([Buffer.from([...Array(256).keys()]), Buffer.from("\xff\0")]);
+    const small = Buffer.from([0, 1]);
+    expectOk(await p.call("stream.create", { name: "NODEB", subjects: ["nodeb.>"],
+      max_msg_size: blob.length }), "stream.create");
+    same(await p.call("pub", { subject: "nodeb.a", data: blob }),
+      { ok: true, stream: "NODEB", seq: 1 }, "pub of bytes (a plain ack)");
+    same(await p.call("pub", { subject: "nodeb.a", data: "json" }),
+      { ok: true, stream: "NODEB", seq: 2 }, "pub of JSON");
+    same(await p.call("pub", { subject: "nodeb.a", data: small }),
+      { ok: true, stream: "NODEB", seq: 3 }, "pub of more bytes");
+    expectError(await p.call("pub", { subject: "nodeb.a", data: Buffer.concat([blob, small]) }),
+      "payload_too_large", "max_msg_size counts the bytes");
+    const got = expectOk(await p.call("stream.get", { name: "NODEB", seq: 1 }), "stream.get");
+    sameBytes(got.message.data, blob, "stream.get data");
+    expectOk(await p.call("consumer.create", { stream: "NODEB", name: "pull" }),
+      "consumer.create");
+    const f = expectOk(await p.call("consumer.fetch", { stream: "NODEB", consumer: "pull",
+      batch: 10, no_wait: true }), "consumer.fetch");
+    same(f.messages.map((m) => m.seq), [1, 2, 3], "fetched seqs");
+    sameBytes(f.messages[0].data, blob, "fetched data 1");
+    same(f.messages[1].data, "json", "fetched data 2");
+    sameBytes(f.messages[2].data, small, "fetched data 3");
+    expectOk(await sub.call("sub", { subject: "nodeb-push", sid: "b" }), "sub");
+    expectOk(await p.call("consumer.create", { stream: "NODEB", name: "push",
+      deliver_subject: "nodeb-push", ack_policy: "none" }), "push consumer.create");
+    for (const [seq, want] of [[1, blob], [2, "json"], [3, small]]) {
+      const msg = await sub.nextMsg();
+      const { data, ...rest } = msg ?? {};
+      same(rest, { sid: "b", subject: "nodeb.a", stream: "NODEB", consumer: "push", seq,
+        delivered: 1 }, `push delivery ${seq}`);
+      if (typeof want === "string") same(data, want, `push delivery ${seq} data`);
+      else sameBytes(data, want, `push delivery ${seq} data`);
+    }
+    same(await p.call("stream.delete", { name: "NODEB" }), { ok: true }, "stream.delete");
+  });
+}
+
 function same(got, want, what) {
   if (!isDeepStrictEqual(got, want)) {
     throw new Error(`${what}: expected ${show(want)}, got ${show(got)}`);
@@ -352,6 +411,7 @@ async function main() {
   await check("error_acks", () => checkErrorAcks(url));
   await check("binary", () => checkBinary(url));
   await check("streams", () => checkStreams(url));
+  await check("stream_binary", () => checkStreamBinary(url));
   clearTimeout(watchdog);
   const failed = results.filter((ok) => !ok).length;
   console.log(`summary: ${results.length - failed} of ${results.length} checks passed`);
