@@ -524,3 +524,95 @@ fn garbage_payloads_end_only_their_own_session() {
         assert!(Instant::now() < deadline, "garbage sessions did not expire");
     }
 }
+
+/// A well-behaved WebSocket client still gets answers and a victim
+/// subscriber still gets what is published to it: whatever the abuse did,
+/// it hurt nobody else.
+fn others_unharmed(addr: &str, victim: &mut WebSocket<TcpStream>, tag: &str) {
+    let mut fresh = ws_join(addr);
+    fresh
+        .send(Message::text(r#"427["ping",{}]"#))
+        .expect("send");
+    assert_eq!(ws_next(&mut fresh), Message::text(r#"437[{"ok":true}]"#));
+    let event = format!(r#"428["pub",{{"subject":"victim","data":"{tag}"}}]"#);
+    fresh.send(Message::text(event)).expect("send");
+    assert_eq!(ws_next(&mut fresh), Message::text(r#"438[{"ok":true}]"#));
+    let Message::Text(msg) = ws_next(victim) else {
+        panic!("the victim got no message");
+    };
+    assert!(msg.as_str().contains(&format!("\"{tag}\"")), "{msg}");
+}
+
+/// A WebSocket subscriber on subject `victim`.
+fn victim(addr: &str) -> WebSocket<TcpStream> {
+    let mut ws = ws_join(addr);
+    ws.send(Message::text(
+        r#"421["sub",{"subject":"victim","sid":"v"}]"#,
+    ))
+    .expect("send");
+    assert_eq!(
+        ws_next(&mut ws),
+        Message::text(r#"431[{"ok":true,"sid":"v"}]"#)
+    );
+    ws
+}
+
+/// Resident memory (KiB) once it stops moving for a moment, bounded.
+fn rss_settled(b: &Broker) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    let mut last = b.rss_kb();
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = b.rss_kb();
+        if now == last || Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
+}
+
+#[test]
+fn a_flood_of_heartbeat_packets_does_not_grow_memory() {
+    // Each pong (and each client ping) moves the heartbeat's deadline; the
+    // loop must not keep one timer per packet until the old deadlines pass.
+    let b = Broker::start(&[]);
+    let mut v = victim(&b.addr);
+    let mut ws = ws_join(&b.addr);
+    let before = rss_settled(&b);
+    // Masked text frames "3" and "2" with a zero mask, written raw.
+    const FRAMES: usize = 400_000;
+    let mut raw = Vec::with_capacity(FRAMES * 7);
+    for i in 0..FRAMES {
+        let packet = if i % 2 == 0 { b'3' } else { b'2' };
+        raw.extend_from_slice(&[0x81, 0x81, 0, 0, 0, 0, packet]);
+    }
+    // The pongs to the pings come back: read them while writing.
+    let mut reader = ws.get_ref().try_clone().expect("clone");
+    let drain = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 16];
+        let mut total = 0usize;
+        reader
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .expect("timeout");
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        total
+    });
+    ws.get_mut().write_all(&raw).expect("flood");
+    // A request after the flood: once answered, all of it was handled.
+    ws.get_mut()
+        .write_all(&[0x81, 0x80 | 15, 0, 0, 0, 0])
+        .and_then(|()| ws.get_mut().write_all(br#"429["ping",{}]"#))
+        .expect("write");
+    let echoed = drain.join().expect("drain");
+    assert!(echoed >= FRAMES / 2 * 3, "pongs read: {echoed} bytes");
+    let after = rss_settled(&b);
+    others_unharmed(&b.addr, &mut v, "after-heartbeat-flood");
+    let grown = after.saturating_sub(before);
+    eprintln!("heartbeat flood: RSS {before} KiB -> {after} KiB");
+    assert!(grown < 6 * 1024, "RSS grew by {grown} KiB");
+}

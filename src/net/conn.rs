@@ -69,6 +69,10 @@ pub struct Conn {
     pub dirty: bool,
     pub decoder: ws::Decoder,
     pub heartbeat: Option<Heartbeat>,
+    /// When the earliest heartbeat timer in the heap fires: a deadline that
+    /// moves later is not pushed again (a flood of pongs would fill the heap
+    /// with one entry each) but re-armed when that timer fires.
+    pub beat_at: Option<Instant>,
     pub app_deadline: Option<Instant>,
     /// Unique per connection ever accepted, so stale timers are ignored.
     pub serial: u64,
@@ -111,6 +115,7 @@ impl Conn {
             dirty: false,
             decoder: ws::Decoder::default(),
             heartbeat: None,
+            beat_at: None,
             app_deadline: None,
             serial,
             endpoint: 0,
@@ -139,6 +144,7 @@ impl Conn {
             dirty: false,
             decoder: ws::Decoder::default(),
             heartbeat: None,
+            beat_at: None,
             app_deadline: None,
             serial,
             endpoint: 0,
@@ -398,6 +404,20 @@ impl Io<'_> {
 
     pub(crate) fn conn_mut(&mut self, conn: ConnId) -> Option<&mut Conn> {
         self.conns.get_mut(conn)?.as_mut()
+    }
+
+    /// Arms the heartbeat timer of `conn` for `at`, unless one that fires
+    /// no later is in the heap already (it re-arms for the later deadline
+    /// when it fires).
+    pub(crate) fn arm_heartbeat(&mut self, conn: ConnId, at: Instant) {
+        let Some(Some(c)) = self.conns.get_mut(conn) else {
+            return;
+        };
+        if c.beat_at.is_some_and(|armed| armed <= at) {
+            return;
+        }
+        c.beat_at = Some(at);
+        self.schedule(conn, at);
     }
 
     pub(crate) fn schedule(&mut self, conn: ConnId, at: Instant) {

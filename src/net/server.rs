@@ -746,7 +746,7 @@ impl<H: Handler> Server<H> {
         let Server { shell, handler, .. } = self;
         let mut io = shell.io(now);
         io.send_engine(slot, open.as_bytes());
-        io.schedule(slot, deadline);
+        io.arm_heartbeat(slot, deadline);
         handler.opened(&mut io, slot, endpoint);
         self.poll_get(slot, id, now);
     }
@@ -1187,7 +1187,7 @@ impl<H: Handler> Server<H> {
         let Server { shell, handler, .. } = self;
         let mut io = shell.io(now);
         io.send_engine(id, open.as_bytes());
-        io.schedule(id, deadline);
+        io.arm_heartbeat(id, deadline);
         handler.opened(&mut io, id, endpoint);
         if leftover {
             // Frames that came in the same packet as the request head.
@@ -1291,6 +1291,10 @@ impl<H: Handler> Server<H> {
                 }
                 continue;
             }
+            if c.beat_at.is_some_and(|at| at <= due) {
+                // The heartbeat timer fired; it is armed again below.
+                c.beat_at = None;
+            }
             let beat = c.heartbeat.as_mut().map_or(Beat::Idle, |hb| hb.poll(due));
             let next = c.heartbeat.as_ref().map(Heartbeat::deadline);
             let app_due = c.app_deadline.is_some_and(|d| d <= due);
@@ -1309,10 +1313,8 @@ impl<H: Handler> Server<H> {
                 }
                 Beat::Idle => {}
             }
-            if beat == Beat::SendPing {
-                if let Some(at) = next {
-                    io.schedule(t.conn, at);
-                }
+            if let Some(at) = next {
+                io.arm_heartbeat(t.conn, at);
             }
             if app_due {
                 handler.timer(&mut io, t.conn);
@@ -1423,7 +1425,7 @@ fn on_engine_text<H: Handler>(io: &mut Io<'_>, handler: &mut H, id: ConnId, text
                 if let Some(hb) = c.heartbeat.as_mut() {
                     hb.on_pong(now);
                     let at = hb.deadline();
-                    io.schedule(id, at);
+                    io.arm_heartbeat(id, at);
                 }
             }
         }
@@ -1435,7 +1437,7 @@ fn on_engine_text<H: Handler>(io: &mut Io<'_>, handler: &mut H, id: ConnId, text
                 if let Some(hb) = c.heartbeat.as_mut() {
                     hb.on_ping(now);
                     let at = hb.deadline();
-                    io.schedule(id, at);
+                    io.arm_heartbeat(id, at);
                 }
             }
             let mut pong = Vec::with_capacity(1 + data.len());
