@@ -616,3 +616,37 @@ fn a_flood_of_heartbeat_packets_does_not_grow_memory() {
     eprintln!("heartbeat flood: RSS {before} KiB -> {after} KiB");
     assert!(grown < 6 * 1024, "RSS grew by {grown} KiB");
 }
+
+#[test]
+fn pipelined_requests_whose_answers_are_never_read_are_cut() {
+    // OPTIONS (a CORS preflight) is answered on a kept-alive connection; a
+    // client that pipelines them and never reads must not make the broker
+    // buffer the answers without bound.
+    let b = Broker::start(&["-cors-origin=*", "-max-pending=65536"]);
+    let mut v = victim(&b.addr);
+    let before = rss_settled(&b);
+    let mut s = TcpStream::connect(&b.addr).expect("connect");
+    let one = b"OPTIONS /socket.io/ HTTP/1.1\r\nHost: x\r\n\r\n";
+    let batch: Vec<u8> = one
+        .iter()
+        .copied()
+        .cycle()
+        .take(one.len() * 10_000)
+        .collect();
+    let started = Instant::now();
+    let mut sent = 0usize;
+    // About 40 MB of answers if all were made; the broker closes first.
+    while sent < 100 && started.elapsed() < Duration::from_secs(10) {
+        if s.write_all(&batch).is_err() {
+            break;
+        }
+        sent += 1;
+    }
+    let after = rss_settled(&b);
+    eprintln!("pipelined flood: RSS {before} KiB -> {after} KiB after {sent} batches");
+    assert!(sent < 100, "the broker kept taking pipelined requests");
+    others_unharmed(&b.addr, &mut v, "after-pipelining");
+    let grown = after.saturating_sub(before);
+    assert!(grown < 8 * 1024, "RSS grew by {grown} KiB");
+    assert!(metric(&b.addr, "gombus_slow_consumers_total") >= 1);
+}

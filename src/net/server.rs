@@ -890,6 +890,15 @@ impl<H: Handler> Server<H> {
                 return;
             }
         }
+        if c.pending_out() > self.shell.out_bytes_max {
+            // Pipelined requests whose answers are not read: a slow
+            // consumer, cut like a session's socket at the same bound.
+            if c.abort() {
+                self.shell.closing.push(id);
+            }
+            self.shell.stats.slow_consumers += 1;
+            return;
+        }
         let mut io = self.shell.io(now);
         if keep {
             // The connection's one timer (armed at accept) sees the new
