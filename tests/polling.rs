@@ -650,3 +650,105 @@ fn pipelined_requests_whose_answers_are_never_read_are_cut() {
     assert!(grown < 8 * 1024, "RSS grew by {grown} KiB");
     assert!(metric(&b.addr, "gombus_slow_consumers_total") >= 1);
 }
+
+/// Reads HTTP answers from `s` until `count` arrived or the peer closed;
+/// their status codes and bodies.
+fn read_answers(s: &mut TcpStream, count: usize) -> (Vec<(u16, String)>, bool) {
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    let deadline = Instant::now() + WAIT;
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 65536];
+    let mut answers = Vec::new();
+    loop {
+        // Take the complete answers in `raw`.
+        while let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&raw[..end]).to_string();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Length: "))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if raw.len() < end + 4 + len {
+                break;
+            }
+            let status = head
+                .split(' ')
+                .nth(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let body = String::from_utf8_lossy(&raw[end + 4..end + 4 + len]).to_string();
+            raw.drain(..end + 4 + len);
+            answers.push((status, body));
+        }
+        if answers.len() >= count {
+            return (answers, false);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} answers, the last {:?}",
+            answers.len(),
+            answers.last()
+        );
+        match s.read(&mut chunk) {
+            Ok(0) => return (answers, true),
+            Ok(n) => raw.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return (answers, true),
+            Err(e) => panic!("read: {e} after {} answers", answers.len()),
+        }
+    }
+}
+
+#[test]
+fn requests_pipelined_after_a_full_size_body_are_all_answered() {
+    // The input buffer must not drop bytes that arrive with the end of a
+    // body as large as -max-payload (here many times the bound in one
+    // write).
+    let b = Broker::start(&["-cors-origin=*", "-max-payload=1000"]);
+    let sid = open(&b.addr);
+    // The bound on a body: -max-payload plus 64 KiB for the envelope.
+    let body: String = "6\x1e".repeat(33_267) + "6";
+    assert_eq!(body.len(), 1000 + 65_536 - 1);
+    let mut raw = format!(
+        "POST {} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        target(&sid),
+        body.len()
+    )
+    .into_bytes();
+    const PIPELINED: usize = 1500;
+    for _ in 0..PIPELINED {
+        raw.extend_from_slice(b"OPTIONS /socket.io/ HTTP/1.1\r\nHost: x\r\n\r\n");
+    }
+    let mut s = TcpStream::connect(&b.addr).expect("connect");
+    s.write_all(&raw).expect("write");
+    let (answers, closed) = read_answers(&mut s, PIPELINED + 1);
+    assert!(!closed, "closed after {} answers", answers.len());
+    assert_eq!(answers[0], (200, "ok".to_string()));
+    assert!(
+        answers[1..].iter().all(|(status, _)| *status == 204),
+        "{:?}",
+        answers.iter().find(|(status, _)| *status != 204)
+    );
+}
+
+#[test]
+fn input_piled_up_behind_a_held_get_closes_that_connection() {
+    // A held GET keeps the requests behind it waiting; more of them than a
+    // request may take is a client to cut, not input to buffer (or drop).
+    let b = Broker::start(&["-cors-origin=*", "-max-payload=1000"]);
+    let mut v = victim(&b.addr);
+    let sid = open(&b.addr);
+    let mut s = TcpStream::connect(&b.addr).expect("connect");
+    let mut raw = format!("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", target(&sid)).into_bytes();
+    for _ in 0..2_000 {
+        raw.extend_from_slice(b"OPTIONS /socket.io/ HTTP/1.1\r\nHost: x\r\n\r\n");
+    }
+    // The broker may close while the bytes are still being written.
+    let _ = s.write_all(&raw);
+    let (answers, closed) = read_answers(&mut s, 1);
+    assert!(closed, "the connection stayed open: {answers:?}");
+    assert!(answers.is_empty(), "{answers:?}");
+    // The session itself lives on: a GET on a fresh connection is served.
+    assert_eq!(post(&b.addr, &sid, "6").body, "ok");
+    others_unharmed(&b.addr, &mut v, "after-piled-input");
+}

@@ -502,12 +502,18 @@ impl<H: Handler> Server<H> {
         let Some(Some(c)) = self.shell.conns.get_mut(id) else {
             return;
         };
-        // Room for a head and the largest body a head may announce (a
-        // read often brings both).
-        let room = (http::HEAD_BYTES_MAX + 1 + self.settings.message_bytes_max)
-            .saturating_sub(c.inbuf.len());
-        c.inbuf.extend_from_slice(&self.scratch[..n.min(room)]);
+        // All of the read is kept (it is at most the scratch buffer): what
+        // follows a body or a head in the same read is the next request.
+        c.inbuf.extend_from_slice(&self.scratch[..n]);
         self.process_http(id, now);
+        // Requests wait unanswered only behind a held GET; past room for a
+        // head and the largest body the client is cut, not buffered.
+        let room = http::HEAD_BYTES_MAX + 1 + self.settings.message_bytes_max;
+        if let Some(Some(c)) = self.shell.conns.get_mut(id) {
+            if c.state == State::Http && c.inbuf.len() > room && c.abort() {
+                self.shell.closing.push(id);
+            }
+        }
     }
 
     /// Answers the complete requests in the connection's input, one after
