@@ -752,3 +752,76 @@ fn input_piled_up_behind_a_held_get_closes_that_connection() {
     assert_eq!(post(&b.addr, &sid, "6").body, "ok");
     others_unharmed(&b.addr, &mut v, "after-piled-input");
 }
+
+/// Writes `frame` `count` times to `s` (the broker may close meanwhile);
+/// how many writes of 1000 frames went through.
+fn flood(s: &mut TcpStream, frame: &[u8], count: usize) -> usize {
+    let batch: Vec<u8> = frame
+        .iter()
+        .copied()
+        .cycle()
+        .take(frame.len() * 1000)
+        .collect();
+    let started = Instant::now();
+    let mut sent = 0;
+    while sent < count / 1000 && started.elapsed() < WAIT {
+        if s.write_all(&batch).is_err() {
+            break;
+        }
+        sent += 1;
+    }
+    sent
+}
+
+/// A masked (zero mask) WebSocket ping frame with 125 bytes of payload.
+fn ws_ping_frame() -> Vec<u8> {
+    let mut frame = vec![0x89, 0x80 | 125, 0, 0, 0, 0];
+    frame.extend_from_slice(&[b'p'; 125]);
+    frame
+}
+
+#[test]
+fn websocket_pings_whose_pongs_are_never_read_are_bounded() {
+    // Each WebSocket ping is answered with a pong; a client that pings
+    // and never reads is a slow consumer like any other.
+    let b = Broker::start(&["-max-pending=65536"]);
+    let mut v = victim(&b.addr);
+    let before = rss_settled(&b);
+    let ws = ws_join(&b.addr);
+    let mut s = ws.get_ref().try_clone().expect("clone");
+    // 1 million pings: about 130 MB of pongs if all were queued.
+    let sent = flood(&mut s, &ws_ping_frame(), 1_000_000);
+    let after = rss_settled(&b);
+    eprintln!("ping flood: RSS {before} KiB -> {after} KiB after {sent}k pings");
+    assert!(sent < 1000, "the broker kept taking pings");
+    others_unharmed(&b.addr, &mut v, "after-ping-flood");
+    let grown = after.saturating_sub(before);
+    assert!(grown < 8 * 1024, "RSS grew by {grown} KiB");
+    assert!(metric(&b.addr, "gombus_slow_consumers_total") >= 1);
+}
+
+#[test]
+fn upgrade_probes_whose_answers_are_never_read_are_bounded() {
+    // A probe answers each `2probe` with `3probe`; repeated without
+    // reading, that must not queue without bound either.
+    let b = Broker::start(&["-max-pending=65536"]);
+    let mut v = victim(&b.addr);
+    let before = rss_settled(&b);
+    let sid = open(&b.addr);
+    let mut s = TcpStream::connect(&b.addr).expect("connect");
+    let head = format!(
+        "GET /socket.io/?EIO=4&transport=websocket&sid={sid} HTTP/1.1\r\nHost: x\r\n\
+         Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).expect("write");
+    let mut probe = vec![0x81, 0x80 | 6, 0, 0, 0, 0];
+    probe.extend_from_slice(b"2probe");
+    let sent = flood(&mut s, &probe, 10_000_000);
+    let after = rss_settled(&b);
+    eprintln!("probe flood: RSS {before} KiB -> {after} KiB after {sent}k probes");
+    assert!(sent < 10_000, "the broker kept taking probes");
+    others_unharmed(&b.addr, &mut v, "after-probe-flood");
+    let grown = after.saturating_sub(before);
+    assert!(grown < 8 * 1024, "RSS grew by {grown} KiB");
+}

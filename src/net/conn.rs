@@ -323,6 +323,28 @@ impl Io<'_> {
         }
     }
 
+    /// Queues a control frame a client's own frame asks for (a pong, a
+    /// probe's answer) within the outbound bound: a client that keeps
+    /// asking and never reads is closed as a slow consumer.
+    pub(crate) fn send_reply(&mut self, conn: ConnId, bytes: &[u8]) {
+        let bound = self.out_bytes_max;
+        let Some(Some(c)) = self.conns.get_mut(conn) else {
+            return;
+        };
+        if c.state == State::Closing {
+            return;
+        }
+        if c.pending_out() + bytes.len() > bound {
+            if c.abort() {
+                self.closing.push(conn);
+            }
+            self.stats.slow_consumers += 1;
+            return;
+        }
+        c.out.extend_from_slice(bytes);
+        self.mark_dirty(conn);
+    }
+
     /// The connection if it can take `extra` more bytes; past the bound it
     /// is closed as a slow consumer and its queued bytes are dropped.
     fn writable(&mut self, conn: ConnId, extra: usize) -> Option<&mut Conn> {

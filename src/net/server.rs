@@ -1028,7 +1028,7 @@ impl<H: Handler> Server<H> {
         let mut frame = Vec::with_capacity(8);
         ws::write_header(&mut frame, ws::TEXT, 6);
         frame.extend_from_slice(b"3probe");
-        self.shell.io(now).send_raw(probe, &frame);
+        self.shell.io(now).send_reply(probe, &frame);
         let Some(session) = self.probe_target(probe) else {
             return self.shell.io(now).close(probe);
         };
@@ -1417,7 +1417,7 @@ fn on_ws_event<H: Handler>(io: &mut Io<'_>, handler: &mut H, id: ConnId, ev: WsE
             let mut frame = Vec::with_capacity(2 + data.len());
             ws::write_header(&mut frame, ws::PONG, data.len());
             frame.extend_from_slice(data);
-            io.send_raw(id, &frame);
+            io.send_reply(id, &frame);
         }
         WsEvent::Pong => {}
         WsEvent::Close => io.close(id),
