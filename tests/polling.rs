@@ -825,3 +825,26 @@ fn upgrade_probes_whose_answers_are_never_read_are_bounded() {
     let grown = after.saturating_sub(before);
     assert!(grown < 8 * 1024, "RSS grew by {grown} KiB");
 }
+
+#[test]
+fn payloads_of_countless_tiny_packets_stay_bounded() {
+    // The largest POST a session may send, all of it one-byte packets
+    // (noops and pongs), again and again.
+    let b = Broker::start(&[]);
+    let mut v = victim(&b.addr);
+    let sid = open(&b.addr);
+    let before = rss_settled(&b);
+    // -max-payload (1 MiB) plus the 64 KiB envelope, less one byte.
+    let mut body = "6\x1e3\x1e".repeat((1 << 20) / 4 + 16_383);
+    body.push('6');
+    for _ in 0..10 {
+        let a = post(&b.addr, &sid, &body);
+        assert_eq!((a.status, a.body.as_str()), (200, "ok"));
+    }
+    let after = rss_settled(&b);
+    eprintln!("tiny packets: RSS {before} KiB -> {after} KiB");
+    others_unharmed(&b.addr, &mut v, "after-tiny-packets");
+    let grown = after.saturating_sub(before);
+    assert!(grown < 8 * 1024, "RSS grew by {grown} KiB");
+    assert_eq!(post(&b.addr, &sid, "6").body, "ok");
+}

@@ -798,20 +798,22 @@ impl<H: Handler> Server<H> {
             Some(Some(c)) => c.eio,
             _ => return,
         };
-        let items = polling::decode(body, eio);
-        let valid = items.as_ref().is_ok_and(|items| {
-            items.iter().all(|item| match item {
-                Item::Text(t) => {
+        // All or nothing: the packets are checked first, then handled in
+        // a second pass (neither pass holds them as a list).
+        let valid = polling::packets(body, eio).is_ok_and(|mut packets| {
+            packets.all(|item| match item {
+                Ok(Item::Text(t)) => {
                     !matches!(engineio::decode(t), Err(_) | Ok(engineio::Packet::Open(_)))
                 }
-                Item::Binary(_) => true,
+                Ok(Item::Binary(_)) => true,
+                Err(_) => false,
             })
         });
-        let (Ok(items), true) = (items, valid) else {
+        let (Ok(items), true) = (polling::packets(body, eio), valid) else {
             self.refuse(id, HandshakeError::BadRequest, now);
             return self.shell.io(now).close(session);
         };
-        for item in &items {
+        for item in items.flatten() {
             let Server { shell, handler, .. } = self;
             let mut io = shell.io(now);
             if !io.is_open(session) {
