@@ -848,3 +848,159 @@ fn payloads_of_countless_tiny_packets_stay_bounded() {
     assert!(grown < 8 * 1024, "RSS grew by {grown} KiB");
     assert_eq!(post(&b.addr, &sid, "6").body, "ok");
 }
+
+/// Emits `event` with `arg` (raw JSON) and ack id `id`; the ack's argument.
+fn ws_call(ws: &mut WebSocket<TcpStream>, id: u64, event: &str, arg: &str) -> Value {
+    ws.send(Message::text(format!("42{id}[\"{event}\",{arg}]")))
+        .expect("send");
+    let head = format!("43{id}[");
+    loop {
+        let Message::Text(t) = ws_next(ws) else {
+            continue;
+        };
+        if let Some(rest) = t.as_str().strip_prefix(&head[..head.len() - 1]) {
+            let args: Value = serde_json::from_str(rest).expect("ack JSON");
+            return args[0].clone();
+        }
+    }
+}
+
+#[test]
+fn stream_events_with_absurd_numbers_get_clear_errors() {
+    let b = Broker::start(&[]);
+    let mut v = victim(&b.addr);
+    let mut ws = ws_join(&b.addr);
+    let ack = ws_call(
+        &mut ws,
+        1,
+        "stream.create",
+        r#"{"name":"S","subjects":["s.>"]}"#,
+    );
+    assert_eq!(ack["ok"], true, "{ack}");
+    let ack = ws_call(
+        &mut ws,
+        2,
+        "consumer.create",
+        r#"{"stream":"S","name":"c"}"#,
+    );
+    assert_eq!(ack["ok"], true, "{ack}");
+    let deep = "[".repeat(10_000) + &"]".repeat(10_000);
+    let cases: Vec<(&str, String)> = vec![
+        ("stream.create", r#"{"name":"T","subjects":["t"],"max_msgs":-1}"#.into()),
+        ("stream.create", r#"{"name":"T","subjects":["t"],"max_msgs":1.5}"#.into()),
+        ("stream.create", r#"{"name":"T","subjects":["t"],"max_bytes":1e300}"#.into()),
+        ("stream.create", format!(r#"{{"name":"T","subjects":["t"],"x":{deep}}}"#)),
+        ("stream.create", r#"{"name":"T","subjects":["t"],"duplicate_window_ms":18446744073709551615}"#.into()),
+        ("consumer.fetch", r#"{"stream":"S","consumer":"c","batch":18446744073709551615}"#.into()),
+        ("consumer.fetch", r#"{"stream":"S","consumer":"c","batch":-5}"#.into()),
+        ("consumer.fetch", r#"{"stream":"S","consumer":"c","batch":2.5}"#.into()),
+        ("consumer.fetch", r#"{"stream":"S","consumer":"c","expires_ms":1e20}"#.into()),
+        ("consumer.fetch", r#"{"stream":"S","consumer":"c","expires_ms":18446744073709551615}"#.into()),
+        ("consumer.create", r#"{"stream":"S","name":"d","ack_wait_ms":18446744073709551615}"#.into()),
+        ("consumer.create", r#"{"stream":"S","name":"d","max_ack_pending":-1}"#.into()),
+        ("consumer.create", r#"{"stream":"S","name":"d","opt_start_seq":18446744073709551615,"deliver_policy":"by_start_seq"}"#.into()),
+        ("ack", r#"{"stream":"S","consumer":"c","seq":18446744073709551615}"#.into()),
+        ("ack", r#"{"stream":"S","consumer":"c","seq":-1}"#.into()),
+        ("nak", r#"{"stream":"S","consumer":"c","seq":1,"delay_ms":18446744073709551615}"#.into()),
+    ];
+    for (i, (event, arg)) in cases.iter().enumerate() {
+        let id = 100 + i as u64;
+        let ack = ws_call(&mut ws, id, event, arg);
+        let shown: String = arg.chars().take(120).collect();
+        assert!(
+            ack["ok"] == true || ack["error"]["code"].is_string(),
+            "{event} {shown}: {ack}"
+        );
+        eprintln!("{event} {shown} -> {ack}");
+    }
+    others_unharmed(&b.addr, &mut v, "after-stream-numbers");
+}
+
+#[test]
+fn a_consumer_with_the_largest_ack_wait_delivers_without_crashing() {
+    let b = Broker::start(&[]);
+    let mut v = victim(&b.addr);
+    let mut ws = ws_join(&b.addr);
+    let ack = ws_call(
+        &mut ws,
+        1,
+        "stream.create",
+        r#"{"name":"S","subjects":["s.>"]}"#,
+    );
+    assert_eq!(ack["ok"], true, "{ack}");
+    let ack = ws_call(
+        &mut ws,
+        2,
+        "consumer.create",
+        r#"{"stream":"S","name":"d","ack_wait_ms":18446744073709551615}"#,
+    );
+    let created = ack["ok"] == true;
+    assert!(created || ack["error"]["code"] == "bad_request", "{ack}");
+    let ack = ws_call(&mut ws, 3, "pub", r#"{"subject":"s.x","data":1}"#);
+    assert_eq!(ack["ok"], true, "{ack}");
+    if created {
+        let ack = ws_call(
+            &mut ws,
+            4,
+            "consumer.fetch",
+            r#"{"stream":"S","consumer":"d","batch":1,"expires_ms":1000}"#,
+        );
+        assert_eq!(ack["ok"], true, "{ack}");
+        let ack = ws_call(
+            &mut ws,
+            5,
+            "nak",
+            r#"{"stream":"S","consumer":"d","seq":1}"#,
+        );
+        assert_eq!(ack["ok"], true, "{ack}");
+    }
+    others_unharmed(&b.addr, &mut v, "after-ack-wait");
+}
+
+#[test]
+fn fetch_waits_past_the_per_socket_cap_are_refused() {
+    let b = Broker::start(&[]);
+    let mut v = victim(&b.addr);
+    let mut ws = ws_join(&b.addr);
+    let ack = ws_call(
+        &mut ws,
+        1,
+        "stream.create",
+        r#"{"name":"S","subjects":["s.>"]}"#,
+    );
+    assert_eq!(ack["ok"], true, "{ack}");
+    let ack = ws_call(
+        &mut ws,
+        2,
+        "consumer.create",
+        r#"{"stream":"S","name":"c"}"#,
+    );
+    assert_eq!(ack["ok"], true, "{ack}");
+    const FETCHES: u64 = 200;
+    for id in 0..FETCHES {
+        let event = format!(
+            r#"42{}["consumer.fetch",{{"stream":"S","consumer":"c","batch":1,"expires_ms":300}}]"#,
+            1000 + id
+        );
+        ws.send(Message::text(event)).expect("send");
+    }
+    let (mut ok, mut refused) = (0, 0);
+    while ok + refused < FETCHES {
+        let Message::Text(t) = ws_next(&mut ws) else {
+            continue;
+        };
+        let Some(rest) = t.as_str().strip_prefix("431") else {
+            continue;
+        };
+        let args: Value = serde_json::from_str(&rest[3..]).expect("ack JSON");
+        if args[0]["ok"] == true {
+            ok += 1;
+        } else {
+            assert!(args[0]["error"]["code"].is_string(), "{args}");
+            refused += 1;
+        }
+    }
+    eprintln!("fetch waits: {ok} answered, {refused} refused");
+    assert!(refused >= FETCHES - 64, "{refused} refused");
+    others_unharmed(&b.addr, &mut v, "after-fetch-waits");
+}
