@@ -543,6 +543,32 @@ fn others_unharmed(addr: &str, victim: &mut WebSocket<TcpStream>, tag: &str) {
     assert!(msg.as_str().contains(&format!("\"{tag}\"")), "{msg}");
 }
 
+/// A victim that keeps answering the heartbeat (for short heartbeats):
+/// subscribed before this returns, it reads in a thread until a message
+/// carrying `tag` arrives; publish it with [`fresh_publishes`].
+fn victim_reading(addr: &str, tag: &'static str) -> std::thread::JoinHandle<()> {
+    let mut ws = victim(addr);
+    std::thread::spawn(move || loop {
+        if let Message::Text(msg) = ws_next(&mut ws) {
+            if msg.as_str().contains(&format!("\"{tag}\"")) {
+                return;
+            }
+        }
+    })
+}
+
+/// A fresh WebSocket client is served and publishes `tag` to `victim`.
+fn fresh_publishes(addr: &str, tag: &str) {
+    let mut fresh = ws_join(addr);
+    fresh
+        .send(Message::text(r#"427["ping",{}]"#))
+        .expect("send");
+    assert_eq!(ws_next(&mut fresh), Message::text(r#"437[{"ok":true}]"#));
+    let event = format!(r#"428["pub",{{"subject":"victim","data":"{tag}"}}]"#);
+    fresh.send(Message::text(event)).expect("send");
+    assert_eq!(ws_next(&mut fresh), Message::text(r#"438[{"ok":true}]"#));
+}
+
 /// A WebSocket subscriber on subject `victim`.
 fn victim(addr: &str) -> WebSocket<TcpStream> {
     let mut ws = ws_join(addr);
@@ -1003,4 +1029,150 @@ fn fetch_waits_past_the_per_socket_cap_are_refused() {
     eprintln!("fetch waits: {ok} answered, {refused} refused");
     assert!(refused >= FETCHES - 64, "{refused} refused");
     others_unharmed(&b.addr, &mut v, "after-fetch-waits");
+}
+
+/// Writes `bytes` one at a time, `gap` apart, until done or the peer
+/// closes; the pace of a slowloris client, not a synchronisation.
+fn trickle(mut s: TcpStream, bytes: Vec<u8>, gap: Duration) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for b in bytes {
+            if s.write_all(&[b]).is_err() {
+                return;
+            }
+            std::thread::sleep(gap);
+        }
+    })
+}
+
+/// Waits (bounded by `within`) for the peer to close `s`; how long it took.
+fn closed_within(s: &mut TcpStream, within: Duration) -> Duration {
+    let started = Instant::now();
+    s.set_read_timeout(Some(within)).expect("timeout");
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return started.elapsed(),
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return started.elapsed(),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => panic!("still open after {:?}: {e}", started.elapsed()),
+        }
+    }
+}
+
+#[test]
+fn slow_heads_and_bodies_are_cut_at_the_idle_deadline() {
+    // A head or a body that arrives a byte at a time never earns more than
+    // the idle time (pingInterval + pingTimeout) from the last answer.
+    let b = broker(&[]);
+    let v = victim_reading(&b.addr, "after-slow-clients");
+    let sid = open(&b.addr);
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n",
+        target(&sid),
+        "a".repeat(4000)
+    );
+    let body_first = format!(
+        "POST {} HTTP/1.1\r\nHost: x\r\nContent-Length: 4000\r\n\r\n",
+        target(&sid)
+    );
+    let mut threads = Vec::new();
+    let mut socks = Vec::new();
+    for (i, prefix) in [String::new(), body_first].into_iter().enumerate() {
+        let mut s = TcpStream::connect(&b.addr).expect("connect");
+        s.write_all(prefix.as_bytes()).expect("write");
+        let rest = if i == 0 {
+            head.clone().into_bytes()
+        } else {
+            vec![b'6'; 4000]
+        };
+        threads.push(trickle(
+            s.try_clone().expect("clone"),
+            rest,
+            Duration::from_millis(10),
+        ));
+        socks.push(s);
+    }
+    for s in &mut socks {
+        let took = closed_within(s, expiry() + SLACK);
+        assert!(took <= expiry(), "cut only after {took:?}");
+    }
+    for t in threads {
+        t.join().expect("trickle");
+    }
+    // A body that never comes, then the client goes: nothing stays.
+    let baseline = metric(&b.addr, "gombus_connections");
+    for _ in 0..50 {
+        let mut s = TcpStream::connect(&b.addr).expect("connect");
+        let req = format!(
+            "POST {} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n6\x1e6",
+            target(&sid)
+        );
+        s.write_all(req.as_bytes()).expect("write");
+    }
+    wait_metric(&b.addr, "gombus_connections", baseline, WAIT);
+    fresh_publishes(&b.addr, "after-slow-clients");
+    v.join().expect("the victim got its message");
+}
+
+/// A WebSocket that asks to take over polling session `sid`.
+fn ws_probe(addr: &str, sid: &str) -> WebSocket<TcpStream> {
+    let stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let url = format!("ws://{addr}/socket.io/?EIO=4&transport=websocket&sid={sid}");
+    tungstenite::client(url.as_str(), stream)
+        .expect("upgrade")
+        .0
+}
+
+/// Whether the broker ends `ws` (a close frame or EOF) within the bound.
+fn ends(ws: &mut WebSocket<TcpStream>) -> bool {
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        match ws.read() {
+            Ok(Message::Close(_)) => return true,
+            Ok(_) => {}
+            Err(tungstenite::Error::Io(e)) if e.kind() == ErrorKind::WouldBlock => return false,
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+#[test]
+fn competing_probes_on_one_session_leave_it_whole() {
+    let b = Broker::start(&[]);
+    let mut v = victim(&b.addr);
+    let mut poller = Poller::join(&b.addr);
+    let sid = poller.sid.clone();
+    // A probe that answers its 3probe with garbage gives polling back.
+    let mut bad = ws_probe(&b.addr, &sid);
+    bad.send(Message::text("2probe")).expect("send");
+    assert_eq!(ws_next(&mut bad), Message::text("3probe"));
+    bad.send(Message::text("hello")).expect("send");
+    assert!(ends(&mut bad), "a bad probe was not closed");
+    let ack = poller.call(1, "ping", "{}");
+    assert_eq!(ack["ok"], true);
+    // Two probes at once: the first to send `5` takes the session.
+    let mut a = ws_probe(&b.addr, &sid);
+    let mut c = ws_probe(&b.addr, &sid);
+    a.send(Message::text("2probe")).expect("send");
+    assert_eq!(ws_next(&mut a), Message::text("3probe"));
+    c.send(Message::text("2probe")).expect("send");
+    assert_eq!(ws_next(&mut c), Message::text("3probe"));
+    c.send(Message::text("5")).expect("send");
+    c.send(Message::text(r#"422["ping",{}]"#)).expect("send");
+    assert_eq!(ws_next(&mut c), Message::text(r#"432[{"ok":true}]"#));
+    a.send(Message::text("5")).expect("send");
+    assert!(ends(&mut a), "the losing probe was not closed");
+    // Later probes and polls on the upgraded sid are turned away.
+    let mut late = ws_probe(&b.addr, &sid);
+    assert!(
+        ends(&mut late),
+        "a probe of an upgraded session stayed open"
+    );
+    assert_eq!(get(&b.addr, &sid).status, 400);
+    c.send(Message::text(r#"423["ping",{}]"#)).expect("send");
+    assert_eq!(ws_next(&mut c), Message::text(r#"433[{"ok":true}]"#));
+    others_unharmed(&b.addr, &mut v, "after-probes");
 }
