@@ -1073,10 +1073,33 @@ fn polling_sessions_are_capped() {
         s.write_all(req.as_bytes()).expect("write");
         read_to_close(s, "handshake")
     };
-    assert_eq!(handshake(addr).status, 200);
-    assert_eq!(handshake(addr).status, 200);
-    let third = handshake(addr);
-    assert_eq!(third.status, 503, "{}", third.body);
+    let sid_of = |answer: &HttpAnswer| {
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let open: Value = serde_json::from_str(&answer.body[1..]).expect("open packet");
+        open["sid"].as_str().expect("sid").to_string()
+    };
+    // A POST uses a session; the status of the answer.
+    let post = |addr: SocketAddr, sid: &str| {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        let req = format!(
+            "POST {} HTTP/1.1\r\nConnection: close\r\nContent-Length: 1\r\n\r\n6",
+            poll_target(ENGINE, sid)
+        );
+        s.write_all(req.as_bytes()).expect("write");
+        read_to_close(s, "post").status
+    };
+    let first = sid_of(&handshake(addr));
+    let second = sid_of(&handshake(addr));
+    assert_eq!(post(addr, &first), 200);
+    // At the cap, the oldest session never used makes room.
+    let third = sid_of(&handshake(addr));
+    assert_eq!(post(addr, &second), 400, "the unused session was kept");
+    assert_eq!(post(addr, &third), 200);
+    // With every session in use, a handshake is refused.
+    let fourth = handshake(addr);
+    assert_eq!(fourth.status, 503, "{}", fourth.body);
+    assert_eq!(post(addr, &first), 200);
     // WebSocket sessions are not polling sessions.
     let stream = TcpStream::connect(addr).expect("connect");
     let url = format!("ws://{addr}{ENGINE}?EIO=4&transport=websocket");

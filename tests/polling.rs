@@ -1176,3 +1176,45 @@ fn competing_probes_on_one_session_leave_it_whole() {
     assert_eq!(ws_next(&mut c), Message::text(r#"433[{"ok":true}]"#));
     others_unharmed(&b.addr, &mut v, "after-probes");
 }
+
+#[test]
+fn handshakes_never_used_cannot_lock_others_out_of_polling() {
+    // One client opens more polling sessions than the broker keeps (the
+    // cap is 100 000) and never uses them; a well-behaved client that
+    // comes next still gets a session.
+    const HANDSHAKES: usize = 101_000;
+    let b = Broker::start(&[]);
+    let mut v = victim(&b.addr);
+    let before = rss_settled(&b);
+    let mut s = TcpStream::connect(&b.addr).expect("connect");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    let one = b"GET /socket.io/?EIO=4&transport=polling HTTP/1.1\r\nHost: x\r\n\r\n";
+    let batch: Vec<u8> = one.iter().copied().cycle().take(one.len() * 1000).collect();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut answered = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // Answers are counted by their status lines; a refusal (503) closes
+    // the connection and ends the flood.
+    'flood: for _ in 0..HANDSHAKES / 1000 {
+        if s.write_all(&batch).is_err() {
+            break;
+        }
+        let mut got = 0;
+        while got < 1000 {
+            assert!(Instant::now() < deadline, "{answered} handshakes answered");
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break 'flood,
+                Ok(n) => got += buf[..n].windows(8).filter(|w| w == b"HTTP/1.1").count(),
+            }
+        }
+        answered += got;
+    }
+    let after = rss_settled(&b);
+    eprintln!("{answered} handshakes: RSS {before} KiB -> {after} KiB");
+    let sessions = metric(&b.addr, "gombus_polling_sessions");
+    assert!(sessions <= 100_000, "{sessions} polling sessions");
+    let mut good = Poller::join(&b.addr);
+    let ack = good.call(1, "ping", "{}");
+    assert_eq!(ack["ok"], true);
+    others_unharmed(&b.addr, &mut v, "after-handshakes");
+}

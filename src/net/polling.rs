@@ -23,6 +23,9 @@ pub struct Polling {
     /// A WebSocket probe was answered: GETs get a noop at once until the
     /// upgrade completes or the probe goes away.
     pub upgrading: bool,
+    /// A request (GET, POST or probe) came after the handshake; until then
+    /// the session may be evicted to make room for a new one.
+    pub used: bool,
 }
 
 /// One packet of a payload.

@@ -11,7 +11,7 @@
 //! turn before the loop sleeps.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -121,6 +121,10 @@ struct Shell {
     out_bytes_max: usize,
     /// Sessions that began on long-polling, by Engine.IO sid.
     sids: HashMap<Box<str>, ConnId>,
+    /// Polling sessions in handshake order (slot and serial), for making
+    /// room at the cap: the oldest never used after its handshake goes.
+    /// Entries of sessions used or gone are skipped (and pruned).
+    unused: VecDeque<(ConnId, u64)>,
     /// Keep-alive connections whose held GET was answered while more
     /// requests waited in their input (pipelined); read next turn.
     http_ready: Vec<ConnId>,
@@ -169,6 +173,7 @@ impl<H: Handler> Server<H> {
             serial: 0,
             out_bytes_max: settings.out_bytes_max,
             sids: HashMap::new(),
+            unused: VecDeque::new(),
             http_ready: Vec::new(),
         };
         Ok(Server {
@@ -640,6 +645,7 @@ impl<H: Handler> Server<H> {
         match (hs.transport, hs.sid) {
             (Transport::Polling, None) if req.method == "GET" => {
                 if self.shell.stats.polling_sessions as usize >= self.settings.polling_sessions_max
+                    && !self.evict_unused(now)
                 {
                     let mut resp =
                         Response::json(503, r#"{"code":3,"message":"Too many sessions"}"#);
@@ -653,6 +659,7 @@ impl<H: Handler> Server<H> {
                 let Some(session) = self.polling_session(&sid, endpoint) else {
                     return self.refuse(id, HandshakeError::UnknownSid, now);
                 };
+                self.mark_used(session);
                 match req.method.as_str() {
                     "GET" => self.poll_get(session, id, now),
                     "POST" => self.poll_post(session, id, body, now),
@@ -675,6 +682,7 @@ impl<H: Handler> Server<H> {
                 };
                 match self.polling_session(&sid, endpoint) {
                     Some(session) if !self.upgrading(session) => {
+                        self.mark_used(session);
                         self.start_probe(id, session, &key, now)
                     }
                     // A session that upgraded (or is upgrading) already:
@@ -723,6 +731,48 @@ impl<H: Handler> Server<H> {
         }
     }
 
+    fn mark_used(&mut self, session: ConnId) {
+        if let Some(Some(s)) = self.shell.conns.get_mut(session) {
+            if let Some(p) = s.polling.as_mut() {
+                p.used = true;
+            }
+        }
+    }
+
+    /// Whether `(slot, serial)` is still a polling session never used
+    /// since its handshake.
+    fn is_unused(&self, (slot, serial): (ConnId, u64)) -> bool {
+        matches!(self.shell.conns.get(slot), Some(Some(c))
+            if c.serial == serial && c.state == State::Polling
+                && c.polling.as_ref().is_some_and(|p| !p.used))
+    }
+
+    /// Makes room for a polling handshake at the cap by closing the oldest
+    /// session that was never used after its own handshake (a client that
+    /// opens sessions and abandons them cannot lock others out); false if
+    /// every session is in use.
+    fn evict_unused(&mut self, now: Instant) -> bool {
+        while let Some(entry) = self.shell.unused.pop_front() {
+            if self.is_unused(entry) {
+                self.close_polling(entry.0, b"1", now);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Lists a new session for [`Server::evict_unused`], pruning the list
+    /// when it holds many more entries than there are sessions.
+    fn list_unused(&mut self, entry: (ConnId, u64)) {
+        self.shell.unused.push_back(entry);
+        let sessions = self.shell.stats.polling_sessions as usize;
+        if self.shell.unused.len() > 2 * sessions + 1024 {
+            let mut list = std::mem::take(&mut self.shell.unused);
+            list.retain(|&e| self.is_unused(e));
+            self.shell.unused = list;
+        }
+    }
+
     /// A handshake GET: a new session whose open packet answers it.
     fn open_polling(&mut self, id: ConnId, endpoint: u8, eio: u8, now: Instant) {
         let sid = self.next_sid();
@@ -737,10 +787,12 @@ impl<H: Handler> Server<H> {
         let hb = self.heartbeat(eio, now);
         let deadline = hb.deadline();
         conn.heartbeat = Some(hb);
+        let serial = conn.serial;
         self.shell.conns[slot] = Some(conn);
         self.shell.sids.insert(sid.as_str().into(), slot);
         self.shell.stats.sessions_open += 1;
         self.shell.stats.polling_sessions += 1;
+        self.list_unused((slot, serial));
         let open = OpenInfo {
             sid: &sid,
             upgrades: &["websocket"],
