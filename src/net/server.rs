@@ -940,7 +940,16 @@ impl<H: Handler> Server<H> {
             return;
         };
         let keep = c.keep_alive;
-        c.out.extend_from_slice(&resp.encode_with(keep));
+        if c.pending_out() > self.shell.out_bytes_max {
+            // Earlier answers (to pipelined requests) are not read: a slow
+            // consumer, cut like a session's socket at the same bound.
+            if c.abort() {
+                self.shell.closing.push(id);
+            }
+            self.shell.stats.slow_consumers += 1;
+            return;
+        }
+        resp.encode_into(keep, &mut c.out);
         match c.flush() {
             Ok(written) => self.shell.stats.bytes_out += written as u64,
             Err(_) => {
@@ -949,15 +958,6 @@ impl<H: Handler> Server<H> {
                 }
                 return;
             }
-        }
-        if c.pending_out() > self.shell.out_bytes_max {
-            // Pipelined requests whose answers are not read: a slow
-            // consumer, cut like a session's socket at the same bound.
-            if c.abort() {
-                self.shell.closing.push(id);
-            }
-            self.shell.stats.slow_consumers += 1;
-            return;
         }
         let mut io = self.shell.io(now);
         if keep {
