@@ -1218,3 +1218,51 @@ fn handshakes_never_used_cannot_lock_others_out_of_polling() {
     assert_eq!(ack["ok"], true);
     others_unharmed(&b.addr, &mut v, "after-handshakes");
 }
+
+#[test]
+fn streams_past_the_cap_are_refused_with_limit() {
+    let b = Broker::start(&["-sync=none", "-segment-size=64KiB"]);
+    let mut v = victim(&b.addr);
+    let mut ws = ws_join(&b.addr);
+    let started = Instant::now();
+    // All creates go out at once; their acks are counted after.
+    const CREATES: u64 = 1_010;
+    for i in 0..CREATES {
+        let event = format!(
+            r#"42{}["stream.create",{{"name":"S{i}","subjects":["s{i}.>"]}}]"#,
+            1000 + i
+        );
+        ws.send(Message::text(event)).expect("send");
+    }
+    let (mut ok, mut limited) = (0, 0);
+    while ok + limited < CREATES {
+        let Message::Text(t) = ws_next(&mut ws) else {
+            continue;
+        };
+        let Some(rest) = t.as_str().strip_prefix("43") else {
+            continue;
+        };
+        let start = rest.find('[').expect("ack args");
+        let args: Value = serde_json::from_str(&rest[start..]).expect("ack JSON");
+        if args[0]["ok"] == true {
+            ok += 1;
+        } else {
+            assert_eq!(args[0]["error"]["code"], "limit", "{args}");
+            limited += 1;
+        }
+    }
+    eprintln!(
+        "streams: {ok} created, {limited} refused in {:?}",
+        started.elapsed()
+    );
+    assert_eq!((ok, limited), (1_000, 10));
+    // The dashboard's overview and /metrics still answer, in bounded size.
+    for path in ["/api/info", "/metrics"] {
+        let at = Instant::now();
+        let a = request(&b.addr, "GET", path, b"");
+        eprintln!("{path}: {} bytes in {:?}", a.body.len(), at.elapsed());
+        assert_eq!(a.status, 200, "{path}");
+        assert!(a.body.len() < 4 << 20, "{path}: {} bytes", a.body.len());
+    }
+    others_unharmed(&b.addr, &mut v, "after-streams");
+}
