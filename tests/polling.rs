@@ -1224,6 +1224,11 @@ fn streams_past_the_cap_are_refused_with_limit() {
     let b = Broker::start(&["-sync=none", "-segment-size=64KiB"]);
     let mut v = victim(&b.addr);
     let mut ws = ws_join(&b.addr);
+    // Creating a stream makes its directory and files: on a busy machine
+    // the acks may be far apart.
+    ws.get_mut()
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
     let started = Instant::now();
     // All creates go out at once; their acks are counted after.
     const CREATES: u64 = 1_010;
