@@ -102,6 +102,9 @@ pub struct Conn {
     pub origin: Option<Box<str>>,
     /// HTTP: when an idle connection (no request under way) is dropped.
     pub idle_until: Option<Instant>,
+    /// Input bytes held (partial request or frame, fragments) as last
+    /// counted in the loop's total.
+    pub held_in: usize,
 }
 
 impl Conn {
@@ -130,6 +133,7 @@ impl Conn {
             keep_alive: false,
             origin: None,
             idle_until: None,
+            held_in: 0,
         }
     }
 
@@ -162,6 +166,7 @@ impl Conn {
             keep_alive: false,
             origin: None,
             idle_until: None,
+            held_in: 0,
         }
     }
 

@@ -64,7 +64,15 @@ pub struct Settings {
     /// Most long-polling sessions open at once (they hold no socket, so
     /// nothing else bounds them); past it a handshake gets 503.
     pub polling_sessions_max: usize,
+    /// Most input bytes held across all connections (partial requests and
+    /// frames, fragmented messages), so many connections each holding
+    /// most of a message cannot exhaust memory together; past it the
+    /// connection whose input grew is closed.
+    pub in_bytes_max: usize,
 }
+
+/// A default for [`Settings::in_bytes_max`].
+pub const IN_BYTES_MAX: usize = 256 << 20;
 
 /// A default for [`Settings::polling_sessions_max`]: about 100 MB of idle
 /// sessions at roughly 1 KB each.
@@ -125,6 +133,8 @@ struct Shell {
     /// room at the cap: the oldest never used after its handshake goes.
     /// Entries of sessions used or gone are skipped (and pruned).
     unused: VecDeque<(ConnId, u64)>,
+    /// Input bytes held across connections (the sum of their `held_in`).
+    in_bytes: usize,
     /// Keep-alive connections whose held GET was answered while more
     /// requests waited in their input (pipelined); read next turn.
     http_ready: Vec<ConnId>,
@@ -174,6 +184,7 @@ impl<H: Handler> Server<H> {
             out_bytes_max: settings.out_bytes_max,
             sids: HashMap::new(),
             unused: VecDeque::new(),
+            in_bytes: 0,
             http_ready: Vec::new(),
         };
         Ok(Server {
@@ -243,6 +254,7 @@ impl<H: Handler> Server<H> {
             }
             for id in std::mem::take(&mut self.shell.http_ready) {
                 self.process_http(id, now);
+                self.account_input(id, now);
             }
             self.fire_timers(now);
             let Server { shell, handler, .. } = self;
@@ -463,6 +475,7 @@ impl<H: Handler> Server<H> {
                 Ok(n) => {
                     self.shell.stats.bytes_in += n as u64;
                     self.ingest(id, n, now);
+                    self.account_input(id, now);
                     if self.shell.pressure {
                         // Its messages went to a lagging receiver.
                         return;
@@ -476,6 +489,29 @@ impl<H: Handler> Server<H> {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => return self.drop_peer(id, now),
+            }
+        }
+    }
+
+    /// Counts the input `id` holds into the loop's total; past the bound
+    /// the connection is closed (a WebSocket with 1013, try again later).
+    fn account_input(&mut self, id: ConnId, now: Instant) {
+        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+            return;
+        };
+        let held = c.inbuf.len() + c.decoder.held();
+        self.shell.in_bytes = self.shell.in_bytes.saturating_sub(c.held_in) + held;
+        c.held_in = held;
+        if held == 0 || self.shell.in_bytes <= self.settings.in_bytes_max {
+            return;
+        }
+        match c.state {
+            State::Closing => {}
+            State::WebSocket => self.shell.io(now).close_with(id, 1013),
+            _ => {
+                if c.abort() {
+                    self.shell.closing.push(id);
+                }
             }
         }
     }
@@ -1105,6 +1141,8 @@ impl<H: Handler> Server<H> {
         let Some(mut p) = self.shell.conns[probe].take() else {
             return;
         };
+        // Its input moves to the session's slot and is counted there.
+        self.shell.in_bytes = self.shell.in_bytes.saturating_sub(p.held_in);
         self.shell.free.push(probe);
         let Some(mut stream) = p.stream.take() else {
             return;
@@ -1161,6 +1199,7 @@ impl<H: Handler> Server<H> {
         if leftover {
             self.ingest_ws(session, 0, now);
         }
+        self.account_input(session, now);
     }
 
     /// Undoes the links of a connection that is gone: a held GET leaves its
@@ -1437,6 +1476,7 @@ impl<H: Handler> Server<H> {
             let Some(mut c) = self.shell.conns[id].take() else {
                 continue;
             };
+            self.shell.in_bytes = self.shell.in_bytes.saturating_sub(c.held_in);
             if let Some(stream) = c.stream.as_mut() {
                 let _ = stream.shutdown(std::net::Shutdown::Both);
                 let _ = self.poll.registry().deregister(stream);
