@@ -5,6 +5,16 @@
 //! session that never polls while messages pile up). After each, the
 //! `gombus_polling_sessions` gauge in /metrics must come back down: no case
 //! leaks a session. Contract: /work/shared/PROTOCOL.md §1, §3, §4.
+//!
+//! Then hostile clients of the HTTP and WebSocket transports and of the
+//! stream events: floods of heartbeat packets, of WebSocket pings and of
+//! upgrade probes, pipelined requests never read, input piled up behind a
+//! held GET, payloads of countless tiny packets, slow heads and bodies,
+//! competing probes, 100 000 abandoned handshakes, absurd numbers in stream
+//! events, fetch waits and streams past their caps. Each checks that the
+//! broker's RSS stays bounded where memory is at stake, that a fresh client
+//! is served and that a subscriber that was there all along still gets
+//! what is published to it.
 
 mod common;
 
