@@ -1281,3 +1281,25 @@ fn streams_past_the_cap_are_refused_with_limit() {
     }
     others_unharmed(&b.addr, &mut v, "after-streams");
 }
+
+#[test]
+fn another_probe_going_away_leaves_an_upgrade_under_way() {
+    let b = Broker::start(&[]);
+    let poller = Poller::join(&b.addr);
+    let sid = poller.sid.clone();
+    let mut other = ws_probe(&b.addr, &sid);
+    let mut probe = ws_probe(&b.addr, &sid);
+    probe.send(Message::text("2probe")).expect("send");
+    assert_eq!(ws_next(&mut probe), Message::text("3probe"));
+    // A probe that never answered `2probe` breaks off.
+    other.send(Message::text("hello")).expect("send");
+    assert!(ends(&mut other), "the bad probe was not closed");
+    // The upgrade is still under way: a GET gets a noop at once.
+    let a = get(&b.addr, &sid);
+    assert_eq!((a.status, a.body.as_str()), (200, "6"));
+    probe.send(Message::text("5")).expect("send");
+    probe
+        .send(Message::text(r#"421["ping",{}]"#))
+        .expect("send");
+    assert_eq!(ws_next(&mut probe), Message::text(r#"431[{"ok":true}]"#));
+}

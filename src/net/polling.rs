@@ -20,9 +20,9 @@ pub struct Polling {
     pub eio: u8,
     /// The GET waiting for packets: its connection and serial.
     pub get: Option<(ConnId, u64)>,
-    /// A WebSocket probe was answered: GETs get a noop at once until the
-    /// upgrade completes or the probe goes away.
-    pub upgrading: bool,
+    /// The WebSocket probe that was answered (slot and serial): GETs get a
+    /// noop at once until the upgrade completes or that probe goes away.
+    pub upgrading: Option<(ConnId, u64)>,
     /// A request (GET, POST or probe) came after the handshake; until then
     /// the session may be evicted to make room for a new one.
     pub used: bool,

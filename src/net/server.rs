@@ -762,7 +762,7 @@ impl<H: Handler> Server<H> {
 
     fn upgrading(&self, session: ConnId) -> bool {
         match self.shell.conns.get(session) {
-            Some(Some(c)) => c.polling.as_ref().is_some_and(|p| p.upgrading),
+            Some(Some(c)) => c.polling.as_ref().is_some_and(|p| p.upgrading.is_some()),
             _ => false,
         }
     }
@@ -865,7 +865,7 @@ impl<H: Handler> Server<H> {
             self.refuse(id, HandshakeError::BadRequest, now);
             return self.close_polling(session, b"1", now);
         }
-        if p.upgrading {
+        if p.upgrading.is_some() {
             let mut body = Vec::new();
             polling::push_text(&mut body, p.eio, b"6", &[]);
             return self.answer_http(id, Response::new(200, PAYLOAD_TYPE, body), now);
@@ -1122,9 +1122,10 @@ impl<H: Handler> Server<H> {
         let Some(session) = self.probe_target(probe) else {
             return self.shell.io(now).close(probe);
         };
+        let probe_serial = self.serial_of(probe).unwrap_or_default();
         if let Some(Some(s)) = self.shell.conns.get_mut(session) {
             if let Some(p) = s.polling.as_mut() {
-                p.upgrading = true;
+                p.upgrading = Some((probe, probe_serial));
             }
         }
         // The held GET ends with a noop so the client stops polling.
@@ -1231,8 +1232,11 @@ impl<H: Handler> Server<H> {
                     if let Some(p) = s.polling.as_mut() {
                         if p.get.is_some_and(|(g, gs)| g == id && gs == c.serial) {
                             p.get = None;
-                        } else if c.state == State::Closing && p.get.is_none_or(|(g, _)| g != id) {
-                            p.upgrading = false;
+                        } else if p.upgrading == Some((id, c.serial)) {
+                            // The probe that was answered is gone: GETs
+                            // are held again. (Another probe going away
+                            // leaves the upgrade under way.)
+                            p.upgrading = None;
                         }
                     }
                 }
