@@ -30,7 +30,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use gombus::net::server::Settings;
-use gombus::net::server::{Server, POLLING_SESSIONS_MAX};
+use gombus::net::server::{Server, IN_BYTES_MAX, POLLING_SESSIONS_MAX};
 use gombus::net::{ConnId, Handler, Io, Payload, Request, Response};
 use gombus::protocol::socketio::{self, Kind, Packet, Reassembly};
 use serde_json::value::RawValue;
@@ -71,6 +71,7 @@ pub fn settings() -> Settings {
         cors_origin: Some("*".to_string()),
         allow_eio3: false,
         polling_sessions_max: POLLING_SESSIONS_MAX,
+        in_bytes_max: IN_BYTES_MAX,
     }
 }
 

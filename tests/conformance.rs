@@ -1076,10 +1076,33 @@ fn polling_sessions_are_capped() {
         s.write_all(req.as_bytes()).expect("write");
         read_to_close(s, "handshake")
     };
-    assert_eq!(handshake(addr).status, 200);
-    assert_eq!(handshake(addr).status, 200);
-    let third = handshake(addr);
-    assert_eq!(third.status, 503, "{}", third.body);
+    let sid_of = |answer: &HttpAnswer| {
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let open: Value = serde_json::from_str(&answer.body[1..]).expect("open packet");
+        open["sid"].as_str().expect("sid").to_string()
+    };
+    // A POST uses a session; the status of the answer.
+    let post = |addr: SocketAddr, sid: &str| {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        let req = format!(
+            "POST {} HTTP/1.1\r\nConnection: close\r\nContent-Length: 1\r\n\r\n6",
+            poll_target(ENGINE, sid)
+        );
+        s.write_all(req.as_bytes()).expect("write");
+        read_to_close(s, "post").status
+    };
+    let first = sid_of(&handshake(addr));
+    let second = sid_of(&handshake(addr));
+    assert_eq!(post(addr, &first), 200);
+    // At the cap, the oldest session never used makes room.
+    let third = sid_of(&handshake(addr));
+    assert_eq!(post(addr, &second), 400, "the unused session was kept");
+    assert_eq!(post(addr, &third), 200);
+    // With every session in use, a handshake is refused.
+    let fourth = handshake(addr);
+    assert_eq!(fourth.status, 503, "{}", fourth.body);
+    assert_eq!(post(addr, &first), 200);
     // WebSocket sessions are not polling sessions.
     let stream = TcpStream::connect(addr).expect("connect");
     let url = format!("ws://{addr}{ENGINE}?EIO=4&transport=websocket");
@@ -1150,4 +1173,74 @@ fn pipelined_requests_behind_a_held_get_are_answered_in_turn() {
             assert_eq!(poll_post(ENGINE, &sid, "3").status, 200);
         }
     }
+}
+
+#[test]
+fn input_held_across_connections_is_bounded() {
+    // Each connection may hold most of one message; together they may not
+    // hold more than the loop's input budget.
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let settings = fixture::Settings {
+        in_bytes_max: 3 * MESSAGE_BYTES_MAX,
+        // No heartbeat ends a connection during the test.
+        ping_interval: Duration::from_secs(60),
+        ping_timeout: Duration::from_secs(60),
+        ..fixture::settings()
+    };
+    let (addr, _thread) = fixture::start_with(any, settings).expect("fixture");
+    let mut socks = Vec::new();
+    // Ten connections each send all but the last byte of a largest frame.
+    for _ in 0..10 {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        let head = format!(
+            "GET {ENGINE}?EIO=4&transport=websocket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\
+             Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        );
+        let mut raw = head.into_bytes();
+        raw.extend_from_slice(&[0x81, 0x80 | 127]);
+        raw.extend_from_slice(&(MESSAGE_BYTES_MAX as u64).to_be_bytes());
+        raw.extend_from_slice(&[0, 0, 0, 0]);
+        raw.extend(std::iter::repeat_n(b'x', MESSAGE_BYTES_MAX - 1));
+        // The broker may close while the bytes are still being written.
+        let _ = s.write_all(&raw);
+        socks.push(s);
+    }
+    // At most three stay open (the first ones): the others are closed
+    // (1013 after the open packet, or a reset), each within the bound.
+    let mut closed = 0;
+    for s in socks.iter_mut().rev() {
+        let mut all = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let ended = loop {
+            match s.read(&mut chunk) {
+                Ok(0) => break true,
+                Ok(n) => all.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => break true,
+                Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut => {
+                    break false
+                }
+                Err(e) => panic!("read: {e}"),
+            }
+            // A close frame with 1013.
+            if all.windows(4).any(|w| w == [0x88, 2, 0x03, 0xf5]) {
+                break true;
+            }
+        };
+        closed += usize::from(ended);
+        if closed >= 7 {
+            break;
+        }
+    }
+    assert!(closed >= 7, "only {closed} of 10 closed");
+    // A newcomer is still served.
+    let stream = TcpStream::connect(addr).expect("connect");
+    let url = format!("ws://{addr}{ENGINE}?EIO=4&transport=websocket");
+    let (mut ws, _) = tungstenite::client(url.as_str(), stream).expect("upgrade");
+    let open = ws.read().expect("open packet");
+    assert!(
+        matches!(&open, Message::Text(t) if t.starts_with('0')),
+        "{open:?}"
+    );
 }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use gombus::broker::dispatch::ENVELOPE_BYTES;
 use gombus::broker::{Broker, BrokerConfig};
 use gombus::config::{self, ConfigError};
-use gombus::net::server::{Server, Settings, POLLING_SESSIONS_MAX};
+use gombus::net::server::{Server, Settings, IN_BYTES_MAX, POLLING_SESSIONS_MAX};
 use gombus::net::signal;
 use gombus::{log, log_error, log_info, log_warn};
 
@@ -43,6 +43,7 @@ fn main() -> ExitCode {
         cors_origin: cfg.cors_origin.clone(),
         allow_eio3: cfg.allow_eio3,
         polling_sessions_max: POLLING_SESSIONS_MAX,
+        in_bytes_max: IN_BYTES_MAX,
     };
     let mut server = match Server::bind(cfg.addr, settings, broker) {
         Ok(s) => s,

@@ -69,6 +69,10 @@ pub struct Conn {
     pub dirty: bool,
     pub decoder: ws::Decoder,
     pub heartbeat: Option<Heartbeat>,
+    /// When the earliest heartbeat timer in the heap fires: a deadline that
+    /// moves later is not pushed again (a flood of pongs would fill the heap
+    /// with one entry each) but re-armed when that timer fires.
+    pub beat_at: Option<Instant>,
     pub app_deadline: Option<Instant>,
     /// Unique per connection ever accepted, so stale timers are ignored.
     pub serial: u64,
@@ -98,6 +102,9 @@ pub struct Conn {
     pub origin: Option<Box<str>>,
     /// HTTP: when an idle connection (no request under way) is dropped.
     pub idle_until: Option<Instant>,
+    /// Input bytes held (partial request or frame, fragments) as last
+    /// counted in the loop's total.
+    pub held_in: usize,
 }
 
 impl Conn {
@@ -111,6 +118,7 @@ impl Conn {
             dirty: false,
             decoder: ws::Decoder::default(),
             heartbeat: None,
+            beat_at: None,
             app_deadline: None,
             serial,
             endpoint: 0,
@@ -125,6 +133,7 @@ impl Conn {
             keep_alive: false,
             origin: None,
             idle_until: None,
+            held_in: 0,
         }
     }
 
@@ -139,6 +148,7 @@ impl Conn {
             dirty: false,
             decoder: ws::Decoder::default(),
             heartbeat: None,
+            beat_at: None,
             app_deadline: None,
             serial,
             endpoint: 0,
@@ -156,6 +166,7 @@ impl Conn {
             keep_alive: false,
             origin: None,
             idle_until: None,
+            held_in: 0,
         }
     }
 
@@ -317,6 +328,28 @@ impl Io<'_> {
         }
     }
 
+    /// Queues a control frame a client's own frame asks for (a pong, a
+    /// probe's answer) within the outbound bound: a client that keeps
+    /// asking and never reads is closed as a slow consumer.
+    pub(crate) fn send_reply(&mut self, conn: ConnId, bytes: &[u8]) {
+        let bound = self.out_bytes_max;
+        let Some(Some(c)) = self.conns.get_mut(conn) else {
+            return;
+        };
+        if c.state == State::Closing {
+            return;
+        }
+        if c.pending_out() + bytes.len() > bound {
+            if c.abort() {
+                self.closing.push(conn);
+            }
+            self.stats.slow_consumers += 1;
+            return;
+        }
+        c.out.extend_from_slice(bytes);
+        self.mark_dirty(conn);
+    }
+
     /// The connection if it can take `extra` more bytes; past the bound it
     /// is closed as a slow consumer and its queued bytes are dropped.
     fn writable(&mut self, conn: ConnId, extra: usize) -> Option<&mut Conn> {
@@ -398,6 +431,20 @@ impl Io<'_> {
 
     pub(crate) fn conn_mut(&mut self, conn: ConnId) -> Option<&mut Conn> {
         self.conns.get_mut(conn)?.as_mut()
+    }
+
+    /// Arms the heartbeat timer of `conn` for `at`, unless one that fires
+    /// no later is in the heap already (it re-arms for the later deadline
+    /// when it fires).
+    pub(crate) fn arm_heartbeat(&mut self, conn: ConnId, at: Instant) {
+        let Some(Some(c)) = self.conns.get_mut(conn) else {
+            return;
+        };
+        if c.beat_at.is_some_and(|armed| armed <= at) {
+            return;
+        }
+        c.beat_at = Some(at);
+        self.schedule(conn, at);
     }
 
     pub(crate) fn schedule(&mut self, conn: ConnId, at: Instant) {

@@ -188,21 +188,29 @@ impl Response {
 
     /// As [`Response::encode`], saying whether the connection stays open.
     pub fn encode_with(&self, keep_alive: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode_into(keep_alive, &mut out);
+        out
+    }
+
+    /// Appends the encoded response to `out` (a large body is copied once,
+    /// straight into the connection's buffer).
+    pub fn encode_into(&self, keep_alive: bool, out: &mut Vec<u8>) {
         let connection = if keep_alive { "keep-alive" } else { "close" };
-        let mut out = format!(
+        let head = format!(
             "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: {connection}\r\n",
             self.status,
             reason(self.status),
             self.content_type,
             self.body.len()
-        )
-        .into_bytes();
+        );
+        out.reserve(head.len() + 2 + self.body.len());
+        out.extend_from_slice(head.as_bytes());
         for (k, v) in &self.headers {
             out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
         }
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(&self.body);
-        out
     }
 }
 

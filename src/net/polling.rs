@@ -20,9 +20,12 @@ pub struct Polling {
     pub eio: u8,
     /// The GET waiting for packets: its connection and serial.
     pub get: Option<(ConnId, u64)>,
-    /// A WebSocket probe was answered: GETs get a noop at once until the
-    /// upgrade completes or the probe goes away.
-    pub upgrading: bool,
+    /// The WebSocket probe that was answered (slot and serial): GETs get a
+    /// noop at once until the upgrade completes or that probe goes away.
+    pub upgrading: Option<(ConnId, u64)>,
+    /// A request (GET, POST or probe) came after the handshake; until then
+    /// the session may be evicted to make room for a new one.
+    pub used: bool,
 }
 
 /// One packet of a payload.
@@ -76,27 +79,60 @@ pub fn push_binary(out: &mut Vec<u8>, eio: u8, bytes: &[u8]) {
 
 /// Splits a payload into its packets.
 pub fn decode(body: &[u8], eio: u8) -> Result<Vec<Item<'_>>, PayloadError> {
+    packets(body, eio)?.collect()
+}
+
+/// The packets of a payload one by one, so a payload of many tiny packets
+/// is never held as a list (each item would take several times its
+/// bytes); an error ends the iteration.
+pub fn packets(body: &[u8], eio: u8) -> Result<Packets<'_>, PayloadError> {
     let text = std::str::from_utf8(body).map_err(|_| PayloadError::Malformed)?;
-    let mut items = Vec::new();
-    if eio == 3 {
-        let mut rest = text;
-        while !rest.is_empty() {
-            let (len, after) = rest.split_once(':').ok_or(PayloadError::Malformed)?;
-            let units: usize = len.parse().map_err(|_| PayloadError::Malformed)?;
-            let end = utf16_offset(after, units).ok_or(PayloadError::Malformed)?;
-            let packet = &after[..end];
-            if units == 0 {
-                return Err(PayloadError::Malformed);
+    Ok(Packets {
+        rest: Some(text),
+        eio,
+    })
+}
+
+/// Iterator over a payload's packets (see [`packets`]).
+pub struct Packets<'a> {
+    /// What is left to split; `None` once done (or failed).
+    rest: Option<&'a str>,
+    eio: u8,
+}
+
+impl<'a> Iterator for Packets<'a> {
+    type Item = Result<Item<'a>, PayloadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let rest = self.rest.take()?;
+        if self.eio == 3 {
+            if rest.is_empty() {
+                return None;
             }
-            items.push(item(packet, b"b4")?);
-            rest = &after[end..];
+            let result = (|| {
+                let (len, after) = rest.split_once(':').ok_or(PayloadError::Malformed)?;
+                let units: usize = len.parse().map_err(|_| PayloadError::Malformed)?;
+                if units == 0 {
+                    return Err(PayloadError::Malformed);
+                }
+                let end = utf16_offset(after, units).ok_or(PayloadError::Malformed)?;
+                Ok((item(&after[..end], b"b4")?, &after[end..]))
+            })();
+            return Some(result.map(|(packet, after)| {
+                self.rest = Some(after);
+                packet
+            }));
         }
-    } else {
-        for packet in text.split(SEPARATOR as char) {
-            items.push(item(packet, b"b")?);
+        let (packet, after) = match rest.split_once(SEPARATOR as char) {
+            Some((packet, after)) => (packet, Some(after)),
+            None => (rest, None),
+        };
+        let packet = item(packet, b"b");
+        if packet.is_ok() {
+            self.rest = after;
         }
+        Some(packet)
     }
-    Ok(items)
 }
 
 fn item<'a>(packet: &'a str, binary_mark: &[u8]) -> Result<Item<'a>, PayloadError> {

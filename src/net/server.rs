@@ -66,7 +66,15 @@ pub struct Settings {
     /// Most long-polling sessions open at once (they hold no socket, so
     /// nothing else bounds them); past it a handshake gets 503.
     pub polling_sessions_max: usize,
+    /// Most input bytes held across all connections (partial requests and
+    /// frames, fragmented messages), so many connections each holding
+    /// most of a message cannot exhaust memory together; past it the
+    /// connection whose input grew is closed.
+    pub in_bytes_max: usize,
 }
+
+/// A default for [`Settings::in_bytes_max`].
+pub const IN_BYTES_MAX: usize = 256 << 20;
 
 /// A default for [`Settings::polling_sessions_max`]: about 100 MB of idle
 /// sessions at roughly 1 KB each.
@@ -129,6 +137,12 @@ struct Shell {
     /// client's own concurrent GET); after that, or past `until`, the sid
     /// is unknown. At most [`CLOSED_SIDS_MAX`] are kept.
     closed_sids: VecDeque<(Box<str>, u8, u8, Instant)>,
+    /// Polling sessions in handshake order (slot and serial), for making
+    /// room at the cap: the oldest never used after its handshake goes.
+    /// Entries of sessions used or gone are skipped (and pruned).
+    unused: VecDeque<(ConnId, u64)>,
+    /// Input bytes held across connections (the sum of their `held_in`).
+    in_bytes: usize,
     /// Keep-alive connections whose held GET was answered while more
     /// requests waited in their input (pipelined); read next turn.
     http_ready: Vec<ConnId>,
@@ -178,6 +192,8 @@ impl<H: Handler> Server<H> {
             out_bytes_max: settings.out_bytes_max,
             sids: HashMap::new(),
             closed_sids: VecDeque::new(),
+            unused: VecDeque::new(),
+            in_bytes: 0,
             http_ready: Vec::new(),
         };
         Ok(Server {
@@ -247,6 +263,7 @@ impl<H: Handler> Server<H> {
             }
             for id in std::mem::take(&mut self.shell.http_ready) {
                 self.process_http(id, now);
+                self.account_input(id, now);
             }
             self.fire_timers(now);
             let Server { shell, handler, .. } = self;
@@ -467,6 +484,7 @@ impl<H: Handler> Server<H> {
                 Ok(n) => {
                     self.shell.stats.bytes_in += n as u64;
                     self.ingest(id, n, now);
+                    self.account_input(id, now);
                     if self.shell.pressure {
                         // Its messages went to a lagging receiver.
                         return;
@@ -480,6 +498,29 @@ impl<H: Handler> Server<H> {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => return self.drop_peer(id, now),
+            }
+        }
+    }
+
+    /// Counts the input `id` holds into the loop's total; past the bound
+    /// the connection is closed (a WebSocket with 1013, try again later).
+    fn account_input(&mut self, id: ConnId, now: Instant) {
+        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+            return;
+        };
+        let held = c.inbuf.len() + c.decoder.held();
+        self.shell.in_bytes = self.shell.in_bytes.saturating_sub(c.held_in) + held;
+        c.held_in = held;
+        if held == 0 || self.shell.in_bytes <= self.settings.in_bytes_max {
+            return;
+        }
+        match c.state {
+            State::Closing => {}
+            State::WebSocket => self.shell.io(now).close_with(id, 1013),
+            _ => {
+                if c.abort() {
+                    self.shell.closing.push(id);
+                }
             }
         }
     }
@@ -511,12 +552,18 @@ impl<H: Handler> Server<H> {
         let Some(Some(c)) = self.shell.conns.get_mut(id) else {
             return;
         };
-        // Room for a head and the largest body a head may announce (a
-        // read often brings both).
-        let room = (http::HEAD_BYTES_MAX + 1 + self.settings.message_bytes_max)
-            .saturating_sub(c.inbuf.len());
-        c.inbuf.extend_from_slice(&self.scratch[..n.min(room)]);
+        // All of the read is kept (it is at most the scratch buffer): what
+        // follows a body or a head in the same read is the next request.
+        c.inbuf.extend_from_slice(&self.scratch[..n]);
         self.process_http(id, now);
+        // Requests wait unanswered only behind a held GET; past room for a
+        // head and the largest body the client is cut, not buffered.
+        let room = http::HEAD_BYTES_MAX + 1 + self.settings.message_bytes_max;
+        if let Some(Some(c)) = self.shell.conns.get_mut(id) {
+            if c.state == State::Http && c.inbuf.len() > room && c.abort() {
+                self.shell.closing.push(id);
+            }
+        }
     }
 
     /// Answers the complete requests in the connection's input, one after
@@ -643,6 +690,7 @@ impl<H: Handler> Server<H> {
         match (hs.transport, hs.sid) {
             (Transport::Polling, None) if req.method == "GET" => {
                 if self.shell.stats.polling_sessions as usize >= self.settings.polling_sessions_max
+                    && !self.evict_unused(now)
                 {
                     let mut resp =
                         Response::json(503, r#"{"code":3,"message":"Too many sessions"}"#);
@@ -667,6 +715,7 @@ impl<H: Handler> Server<H> {
                     }
                     return self.refuse(id, HandshakeError::UnknownSid, now);
                 };
+                self.mark_used(session);
                 match req.method.as_str() {
                     "GET" => self.poll_get(session, id, now),
                     "POST" => self.poll_post(session, id, body, now),
@@ -689,6 +738,7 @@ impl<H: Handler> Server<H> {
                 };
                 match self.polling_session(&sid, endpoint) {
                     Some(session) if !self.upgrading(session) => {
+                        self.mark_used(session);
                         self.start_probe(id, session, &key, now)
                     }
                     // A session that upgraded (or is upgrading) already:
@@ -732,8 +782,50 @@ impl<H: Handler> Server<H> {
 
     fn upgrading(&self, session: ConnId) -> bool {
         match self.shell.conns.get(session) {
-            Some(Some(c)) => c.polling.as_ref().is_some_and(|p| p.upgrading),
+            Some(Some(c)) => c.polling.as_ref().is_some_and(|p| p.upgrading.is_some()),
             _ => false,
+        }
+    }
+
+    fn mark_used(&mut self, session: ConnId) {
+        if let Some(Some(s)) = self.shell.conns.get_mut(session) {
+            if let Some(p) = s.polling.as_mut() {
+                p.used = true;
+            }
+        }
+    }
+
+    /// Whether `(slot, serial)` is still a polling session never used
+    /// since its handshake.
+    fn is_unused(&self, (slot, serial): (ConnId, u64)) -> bool {
+        matches!(self.shell.conns.get(slot), Some(Some(c))
+            if c.serial == serial && c.state == State::Polling
+                && c.polling.as_ref().is_some_and(|p| !p.used))
+    }
+
+    /// Makes room for a polling handshake at the cap by closing the oldest
+    /// session that was never used after its own handshake (a client that
+    /// opens sessions and abandons them cannot lock others out); false if
+    /// every session is in use.
+    fn evict_unused(&mut self, now: Instant) -> bool {
+        while let Some(entry) = self.shell.unused.pop_front() {
+            if self.is_unused(entry) {
+                self.close_polling(entry.0, b"1", now);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Lists a new session for [`Server::evict_unused`], pruning the list
+    /// when it holds many more entries than there are sessions.
+    fn list_unused(&mut self, entry: (ConnId, u64)) {
+        self.shell.unused.push_back(entry);
+        let sessions = self.shell.stats.polling_sessions as usize;
+        if self.shell.unused.len() > 2 * sessions + 1024 {
+            let mut list = std::mem::take(&mut self.shell.unused);
+            list.retain(|&e| self.is_unused(e));
+            self.shell.unused = list;
         }
     }
 
@@ -751,10 +843,12 @@ impl<H: Handler> Server<H> {
         let hb = self.heartbeat(eio, now);
         let deadline = hb.deadline();
         conn.heartbeat = Some(hb);
+        let serial = conn.serial;
         self.shell.conns[slot] = Some(conn);
         self.shell.sids.insert(sid.as_str().into(), slot);
         self.shell.stats.sessions_open += 1;
         self.shell.stats.polling_sessions += 1;
+        self.list_unused((slot, serial));
         let open = OpenInfo {
             sid: &sid,
             upgrades: &["websocket"],
@@ -766,7 +860,7 @@ impl<H: Handler> Server<H> {
         let Server { shell, handler, .. } = self;
         let mut io = shell.io(now);
         io.send_engine(slot, open.as_bytes());
-        io.schedule(slot, deadline);
+        io.arm_heartbeat(slot, deadline);
         handler.opened(&mut io, slot, endpoint);
         self.poll_get(slot, id, now);
     }
@@ -791,7 +885,7 @@ impl<H: Handler> Server<H> {
             self.refuse(id, HandshakeError::BadRequest, now);
             return self.close_polling(session, b"1", now);
         }
-        if p.upgrading {
+        if p.upgrading.is_some() {
             let mut body = Vec::new();
             polling::push_text(&mut body, p.eio, b"6", &[]);
             return self.answer_http(id, Response::new(200, PAYLOAD_TYPE, body), now);
@@ -812,20 +906,22 @@ impl<H: Handler> Server<H> {
             Some(Some(c)) => c.eio,
             _ => return,
         };
-        let items = polling::decode(body, eio);
-        let valid = items.as_ref().is_ok_and(|items| {
-            items.iter().all(|item| match item {
-                Item::Text(t) => {
+        // All or nothing: the packets are checked first, then handled in
+        // a second pass (neither pass holds them as a list).
+        let valid = polling::packets(body, eio).is_ok_and(|mut packets| {
+            packets.all(|item| match item {
+                Ok(Item::Text(t)) => {
                     !matches!(engineio::decode(t), Err(_) | Ok(engineio::Packet::Open(_)))
                 }
-                Item::Binary(_) => true,
+                Ok(Item::Binary(_)) => true,
+                Err(_) => false,
             })
         });
-        let (Ok(items), true) = (items, valid) else {
+        let (Ok(items), true) = (polling::packets(body, eio), valid) else {
             self.refuse(id, HandshakeError::BadRequest, now);
             return self.shell.io(now).close(session);
         };
-        for item in &items {
+        for item in items.flatten() {
             let Server { shell, handler, .. } = self;
             let mut io = shell.io(now);
             if !io.is_open(session) {
@@ -931,7 +1027,16 @@ impl<H: Handler> Server<H> {
             return;
         };
         let keep = c.keep_alive;
-        c.out.extend_from_slice(&resp.encode_with(keep));
+        if c.pending_out() > self.shell.out_bytes_max {
+            // Earlier answers (to pipelined requests) are not read: a slow
+            // consumer, cut like a session's socket at the same bound.
+            if c.abort() {
+                self.shell.closing.push(id);
+            }
+            self.shell.stats.slow_consumers += 1;
+            return;
+        }
+        resp.encode_into(keep, &mut c.out);
         match c.flush() {
             Ok(written) => self.shell.stats.bytes_out += written as u64,
             Err(_) => {
@@ -1064,13 +1169,14 @@ impl<H: Handler> Server<H> {
         let mut frame = Vec::with_capacity(8);
         ws::write_header(&mut frame, ws::TEXT, 6);
         frame.extend_from_slice(b"3probe");
-        self.shell.io(now).send_raw(probe, &frame);
+        self.shell.io(now).send_reply(probe, &frame);
         let Some(session) = self.probe_target(probe) else {
             return self.shell.io(now).close(probe);
         };
+        let probe_serial = self.serial_of(probe).unwrap_or_default();
         if let Some(Some(s)) = self.shell.conns.get_mut(session) {
             if let Some(p) = s.polling.as_mut() {
-                p.upgrading = true;
+                p.upgrading = Some((probe, probe_serial));
             }
         }
         // The held GET ends with a noop so the client stops polling.
@@ -1087,6 +1193,8 @@ impl<H: Handler> Server<H> {
         let Some(mut p) = self.shell.conns[probe].take() else {
             return;
         };
+        // Its input moves to the session's slot and is counted there.
+        self.shell.in_bytes = self.shell.in_bytes.saturating_sub(p.held_in);
         self.shell.free.push(probe);
         let Some(mut stream) = p.stream.take() else {
             return;
@@ -1143,6 +1251,7 @@ impl<H: Handler> Server<H> {
         if leftover {
             self.ingest_ws(session, 0, now);
         }
+        self.account_input(session, now);
     }
 
     /// Undoes the links of a connection that is gone: a held GET leaves its
@@ -1174,8 +1283,11 @@ impl<H: Handler> Server<H> {
                     if let Some(p) = s.polling.as_mut() {
                         if p.get.is_some_and(|(g, gs)| g == id && gs == c.serial) {
                             p.get = None;
-                        } else if c.state == State::Closing && p.get.is_none_or(|(g, _)| g != id) {
-                            p.upgrading = false;
+                        } else if p.upgrading == Some((id, c.serial)) {
+                            // The probe that was answered is gone: GETs
+                            // are held again. (Another probe going away
+                            // leaves the upgrade under way.)
+                            p.upgrading = None;
                         }
                     }
                 }
@@ -1238,7 +1350,7 @@ impl<H: Handler> Server<H> {
         let Server { shell, handler, .. } = self;
         let mut io = shell.io(now);
         io.send_engine(id, open.as_bytes());
-        io.schedule(id, deadline);
+        io.arm_heartbeat(id, deadline);
         handler.opened(&mut io, id, endpoint);
         if leftover {
             // Frames that came in the same packet as the request head.
@@ -1342,6 +1454,10 @@ impl<H: Handler> Server<H> {
                 }
                 continue;
             }
+            if c.beat_at.is_some_and(|at| at <= due) {
+                // The heartbeat timer fired; it is armed again below.
+                c.beat_at = None;
+            }
             let beat = c.heartbeat.as_mut().map_or(Beat::Idle, |hb| hb.poll(due));
             let next = c.heartbeat.as_ref().map(Heartbeat::deadline);
             let app_due = c.app_deadline.is_some_and(|d| d <= due);
@@ -1360,10 +1476,8 @@ impl<H: Handler> Server<H> {
                 }
                 Beat::Idle => {}
             }
-            if beat == Beat::SendPing {
-                if let Some(at) = next {
-                    io.schedule(t.conn, at);
-                }
+            if let Some(at) = next {
+                io.arm_heartbeat(t.conn, at);
             }
             if app_due {
                 handler.timer(&mut io, t.conn);
@@ -1417,6 +1531,7 @@ impl<H: Handler> Server<H> {
             let Some(mut c) = self.shell.conns[id].take() else {
                 continue;
             };
+            self.shell.in_bytes = self.shell.in_bytes.saturating_sub(c.held_in);
             if let Some(stream) = c.stream.as_mut() {
                 let _ = stream.shutdown(std::net::Shutdown::Both);
                 let _ = self.poll.registry().deregister(stream);
@@ -1451,7 +1566,7 @@ fn on_ws_event<H: Handler>(io: &mut Io<'_>, handler: &mut H, id: ConnId, ev: WsE
             let mut frame = Vec::with_capacity(2 + data.len());
             ws::write_header(&mut frame, ws::PONG, data.len());
             frame.extend_from_slice(data);
-            io.send_raw(id, &frame);
+            io.send_reply(id, &frame);
         }
         WsEvent::Pong => {}
         WsEvent::Close => io.close(id),
@@ -1474,7 +1589,7 @@ fn on_engine_text<H: Handler>(io: &mut Io<'_>, handler: &mut H, id: ConnId, text
                 if let Some(hb) = c.heartbeat.as_mut() {
                     hb.on_pong(now);
                     let at = hb.deadline();
-                    io.schedule(id, at);
+                    io.arm_heartbeat(id, at);
                 }
             }
         }
@@ -1486,7 +1601,7 @@ fn on_engine_text<H: Handler>(io: &mut Io<'_>, handler: &mut H, id: ConnId, text
                 if let Some(hb) = c.heartbeat.as_mut() {
                     hb.on_ping(now);
                     let at = hb.deadline();
-                    io.schedule(id, at);
+                    io.arm_heartbeat(id, at);
                 }
             }
             let mut pong = Vec::with_capacity(1 + data.len());

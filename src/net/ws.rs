@@ -66,6 +66,11 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    /// Bytes of a fragmented message held until its last fragment.
+    pub fn held(&self) -> usize {
+        self.frag.len()
+    }
+
     /// Decodes whole frames from `buf` (unmasking in place) and hands each
     /// message to `on_event`. Returns the bytes consumed; the rest is a
     /// partial frame to keep until more arrives. `message_max` bounds a
