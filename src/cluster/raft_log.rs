@@ -21,7 +21,7 @@ use super::raft::Ready;
 use super::raft_msg::{
     encode_entry, encode_hard_state, encode_snapshot, Entry, HardState, Reader, Snapshot,
 };
-use crate::stream::record;
+use crate::stream::{record, statefile};
 
 /// Why the store could not do its job.
 #[derive(Debug)]
@@ -143,46 +143,22 @@ impl LogStore for MemoryLog {
 }
 
 /// Replaces `path` by one record holding `body`, atomically and durably.
-fn write_atomic(dir: &Path, path: &Path, body: &[u8]) -> Result<(), StoreError> {
-    let tmp = path.with_extension("tmp");
-    let mut out = Vec::with_capacity(body.len() + record::HEAD_BYTES);
-    record::encode(&mut out, body);
-    let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
-    f.write_all(&out).map_err(io_err(&tmp))?;
-    f.sync_all().map_err(io_err(&tmp))?;
-    fs::rename(&tmp, path).map_err(io_err(path))?;
-    sync_dir(dir)
-}
-
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(dir))
+fn write_atomic(path: &Path, body: &[u8]) -> Result<(), StoreError> {
+    statefile::write(path, body).map_err(io_err(path))
 }
 
 /// Reads a one-record file; `None` if it does not exist.
 fn read_single(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
-    let bytes = match fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(StoreError::Io(path.to_path_buf(), e)),
-    };
-    match record::read(&bytes, 0) {
-        Ok(Some((body, end))) if end == bytes.len() => Ok(Some(body.to_vec())),
-        Ok(_) => Err(StoreError::Corrupt(
-            path.to_path_buf(),
-            0,
-            "not one record".into(),
-        )),
-        Err(bad) => Err(StoreError::Corrupt(path.to_path_buf(), 0, bad.to_string())),
-    }
+    statefile::read(path).map_err(|e| match e.kind() {
+        io::ErrorKind::InvalidData => StoreError::Corrupt(path.to_path_buf(), 0, e.to_string()),
+        _ => StoreError::Io(path.to_path_buf(), e),
+    })
 }
 
 /// Term, vote and epoch in `<dir>/state`, written and fsynced before
 /// [`StateFile::save`] returns (so before any reply that depends on them).
 #[derive(Debug)]
 pub struct StateFile {
-    dir: PathBuf,
     path: PathBuf,
 }
 
@@ -191,7 +167,6 @@ impl StateFile {
     pub fn open(dir: &Path) -> Result<StateFile, StoreError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
         Ok(StateFile {
-            dir: dir.to_path_buf(),
             path: dir.join("state"),
         })
     }
@@ -212,14 +187,13 @@ impl StateFile {
     pub fn save(&mut self, hs: &HardState) -> Result<(), StoreError> {
         let mut body = Vec::with_capacity(24);
         encode_hard_state(&mut body, hs);
-        write_atomic(&self.dir, &self.path, &body)
+        write_atomic(&self.path, &body)
     }
 }
 
 /// The log on disk (see the module doc for the files).
 #[derive(Debug)]
 pub struct DurableLog {
-    dir: PathBuf,
     log_path: PathBuf,
     snap_path: PathBuf,
     file: File,
@@ -243,7 +217,6 @@ impl DurableLog {
             .open(&log_path)
             .map_err(io_err(&log_path))?;
         let mut d = DurableLog {
-            dir: dir.to_path_buf(),
             log_path,
             snap_path,
             file,
@@ -367,7 +340,7 @@ impl LogStore for DurableLog {
     fn save_snapshot(&mut self, snap: &Snapshot) -> Result<(), StoreError> {
         let mut body = Vec::with_capacity(snap.data.len() + 24);
         encode_snapshot(&mut body, snap);
-        write_atomic(&self.dir, &self.snap_path, &body)?;
+        write_atomic(&self.snap_path, &body)?;
         self.snapshot = snap.clone();
         self.rewrite_after_snapshot()
     }
@@ -384,7 +357,6 @@ impl DurableLog {
     fn rewrite_after_snapshot(&mut self) -> Result<(), StoreError> {
         let mut entries = self.read_entries()?;
         keep_after(&self.snapshot, &mut entries);
-        let tmp = self.log_path.with_extension("tmp");
         let mut out = Vec::new();
         let mut index = Vec::with_capacity(entries.len());
         for e in &entries {
@@ -393,11 +365,7 @@ impl DurableLog {
             record::finish(&mut out, start);
             index.push((e.index, e.term, start as u64));
         }
-        let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
-        f.write_all(&out).map_err(io_err(&tmp))?;
-        f.sync_all().map_err(io_err(&tmp))?;
-        fs::rename(&tmp, &self.log_path).map_err(io_err(&self.log_path))?;
-        sync_dir(&self.dir)?;
+        statefile::replace(&self.log_path, &out).map_err(io_err(&self.log_path))?;
         self.file = OpenOptions::new()
             .read(true)
             .append(true)

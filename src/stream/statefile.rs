@@ -20,13 +20,20 @@ fn temp_path(path: &Path) -> PathBuf {
 pub fn write(path: &Path, body: &[u8]) -> io::Result<()> {
     let mut framed = Vec::with_capacity(body.len() + record::HEAD_BYTES);
     record::encode(&mut framed, body);
+    replace(path, &framed)
+}
+
+/// Replaces `path` with a file holding exactly `bytes` (already framed by
+/// the caller, e.g. a log rewritten as many records): temp file, fsync,
+/// rename, fsync of the directory; durable when it returns.
+pub fn replace(path: &Path, framed: &[u8]) -> io::Result<()> {
     let tmp = temp_path(path);
     let mut f = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .open(&tmp)?;
-    f.write_all(&framed)?;
+    f.write_all(framed)?;
     f.sync_all()?;
     drop(f);
     fs::rename(&tmp, path)?;
