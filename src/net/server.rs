@@ -71,6 +71,11 @@ pub struct Settings {
     /// most of a message cannot exhaust memory together; past it the
     /// connection whose input grew is closed.
     pub in_bytes_max: usize,
+    /// Most outbound bytes queued across all connections
+    /// (`-max-pending-total`), so many consumers that stop reading cannot
+    /// together hold connections × `out_bytes_max`; past it the largest
+    /// queues are cut as slow consumers (see `Server::shed`).
+    pub out_total_max: usize,
 }
 
 /// A default for [`Settings::in_bytes_max`].
@@ -143,6 +148,9 @@ struct Shell {
     unused: VecDeque<(ConnId, u64)>,
     /// Input bytes held across connections (the sum of their `held_in`).
     in_bytes: usize,
+    /// Outbound bytes queued across connections (the sum of their
+    /// `held_out`).
+    out_bytes: usize,
     /// Keep-alive connections whose held GET was answered while more
     /// requests waited in their input (pipelined); read next turn.
     http_ready: Vec<ConnId>,
@@ -161,6 +169,17 @@ impl Shell {
             lagging: &mut self.lagging,
             pressure: &mut self.pressure,
             stall_bytes: self.stall_bytes,
+            out_bytes: &mut self.out_bytes,
+        }
+    }
+
+    /// Counts what `id` has queued now into the outbound total.
+    fn settle_out(&mut self, id: ConnId) {
+        if let Some(Some(c)) = self.conns.get_mut(id) {
+            let held = c.pending_out();
+            debug_assert!(self.out_bytes >= c.held_out);
+            self.out_bytes = self.out_bytes.saturating_sub(c.held_out) + held;
+            c.held_out = held;
         }
     }
 }
@@ -194,6 +213,7 @@ impl<H: Handler> Server<H> {
             closed_sids: VecDeque::new(),
             unused: VecDeque::new(),
             in_bytes: 0,
+            out_bytes: 0,
             http_ready: Vec::new(),
         };
         Ok(Server {
@@ -269,6 +289,9 @@ impl<H: Handler> Server<H> {
             let Server { shell, handler, .. } = self;
             handler.tick(&mut shell.io(now));
             self.flush_dirty(now);
+            if self.shell.out_bytes > self.settings.out_total_max {
+                self.shed();
+            }
             self.finish_closing(now);
             self.resume_stalled(now);
             if self.stop.load(Ordering::Acquire) {
@@ -485,6 +508,10 @@ impl<H: Handler> Server<H> {
                     self.shell.stats.bytes_in += n as u64;
                     self.ingest(id, n, now);
                     self.account_input(id, now);
+                    if self.shell.out_bytes > self.settings.out_total_max {
+                        // What it sent filled queues past the budget.
+                        self.shed();
+                    }
                     if self.shell.pressure {
                         // Its messages went to a lagging receiver.
                         return;
@@ -1193,8 +1220,10 @@ impl<H: Handler> Server<H> {
         let Some(mut p) = self.shell.conns[probe].take() else {
             return;
         };
-        // Its input moves to the session's slot and is counted there.
+        // Its input and output move to the session's slot and are
+        // counted there.
         self.shell.in_bytes = self.shell.in_bytes.saturating_sub(p.held_in);
+        self.shell.out_bytes = self.shell.out_bytes.saturating_sub(p.held_out);
         self.shell.free.push(probe);
         let Some(mut stream) = p.stream.take() else {
             return;
@@ -1485,39 +1514,97 @@ impl<H: Handler> Server<H> {
         }
     }
 
+    /// Writes what dirty connections queued (a polling session's queue
+    /// answers its held GET) and settles their outbound counts.
     fn flush_dirty(&mut self, now: Instant) {
         let dirty = std::mem::take(&mut self.shell.dirty);
         for &id in &dirty {
-            let Some(Some(c)) = self.shell.conns.get_mut(id) else {
-                continue;
-            };
-            c.dirty = false;
-            if c.state == State::Polling {
-                // A polling session's queue leaves with its held GET.
-                let held = c.polling.as_ref().is_some_and(|p| p.get.is_some());
-                if held && c.pending_out() > 0 {
-                    self.answer_get(id, false, now);
-                }
-                continue;
-            }
-            match c.flush() {
-                Ok(written) => {
-                    self.shell.stats.bytes_out += written as u64;
-                    if c.lag_since.is_some() && c.pending_out() <= self.shell.stall_bytes / 2 {
-                        c.lag_since = None;
-                    }
-                }
-                Err(_) => {
-                    if c.abort() {
-                        self.shell.closing.push(id);
-                    }
-                }
-            }
+            self.flush_one(id, now);
+            self.shell.settle_out(id);
         }
         let mut dirty = dirty;
         dirty.clear();
         if self.shell.dirty.is_empty() {
             self.shell.dirty = dirty;
+        }
+    }
+
+    fn flush_one(&mut self, id: ConnId, now: Instant) {
+        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+            return;
+        };
+        c.dirty = false;
+        if c.state == State::Polling {
+            // A polling session's queue leaves with its held GET.
+            let held = c.polling.as_ref().is_some_and(|p| p.get.is_some());
+            if held && c.pending_out() > 0 {
+                self.answer_get(id, false, now);
+            }
+            return;
+        }
+        match c.flush() {
+            Ok(written) => {
+                self.shell.stats.bytes_out += written as u64;
+                if c.lag_since.is_some() && c.pending_out() <= self.shell.stall_bytes / 2 {
+                    c.lag_since = None;
+                }
+            }
+            Err(_) => {
+                if c.abort() {
+                    self.shell.closing.push(id);
+                }
+            }
+        }
+    }
+
+    /// Past the outbound budget: settles every connection's count, then
+    /// cuts the connections with the largest queues as slow consumers
+    /// (their queued bytes dropped, counted like a per-connection cut)
+    /// until the total is back under three quarters of the budget, so the
+    /// next cut is a quarter of the budget away.
+    ///
+    /// Only a connection holding at least half its fair share, budget /
+    /// (2 × connections with queued bytes), can be cut: a client whose
+    /// queue is small is never the victim of others' backlog. This never
+    /// stops the cut short: while the total is past three quarters of the
+    /// budget, the largest queue holds more than the average, which is
+    /// more than that share. The scan runs only when over budget.
+    fn shed(&mut self) {
+        let shell = &mut self.shell;
+        let mut total = 0;
+        let mut queues = Vec::new();
+        for (id, slot) in shell.conns.iter_mut().enumerate() {
+            let Some(c) = slot else {
+                continue;
+            };
+            c.held_out = c.pending_out();
+            total += c.held_out;
+            // A connection already closing goes this turn anyway.
+            if c.held_out > 0 && c.state != State::Closing {
+                queues.push((c.held_out, id));
+            }
+        }
+        shell.out_bytes = total;
+        let budget = self.settings.out_total_max;
+        if total <= budget {
+            return;
+        }
+        let share = budget / (2 * queues.len().max(1));
+        let target = budget / 4 * 3;
+        queues.sort_unstable_by(|a, b| b.cmp(a));
+        for (held, id) in queues {
+            if shell.out_bytes <= target || held < share {
+                break;
+            }
+            let Some(Some(c)) = shell.conns.get_mut(id) else {
+                continue;
+            };
+            if c.abort() {
+                shell.closing.push(id);
+            }
+            shell.out_bytes -= c.held_out;
+            c.held_out = 0;
+            shell.stats.slow_consumers += 1;
         }
     }
 
@@ -1532,6 +1619,7 @@ impl<H: Handler> Server<H> {
                 continue;
             };
             self.shell.in_bytes = self.shell.in_bytes.saturating_sub(c.held_in);
+            self.shell.out_bytes = self.shell.out_bytes.saturating_sub(c.held_out);
             if let Some(stream) = c.stream.as_mut() {
                 let _ = stream.shutdown(std::net::Shutdown::Both);
                 let _ = self.poll.registry().deregister(stream);
