@@ -1565,10 +1565,12 @@ impl<H: Handler> Server<H> {
     ///
     /// Only a connection holding at least half its fair share, budget /
     /// (2 × connections with queued bytes), can be cut: a client whose
-    /// queue is small is never the victim of others' backlog. This never
-    /// stops the cut short: while the total is past three quarters of the
-    /// budget, the largest queue holds more than the average, which is
-    /// more than that share. The scan runs only when over budget.
+    /// queue is small is never the victim of others' backlog. This does
+    /// not stop the cut short: while the queues hold more than three
+    /// quarters of the budget, the largest holds more than their average,
+    /// which is more than that share (bytes of connections already closing
+    /// are not cut again; they leave this turn). The choice is
+    /// [`shed_order`]'s; the scan runs only when over budget.
     fn shed(&mut self) {
         let shell = &mut self.shell;
         let mut total = 0;
@@ -1589,19 +1591,14 @@ impl<H: Handler> Server<H> {
         if total <= budget {
             return;
         }
-        let share = budget / (2 * queues.len().max(1));
-        let target = budget / 4 * 3;
-        queues.sort_unstable_by(|a, b| b.cmp(a));
-        for (held, id) in queues {
-            if shell.out_bytes <= target || held < share {
-                break;
-            }
+        for (held, id) in shed_order(queues, total, budget) {
             let Some(Some(c)) = shell.conns.get_mut(id) else {
                 continue;
             };
             if c.abort() {
                 shell.closing.push(id);
             }
+            debug_assert_eq!(c.held_out, held);
             shell.out_bytes -= c.held_out;
             c.held_out = 0;
             shell.stats.slow_consumers += 1;
@@ -1634,6 +1631,30 @@ impl<H: Handler> Server<H> {
             }
         }
     }
+}
+
+/// Which queues (bytes, connection) to cut when `total` queued bytes are
+/// past `budget`: the largest first, until the total is under three
+/// quarters of the budget, and none holding less than half the fair share
+/// (budget / (2 × queues)). See `Server::shed`.
+fn shed_order(
+    mut queues: Vec<(usize, ConnId)>,
+    mut total: usize,
+    budget: usize,
+) -> Vec<(usize, ConnId)> {
+    let share = budget / (2 * queues.len().max(1));
+    let target = budget / 4 * 3;
+    queues.sort_unstable_by(|a, b| b.cmp(a));
+    let mut cut = 0;
+    for &(held, _) in &queues {
+        if total <= target || held < share {
+            break;
+        }
+        total -= held;
+        cut += 1;
+    }
+    queues.truncate(cut);
+    queues
 }
 
 /// Handles one WebSocket event of a session: Engine.IO packets go to the
@@ -1724,4 +1745,46 @@ pub fn random_seed() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     t ^ ((std::process::id() as u64) << 32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shed_order;
+
+    fn ids(cut: &[(usize, usize)]) -> Vec<usize> {
+        cut.iter().map(|&(_, id)| id).collect()
+    }
+
+    #[test]
+    fn the_largest_queues_go_first_until_three_quarters_of_the_budget() {
+        // Budget 100: past it at 130, down to at most 75.
+        let queues = vec![(10, 0), (40, 1), (5, 2), (30, 3), (45, 4)];
+        let cut = shed_order(queues, 130, 100);
+        assert_eq!(ids(&cut), [4, 1]);
+        // 130 - 45 = 85 is still past 75; 85 - 40 = 45 is not.
+    }
+
+    #[test]
+    fn a_queue_under_half_its_fair_share_is_never_cut() {
+        // Budget 1000, four queues: the share is 125. The total counts 300
+        // bytes of connections already closing, so it stays past 750
+        // after both large queues go; the small ones stay all the same.
+        let queues = vec![(400, 0), (120, 1), (124, 2), (500, 3)];
+        let cut = shed_order(queues, 1444, 1000);
+        assert_eq!(ids(&cut), [3, 0]);
+        // Three queues: the share is 166.
+        let queues = vec![(120, 1), (165, 2), (200, 3)];
+        let cut = shed_order(queues, 2000, 1000);
+        assert_eq!(ids(&cut), [3]);
+    }
+
+    #[test]
+    fn over_budget_there_is_always_a_queue_to_cut() {
+        // Many equal queues just past the budget: the average is past the
+        // share, so enough go to reach three quarters.
+        let queues: Vec<(usize, usize)> = (0..1000).map(|id| (11, id)).collect();
+        let cut = shed_order(queues, 11_000, 10_000);
+        assert_eq!(cut.len(), 319);
+        assert!(11_000 - 11 * cut.len() <= 7500);
+    }
 }
