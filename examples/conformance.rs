@@ -51,6 +51,8 @@ const _: () = assert!(AUTH_EMIT_DELAY.as_millis() < PING_INTERVAL.as_millis());
 /// Room for an echo of the largest message plus what is already queued.
 const OUT_BYTES_MAX: usize = 4 * MESSAGE_BYTES_MAX;
 const _: () = assert!(OUT_BYTES_MAX >= 2 * MESSAGE_BYTES_MAX);
+/// Outbound bytes queued across all of the fixture's connections.
+const OUT_TOTAL_MAX: usize = 64 * OUT_BYTES_MAX;
 
 const DEFAULT_ADDR: &str = "127.0.0.1:3000";
 
@@ -68,6 +70,7 @@ pub fn settings() -> Settings {
         ping_timeout: PING_TIMEOUT,
         message_bytes_max: MESSAGE_BYTES_MAX,
         out_bytes_max: OUT_BYTES_MAX,
+        out_total_max: OUT_TOTAL_MAX,
         cors_origin: Some("*".to_string()),
         allow_eio3: false,
         polling_sessions_max: POLLING_SESSIONS_MAX,

@@ -35,6 +35,11 @@ pub const DEFAULT_MAX_PENDING: usize = (64 * MIB) as usize;
 pub const MIN_MAX_PENDING: usize = (64 * KIB) as usize;
 /// Largest accepted `-max-pending`: 4 GiB (or the address space, if smaller).
 pub const MAX_MAX_PENDING: u64 = 4 * GIB;
+/// Default `-max-pending-total`: 1 GiB, or `-max-pending` if that is larger
+/// (one connection may always queue up to its own bound).
+pub const DEFAULT_MAX_PENDING_TOTAL: usize = GIB as usize;
+/// Largest accepted `-max-pending-total`: 1024 GiB.
+pub const MAX_MAX_PENDING_TOTAL: u64 = 1024 * GIB;
 /// Shortest accepted ping interval, ping timeout or connect timeout.
 pub const MIN_TIMER: Duration = Duration::from_millis(10);
 /// Longest accepted ping interval, ping timeout or connect timeout.
@@ -68,6 +73,9 @@ pub struct Config {
     pub max_payload: usize,
     /// `-max-pending`: per-connection outbound buffer limit, in bytes.
     pub max_pending: usize,
+    /// `-max-pending-total`: outbound bytes queued across all connections;
+    /// `None` for the default (see [`Config::pending_total`]).
+    pub max_pending_total: Option<usize>,
     /// `-ping-interval`: Engine.IO ping interval.
     pub ping_interval: Duration,
     /// `-ping-timeout`: how long a pong may take.
@@ -201,6 +209,7 @@ impl Default for Config {
             auth_token: None,
             max_payload: DEFAULT_MAX_PAYLOAD,
             max_pending: DEFAULT_MAX_PENDING,
+            max_pending_total: None,
             ping_interval: Duration::from_secs(25),
             ping_timeout: Duration::from_secs(20),
             connect_timeout: Duration::from_secs(45),
@@ -327,6 +336,12 @@ const FLAGS: &[FlagSpec] = &[
         "size",
         "64MiB",
         "per-connection outbound buffer limit, 64KiB to 4GiB",
+    ),
+    value(
+        "max-pending-total",
+        "size",
+        "1GiB or -max-pending if larger",
+        "outbound bytes queued across all connections, -max-pending to 1024GiB; past it the largest queues are cut",
     ),
     value(
         "ping-interval",
@@ -507,6 +522,10 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, ConfigEr
     }
     if let Some(v) = get("max-pending") {
         cfg.max_pending = parse_size(&v).map_err(|e| flag_err("max-pending", e))?;
+    }
+    if let Some(v) = get("max-pending-total") {
+        let total = parse_size(&v).map_err(|e| flag_err("max-pending-total", e))?;
+        cfg.max_pending_total = Some(total);
     }
     if let Some(v) = get("ping-interval") {
         cfg.ping_interval = parse_duration(&v).map_err(|e| flag_err("ping-interval", e))?;
@@ -703,6 +722,15 @@ impl Config {
                 format_size(self.max_pending)
             )));
         }
+        if let Some(total) = self.max_pending_total {
+            if total < self.max_pending || total as u64 > MAX_MAX_PENDING_TOTAL {
+                return Err(invalid(format!(
+                    "-max-pending-total: {} is out of range (-max-pending, {}, to 1024GiB)",
+                    format_size(total),
+                    format_size(self.max_pending)
+                )));
+            }
+        }
         for (name, d) in [
             ("ping-interval", self.ping_interval),
             ("ping-timeout", self.ping_timeout),
@@ -723,6 +751,13 @@ impl Config {
         Ok(())
     }
 
+    /// The outbound budget across all connections: `-max-pending-total`,
+    /// else 1 GiB or `-max-pending` if that is larger.
+    pub fn pending_total(&self) -> usize {
+        self.max_pending_total
+            .unwrap_or(DEFAULT_MAX_PENDING_TOTAL.max(self.max_pending))
+    }
+
     /// One line with every setting; tokens appear only as `set` / `unset`.
     pub fn summary(&self) -> String {
         let secret = |t: &Option<String>| if t.is_some() { "set" } else { "unset" };
@@ -738,7 +773,7 @@ impl Config {
         };
         format!(
             "node_id={} addr={} data={} control_token={} auth_token={} \
-             max_payload={} max_pending={} ping_interval={} ping_timeout={} \
+             max_payload={} max_pending={} max_pending_total={} ping_interval={} ping_timeout={} \
              connect_timeout={} allow_eio3={} cors_origin={} log_level={} \
              raft_addr={} raft_peers={} cluster={} bootstrap={} raft_log={} \
              sync={} segment_size={}",
@@ -749,6 +784,7 @@ impl Config {
             secret(&self.auth_token),
             format_size(self.max_payload),
             format_size(self.max_pending),
+            format_size(self.pending_total()),
             format_duration(self.ping_interval),
             format_duration(self.ping_timeout),
             format_duration(self.connect_timeout),
@@ -1197,6 +1233,38 @@ mod tests {
             assert_eq!(ok(&["-max-pending=4GiB"]).max_pending as u64, 4 << 30);
             assert!(bad(&["-max-pending=4097MiB"]).contains("out of range"));
         }
+    }
+
+    #[test]
+    fn pending_total_defaults_and_bounds() {
+        let cfg = ok(&[]);
+        assert_eq!(cfg.max_pending_total, None);
+        assert_eq!(cfg.pending_total(), 1 << 30);
+        assert!(
+            cfg.summary().contains("max_pending_total=1GiB"),
+            "{}",
+            cfg.summary()
+        );
+        // The default never falls below the per-connection bound.
+        if usize::BITS >= 64 {
+            assert_eq!(ok(&["-max-pending=2GiB"]).pending_total(), 2 << 30);
+        }
+        let cfg = ok(&["-max-pending=1MiB", "-max-pending-total=8MiB"]);
+        assert_eq!(cfg.pending_total(), 8 << 20);
+        assert_eq!(ok(&["-max-pending-total=64MiB"]).pending_total(), 64 << 20);
+        let e = bad(&["-max-pending-total=63MiB"]);
+        assert!(
+            e.starts_with("-max-pending-total: ") && e.contains("out of range"),
+            "{e}"
+        );
+        assert!(bad(&["-max-pending-total=lots"]).starts_with("-max-pending-total: "));
+        if usize::BITS >= 64 {
+            assert!(bad(&["-max-pending-total=1025GiB"]).contains("out of range"));
+        }
+        assert!(usage().contains("-max-pending-total size"));
+        let env = |name: &str| (name == "GOMBUS_MAX_PENDING_TOTAL").then(|| "2GiB".to_string());
+        let cfg = parse_with_env(argv(&[]), env).unwrap();
+        assert_eq!(cfg.pending_total(), 2 << 30);
     }
 
     #[test]

@@ -152,3 +152,160 @@ fn a_fast_publisher_is_paced_to_a_slow_subscriber() {
     sub.send(r#"425["ping",{}]"#);
     assert_eq!(sub.next_text(), r#"435[{"ok":true}]"#);
 }
+
+/// Non-reading subscribers to the global outbound budget test.
+const IDLE_SUBSCRIBERS: usize = 40;
+/// Messages published there, each 8000 bytes of data: about 7 MiB to every
+/// subscriber, more than a non-reading socket's kernel buffers take (about
+/// 4 MB on loopback) but less than that plus its own bound (4 MiB), so
+/// only the global budget can cut them.
+const BUDGET_MESSAGES: usize = 900;
+/// The publisher waits for an ack after this many messages.
+const BUDGET_BATCH: usize = 16;
+
+/// What became of a subscriber that did not read.
+#[derive(Debug, PartialEq)]
+enum Fate {
+    Cut,
+    Served,
+}
+
+impl Raw {
+    /// Asks for a ping ack, then reads what is queued: the connection was
+    /// cut if it ends (or the ask fails) before the ack arrives.
+    fn fate(&mut self) -> Fate {
+        let mut frame = Vec::new();
+        client_frame(&mut frame, br#"427["ping",{}]"#);
+        if self.stream.write_all(&frame).is_err() {
+            return Fate::Cut;
+        }
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Fate::Cut,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Fate::Cut,
+                Err(e) => panic!("reading a subscriber: {e}"),
+            }
+            // Whole frames are dropped from the front; the ack is the last.
+            loop {
+                if self.buf.len() < 4 {
+                    break;
+                }
+                let (len, head) = match self.buf[1] & 0x7f {
+                    126 => (u16::from_be_bytes([self.buf[2], self.buf[3]]) as usize, 4),
+                    127 => panic!("unexpectedly large frame"),
+                    n => (n as usize, 2),
+                };
+                if self.buf.len() < head + len {
+                    break;
+                }
+                let is_ack = &self.buf[head..head + len] == br#"437[{"ok":true}]"#;
+                self.buf.drain(..head + len);
+                if is_ack {
+                    return Fate::Served;
+                }
+            }
+        }
+    }
+}
+
+/// The value of the broker's slow-consumer counter in `/metrics`.
+fn slow_consumers(addr: &str) -> u64 {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).expect("GET /metrics");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).expect("read /metrics");
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let (name, value) = l.split_once(' ')?;
+            name.contains("slow")
+                .then(|| value.trim().parse::<f64>().ok())?
+        })
+        .map_or_else(
+            || panic!("no slow-consumer metric in:\n{body}"),
+            |v| v as u64,
+        )
+}
+
+#[test]
+fn many_subscribers_that_never_read_are_cut_at_the_global_budget() {
+    let broker = Broker::start(&["-max-pending=4MiB", "-max-pending-total=8MiB"]);
+    let subscribe = |raw: &mut Raw| {
+        raw.send(r#"421["sub",{"subject":"bulk","sid":"s"}]"#);
+        assert_eq!(raw.next_text(), r#"431[{"ok":true,"sid":"s"}]"#);
+    };
+    let mut idle: Vec<Raw> = (0..IDLE_SUBSCRIBERS)
+        .map(|_| {
+            let mut raw = Raw::open(&broker.addr, 4096);
+            subscribe(&mut raw);
+            raw
+        })
+        .collect();
+    let mut reader = Raw::open(&broker.addr, 64 * 1024);
+    subscribe(&mut reader);
+    let mut publisher = Raw::open(&broker.addr, 4096);
+    let slow_before = slow_consumers(&broker.addr);
+    let rss_before = broker.rss_kb();
+    assert!(rss_before > 0, "cannot read the broker's memory");
+
+    let filler = "x".repeat(8000 - 8);
+    let deadline = Instant::now() + WAIT;
+    let mut rss_peak = rss_before;
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for i in 0..BUDGET_MESSAGES {
+                assert!(Instant::now() < deadline, "only {i} messages in {WAIT:?}");
+                let msg = reader.next_text();
+                let expected = format!(r#"42["msg",{{"sid":"s","subject":"bulk","data":"{i:08}"#);
+                assert!(
+                    msg.starts_with(&expected),
+                    "message {i}: {}",
+                    &msg[..msg.len().min(80)]
+                );
+            }
+        });
+        for batch in 0..BUDGET_MESSAGES / BUDGET_BATCH + 1 {
+            let mut frames = Vec::new();
+            let first = batch * BUDGET_BATCH;
+            for i in first..(first + BUDGET_BATCH).min(BUDGET_MESSAGES) {
+                let event = format!(r#"42["pub",{{"subject":"bulk","data":"{i:08}{filler}"}}]"#);
+                client_frame(&mut frames, event.as_bytes());
+            }
+            client_frame(&mut frames, br#"429["ping",{}]"#);
+            publisher.stream.write_all(&frames).expect("publish");
+            assert_eq!(publisher.next_text(), r#"439[{"ok":true}]"#);
+            rss_peak = rss_peak.max(broker.rss_kb());
+        }
+    });
+
+    // Without the budget the idle subscribers would queue about 3 MB each
+    // (120 MB in all); with it the queues stay near 8 MiB in all.
+    let grown_mib = rss_peak.saturating_sub(rss_before) / 1024;
+    assert!(
+        grown_mib < 48,
+        "the broker grew by {grown_mib} MiB (from {rss_before} KiB)"
+    );
+    let fates: Vec<Fate> = idle.iter_mut().map(Raw::fate).collect();
+    let cut = fates.iter().filter(|f| **f == Fate::Cut).count() as u64;
+    assert!(
+        cut >= 30,
+        "only {cut} of {IDLE_SUBSCRIBERS} idle subscribers were cut"
+    );
+    let counted = slow_consumers(&broker.addr) - slow_before;
+    assert_eq!(counted, cut, "slow consumers counted in /metrics");
+
+    // The reader was never cut, and a new client is served.
+    reader.send(r#"425["ping",{}]"#);
+    assert_eq!(reader.next_text(), r#"435[{"ok":true}]"#);
+    let mut fresh = Raw::open(&broker.addr, 4096);
+    subscribe(&mut fresh);
+    fresh.send(r#"426["ping",{}]"#);
+    assert_eq!(fresh.next_text(), r#"436[{"ok":true}]"#);
+}

@@ -40,6 +40,7 @@ fn main() -> ExitCode {
         ping_timeout: cfg.ping_timeout,
         message_bytes_max: cfg.max_payload + ENVELOPE_BYTES,
         out_bytes_max: cfg.max_pending,
+        out_total_max: cfg.pending_total(),
         cors_origin: cfg.cors_origin.clone(),
         allow_eio3: cfg.allow_eio3,
         polling_sessions_max: POLLING_SESSIONS_MAX,

@@ -105,6 +105,10 @@ pub struct Conn {
     /// Input bytes held (partial request or frame, fragments) as last
     /// counted in the loop's total.
     pub held_in: usize,
+    /// Outbound bytes as counted in the loop's total: raised with each
+    /// frame queued, set to `pending_out()` when the loop settles the
+    /// count (after a flush, when over budget), taken off when it goes.
+    pub held_out: usize,
 }
 
 impl Conn {
@@ -134,6 +138,7 @@ impl Conn {
             origin: None,
             idle_until: None,
             held_in: 0,
+            held_out: 0,
         }
     }
 
@@ -167,6 +172,7 @@ impl Conn {
             origin: None,
             idle_until: None,
             held_in: 0,
+            held_out: 0,
         }
     }
 
@@ -240,6 +246,8 @@ pub struct Io<'a> {
     /// being read is then paused (backpressure on the publisher).
     pub(crate) pressure: &'a mut bool,
     pub(crate) stall_bytes: usize,
+    /// Outbound bytes queued across connections (the sum of `held_out`).
+    pub(crate) out_bytes: &'a mut usize,
 }
 
 impl Io<'_> {
@@ -280,7 +288,9 @@ impl Io<'_> {
         self.queue_frame(conn, ws::TEXT, b"", &[packet])
     }
 
-    /// One WebSocket frame of `prefix` and `parts`, within the bound.
+    /// One WebSocket frame of `prefix` and `parts`, within the bound. The
+    /// bytes it adds are counted into the loop's outbound total (an add;
+    /// the loop settles the count after each flush).
     fn queue_frame(
         &mut self,
         conn: ConnId,
@@ -292,30 +302,30 @@ impl Io<'_> {
         let Some(c) = self.writable(conn, len + 10) else {
             return false;
         };
+        let before = c.out.len();
         if c.state == State::Polling {
             if opcode == ws::BINARY {
                 polling::push_binary(&mut c.out, c.eio, parts[0]);
             } else {
                 polling::push_text(&mut c.out, c.eio, prefix, parts);
             }
-            self.mark_dirty(conn);
-            return true;
-        }
-        if opcode == ws::BINARY && c.eio == 3 {
+        } else if opcode == ws::BINARY && c.eio == 3 {
             // Engine.IO v3 frames a binary message with its packet type.
             c.out.reserve(len + 11);
             ws::write_header(&mut c.out, opcode, len + 1);
             c.out.push(4);
             c.out.extend_from_slice(parts[0]);
-            self.mark_dirty(conn);
-            return true;
+        } else {
+            c.out.reserve(len + 10);
+            ws::write_header(&mut c.out, opcode, len);
+            c.out.extend_from_slice(prefix);
+            for p in parts {
+                c.out.extend_from_slice(p);
+            }
         }
-        c.out.reserve(len + 10);
-        ws::write_header(&mut c.out, opcode, len);
-        c.out.extend_from_slice(prefix);
-        for p in parts {
-            c.out.extend_from_slice(p);
-        }
+        let added = c.out.len() - before;
+        c.held_out += added;
+        *self.out_bytes += added;
         self.mark_dirty(conn);
         true
     }

@@ -71,6 +71,11 @@ pub struct Settings {
     /// most of a message cannot exhaust memory together; past it the
     /// connection whose input grew is closed.
     pub in_bytes_max: usize,
+    /// Most outbound bytes queued across all connections
+    /// (`-max-pending-total`), so many consumers that stop reading cannot
+    /// together hold connections × `out_bytes_max`; past it the largest
+    /// queues are cut as slow consumers (see `Server::shed`).
+    pub out_total_max: usize,
 }
 
 /// A default for [`Settings::in_bytes_max`].
@@ -143,6 +148,9 @@ struct Shell {
     unused: VecDeque<(ConnId, u64)>,
     /// Input bytes held across connections (the sum of their `held_in`).
     in_bytes: usize,
+    /// Outbound bytes queued across connections (the sum of their
+    /// `held_out`).
+    out_bytes: usize,
     /// Keep-alive connections whose held GET was answered while more
     /// requests waited in their input (pipelined); read next turn.
     http_ready: Vec<ConnId>,
@@ -161,6 +169,17 @@ impl Shell {
             lagging: &mut self.lagging,
             pressure: &mut self.pressure,
             stall_bytes: self.stall_bytes,
+            out_bytes: &mut self.out_bytes,
+        }
+    }
+
+    /// Counts what `id` has queued now into the outbound total.
+    fn settle_out(&mut self, id: ConnId) {
+        if let Some(Some(c)) = self.conns.get_mut(id) {
+            let held = c.pending_out();
+            debug_assert!(self.out_bytes >= c.held_out);
+            self.out_bytes = self.out_bytes.saturating_sub(c.held_out) + held;
+            c.held_out = held;
         }
     }
 }
@@ -194,6 +213,7 @@ impl<H: Handler> Server<H> {
             closed_sids: VecDeque::new(),
             unused: VecDeque::new(),
             in_bytes: 0,
+            out_bytes: 0,
             http_ready: Vec::new(),
         };
         Ok(Server {
@@ -269,6 +289,9 @@ impl<H: Handler> Server<H> {
             let Server { shell, handler, .. } = self;
             handler.tick(&mut shell.io(now));
             self.flush_dirty(now);
+            if self.shell.out_bytes > self.settings.out_total_max {
+                self.shed();
+            }
             self.finish_closing(now);
             self.resume_stalled(now);
             if self.stop.load(Ordering::Acquire) {
@@ -485,6 +508,10 @@ impl<H: Handler> Server<H> {
                     self.shell.stats.bytes_in += n as u64;
                     self.ingest(id, n, now);
                     self.account_input(id, now);
+                    if self.shell.out_bytes > self.settings.out_total_max {
+                        // What it sent filled queues past the budget.
+                        self.shed();
+                    }
                     if self.shell.pressure {
                         // Its messages went to a lagging receiver.
                         return;
@@ -1193,8 +1220,10 @@ impl<H: Handler> Server<H> {
         let Some(mut p) = self.shell.conns[probe].take() else {
             return;
         };
-        // Its input moves to the session's slot and is counted there.
+        // Its input and output move to the session's slot and are
+        // counted there.
         self.shell.in_bytes = self.shell.in_bytes.saturating_sub(p.held_in);
+        self.shell.out_bytes = self.shell.out_bytes.saturating_sub(p.held_out);
         self.shell.free.push(probe);
         let Some(mut stream) = p.stream.take() else {
             return;
@@ -1485,39 +1514,94 @@ impl<H: Handler> Server<H> {
         }
     }
 
+    /// Writes what dirty connections queued (a polling session's queue
+    /// answers its held GET) and settles their outbound counts.
     fn flush_dirty(&mut self, now: Instant) {
         let dirty = std::mem::take(&mut self.shell.dirty);
         for &id in &dirty {
-            let Some(Some(c)) = self.shell.conns.get_mut(id) else {
-                continue;
-            };
-            c.dirty = false;
-            if c.state == State::Polling {
-                // A polling session's queue leaves with its held GET.
-                let held = c.polling.as_ref().is_some_and(|p| p.get.is_some());
-                if held && c.pending_out() > 0 {
-                    self.answer_get(id, false, now);
-                }
-                continue;
-            }
-            match c.flush() {
-                Ok(written) => {
-                    self.shell.stats.bytes_out += written as u64;
-                    if c.lag_since.is_some() && c.pending_out() <= self.shell.stall_bytes / 2 {
-                        c.lag_since = None;
-                    }
-                }
-                Err(_) => {
-                    if c.abort() {
-                        self.shell.closing.push(id);
-                    }
-                }
-            }
+            self.flush_one(id, now);
+            self.shell.settle_out(id);
         }
         let mut dirty = dirty;
         dirty.clear();
         if self.shell.dirty.is_empty() {
             self.shell.dirty = dirty;
+        }
+    }
+
+    fn flush_one(&mut self, id: ConnId, now: Instant) {
+        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+            return;
+        };
+        c.dirty = false;
+        if c.state == State::Polling {
+            // A polling session's queue leaves with its held GET.
+            let held = c.polling.as_ref().is_some_and(|p| p.get.is_some());
+            if held && c.pending_out() > 0 {
+                self.answer_get(id, false, now);
+            }
+            return;
+        }
+        match c.flush() {
+            Ok(written) => {
+                self.shell.stats.bytes_out += written as u64;
+                if c.lag_since.is_some() && c.pending_out() <= self.shell.stall_bytes / 2 {
+                    c.lag_since = None;
+                }
+            }
+            Err(_) => {
+                if c.abort() {
+                    self.shell.closing.push(id);
+                }
+            }
+        }
+    }
+
+    /// Past the outbound budget: settles every connection's count, then
+    /// cuts the connections with the largest queues as slow consumers
+    /// (their queued bytes dropped, counted like a per-connection cut)
+    /// until the total is back under three quarters of the budget, so the
+    /// next cut is a quarter of the budget away.
+    ///
+    /// Only a connection holding at least half its fair share, budget /
+    /// (2 × connections with queued bytes), can be cut: a client whose
+    /// queue is small is never the victim of others' backlog. This does
+    /// not stop the cut short: while the queues hold more than three
+    /// quarters of the budget, the largest holds more than their average,
+    /// which is more than that share (bytes of connections already closing
+    /// are not cut again; they leave this turn). The choice is
+    /// [`shed_order`]'s; the scan runs only when over budget.
+    fn shed(&mut self) {
+        let shell = &mut self.shell;
+        let mut total = 0;
+        let mut queues = Vec::new();
+        for (id, slot) in shell.conns.iter_mut().enumerate() {
+            let Some(c) = slot else {
+                continue;
+            };
+            c.held_out = c.pending_out();
+            total += c.held_out;
+            // A connection already closing goes this turn anyway.
+            if c.held_out > 0 && c.state != State::Closing {
+                queues.push((c.held_out, id));
+            }
+        }
+        shell.out_bytes = total;
+        let budget = self.settings.out_total_max;
+        if total <= budget {
+            return;
+        }
+        for (held, id) in shed_order(queues, total, budget) {
+            let Some(Some(c)) = shell.conns.get_mut(id) else {
+                continue;
+            };
+            if c.abort() {
+                shell.closing.push(id);
+            }
+            debug_assert_eq!(c.held_out, held);
+            shell.out_bytes -= c.held_out;
+            c.held_out = 0;
+            shell.stats.slow_consumers += 1;
         }
     }
 
@@ -1532,6 +1616,7 @@ impl<H: Handler> Server<H> {
                 continue;
             };
             self.shell.in_bytes = self.shell.in_bytes.saturating_sub(c.held_in);
+            self.shell.out_bytes = self.shell.out_bytes.saturating_sub(c.held_out);
             if let Some(stream) = c.stream.as_mut() {
                 let _ = stream.shutdown(std::net::Shutdown::Both);
                 let _ = self.poll.registry().deregister(stream);
@@ -1546,6 +1631,30 @@ impl<H: Handler> Server<H> {
             }
         }
     }
+}
+
+/// Which queues (bytes, connection) to cut when `total` queued bytes are
+/// past `budget`: the largest first, until the total is under three
+/// quarters of the budget, and none holding less than half the fair share
+/// (budget / (2 × queues)). See `Server::shed`.
+fn shed_order(
+    mut queues: Vec<(usize, ConnId)>,
+    mut total: usize,
+    budget: usize,
+) -> Vec<(usize, ConnId)> {
+    let share = budget / (2 * queues.len().max(1));
+    let target = budget / 4 * 3;
+    queues.sort_unstable_by(|a, b| b.cmp(a));
+    let mut cut = 0;
+    for &(held, _) in &queues {
+        if total <= target || held < share {
+            break;
+        }
+        total -= held;
+        cut += 1;
+    }
+    queues.truncate(cut);
+    queues
 }
 
 /// Handles one WebSocket event of a session: Engine.IO packets go to the
@@ -1636,4 +1745,46 @@ pub fn random_seed() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     t ^ ((std::process::id() as u64) << 32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shed_order;
+
+    fn ids(cut: &[(usize, usize)]) -> Vec<usize> {
+        cut.iter().map(|&(_, id)| id).collect()
+    }
+
+    #[test]
+    fn the_largest_queues_go_first_until_three_quarters_of_the_budget() {
+        // Budget 100: past it at 130, down to at most 75.
+        let queues = vec![(10, 0), (40, 1), (5, 2), (30, 3), (45, 4)];
+        let cut = shed_order(queues, 130, 100);
+        assert_eq!(ids(&cut), [4, 1]);
+        // 130 - 45 = 85 is still past 75; 85 - 40 = 45 is not.
+    }
+
+    #[test]
+    fn a_queue_under_half_its_fair_share_is_never_cut() {
+        // Budget 1000, four queues: the share is 125. The total counts 300
+        // bytes of connections already closing, so it stays past 750
+        // after both large queues go; the small ones stay all the same.
+        let queues = vec![(400, 0), (120, 1), (124, 2), (500, 3)];
+        let cut = shed_order(queues, 1444, 1000);
+        assert_eq!(ids(&cut), [3, 0]);
+        // Three queues: the share is 166.
+        let queues = vec![(120, 1), (165, 2), (200, 3)];
+        let cut = shed_order(queues, 2000, 1000);
+        assert_eq!(ids(&cut), [3]);
+    }
+
+    #[test]
+    fn over_budget_there_is_always_a_queue_to_cut() {
+        // Many equal queues just past the budget: the average is past the
+        // share, so enough go to reach three quarters.
+        let queues: Vec<(usize, usize)> = (0..1000).map(|id| (11, id)).collect();
+        let cut = shed_order(queues, 11_000, 10_000);
+        assert_eq!(cut.len(), 319);
+        assert!(11_000 - 11 * cut.len() <= 7500);
+    }
 }
