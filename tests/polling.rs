@@ -901,25 +901,35 @@ fn ws_call(ws: &mut WebSocket<TcpStream>, id: u64, event: &str, arg: &str) -> Va
     }
 }
 
-#[test]
-fn stream_events_with_absurd_numbers_get_clear_errors() {
-    let b = Broker::start(&[]);
-    let mut v = victim(&b.addr);
-    let mut ws = ws_join(&b.addr);
-    let ack = ws_call(
+/// `ws_call` whose ack must be ok.
+fn ws_ok(ws: &mut WebSocket<TcpStream>, id: u64, event: &str, arg: &str) {
+    let ack = ws_call(ws, id, event, arg);
+    assert_eq!(ack["ok"], true, "{ack}");
+}
+
+/// A joined WebSocket client that has created stream `S` on `s.>` (id 1).
+fn ws_stream_s(addr: &str) -> WebSocket<TcpStream> {
+    let mut ws = ws_join(addr);
+    ws_ok(
         &mut ws,
         1,
         "stream.create",
         r#"{"name":"S","subjects":["s.>"]}"#,
     );
-    assert_eq!(ack["ok"], true, "{ack}");
-    let ack = ws_call(
+    ws
+}
+
+#[test]
+fn stream_events_with_absurd_numbers_get_clear_errors() {
+    let b = Broker::start(&[]);
+    let mut v = victim(&b.addr);
+    let mut ws = ws_stream_s(&b.addr);
+    ws_ok(
         &mut ws,
         2,
         "consumer.create",
         r#"{"stream":"S","name":"c"}"#,
     );
-    assert_eq!(ack["ok"], true, "{ack}");
     let deep = "[".repeat(10_000) + &"]".repeat(10_000);
     let cases: Vec<(&str, String)> = vec![
         ("stream.create", r#"{"name":"T","subjects":["t"],"max_msgs":-1}"#.into()),
@@ -956,14 +966,7 @@ fn stream_events_with_absurd_numbers_get_clear_errors() {
 fn a_consumer_with_the_largest_ack_wait_delivers_without_crashing() {
     let b = Broker::start(&[]);
     let mut v = victim(&b.addr);
-    let mut ws = ws_join(&b.addr);
-    let ack = ws_call(
-        &mut ws,
-        1,
-        "stream.create",
-        r#"{"name":"S","subjects":["s.>"]}"#,
-    );
-    assert_eq!(ack["ok"], true, "{ack}");
+    let mut ws = ws_stream_s(&b.addr);
     let ack = ws_call(
         &mut ws,
         2,
@@ -972,23 +975,20 @@ fn a_consumer_with_the_largest_ack_wait_delivers_without_crashing() {
     );
     let created = ack["ok"] == true;
     assert!(created || ack["error"]["code"] == "bad_request", "{ack}");
-    let ack = ws_call(&mut ws, 3, "pub", r#"{"subject":"s.x","data":1}"#);
-    assert_eq!(ack["ok"], true, "{ack}");
+    ws_ok(&mut ws, 3, "pub", r#"{"subject":"s.x","data":1}"#);
     if created {
-        let ack = ws_call(
+        ws_ok(
             &mut ws,
             4,
             "consumer.fetch",
             r#"{"stream":"S","consumer":"d","batch":1,"expires_ms":1000}"#,
         );
-        assert_eq!(ack["ok"], true, "{ack}");
-        let ack = ws_call(
+        ws_ok(
             &mut ws,
             5,
             "nak",
             r#"{"stream":"S","consumer":"d","seq":1}"#,
         );
-        assert_eq!(ack["ok"], true, "{ack}");
     }
     others_unharmed(&b.addr, &mut v, "after-ack-wait");
 }
@@ -997,21 +997,13 @@ fn a_consumer_with_the_largest_ack_wait_delivers_without_crashing() {
 fn fetch_waits_past_the_per_socket_cap_are_refused() {
     let b = Broker::start(&[]);
     let mut v = victim(&b.addr);
-    let mut ws = ws_join(&b.addr);
-    let ack = ws_call(
-        &mut ws,
-        1,
-        "stream.create",
-        r#"{"name":"S","subjects":["s.>"]}"#,
-    );
-    assert_eq!(ack["ok"], true, "{ack}");
-    let ack = ws_call(
+    let mut ws = ws_stream_s(&b.addr);
+    ws_ok(
         &mut ws,
         2,
         "consumer.create",
         r#"{"stream":"S","name":"c"}"#,
     );
-    assert_eq!(ack["ok"], true, "{ack}");
     const FETCHES: u64 = 200;
     for id in 0..FETCHES {
         let event = format!(
