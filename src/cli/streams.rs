@@ -177,40 +177,45 @@ fn subjects_text(v: &Value) -> String {
         .unwrap_or_else(|| output::plain(v))
 }
 
-fn print_streams(list: &Value) {
+/// Prints `list` as a table with one row per entry (`row` makes it), or
+/// `empty` when there is none (or `list` is not an array).
+fn print_list(list: &Value, header: &[&str], empty: &str, row: impl Fn(&Value) -> Vec<String>) {
     let rows: Vec<Vec<String>> = list
         .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|s| {
-                    // Entries are `{stream: {config, state}}`, `{config,
-                    // state}` or names.
-                    let s = s.get("stream").unwrap_or(s);
-                    let c = if s.get("config").is_some() {
-                        &s["config"]
-                    } else {
-                        s
-                    };
-                    let st = &s["state"];
-                    vec![
-                        output::plain(c.get("name").unwrap_or(c)),
-                        subjects_text(&c["subjects"]),
-                        output::plain(&st["messages"]),
-                        output::plain(&st["bytes"]),
-                        output::plain(&st["consumer_count"]),
-                    ]
-                })
-                .collect()
-        })
+        .map(|a| a.iter().map(row).collect())
         .unwrap_or_default();
     if rows.is_empty() {
-        println!("no streams");
+        println!("{empty}");
     } else {
-        output::table(
-            &["NAME", "SUBJECTS", "MESSAGES", "BYTES", "CONSUMERS"],
-            &rows,
-        );
+        output::table(header, &rows);
     }
+}
+
+/// An entry's `config` when it has one, else the entry itself.
+fn config_of(entry: &Value) -> &Value {
+    if entry.get("config").is_some() {
+        &entry["config"]
+    } else {
+        entry
+    }
+}
+
+fn print_streams(list: &Value) {
+    let header = ["NAME", "SUBJECTS", "MESSAGES", "BYTES", "CONSUMERS"];
+    print_list(list, &header, "no streams", |s| {
+        // Entries are `{stream: {config, state}}`, `{config, state}` or
+        // names.
+        let s = s.get("stream").unwrap_or(s);
+        let c = config_of(s);
+        let st = &s["state"];
+        vec![
+            output::plain(c.get("name").unwrap_or(c)),
+            subjects_text(&c["subjects"]),
+            output::plain(&st["messages"]),
+            output::plain(&st["bytes"]),
+            output::plain(&st["consumer_count"]),
+        ]
+    });
 }
 
 pub fn consumer(p: &Parsed) -> Result<(), Run> {
@@ -305,32 +310,17 @@ fn print_consumer(c: &Value) {
 }
 
 fn print_consumers(list: &Value) {
-    let rows: Vec<Vec<String>> = list
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|c| {
-                    let c = c.get("consumer").unwrap_or(c);
-                    let cfg = if c.get("config").is_some() {
-                        &c["config"]
-                    } else {
-                        c
-                    };
-                    vec![
-                        output::plain(cfg.get("name").unwrap_or(c)),
-                        output::plain(&cfg["filter_subject"]),
-                        output::plain(&c["num_pending"]),
-                        output::plain(&c["num_ack_pending"]),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    if rows.is_empty() {
-        println!("no consumers");
-    } else {
-        output::table(&["NAME", "FILTER", "PENDING", "ACK PENDING"], &rows);
-    }
+    let header = ["NAME", "FILTER", "PENDING", "ACK PENDING"];
+    print_list(list, &header, "no consumers", |c| {
+        let c = c.get("consumer").unwrap_or(c);
+        let cfg = config_of(c);
+        vec![
+            output::plain(cfg.get("name").unwrap_or(c)),
+            output::plain(&cfg["filter_subject"]),
+            output::plain(&c["num_pending"]),
+            output::plain(&c["num_ack_pending"]),
+        ]
+    });
 }
 
 /// `consumer next`: fetch up to `--count` messages and ack each.
