@@ -919,6 +919,29 @@ fn ws_stream_s(addr: &str) -> WebSocket<TcpStream> {
     ws
 }
 
+/// Reads acks until `count` have come; returns how many were ok and how
+/// many were not, each of which `refused` checks (it gets the ack's args).
+fn count_acks(ws: &mut WebSocket<TcpStream>, count: u64, refused: impl Fn(&Value)) -> (u64, u64) {
+    let (mut ok, mut not_ok) = (0, 0);
+    while ok + not_ok < count {
+        let Message::Text(t) = ws_next(ws) else {
+            continue;
+        };
+        let Some(rest) = t.as_str().strip_prefix("43") else {
+            continue;
+        };
+        let start = rest.find('[').expect("ack args");
+        let args: Value = serde_json::from_str(&rest[start..]).expect("ack JSON");
+        if args[0]["ok"] == true {
+            ok += 1;
+        } else {
+            refused(&args);
+            not_ok += 1;
+        }
+    }
+    (ok, not_ok)
+}
+
 #[test]
 fn stream_events_with_absurd_numbers_get_clear_errors() {
     let b = Broker::start(&[]);
@@ -1012,22 +1035,9 @@ fn fetch_waits_past_the_per_socket_cap_are_refused() {
         );
         ws.send(Message::text(event)).expect("send");
     }
-    let (mut ok, mut refused) = (0, 0);
-    while ok + refused < FETCHES {
-        let Message::Text(t) = ws_next(&mut ws) else {
-            continue;
-        };
-        let Some(rest) = t.as_str().strip_prefix("431") else {
-            continue;
-        };
-        let args: Value = serde_json::from_str(&rest[3..]).expect("ack JSON");
-        if args[0]["ok"] == true {
-            ok += 1;
-        } else {
-            assert!(args[0]["error"]["code"].is_string(), "{args}");
-            refused += 1;
-        }
-    }
+    let (ok, refused) = count_acks(&mut ws, FETCHES, |args| {
+        assert!(args[0]["error"]["code"].is_string(), "{args}");
+    });
     eprintln!("fetch waits: {ok} answered, {refused} refused");
     assert!(refused >= FETCHES - 64, "{refused} refused");
     others_unharmed(&b.addr, &mut v, "after-fetch-waits");
@@ -1241,23 +1251,9 @@ fn streams_past_the_cap_are_refused_with_limit() {
         );
         ws.send(Message::text(event)).expect("send");
     }
-    let (mut ok, mut limited) = (0, 0);
-    while ok + limited < CREATES {
-        let Message::Text(t) = ws_next(&mut ws) else {
-            continue;
-        };
-        let Some(rest) = t.as_str().strip_prefix("43") else {
-            continue;
-        };
-        let start = rest.find('[').expect("ack args");
-        let args: Value = serde_json::from_str(&rest[start..]).expect("ack JSON");
-        if args[0]["ok"] == true {
-            ok += 1;
-        } else {
-            assert_eq!(args[0]["error"]["code"], "limit", "{args}");
-            limited += 1;
-        }
-    }
+    let (ok, limited) = count_acks(&mut ws, CREATES, |args| {
+        assert_eq!(args[0]["error"]["code"], "limit", "{args}");
+    });
     eprintln!(
         "streams: {ok} created, {limited} refused in {:?}",
         started.elapsed()
