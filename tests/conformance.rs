@@ -281,36 +281,42 @@ fn read_to_close(mut stream: TcpStream, target: &str) -> HttpAnswer {
 // ---------------------------------------------------------------------------
 // Engine.IO: handshake.
 
+/// An open packet (at `path`) has exactly the five keys of the contract,
+/// and the suite's heartbeat and payload settings.
+fn assert_open_settings(open: &Value, path: &str) {
+    let mut keys: Vec<&String> = open
+        .as_object()
+        .map(|m| m.keys().collect())
+        .unwrap_or_default();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "maxPayload",
+            "pingInterval",
+            "pingTimeout",
+            "sid",
+            "upgrades"
+        ],
+        "{path}"
+    );
+    assert_eq!(open["pingInterval"], PING_INTERVAL.as_millis() as u64);
+    assert_eq!(open["pingTimeout"], PING_TIMEOUT.as_millis() as u64);
+    assert_eq!(open["maxPayload"], MESSAGE_BYTES_MAX as u64);
+}
+
 #[test]
 fn open_packet_carries_the_suite_settings() {
     for path in [ENGINE, SOCKET] {
         let peer = Peer::open(path);
         let open: Value = serde_json::from_str(&peer.open[1..])
             .unwrap_or_else(|e| panic!("open packet {:?}: {e}", peer.open));
-        let mut keys: Vec<&String> = open
-            .as_object()
-            .map(|m| m.keys().collect())
-            .unwrap_or_default();
-        keys.sort();
-        assert_eq!(
-            keys,
-            [
-                "maxPayload",
-                "pingInterval",
-                "pingTimeout",
-                "sid",
-                "upgrades"
-            ],
-            "{path}"
-        );
+        assert_open_settings(&open, path);
         assert!(
             open["sid"].as_str().is_some_and(|s| !s.is_empty()),
             "{path}"
         );
         assert_eq!(open["upgrades"], serde_json::json!([]), "{path}");
-        assert_eq!(open["pingInterval"], PING_INTERVAL.as_millis() as u64);
-        assert_eq!(open["pingTimeout"], PING_TIMEOUT.as_millis() as u64);
-        assert_eq!(open["maxPayload"], MESSAGE_BYTES_MAX as u64);
         assert_eq!(
             (PING_INTERVAL.as_millis(), PING_TIMEOUT.as_millis()),
             (300, 200),
@@ -663,22 +669,8 @@ fn polling_handshake_opens_a_session_that_may_upgrade() {
     for path in [ENGINE, SOCKET] {
         let (sid, open) = poll_open(path);
         assert!(!sid.is_empty());
-        let mut keys: Vec<&String> = open.as_object().expect("object").keys().collect();
-        keys.sort();
-        assert_eq!(
-            keys,
-            [
-                "maxPayload",
-                "pingInterval",
-                "pingTimeout",
-                "sid",
-                "upgrades"
-            ]
-        );
+        assert_open_settings(&open, path);
         assert_eq!(open["upgrades"], serde_json::json!(["websocket"]), "{path}");
-        assert_eq!(open["pingInterval"], PING_INTERVAL.as_millis() as u64);
-        assert_eq!(open["pingTimeout"], PING_TIMEOUT.as_millis() as u64);
-        assert_eq!(open["maxPayload"], MESSAGE_BYTES_MAX as u64);
     }
 }
 
