@@ -21,6 +21,19 @@ fn call(client: &Client, event: &str, args: Value) -> Result<Value, Failure> {
         .map_err(|e| Failure::call(event, &e))
 }
 
+/// Connects, sends one event and closes. With `--json` the ack is printed
+/// here and `None` comes back; else the caller prints it.
+fn call_once(p: &Parsed, event: &str, args: Value) -> Result<Option<Value>, Run> {
+    let client = connect(&p.global, Namespace::Root)?;
+    let ack = call(&client, event, args)?;
+    let _ = client.close();
+    if p.global.json {
+        output::json_pretty(&ack);
+        return Ok(None);
+    }
+    Ok(Some(ack))
+}
+
 /// Copies option `opt` into `obj[key]` as a number.
 fn put_u64(p: &Parsed, obj: &mut Map<String, Value>, opt: &str, key: &str) -> Result<(), Run> {
     if let Some(v) = p.opt_u64(opt)? {
@@ -93,13 +106,9 @@ pub fn stream(p: &Parsed) -> Result<(), Run> {
         "purge" => "stream.purge",
         _ => "stream.get",
     };
-    let client = connect(&p.global, Namespace::Root)?;
-    let ack = call(&client, event, args)?;
-    let _ = client.close();
-    if p.global.json {
-        output::json_pretty(&ack);
+    let Some(ack) = call_once(p, event, args)? else {
         return Ok(());
-    }
+    };
     match sub {
         "add" | "info" => print_stream(&ack["stream"]),
         "ls" => print_streams(&ack["streams"]),
@@ -236,13 +245,9 @@ pub fn consumer(p: &Parsed) -> Result<(), Run> {
             json!({"stream": stream, "name": p.args[1]}),
         ),
     };
-    let client = connect(&p.global, Namespace::Root)?;
-    let ack = call(&client, event, args)?;
-    let _ = client.close();
-    if p.global.json {
-        output::json_pretty(&ack);
+    let Some(ack) = call_once(p, event, args)? else {
         return Ok(());
-    }
+    };
     match sub {
         "add" | "info" => print_consumer(&ack["consumer"]),
         "ls" => print_consumers(&ack["consumers"]),
