@@ -26,26 +26,31 @@ fn gombus() -> Command {
     c
 }
 
-/// Runs `gombus ARGS` to completion (bounded) and returns its output.
-fn run(args: &[&str]) -> Output {
-    let mut child = gombus()
+/// Starts `gombus ARGS` with no stdin and both outputs piped.
+fn spawn(args: &[&str]) -> Child {
+    gombus()
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
-    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-    let out_t = thread::spawn(move || {
+        .unwrap()
+}
+
+/// Reads `from` to its end on a thread of its own.
+fn read_all(mut from: impl Read + Send + 'static) -> thread::JoinHandle<Vec<u8>> {
+    thread::spawn(move || {
         let mut s = Vec::new();
-        let _ = out.read_to_end(&mut s);
+        let _ = from.read_to_end(&mut s);
         s
-    });
-    let err_t = thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = err.read_to_end(&mut s);
-        s
-    });
+    })
+}
+
+/// Runs `gombus ARGS` to completion (bounded) and returns its output.
+fn run(args: &[&str]) -> Output {
+    let mut child = spawn(args);
+    let out_t = read_all(child.stdout.take().unwrap());
+    let err_t = read_all(child.stderr.take().unwrap());
     let status = wait_bounded(&mut child, RUN_LIMIT)
         .unwrap_or_else(|| panic!("gombus {args:?} still running after {RUN_LIMIT:?}"));
     Output {
@@ -99,13 +104,7 @@ struct Background {
 
 impl Background {
     fn start(args: &[&str], ready: &str) -> Background {
-        let mut child = gombus()
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn(args);
         let (tx, rx) = mpsc::channel();
         let err = child.stderr.take().unwrap();
         thread::spawn(move || {

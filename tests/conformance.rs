@@ -281,36 +281,42 @@ fn read_to_close(mut stream: TcpStream, target: &str) -> HttpAnswer {
 // ---------------------------------------------------------------------------
 // Engine.IO: handshake.
 
+/// An open packet (at `path`) has exactly the five keys of the contract,
+/// and the suite's heartbeat and payload settings.
+fn assert_open_settings(open: &Value, path: &str) {
+    let mut keys: Vec<&String> = open
+        .as_object()
+        .map(|m| m.keys().collect())
+        .unwrap_or_default();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "maxPayload",
+            "pingInterval",
+            "pingTimeout",
+            "sid",
+            "upgrades"
+        ],
+        "{path}"
+    );
+    assert_eq!(open["pingInterval"], PING_INTERVAL.as_millis() as u64);
+    assert_eq!(open["pingTimeout"], PING_TIMEOUT.as_millis() as u64);
+    assert_eq!(open["maxPayload"], MESSAGE_BYTES_MAX as u64);
+}
+
 #[test]
 fn open_packet_carries_the_suite_settings() {
     for path in [ENGINE, SOCKET] {
         let peer = Peer::open(path);
         let open: Value = serde_json::from_str(&peer.open[1..])
             .unwrap_or_else(|e| panic!("open packet {:?}: {e}", peer.open));
-        let mut keys: Vec<&String> = open
-            .as_object()
-            .map(|m| m.keys().collect())
-            .unwrap_or_default();
-        keys.sort();
-        assert_eq!(
-            keys,
-            [
-                "maxPayload",
-                "pingInterval",
-                "pingTimeout",
-                "sid",
-                "upgrades"
-            ],
-            "{path}"
-        );
+        assert_open_settings(&open, path);
         assert!(
             open["sid"].as_str().is_some_and(|s| !s.is_empty()),
             "{path}"
         );
         assert_eq!(open["upgrades"], serde_json::json!([]), "{path}");
-        assert_eq!(open["pingInterval"], PING_INTERVAL.as_millis() as u64);
-        assert_eq!(open["pingTimeout"], PING_TIMEOUT.as_millis() as u64);
-        assert_eq!(open["maxPayload"], MESSAGE_BYTES_MAX as u64);
         assert_eq!(
             (PING_INTERVAL.as_millis(), PING_TIMEOUT.as_millis()),
             (300, 200),
@@ -640,6 +646,13 @@ fn poll_expect(path: &str, sid: &str, expected: &str) {
     }
 }
 
+/// A plain TCP connection to `addr` whose reads give up after `WAIT`.
+fn connect_waiting(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    stream
+}
+
 /// A WebSocket asking to upgrade session `sid` (no open packet comes).
 fn probe_socket(path: &str, sid: &str) -> WebSocket<TcpStream> {
     let addr = server();
@@ -656,22 +669,8 @@ fn polling_handshake_opens_a_session_that_may_upgrade() {
     for path in [ENGINE, SOCKET] {
         let (sid, open) = poll_open(path);
         assert!(!sid.is_empty());
-        let mut keys: Vec<&String> = open.as_object().expect("object").keys().collect();
-        keys.sort();
-        assert_eq!(
-            keys,
-            [
-                "maxPayload",
-                "pingInterval",
-                "pingTimeout",
-                "sid",
-                "upgrades"
-            ]
-        );
+        assert_open_settings(&open, path);
         assert_eq!(open["upgrades"], serde_json::json!(["websocket"]), "{path}");
-        assert_eq!(open["pingInterval"], PING_INTERVAL.as_millis() as u64);
-        assert_eq!(open["pingTimeout"], PING_TIMEOUT.as_millis() as u64);
-        assert_eq!(open["maxPayload"], MESSAGE_BYTES_MAX as u64);
     }
 }
 
@@ -903,8 +902,7 @@ fn packets_queued_for_polling_move_to_the_websocket() {
 fn probe_and_upgrade_in_one_write_still_answer_the_probe() {
     let (sid, _) = poll_open(ENGINE);
     let addr = server();
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut stream = connect_waiting(addr);
     let upgrade = format!(
         "GET {ENGINE}?EIO=4&transport=websocket&sid={sid} HTTP/1.1\r\nHost: x\r\n\
          Upgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -986,8 +984,7 @@ fn oversized_posts_are_refused_with_413() {
     // The head announces one byte more than maxPayload; the server answers
     // without waiting for the body.
     let addr = server();
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut stream = connect_waiting(addr);
     let head = format!(
         "POST {} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
         poll_target(ENGINE, &sid),
@@ -1005,8 +1002,7 @@ fn oversized_posts_are_refused_with_413() {
 fn polling_keeps_the_connection_alive_between_requests() {
     let (sid, _) = poll_open(ENGINE);
     let addr = server();
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut stream = connect_waiting(addr);
     let target = poll_target(ENGINE, &sid);
     let post = format!("POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\n4hello");
     let get = format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -1069,8 +1065,7 @@ fn polling_sessions_are_capped() {
     };
     let (addr, _thread) = fixture::start_with(any, settings).expect("fixture");
     let handshake = |addr: SocketAddr| {
-        let mut s = TcpStream::connect(addr).expect("connect");
-        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        let mut s = connect_waiting(addr);
         let req =
             format!("GET {ENGINE}?EIO=4&transport=polling HTTP/1.1\r\nConnection: close\r\n\r\n");
         s.write_all(req.as_bytes()).expect("write");
@@ -1083,8 +1078,7 @@ fn polling_sessions_are_capped() {
     };
     // A POST uses a session; the status of the answer.
     let post = |addr: SocketAddr, sid: &str| {
-        let mut s = TcpStream::connect(addr).expect("connect");
-        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        let mut s = connect_waiting(addr);
         let req = format!(
             "POST {} HTTP/1.1\r\nConnection: close\r\nContent-Length: 1\r\n\r\n6",
             poll_target(ENGINE, sid)
@@ -1145,8 +1139,7 @@ fn an_idle_keep_alive_connection_is_closed() {
 fn pipelined_requests_behind_a_held_get_are_answered_in_turn() {
     let (sid, _) = poll_open(ENGINE);
     let addr = server();
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut stream = connect_waiting(addr);
     let get = format!(
         "GET {} HTTP/1.1\r\nHost: x\r\n\r\n",
         poll_target(ENGINE, &sid)
@@ -1191,8 +1184,7 @@ fn input_held_across_connections_is_bounded() {
     let mut socks = Vec::new();
     // Ten connections each send all but the last byte of a largest frame.
     for _ in 0..10 {
-        let mut s = TcpStream::connect(addr).expect("connect");
-        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        let mut s = connect_waiting(addr);
         let head = format!(
             "GET {ENGINE}?EIO=4&transport=websocket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\
              Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\

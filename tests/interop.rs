@@ -191,29 +191,40 @@ fn run_checks(program: &Path, script: &Path, client: &str, mode: &str, checks: &
     );
 }
 
-fn python(mode: &str) {
+/// Runs `tests/interop/<script>` with the venv's Python (python-socketio).
+fn python_script(script: &str, client: &str, mode: &str, checks: &[&str]) {
     let root = repo_root();
     let python = root.join(".venv/bin/python");
     require(&python, "the Python venv with python-socketio");
-    run_checks(
-        &python,
-        &root.join("tests/interop/py_client.py"),
-        "python-socketio",
-        mode,
-        &PY_CHECKS,
-    );
+    let script = root.join("tests/interop").join(script);
+    run_checks(&python, &script, client, mode, checks);
 }
 
-fn node(mode: &str) {
-    let root = repo_root();
-    let node_dir = root.join("tests/interop/node");
+/// Runs `tests/interop/<dir>/client.mjs` with node against the
+/// socket.io-client installed in that folder (`what` names it if missing).
+fn node_script(dir: &str, what: &str, client: &str, mode: &str, checks: &[&str]) {
+    let node_dir = repo_root().join("tests/interop").join(dir);
     require(
         &node_dir.join("node_modules/socket.io-client/package.json"),
-        "socket.io-client in tests/interop/node/node_modules",
+        what,
     );
     run_checks(
         Path::new("node"),
         &node_dir.join("client.mjs"),
+        client,
+        mode,
+        checks,
+    );
+}
+
+fn python(mode: &str) {
+    python_script("py_client.py", "python-socketio", mode, &PY_CHECKS);
+}
+
+fn node(mode: &str) {
+    node_script(
+        "node",
+        "socket.io-client in tests/interop/node/node_modules",
         "socket.io-client",
         mode,
         &NODE_CHECKS,
@@ -222,12 +233,8 @@ fn node(mode: &str) {
 
 #[test]
 fn python_socketio_streams_contract() {
-    let root = repo_root();
-    let python = root.join(".venv/bin/python");
-    require(&python, "the Python venv with python-socketio");
-    run_checks(
-        &python,
-        &root.join("tests/interop/py_streams.py"),
+    python_script(
+        "py_streams.py",
         "python-socketio streams",
         "default",
         &PY_STREAM_CHECKS,
@@ -265,14 +272,9 @@ fn node_socket_io_stays_on_polling_without_upgrades() {
 }
 
 fn legacy_node(mode: &str) {
-    let node_dir = repo_root().join("tests/interop/node2");
-    require(
-        &node_dir.join("node_modules/socket.io-client/package.json"),
+    node_script(
+        "node2",
         "socket.io-client 2.x in tests/interop/node2/node_modules",
-    );
-    run_checks(
-        Path::new("node"),
-        &node_dir.join("client.mjs"),
         "socket.io-client 2.x",
         mode,
         &LEGACY_CHECKS,

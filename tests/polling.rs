@@ -901,25 +901,58 @@ fn ws_call(ws: &mut WebSocket<TcpStream>, id: u64, event: &str, arg: &str) -> Va
     }
 }
 
-#[test]
-fn stream_events_with_absurd_numbers_get_clear_errors() {
-    let b = Broker::start(&[]);
-    let mut v = victim(&b.addr);
-    let mut ws = ws_join(&b.addr);
-    let ack = ws_call(
+/// `ws_call` whose ack must be ok.
+fn ws_ok(ws: &mut WebSocket<TcpStream>, id: u64, event: &str, arg: &str) {
+    let ack = ws_call(ws, id, event, arg);
+    assert_eq!(ack["ok"], true, "{ack}");
+}
+
+/// A joined WebSocket client that has created stream `S` on `s.>` (id 1).
+fn ws_stream_s(addr: &str) -> WebSocket<TcpStream> {
+    let mut ws = ws_join(addr);
+    ws_ok(
         &mut ws,
         1,
         "stream.create",
         r#"{"name":"S","subjects":["s.>"]}"#,
     );
-    assert_eq!(ack["ok"], true, "{ack}");
-    let ack = ws_call(
+    ws
+}
+
+/// Reads acks until `count` have come; returns how many were ok and how
+/// many were not, each of which `refused` checks (it gets the ack's args).
+fn count_acks(ws: &mut WebSocket<TcpStream>, count: u64, refused: impl Fn(&Value)) -> (u64, u64) {
+    let (mut ok, mut not_ok) = (0, 0);
+    while ok + not_ok < count {
+        let Message::Text(t) = ws_next(ws) else {
+            continue;
+        };
+        let Some(rest) = t.as_str().strip_prefix("43") else {
+            continue;
+        };
+        let start = rest.find('[').expect("ack args");
+        let args: Value = serde_json::from_str(&rest[start..]).expect("ack JSON");
+        if args[0]["ok"] == true {
+            ok += 1;
+        } else {
+            refused(&args);
+            not_ok += 1;
+        }
+    }
+    (ok, not_ok)
+}
+
+#[test]
+fn stream_events_with_absurd_numbers_get_clear_errors() {
+    let b = Broker::start(&[]);
+    let mut v = victim(&b.addr);
+    let mut ws = ws_stream_s(&b.addr);
+    ws_ok(
         &mut ws,
         2,
         "consumer.create",
         r#"{"stream":"S","name":"c"}"#,
     );
-    assert_eq!(ack["ok"], true, "{ack}");
     let deep = "[".repeat(10_000) + &"]".repeat(10_000);
     let cases: Vec<(&str, String)> = vec![
         ("stream.create", r#"{"name":"T","subjects":["t"],"max_msgs":-1}"#.into()),
@@ -956,14 +989,7 @@ fn stream_events_with_absurd_numbers_get_clear_errors() {
 fn a_consumer_with_the_largest_ack_wait_delivers_without_crashing() {
     let b = Broker::start(&[]);
     let mut v = victim(&b.addr);
-    let mut ws = ws_join(&b.addr);
-    let ack = ws_call(
-        &mut ws,
-        1,
-        "stream.create",
-        r#"{"name":"S","subjects":["s.>"]}"#,
-    );
-    assert_eq!(ack["ok"], true, "{ack}");
+    let mut ws = ws_stream_s(&b.addr);
     let ack = ws_call(
         &mut ws,
         2,
@@ -972,23 +998,20 @@ fn a_consumer_with_the_largest_ack_wait_delivers_without_crashing() {
     );
     let created = ack["ok"] == true;
     assert!(created || ack["error"]["code"] == "bad_request", "{ack}");
-    let ack = ws_call(&mut ws, 3, "pub", r#"{"subject":"s.x","data":1}"#);
-    assert_eq!(ack["ok"], true, "{ack}");
+    ws_ok(&mut ws, 3, "pub", r#"{"subject":"s.x","data":1}"#);
     if created {
-        let ack = ws_call(
+        ws_ok(
             &mut ws,
             4,
             "consumer.fetch",
             r#"{"stream":"S","consumer":"d","batch":1,"expires_ms":1000}"#,
         );
-        assert_eq!(ack["ok"], true, "{ack}");
-        let ack = ws_call(
+        ws_ok(
             &mut ws,
             5,
             "nak",
             r#"{"stream":"S","consumer":"d","seq":1}"#,
         );
-        assert_eq!(ack["ok"], true, "{ack}");
     }
     others_unharmed(&b.addr, &mut v, "after-ack-wait");
 }
@@ -997,21 +1020,13 @@ fn a_consumer_with_the_largest_ack_wait_delivers_without_crashing() {
 fn fetch_waits_past_the_per_socket_cap_are_refused() {
     let b = Broker::start(&[]);
     let mut v = victim(&b.addr);
-    let mut ws = ws_join(&b.addr);
-    let ack = ws_call(
-        &mut ws,
-        1,
-        "stream.create",
-        r#"{"name":"S","subjects":["s.>"]}"#,
-    );
-    assert_eq!(ack["ok"], true, "{ack}");
-    let ack = ws_call(
+    let mut ws = ws_stream_s(&b.addr);
+    ws_ok(
         &mut ws,
         2,
         "consumer.create",
         r#"{"stream":"S","name":"c"}"#,
     );
-    assert_eq!(ack["ok"], true, "{ack}");
     const FETCHES: u64 = 200;
     for id in 0..FETCHES {
         let event = format!(
@@ -1020,22 +1035,9 @@ fn fetch_waits_past_the_per_socket_cap_are_refused() {
         );
         ws.send(Message::text(event)).expect("send");
     }
-    let (mut ok, mut refused) = (0, 0);
-    while ok + refused < FETCHES {
-        let Message::Text(t) = ws_next(&mut ws) else {
-            continue;
-        };
-        let Some(rest) = t.as_str().strip_prefix("431") else {
-            continue;
-        };
-        let args: Value = serde_json::from_str(&rest[3..]).expect("ack JSON");
-        if args[0]["ok"] == true {
-            ok += 1;
-        } else {
-            assert!(args[0]["error"]["code"].is_string(), "{args}");
-            refused += 1;
-        }
-    }
+    let (ok, refused) = count_acks(&mut ws, FETCHES, |args| {
+        assert!(args[0]["error"]["code"].is_string(), "{args}");
+    });
     eprintln!("fetch waits: {ok} answered, {refused} refused");
     assert!(refused >= FETCHES - 64, "{refused} refused");
     others_unharmed(&b.addr, &mut v, "after-fetch-waits");
@@ -1249,23 +1251,9 @@ fn streams_past_the_cap_are_refused_with_limit() {
         );
         ws.send(Message::text(event)).expect("send");
     }
-    let (mut ok, mut limited) = (0, 0);
-    while ok + limited < CREATES {
-        let Message::Text(t) = ws_next(&mut ws) else {
-            continue;
-        };
-        let Some(rest) = t.as_str().strip_prefix("43") else {
-            continue;
-        };
-        let start = rest.find('[').expect("ack args");
-        let args: Value = serde_json::from_str(&rest[start..]).expect("ack JSON");
-        if args[0]["ok"] == true {
-            ok += 1;
-        } else {
-            assert_eq!(args[0]["error"]["code"], "limit", "{args}");
-            limited += 1;
-        }
-    }
+    let (ok, limited) = count_acks(&mut ws, CREATES, |args| {
+        assert_eq!(args[0]["error"]["code"], "limit", "{args}");
+    });
     eprintln!(
         "streams: {ok} created, {limited} refused in {:?}",
         started.elapsed()

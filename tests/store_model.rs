@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use gombus::stream::store::{Options, Store};
@@ -67,6 +67,43 @@ struct TempDir(PathBuf);
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+impl TempDir {
+    /// An emptied `gombus-<kind>-<pid>-<seed>` under the system temp dir.
+    fn fresh(kind: &str, seed: u64) -> TempDir {
+        let dir = TempDir(
+            std::env::temp_dir().join(format!("gombus-{kind}-{}-{seed}", std::process::id())),
+        );
+        let _ = fs::remove_dir_all(&dir.0);
+        dir
+    }
+}
+
+/// Flushes and closes `store`, then opens it again with `opts`: recovery
+/// must find nothing to cut.
+fn restart(mut store: Store, dir: &Path, opts: Options, ctx: &str) -> Store {
+    store.flush().unwrap();
+    drop(store);
+    let (store, report) = Store::open(dir, opts).unwrap();
+    assert!(report.cuts.is_empty(), "{ctx}: {:?}", report.cuts);
+    store
+}
+
+/// The seeds to run: `GOMBUS_SEED` alone if set, else `fixed` and one from
+/// the clock.
+fn seeds(fixed: &[u64]) -> Vec<u64> {
+    match std::env::var("GOMBUS_SEED") {
+        Ok(s) => vec![s.parse().expect("GOMBUS_SEED is a number")],
+        Err(_) => {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(7, |d| d.as_nanos() as u64);
+            let mut all = fixed.to_vec();
+            all.push(t);
+            all
+        }
     }
 }
 
@@ -132,10 +169,7 @@ fn check(store: &Store, model: &Model, rng: &mut Rng, ctx: &str) {
 }
 
 fn run(seed: u64, ops: usize) {
-    let dir = TempDir(
-        std::env::temp_dir().join(format!("gombus-store-model-{}-{seed}", std::process::id())),
-    );
-    let _ = fs::remove_dir_all(&dir.0);
+    let dir = TempDir::fresh("store-model", seed);
     let mut rng = Rng(seed);
     let syncer = Arc::new(Syncer::start(SyncPolicy::Always).unwrap());
     let opts = |rng: &mut Rng| Options {
@@ -219,11 +253,7 @@ fn run(seed: u64, ops: usize) {
                 store.flush().unwrap();
             }
             _ => {
-                store.flush().unwrap();
-                drop(store);
-                let (s, report) = Store::open(&dir.0, opts(&mut rng)).unwrap();
-                assert!(report.cuts.is_empty(), "{ctx}: {:?}", report.cuts);
-                store = s;
+                store = restart(store, &dir.0, opts(&mut rng), &ctx);
             }
         }
         check(&store, &model, &mut rng, &ctx);
@@ -243,16 +273,7 @@ fn run(seed: u64, ops: usize) {
 
 #[test]
 fn store_matches_model() {
-    let seeds: Vec<u64> = match std::env::var("GOMBUS_SEED") {
-        Ok(s) => vec![s.parse().expect("GOMBUS_SEED is a number")],
-        Err(_) => {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(7, |d| d.as_nanos() as u64);
-            vec![1, 2, 3, t]
-        }
-    };
-    for seed in seeds {
+    for seed in seeds(&[1, 2, 3]) {
         eprintln!("store model: seed {seed} (replay with GOMBUS_SEED={seed})");
         run(seed, 4000);
     }
@@ -261,11 +282,7 @@ fn store_matches_model() {
 /// The store used as a Raft log: appends, suffix cuts (`truncate_from`),
 /// prefix compaction (`remove_below`), reads and restarts against a map.
 fn run_log(seed: u64, ops: usize) {
-    let dir = TempDir(std::env::temp_dir().join(format!(
-        "gombus-store-log-model-{}-{seed}",
-        std::process::id()
-    )));
-    let _ = fs::remove_dir_all(&dir.0);
+    let dir = TempDir::fresh("store-log-model", seed);
     let mut rng = Rng(seed);
     let syncer = Arc::new(Syncer::start(SyncPolicy::Always).unwrap());
     let opts = |rng: &mut Rng| Options {
@@ -331,11 +348,7 @@ fn run_log(seed: u64, ops: usize) {
                 store.flush().unwrap();
             }
             _ => {
-                store.flush().unwrap();
-                drop(store);
-                let (s, report) = Store::open(&dir.0, opts(&mut rng)).unwrap();
-                assert!(report.cuts.is_empty(), "{ctx}: {:?}", report.cuts);
-                store = s;
+                store = restart(store, &dir.0, opts(&mut rng), &ctx);
             }
         }
         let st = store.state();
@@ -366,16 +379,7 @@ fn run_log(seed: u64, ops: usize) {
 
 #[test]
 fn store_as_a_log_matches_model() {
-    let seeds: Vec<u64> = match std::env::var("GOMBUS_SEED") {
-        Ok(s) => vec![s.parse().expect("GOMBUS_SEED is a number")],
-        Err(_) => {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(7, |d| d.as_nanos() as u64);
-            vec![11, 12, t]
-        }
-    };
-    for seed in seeds {
+    for seed in seeds(&[11, 12]) {
         eprintln!("store log model: seed {seed} (replay with GOMBUS_SEED={seed})");
         run_log(seed, 3000);
     }

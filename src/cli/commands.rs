@@ -210,27 +210,29 @@ pub fn reply(p: &Parsed) -> Result<(), Run> {
     Ok(())
 }
 
-pub fn server_info(p: &Parsed) -> Result<(), Run> {
+/// Sends `event` with no arguments on /control and returns its ack
+/// without `ok`.
+fn control_call(p: &Parsed, event: &str) -> Result<Value, Run> {
     let client = connect(&p.global, Namespace::Control)?;
-    let info = client
-        .call("server.info", json!({}))
-        .map_err(|e| Failure::call("server.info", &e))?;
-    let info = strip_ok(info);
+    let ack = client
+        .call(event, json!({}))
+        .map_err(|e| Failure::call(event, &e))?;
+    let _ = client.close();
+    Ok(strip_ok(ack))
+}
+
+pub fn server_info(p: &Parsed) -> Result<(), Run> {
+    let info = control_call(p, "server.info")?;
     if p.global.json {
         output::json_pretty(&info);
     } else {
         output::fields(&info);
     }
-    let _ = client.close();
     Ok(())
 }
 
 pub fn cluster_status(p: &Parsed) -> Result<(), Run> {
-    let client = connect(&p.global, Namespace::Control)?;
-    let status = client
-        .call("cluster.status", json!({}))
-        .map_err(|e| Failure::call("cluster.status", &e))?;
-    let status = strip_ok(status);
+    let status = control_call(p, "cluster.status")?;
     if p.global.json {
         output::json_pretty(&status);
     } else {
@@ -254,7 +256,6 @@ pub fn cluster_status(p: &Parsed) -> Result<(), Run> {
         println!();
         output::table(&["PEER", "STATE", "MATCH INDEX"], &rows);
     }
-    let _ = client.close();
     Ok(())
 }
 

@@ -21,6 +21,19 @@ fn call(client: &Client, event: &str, args: Value) -> Result<Value, Failure> {
         .map_err(|e| Failure::call(event, &e))
 }
 
+/// Connects, sends one event and closes. With `--json` the ack is printed
+/// here and `None` comes back; else the caller prints it.
+fn call_once(p: &Parsed, event: &str, args: Value) -> Result<Option<Value>, Run> {
+    let client = connect(&p.global, Namespace::Root)?;
+    let ack = call(&client, event, args)?;
+    let _ = client.close();
+    if p.global.json {
+        output::json_pretty(&ack);
+        return Ok(None);
+    }
+    Ok(Some(ack))
+}
+
 /// Copies option `opt` into `obj[key]` as a number.
 fn put_u64(p: &Parsed, obj: &mut Map<String, Value>, opt: &str, key: &str) -> Result<(), Run> {
     if let Some(v) = p.opt_u64(opt)? {
@@ -93,13 +106,9 @@ pub fn stream(p: &Parsed) -> Result<(), Run> {
         "purge" => "stream.purge",
         _ => "stream.get",
     };
-    let client = connect(&p.global, Namespace::Root)?;
-    let ack = call(&client, event, args)?;
-    let _ = client.close();
-    if p.global.json {
-        output::json_pretty(&ack);
+    let Some(ack) = call_once(p, event, args)? else {
         return Ok(());
-    }
+    };
     match sub {
         "add" | "info" => print_stream(&ack["stream"]),
         "ls" => print_streams(&ack["streams"]),
@@ -177,40 +186,45 @@ fn subjects_text(v: &Value) -> String {
         .unwrap_or_else(|| output::plain(v))
 }
 
-fn print_streams(list: &Value) {
+/// Prints `list` as a table with one row per entry (`row` makes it), or
+/// `empty` when there is none (or `list` is not an array).
+fn print_list(list: &Value, header: &[&str], empty: &str, row: impl Fn(&Value) -> Vec<String>) {
     let rows: Vec<Vec<String>> = list
         .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|s| {
-                    // Entries are `{stream: {config, state}}`, `{config,
-                    // state}` or names.
-                    let s = s.get("stream").unwrap_or(s);
-                    let c = if s.get("config").is_some() {
-                        &s["config"]
-                    } else {
-                        s
-                    };
-                    let st = &s["state"];
-                    vec![
-                        output::plain(c.get("name").unwrap_or(c)),
-                        subjects_text(&c["subjects"]),
-                        output::plain(&st["messages"]),
-                        output::plain(&st["bytes"]),
-                        output::plain(&st["consumer_count"]),
-                    ]
-                })
-                .collect()
-        })
+        .map(|a| a.iter().map(row).collect())
         .unwrap_or_default();
     if rows.is_empty() {
-        println!("no streams");
+        println!("{empty}");
     } else {
-        output::table(
-            &["NAME", "SUBJECTS", "MESSAGES", "BYTES", "CONSUMERS"],
-            &rows,
-        );
+        output::table(header, &rows);
     }
+}
+
+/// An entry's `config` when it has one, else the entry itself.
+fn config_of(entry: &Value) -> &Value {
+    if entry.get("config").is_some() {
+        &entry["config"]
+    } else {
+        entry
+    }
+}
+
+fn print_streams(list: &Value) {
+    let header = ["NAME", "SUBJECTS", "MESSAGES", "BYTES", "CONSUMERS"];
+    print_list(list, &header, "no streams", |s| {
+        // Entries are `{stream: {config, state}}`, `{config, state}` or
+        // names.
+        let s = s.get("stream").unwrap_or(s);
+        let c = config_of(s);
+        let st = &s["state"];
+        vec![
+            output::plain(c.get("name").unwrap_or(c)),
+            subjects_text(&c["subjects"]),
+            output::plain(&st["messages"]),
+            output::plain(&st["bytes"]),
+            output::plain(&st["consumer_count"]),
+        ]
+    });
 }
 
 pub fn consumer(p: &Parsed) -> Result<(), Run> {
@@ -231,13 +245,9 @@ pub fn consumer(p: &Parsed) -> Result<(), Run> {
             json!({"stream": stream, "name": p.args[1]}),
         ),
     };
-    let client = connect(&p.global, Namespace::Root)?;
-    let ack = call(&client, event, args)?;
-    let _ = client.close();
-    if p.global.json {
-        output::json_pretty(&ack);
+    let Some(ack) = call_once(p, event, args)? else {
         return Ok(());
-    }
+    };
     match sub {
         "add" | "info" => print_consumer(&ack["consumer"]),
         "ls" => print_consumers(&ack["consumers"]),
@@ -305,32 +315,17 @@ fn print_consumer(c: &Value) {
 }
 
 fn print_consumers(list: &Value) {
-    let rows: Vec<Vec<String>> = list
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|c| {
-                    let c = c.get("consumer").unwrap_or(c);
-                    let cfg = if c.get("config").is_some() {
-                        &c["config"]
-                    } else {
-                        c
-                    };
-                    vec![
-                        output::plain(cfg.get("name").unwrap_or(c)),
-                        output::plain(&cfg["filter_subject"]),
-                        output::plain(&c["num_pending"]),
-                        output::plain(&c["num_ack_pending"]),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    if rows.is_empty() {
-        println!("no consumers");
-    } else {
-        output::table(&["NAME", "FILTER", "PENDING", "ACK PENDING"], &rows);
-    }
+    let header = ["NAME", "FILTER", "PENDING", "ACK PENDING"];
+    print_list(list, &header, "no consumers", |c| {
+        let c = c.get("consumer").unwrap_or(c);
+        let cfg = config_of(c);
+        vec![
+            output::plain(cfg.get("name").unwrap_or(c)),
+            output::plain(&cfg["filter_subject"]),
+            output::plain(&c["num_pending"]),
+            output::plain(&c["num_ack_pending"]),
+        ]
+    });
 }
 
 /// `consumer next`: fetch up to `--count` messages and ack each.

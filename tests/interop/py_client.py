@@ -13,16 +13,15 @@ this script fail but never hang. tests/interop.rs runs it and lists the check
 names it expects, so a rename here must be made there too.
 """
 
-import os
 import queue
 import sys
-import threading
 import time
 
 import socketio
 
-WAIT_S = 5.0
-RUN_MAX_S = 50.0
+import py_common
+from py_common import WAIT_S, check, start_watchdog
+
 # Per mode: the transports passed to connect (None: the client's default)
 # and the Engine.IO transport a connection must end up on.
 MODES = {
@@ -32,46 +31,12 @@ MODES = {
 }
 TRANSPORTS, FINAL_TRANSPORT = MODES["websocket"]
 
-results = []
 
-
-def report(name, error):
-    line = f"PASS {name}" if error is None else f"FAIL {name}: {error}"
-    results.append(error is None)
-    print(line, flush=True)
-
-
-def start_watchdog():
-    def expire():
-        print(f"FAIL watchdog: run exceeded {RUN_MAX_S:.0f} s", flush=True)
-        os._exit(3)
-
-    timer = threading.Timer(RUN_MAX_S, expire)
-    timer.daemon = True
-    timer.start()
-
-
-class Peer:
-    """One connection to `/` that queues every `msg` event it receives."""
+class Peer(py_common.Peer):
+    """One connection to `/` on this run's transports."""
 
     def __init__(self, url):
-        self.sio = socketio.Client(reconnection=False)
-        self.msgs = queue.Queue()
-        self.sio.on("msg", self.msgs.put)
-        self.sio.connect(url, transports=TRANSPORTS, namespaces=["/"],
-                         wait_timeout=WAIT_S)
-
-    def call(self, event, data):
-        return self.sio.call(event, data, timeout=WAIT_S)
-
-    def next_msg(self):
-        try:
-            return self.msgs.get(timeout=WAIT_S)
-        except queue.Empty:
-            return None
-
-    def close(self):
-        self.sio.disconnect()
+        super().__init__(url, transports=TRANSPORTS)
 
 
 def expect_ok(ack, what):
@@ -93,15 +58,6 @@ def subscribe(peer, subject):
     if not isinstance(sid, str) or not sid:
         raise AssertionError(f"sub {subject}: ack has no string sid: {ack!r}")
     return sid
-
-
-def check(name, body):
-    try:
-        body()
-    except Exception as exc:  # every failure becomes one FAIL line
-        report(name, f"{type(exc).__name__}: {exc}")
-    else:
-        report(name, None)
 
 
 def check_connect(url):
@@ -293,10 +249,7 @@ def main():
     check("error_acks", lambda: check_error_acks(url))
     check("binary", lambda: check_binary(url))
     check("streams", lambda: check_streams(url))
-    failed = results.count(False)
-    print(f"summary: {len(results) - failed} of {len(results)} checks passed",
-          flush=True)
-    return 0 if failed == 0 else 1
+    return py_common.summary()
 
 
 if __name__ == "__main__":

@@ -12,47 +12,17 @@ process if the whole run outlasts RUN_MAX_S. tests/interop.rs runs it and
 lists the check names it expects, so a rename here must be made there too.
 """
 
-import os
 import queue
 import sys
-import threading
 import time
 
-import socketio
-
-WAIT_S = 5.0
-RUN_MAX_S = 50.0
-
-results = []
+import py_common
+from py_common import WAIT_S, check, start_watchdog
 
 
-def report(name, error):
-    line = f"PASS {name}" if error is None else f"FAIL {name}: {error}"
-    results.append(error is None)
-    print(line, flush=True)
-
-
-def start_watchdog():
-    def expire():
-        print(f"FAIL watchdog: run exceeded {RUN_MAX_S:.0f} s", flush=True)
-        os._exit(3)
-
-    timer = threading.Timer(RUN_MAX_S, expire)
-    timer.daemon = True
-    timer.start()
-
-
-class Peer:
-    """One connection to `/` (default transports) queueing every `msg`."""
-
-    def __init__(self, url):
-        self.sio = socketio.Client(reconnection=False)
-        self.msgs = queue.Queue()
-        self.sio.on("msg", self.msgs.put)
-        self.sio.connect(url, namespaces=["/"], wait_timeout=WAIT_S)
-
-    def call(self, event, data, timeout=WAIT_S):
-        return self.sio.call(event, data, timeout=timeout)
+class Peer(py_common.Peer):
+    """One connection to `/` (default transports) queueing every `msg`,
+    with the ack checks every row of the table uses."""
 
     def ok(self, event, data, timeout=WAIT_S):
         ack = self.call(event, data, timeout)
@@ -68,15 +38,6 @@ class Peer:
                 or not isinstance(err.get("message"), str)
                 or set(ack) != {"ok", "error"}):
             raise AssertionError(f"{event} {data!r}: expected error {code!r}, got {ack!r}")
-
-    def next_msg(self, wait=WAIT_S):
-        try:
-            return self.msgs.get(timeout=wait)
-        except queue.Empty:
-            return None
-
-    def close(self):
-        self.sio.disconnect()
 
 
 def keys(obj, want, what, optional=()):
@@ -159,15 +120,6 @@ def recent_time(t, what):
     now_ms = time.time() * 1000
     if not isinstance(t, int) or isinstance(t, bool) or abs(now_ms - t) > 60_000:
         raise AssertionError(f"{what}: time {t!r} is not ms since the epoch near now")
-
-
-def check(name, body):
-    try:
-        body()
-    except Exception as exc:  # every failure becomes one FAIL line
-        report(name, f"{type(exc).__name__}: {exc}")
-    else:
-        report(name, None)
 
 
 # ---- the checks -------------------------------------------------------------
@@ -585,10 +537,7 @@ def main():
     check("delete", lambda: check_delete(p))
     waiter.close()
     p.close()
-    failed = results.count(False)
-    print(f"summary: {len(results) - failed} of {len(results)} checks passed",
-          flush=True)
-    return 0 if failed == 0 else 1
+    return py_common.summary()
 
 
 if __name__ == "__main__":
