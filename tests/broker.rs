@@ -187,6 +187,30 @@ fn queue_group_loadbalances_each_message_once() {
 }
 
 #[test]
+fn group_set_holds_queue_names_to_the_sub_rule() {
+    let broker = Broker::start(&[]);
+    let control = connect_ns(&broker, "/control", None).unwrap();
+    let long = "q".repeat(257);
+    for queue in ["", "two words", "tab\tname", long.as_str()] {
+        assert_code(
+            control.call("group.set", json!({"queue": queue, "mode": "broadcast"})),
+            "bad_request",
+        );
+    }
+    let client = connect(&broker);
+    assert_code(
+        client.call("sub", json!({"subject": "a", "queue": long})),
+        "bad_request",
+    );
+    let groups = control.call("group.list", json!({})).unwrap();
+    assert_eq!(groups["groups"], json!([]), "nothing was set: {groups}");
+    let ok = "q".repeat(256);
+    control
+        .call("group.set", json!({"queue": ok, "mode": "broadcast"}))
+        .unwrap();
+}
+
+#[test]
 fn queue_group_broadcast_mode_reaches_every_member() {
     const MESSAGES: u64 = 10;
     let broker = Broker::start(&[]);

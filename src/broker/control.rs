@@ -28,9 +28,7 @@ impl Broker {
                         "mode must be \"loadbalance\" or \"broadcast\"",
                     )
                 })?;
-                if req.queue.is_empty() {
-                    return Err(ApiError::new(Code::BadRequest, "queue must not be empty"));
-                }
+                super::subs::check_queue(&req.queue)?;
                 self.subs.apply(Command::GroupSet {
                     queue: req.queue,
                     mode,

@@ -335,7 +335,7 @@ impl Streams {
             match s.recover(&dir) {
                 Ok(slot) => s.add(slot),
                 Err(e) => {
-                    eprintln!("[error] stream {name:?} is not served: {e}");
+                    crate::log_error!("stream {name:?} is not served: {e}");
                     s.broken.insert(name, e);
                 }
             }

@@ -111,15 +111,7 @@ impl SubTable {
         subject::validate_pattern(pattern)
             .map_err(|e| ApiError::new(Code::BadSubject, format!("{e}: {pattern:?}")))?;
         if let Some(q) = queue {
-            if q.is_empty()
-                || q.len() > subject::SUBJECT_BYTES_MAX
-                || q.chars().any(char::is_whitespace)
-            {
-                return Err(ApiError::new(
-                    Code::BadRequest,
-                    "queue must be a non-empty name without whitespace",
-                ));
-            }
+            check_queue(q)?;
         }
         if sid.is_empty() || sid.len() > SID_BYTES_MAX {
             return Err(ApiError::new(
@@ -278,6 +270,18 @@ impl SubTable {
     pub fn conn_has_sid(&self, conn: ConnId, sid: &str) -> bool {
         self.by_conn.get(&conn).is_some_and(|m| m.contains_key(sid))
     }
+}
+
+/// The rule for a queue-group name (in `sub` and in `group.set`): 1 to
+/// 256 bytes, no whitespace.
+pub fn check_queue(q: &str) -> Result<(), ApiError> {
+    if q.is_empty() || q.len() > subject::SUBJECT_BYTES_MAX || q.chars().any(char::is_whitespace) {
+        return Err(ApiError::new(
+            Code::BadRequest,
+            "queue must be a non-empty name of at most 256 bytes without whitespace",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
