@@ -373,26 +373,31 @@ const FLAGS: &[FlagSpec] = &[
         "raft-addr",
         "host:port",
         "",
-        "this node's Raft address (required with -raft-peers)",
+        "cluster (validated, not used by the broker yet): this node's Raft address, required with -raft-peers",
     ),
     value(
         "raft-peers",
         "id=host:port,...",
         "",
-        "Raft members, comma separated, unique ids",
+        "cluster (validated, not used by the broker yet): Raft members, comma separated, unique ids",
     ),
     value(
         "cluster",
         "host:port,...",
         "",
-        "other nodes' HTTP addresses, comma separated",
+        "cluster (validated, not used by the broker yet): other nodes' HTTP addresses, comma separated",
     ),
     boolean(
         "bootstrap",
         "false",
-        "form a new cluster from -raft-peers (or a single-node one)",
+        "cluster (validated, not used by the broker yet): form a new cluster from -raft-peers",
     ),
-    value("raft-log", "kind", "durable", "memory or durable"),
+    value(
+        "raft-log",
+        "kind",
+        "durable",
+        "cluster (validated, not used by the broker yet): memory or durable",
+    ),
     value(
         "sync",
         "policy",
@@ -401,9 +406,9 @@ const FLAGS: &[FlagSpec] = &[
     ),
     value(
         "segment-size",
-        "bytes",
+        "size",
         "64MiB",
-        "stream segment files roll at this size (4KiB..1GiB)",
+        "stream segment files roll at this size, 4 KiB to 1 GiB",
     ),
     FlagSpec {
         name: "help",
@@ -1507,7 +1512,7 @@ mod tests {
         assert!(bad(&["-segment-size=1KiB"]).contains("outside"));
         assert!(bad(&["-segment-size=2GiB"]).contains("outside"));
         assert!(usage().contains("-sync policy"));
-        assert!(usage().contains("-segment-size bytes"));
+        assert!(usage().contains("-segment-size size"));
     }
 
     #[test]
