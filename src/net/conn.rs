@@ -115,6 +115,15 @@ impl Conn {
     pub fn new(stream: TcpStream, serial: u64) -> Conn {
         Conn {
             stream: Some(stream),
+            ..Conn::slot(serial)
+        }
+    }
+
+    /// A fresh HTTP-state slot with no socket: what both constructors
+    /// start from.
+    fn slot(serial: u64) -> Conn {
+        Conn {
+            stream: None,
             state: State::Http,
             inbuf: Vec::new(),
             out: Vec::new(),
@@ -147,32 +156,13 @@ impl Conn {
         Conn {
             stream: None,
             state: State::Polling,
-            inbuf: Vec::new(),
-            out: Vec::new(),
-            out_pos: 0,
-            dirty: false,
-            decoder: ws::Decoder::default(),
-            heartbeat: None,
-            beat_at: None,
-            app_deadline: None,
-            serial,
-            endpoint: 0,
-            session: false,
-            lag_since: None,
-            stalled: false,
             eio,
             polling: Some(Box::new(Polling {
                 eio,
                 ..Polling::default()
             })),
             sid: Some(sid.into()),
-            link: None,
-            body_wait: None,
-            keep_alive: false,
-            origin: None,
-            idle_until: None,
-            held_in: 0,
-            held_out: 0,
+            ..Conn::slot(serial)
         }
     }
 
