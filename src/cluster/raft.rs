@@ -803,13 +803,19 @@ impl Raft {
         self.elapsed = 0;
     }
 
-    fn campaign(&mut self) {
-        self.role = Role::PreCandidate;
+    /// Opens a round of (pre)votes as `role`, this node voting for itself;
+    /// true when that one vote is already a quorum.
+    fn open_poll(&mut self, role: Role) -> bool {
+        self.role = role;
         self.leader = None;
         self.reset_timeout();
         self.votes.clear();
         self.votes.insert(self.cfg.id, true);
-        if self.quorum == 1 {
+        self.quorum == 1
+    }
+
+    fn campaign(&mut self) {
+        if self.open_poll(Role::PreCandidate) {
             self.become_candidate();
             return;
         }
@@ -832,12 +838,7 @@ impl Raft {
         self.term += 1;
         self.vote = Some(self.cfg.id);
         self.hard_state_dirty = true;
-        self.role = Role::Candidate;
-        self.leader = None;
-        self.reset_timeout();
-        self.votes.clear();
-        self.votes.insert(self.cfg.id, true);
-        if self.quorum == 1 {
+        if self.open_poll(Role::Candidate) {
             self.become_leader();
             return;
         }
