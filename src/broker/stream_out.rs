@@ -114,7 +114,7 @@ pub(super) fn push_one(
                 io.send_binary(conn, &m.data);
             }
             if let Some(end) = subs.delivered(key) {
-                let _ = subs.apply(end);
+                subs.ended.push(end);
             }
         }
         if none {

@@ -472,6 +472,24 @@ impl Streams {
             .collect()
     }
 
+    /// Every consumer's cursor: (stream, consumer, ack floor, last
+    /// delivered), as stream sequences.
+    pub fn cursors(&self) -> Vec<(String, String, u64, u64)> {
+        let mut out = Vec::new();
+        for slot in self.set.values() {
+            for (name, m) in &slot.stream.consumers {
+                let c = &m.consumer;
+                out.push((
+                    slot.name.to_string(),
+                    name.to_string(),
+                    c.ack_floor().stream_seq,
+                    c.delivered().stream_seq,
+                ));
+            }
+        }
+        out
+    }
+
     /// Adds a stream to the set and its subjects to the capture index.
     fn add(&mut self, mut slot: Slot) {
         slot.id = self.next_id;

@@ -103,7 +103,7 @@
 mod backoff;
 mod dial;
 mod inbox;
-mod pending;
+pub(crate) mod pending;
 mod reader;
 mod shared;
 mod stream;

@@ -302,6 +302,31 @@ impl Shared {
     ) -> Result<Option<AckSlot>, Error> {
         let payload = serde_json::to_string(&json!([event, arg]))
             .map_err(|e| Error::Protocol(format!("cannot encode {event}: {e}")))?;
+        self.send_payload(event, payload, attachments, mode, holdable)
+    }
+
+    /// [`Shared::send_event`] with the argument as JSON text, sent as is.
+    pub(super) fn send_event_raw(
+        &self,
+        event: &str,
+        arg: &str,
+        attachments: &[Vec<u8>],
+        mode: AckMode,
+    ) -> Result<Option<AckSlot>, Error> {
+        let name = serde_json::to_string(event)
+            .map_err(|e| Error::Protocol(format!("cannot encode {event}: {e}")))?;
+        self.send_payload(event, format!("[{name},{arg}]"), attachments, mode, false)
+    }
+
+    fn send_payload(
+        &self,
+        event: &str,
+        payload: String,
+        attachments: &[Vec<u8>],
+        mode: AckMode,
+        holdable: bool,
+    ) -> Result<Option<AckSlot>, Error> {
+        let _ = event;
         let kind = if attachments.is_empty() {
             SioKind::Event
         } else {
