@@ -269,8 +269,9 @@ pub(crate) fn send_ack(io: &mut Io<'_>, conn: ConnId, nsp: &str, ack_id: u64, bo
     io.send_text(conn, &[&head, body.as_bytes()]);
 }
 
-/// Relays an answer (its first argument and attachments) as an ACK.
-fn relay_ack(io: &mut Io<'_>, conn: ConnId, ack_id: u64, value: &Value, attachments: &[Vec<u8>]) {
+/// Relays an answer (its first argument's JSON text and attachments) as
+/// an ACK.
+fn relay_ack(io: &mut Io<'_>, conn: ConnId, ack_id: u64, value: &str, attachments: &[Vec<u8>]) {
     let kind = if attachments.is_empty() {
         Kind::Ack
     } else {
@@ -286,8 +287,8 @@ fn relay_ack(io: &mut Io<'_>, conn: ConnId, ack_id: u64, value: &Value, attachme
     }
 }
 
-fn call_error_value(e: &CallError) -> Value {
-    json!({"ok": false, "error": {"code": e.code, "message": e.message}})
+fn call_error_value(e: &CallError) -> String {
+    json!({"ok": false, "error": {"code": e.code, "message": e.message}}).to_string()
 }
 
 impl Broker {
@@ -573,7 +574,10 @@ impl Broker {
                     self.relay_answered(io, tag, result);
                     return;
                 }
-                let ok = matches!(&result, Ok((v, _)) if v.get("ok") == Some(&Value::Bool(true)));
+                let ok = result.as_ref().is_ok_and(|(text, _)| {
+                    serde_json::from_str::<Value>(text)
+                        .is_ok_and(|v| v.get("ok") == Some(&Value::Bool(true)))
+                });
                 if let Some(w) = c.waiters.get_mut(&tag) {
                     if !ok {
                         w.stage = Stage::Waiting;
@@ -878,7 +882,7 @@ impl Broker {
         &mut self,
         io: &mut Io<'_>,
         tag: u64,
-        result: Result<(Value, Vec<Vec<u8>>), CallError>,
+        result: Result<(String, Vec<Vec<u8>>), CallError>,
     ) {
         let Some(c) = self.cluster.as_mut() else {
             return;
@@ -888,13 +892,18 @@ impl Broker {
                 return;
             };
             g.left -= 1;
-            if let Ok((v, _)) = &result {
+            if let Ok((text, _)) = &result {
+                let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
                 if let Some(list) = v.get("streams").and_then(Value::as_array) {
                     g.streams.extend(list.iter().cloned());
                 }
             }
             if g.left == 0 {
-                if let Some(g) = c.gathers.remove(&gid) {
+                if let Some(mut g) = c.gathers.remove(&gid) {
+                    g.streams.sort_by(|a, b| {
+                        let name = |v: &Value| v["config"]["name"].as_str().map(str::to_string);
+                        name(a).cmp(&name(b))
+                    });
                     let body = json!([{"ok": true, "streams": g.streams}]).to_string();
                     send_ack(io, g.conn, NSP_ROOT, g.ack_id, &body);
                 }
@@ -908,7 +917,7 @@ impl Broker {
             return;
         };
         match result {
-            Ok((v, attachments)) => relay_ack(io, r.conn, ack_id, &v, &attachments),
+            Ok((text, attachments)) => relay_ack(io, r.conn, ack_id, &text, &attachments),
             Err(e) => {
                 self.metrics.count_error(Code::Unavailable);
                 relay_ack(io, r.conn, ack_id, &call_error_value(&e), &[]);

@@ -76,8 +76,9 @@ impl PendingAck {
     }
 }
 
-/// An ack's first argument and its binary attachments.
-pub(crate) type RawAnswer = (Value, Vec<Vec<u8>>);
+/// An ack's first argument (as JSON text when the client keeps raw acks,
+/// else re-encoded) and its binary attachments.
+pub(crate) type RawAnswer = (String, Vec<Vec<u8>>);
 
 impl PendingAck {
     /// The whole ack array's first element and the ack's attachments, once
@@ -88,7 +89,7 @@ impl PendingAck {
         }
         self.settled = true;
         let outcome = self.outcome.take()?;
-        Some(outcome.map(|r| (r.value, r.attachments)))
+        Some(outcome.map(|r| (r.raw.unwrap_or_else(|| r.value.to_string()), r.attachments)))
     }
 }
 

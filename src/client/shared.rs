@@ -25,6 +25,9 @@ use super::{Error, Event, Message, Options};
 pub(super) struct Reply {
     pub(super) value: Value,
     pub(super) attachments: Vec<Vec<u8>>,
+    /// The first argument's JSON text as received, with
+    /// [`super::Options::raw_acks`].
+    pub(super) raw: Option<String>,
 }
 
 /// Who waits for an ack.
@@ -622,6 +625,7 @@ mod tests {
 
     fn reply(value: Value) -> Reply {
         Reply {
+            raw: None,
             value,
             attachments: Vec::new(),
         }

@@ -64,10 +64,11 @@ pub enum LinkEvent {
     Down {
         link: usize,
     },
-    /// The ack of call `tag`: its first argument and its attachments.
+    /// The ack of call `tag`: its first argument as JSON text and its
+    /// attachments.
     Answer {
         tag: u64,
-        result: Result<(Value, Vec<Vec<u8>>), CallError>,
+        result: Result<(String, Vec<Vec<u8>>), CallError>,
     },
 }
 
@@ -227,6 +228,7 @@ impl Worker {
                 namespace: "/control".into(),
                 timeout: Duration::from_secs(2),
                 async_acks_max: 1 << 16,
+                raw_acks: true,
                 subscription_capacity: 16,
                 ..Options::default()
             };

@@ -1121,8 +1121,14 @@ impl Raft {
                 }
                 _ => {}
             }
+            let before = self.commit;
             self.maybe_commit();
             while self.send_append(p, false) {}
+            if self.commit > before {
+                // Tell the followers at once, so they apply within a round
+                // trip rather than at the next heartbeat.
+                self.broadcast_heartbeat();
+            }
             return;
         }
         if index < pr.matched {
