@@ -697,7 +697,13 @@ impl Broker {
         for node in gone {
             let has_subs = self.fsm.subs.iter().any(|s| s.owner.node == node);
             if has_subs {
-                crate::log_warn!("node {node} is unreachable; removing its subscriptions");
+                let name = self
+                    .cluster
+                    .as_ref()
+                    .and_then(|c| c.name_of(node))
+                    .unwrap_or("?")
+                    .to_string();
+                crate::log_warn!("node {name} is unreachable; removing its subscriptions");
                 self.submit_internal(io, Cmd::Subs(Command::RemoveNode { node }));
             }
         }
@@ -960,14 +966,19 @@ impl Broker {
                 targets.push(k);
                 continue;
             }
-            // The picked member left: another member of its group here.
-            let queue = key
+            // The picked member is closing: another member of its group
+            // here. (One already removed cannot be told apart: the message
+            // is lost to that group, as a core message may be.)
+            let Some(queue) = key
                 .and_then(|k| self.fsm.subs.get(k))
-                .and_then(|s| s.queue.clone());
+                .and_then(|s| s.queue.clone())
+            else {
+                continue;
+            };
             let other = matches
                 .groups
                 .iter()
-                .filter(|g| queue.as_deref().is_none_or(|q| *g.queue == *q))
+                .filter(|g| *g.queue == *queue)
                 .flat_map(|g| g.members.iter().copied())
                 .find(|&k| {
                     self.fsm
@@ -983,16 +994,35 @@ impl Broker {
             return;
         }
         let size = m.data.len() + m.headers.map_or(0, str::len);
-        self.deliver_to(
-            io,
-            &targets,
-            m.subject,
-            m.data,
-            m.reply,
-            m.headers,
-            &m.attachments,
-            size,
-        );
+        self.deliver_to(io, &targets, m, size);
+    }
+
+    /// Queues the push deliveries a stream made for other nodes'
+    /// subscribers.
+    pub(crate) fn forward_pushes(&mut self) {
+        if self.remote_push.out.is_empty() {
+            return;
+        }
+        let out = std::mem::take(&mut self.remote_push.out);
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        for p in &out {
+            c.queue_forward(
+                p.node,
+                &Forwarded {
+                    subject: &p.subject,
+                    reply: None,
+                    data: &p.data,
+                    headers: p.headers.as_deref(),
+                    extra: Some(&p.extra),
+                    attachments: p.attachments.clone(),
+                    plain: false,
+                    picks: vec![(p.pick.0, p.pick.1.as_str())],
+                },
+            );
+            c.forwarded += 1;
+        }
     }
 }
 

@@ -58,6 +58,8 @@ pub struct Broker {
     ack_head: Vec<u8>,
     /// Reused list of this node's subscriptions a delivery goes to.
     targets: Vec<SubKey>,
+    /// Push deliveries for other nodes' subscribers (cluster mode).
+    pub(crate) remote_push: super::stream_out::RemotePush,
     /// Consumer cursors last replicated (cluster mode).
     pub(crate) cursor_log: super::stream_cluster::CursorLog,
     rng: u64,
@@ -95,6 +97,7 @@ impl Broker {
             ack_head: Vec::with_capacity(32),
             targets: Vec::new(),
             cursor_log: Default::default(),
+            remote_push: Default::default(),
             rng,
         }
     }
@@ -537,6 +540,7 @@ impl Broker {
                         reply: p.reply.as_deref(),
                         data,
                         headers,
+                        extra: None,
                         attachments: attachments.to_vec(),
                         plain: false,
                         picks: Vec::new(),
@@ -656,7 +660,7 @@ impl Broker {
                 lb.push(gi);
             }
         }
-        let out_parts = self.encode_delivery(subject, data, reply, headers, attachments);
+        let out_parts = self.encode_delivery(subject, data, reply, headers, None, attachments);
         let tail = std::mem::take(&mut self.tail);
         let out = Out {
             head: &out_parts,
@@ -706,6 +710,7 @@ impl Broker {
                             reply,
                             data,
                             headers,
+                            extra: None,
                             attachments: attachments.to_vec(),
                             plain: *plain,
                             picks: picks.iter().map(|(c, s)| (*c, s.as_str())).collect(),
@@ -728,14 +733,12 @@ impl Broker {
         &mut self,
         io: &mut Io<'_>,
         keys: &[SubKey],
-        subject: &str,
-        data: &str,
-        reply: Option<&str>,
-        headers: Option<&str>,
-        attachments: &[Vec<u8>],
+        m: &Forwarded<'_>,
         size: usize,
     ) -> usize {
-        let head = self.encode_delivery(subject, data, reply, headers, attachments);
+        let attachments = &m.attachments;
+        let head =
+            self.encode_delivery(m.subject, m.data, m.reply, m.headers, m.extra, attachments);
         let tail = std::mem::take(&mut self.tail);
         let out = Out {
             head: &head,
@@ -760,6 +763,7 @@ impl Broker {
         data: &str,
         reply: Option<&str>,
         headers: Option<&str>,
+        extra: Option<&str>,
         attachments: &[Vec<u8>],
     ) -> std::borrow::Cow<'static, [u8]> {
         const MSG_HEAD: &[u8] = b"2[\"msg\",{\"sid\":";
@@ -790,6 +794,10 @@ impl Broker {
         if let Some(h) = headers {
             tail.extend_from_slice(b",\"headers\":");
             tail.extend_from_slice(h.as_bytes());
+        }
+        if let Some(x) = extra {
+            tail.push(b',');
+            tail.extend_from_slice(x.as_bytes());
         }
         tail.extend_from_slice(b"}]");
         head
@@ -1042,7 +1050,14 @@ impl Handler for Broker {
 
     fn tick(&mut self, io: &mut Io<'_>) {
         self.sample_history(io);
-        self.streams.tick(io, &mut self.fsm.subs);
+        if let Some(c) = &self.cluster {
+            self.remote_push.reachable = (1..=c.names.len() as u64)
+                .filter(|&n| n != c.me && c.reachable(n))
+                .collect();
+        }
+        self.streams
+            .tick(io, &mut self.fsm.subs, &mut self.remote_push);
+        self.forward_pushes();
         self.cluster_tick(io);
         self.replicate_cursors(io);
         if self.requests.is_empty() {

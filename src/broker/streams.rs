@@ -1145,7 +1145,12 @@ impl Streams {
     /// Once per loop turn: limits by age, redelivery timers, push
     /// deliveries, waiting fetches, then one write per touched file and the
     /// release of every ack that write made true.
-    pub fn tick(&mut self, io: &mut Io<'_>, subs: &mut SubTable) {
+    pub fn tick(
+        &mut self,
+        io: &mut Io<'_>,
+        subs: &mut SubTable,
+        remote: &mut super::stream_out::RemotePush,
+    ) {
         if self.down.is_some() {
             return;
         }
@@ -1164,7 +1169,7 @@ impl Streams {
                 continue;
             }
             maintain(slot, now, now_ms);
-            more |= push_slot(io, subs, slot, now, &mut self.pick);
+            more |= push_slot(io, subs, remote, slot, now, &mut self.pick);
             plan_slot(slot, now, now_ms);
         }
         self.serve_waits(io, now);

@@ -13,6 +13,7 @@ pub const BATCH_MAGIC: u8 = 1;
 const PLAIN: u8 = 1;
 const REPLY: u8 = 2;
 const HEADERS: u8 = 4;
+const EXTRA: u8 = 8;
 
 /// One forwarded message, borrowing from its batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +24,9 @@ pub struct Forwarded<'a> {
     pub data: &'a str,
     /// The message's `headers` as JSON text.
     pub headers: Option<&'a str>,
+    /// More members of the `msg` object, as JSON text without braces (a
+    /// push delivery's `"stream":…,"consumer":…,"seq":…,"delivered":…`).
+    pub extra: Option<&'a str>,
     pub attachments: Vec<Vec<u8>>,
     pub plain: bool,
     /// Load-balanced group members picked on this node: (serial, sid).
@@ -46,7 +50,8 @@ pub fn push(out: &mut Vec<u8>, m: &Forwarded<'_>) {
     start(out);
     let flags = (u8::from(m.plain) * PLAIN)
         | (u8::from(m.reply.is_some()) * REPLY)
-        | (u8::from(m.headers.is_some()) * HEADERS);
+        | (u8::from(m.headers.is_some()) * HEADERS)
+        | (u8::from(m.extra.is_some()) * EXTRA);
     out.push(flags);
     put_bytes(out, m.subject.as_bytes());
     if let Some(r) = m.reply {
@@ -55,6 +60,9 @@ pub fn push(out: &mut Vec<u8>, m: &Forwarded<'_>) {
     put_bytes(out, m.data.as_bytes());
     if let Some(h) = m.headers {
         put_bytes(out, h.as_bytes());
+    }
+    if let Some(x) = m.extra {
+        put_bytes(out, x.as_bytes());
     }
     out.extend_from_slice(&(m.attachments.len() as u32).to_le_bytes());
     for a in &m.attachments {
@@ -127,7 +135,7 @@ pub fn decode(buf: &[u8]) -> Result<Vec<Forwarded<'_>>, String> {
     let mut out = Vec::new();
     while c.at < buf.len() {
         let flags = c.take(1)?[0];
-        if flags & !(PLAIN | REPLY | HEADERS) != 0 {
+        if flags & !(PLAIN | REPLY | HEADERS | EXTRA) != 0 {
             return Err(format!("unknown flags {flags:#x}"));
         }
         let subject = c.str()?;
@@ -138,6 +146,11 @@ pub fn decode(buf: &[u8]) -> Result<Vec<Forwarded<'_>>, String> {
         };
         let data = c.str()?;
         let headers = if flags & HEADERS != 0 {
+            Some(c.str()?)
+        } else {
+            None
+        };
+        let extra = if flags & EXTRA != 0 {
             Some(c.str()?)
         } else {
             None
@@ -158,6 +171,7 @@ pub fn decode(buf: &[u8]) -> Result<Vec<Forwarded<'_>>, String> {
             reply,
             data,
             headers,
+            extra,
             attachments,
             plain: flags & PLAIN != 0,
             picks,
@@ -177,6 +191,7 @@ mod tests {
                 reply: None,
                 data: r#"{"x":1}"#,
                 headers: None,
+                extra: None,
                 attachments: vec![],
                 plain: true,
                 picks: vec![],
@@ -186,6 +201,7 @@ mod tests {
                 reply: Some("_INBOX.n1.abc.7"),
                 data: r#"{"_placeholder":true,"num":0}"#,
                 headers: Some(r#"{"k":"v"}"#),
+                extra: Some(r#""stream":"s","seq":4"#),
                 attachments: vec![vec![0, 1, 2], vec![]],
                 plain: false,
                 picks: vec![(1 << 32 | 5, "s1"), (9, "é")],
