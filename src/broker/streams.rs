@@ -472,6 +472,27 @@ impl Streams {
             .collect()
     }
 
+    /// Every stream's config and its consumers' configs, as their JSON
+    /// (what the cluster records about streams this node holds).
+    pub fn configs(&self) -> Vec<(String, Value, Vec<(String, Value)>)> {
+        self.set
+            .values()
+            .map(|slot| {
+                let s = &slot.stream;
+                let consumers = s
+                    .consumers
+                    .iter()
+                    .map(|(n, m)| {
+                        let cfg = serde_json::to_value(&m.consumer.cfg).unwrap_or(Value::Null);
+                        (n.clone(), cfg)
+                    })
+                    .collect();
+                let cfg = serde_json::to_value(&s.cfg).unwrap_or(Value::Null);
+                (slot.name.to_string(), cfg, consumers)
+            })
+            .collect()
+    }
+
     /// Every consumer's cursor: (stream, consumer, ack floor, last
     /// delivered), as stream sequences.
     pub fn cursors(&self) -> Vec<(String, String, u64, u64)> {
