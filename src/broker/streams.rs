@@ -96,6 +96,10 @@ pub struct StreamSummary {
     pub consumers: Vec<ConsumerSummary>,
 }
 
+/// A stream's name and config, and its consumers' names and configs, as
+/// JSON.
+pub type StreamConfigs = (String, Value, Vec<(String, Value)>);
+
 /// A consumer's counts, as `consumer.info` reports them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsumerSummary {
@@ -474,7 +478,7 @@ impl Streams {
 
     /// Every stream's config and its consumers' configs, as their JSON
     /// (what the cluster records about streams this node holds).
-    pub fn configs(&self) -> Vec<(String, Value, Vec<(String, Value)>)> {
+    pub fn configs(&self) -> Vec<StreamConfigs> {
         self.set
             .values()
             .map(|slot| {
