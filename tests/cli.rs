@@ -587,3 +587,89 @@ fn bench_workloads_report_as_json() {
         "{table}"
     );
 }
+
+#[test]
+fn bench_subscribe_times_each_sub_and_unsub_and_leaves_none_behind() {
+    let b = Broker::start(&[]);
+    let s = b.addr.as_str();
+    let r = ok_json(&[
+        "-s",
+        s,
+        "bench",
+        "subscribe",
+        "--msgs",
+        "200",
+        "--subs",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(
+        (r["workload"].as_str(), r["msgs"].as_u64()),
+        (Some("subscribe"), Some(200))
+    );
+    for (row, role) in r["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(["subscribe", "unsubscribe"])
+    {
+        assert_eq!(row["role"], role);
+        assert_eq!(row["msgs"], 200, "{role}");
+        let lat = &row["latency_us"];
+        assert!(lat["p50"].as_u64().unwrap() <= lat["p99"].as_u64().unwrap());
+        assert!(lat["p99"].as_u64().unwrap() <= lat["max"].as_u64().unwrap());
+    }
+    // Every subscription was removed again.
+    let info = ok_json(&["-s", s, "server", "info", "--json"]);
+    assert_eq!(info["subscriptions"], 0, "{info}");
+    let table = ok(&["-s", s, "bench", "subscribe", "--msgs", "20"]);
+    assert!(
+        table.contains("bench subscribe: 20 subscribes")
+            && table
+                .lines()
+                .any(|l| l.starts_with("unsubscribe") && l.contains("20")),
+        "{table}"
+    );
+    let o = run(&["-s", s, "bench", "subscribe", "--subs", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+#[test]
+fn bench_sub_server_connects_subscribers_there_and_keeps_counts_exact() {
+    let b = Broker::start(&[]);
+    let s = b.addr.as_str();
+    // Round-robin over a list; warm-ups are not counted as deliveries.
+    let list = format!("{s},{s}");
+    let r = ok_json(&[
+        "-s",
+        s,
+        "bench",
+        "fanout",
+        "--msgs",
+        "500",
+        "--subs",
+        "3",
+        "--sub-server",
+        &list,
+        "--json",
+    ]);
+    assert_eq!(r["sub_servers"], json!([s, s]));
+    assert_eq!(r["rows"][1]["msgs"], 1500, "{r}");
+    // Subscribers, not publishers, go to --sub-server: with nothing
+    // listening there the run fails on connecting to it.
+    let o = run(&[
+        "-s",
+        s,
+        "bench",
+        "queue",
+        "--msgs",
+        "10",
+        "--sub-server",
+        "127.0.0.1:1",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("127.0.0.1:1"), "{}", stderr(&o));
+    let o = run(&["-s", s, "bench", "sub", "--sub-server", ","]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--sub-server"), "{}", stderr(&o));
+}

@@ -187,7 +187,7 @@ fn bench_opts(o: &mut Options) {
     o.optopt(
         "",
         "msgs",
-        "messages to send (default 100000; reqrep/stream 10000)",
+        "messages to send, or subscribes to make (default 100000; reqrep/stream 10000; subscribe 1000)",
         "N",
     );
     o.optopt(
@@ -205,8 +205,14 @@ fn bench_opts(o: &mut Options) {
     o.optopt(
         "",
         "subs",
-        "subscribing (or replying) clients (default: 1; fanout/queue 4)",
+        "subscribing (or replying) clients (default: 1; fanout/queue 4); subscribe: clients sharing the subscribes",
         "N",
+    );
+    o.optopt(
+        "",
+        "sub-server",
+        "subscribers and responders connect here instead, round-robin (default: --server)",
+        "HOST:PORT,...",
     );
     o.optopt(
         "",
@@ -333,7 +339,7 @@ pub const COMMANDS: &[Command] = &[
     },
     Command {
         path: &["bench"],
-        args: "pub|sub|fanout|queue|reqrep|stream",
+        args: "pub|sub|fanout|queue|reqrep|stream|subscribe",
         about: "Measure throughput and latency; prints a summary table.",
         opts: bench_opts,
     },

@@ -12,6 +12,19 @@
 //! pipelined: each publisher keeps up to `--window` of them in flight
 //! (default 256) and times each from its send to its ack, so the run
 //! measures throughput rather than one round trip after another.
+//!
+//! `subscribe` measures control changes instead of messages: each client
+//! makes `--msgs` subscribes one at a time, each on a fresh subject and
+//! sid, timing it from the send of the `sub` to its ack, and unsubscribes
+//! it (timed the same way) before the next. In a cluster that ack comes
+//! once the change is committed through Raft and applied on the node.
+//!
+//! `--sub-server` sends subscribers and responders to other servers than
+//! publishers (round-robin over the list), e.g. to measure delivery
+//! between cluster nodes. Then, before `sub` and `fanout` publish, a
+//! warm-up message is published on the publishers' server until every
+//! subscriber has received one, so the run starts only once the
+//! publishers' node knows of every subscription; receivers skip warm-ups.
 
 use std::collections::VecDeque;
 use std::io::{IsTerminal, Write as _};
@@ -22,7 +35,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use super::args::Parsed;
+use super::args::{Global, Parsed};
 use super::output::{self, Failure};
 use super::{connect, connect_tuned, Namespace, Run};
 use crate::client::{Client, Error, OutMessage, Payload, PendingAck};
@@ -38,8 +51,20 @@ const RECV_SLICE: Duration = Duration::from_millis(100);
 
 /// Default of `--window`: acked publishes each publisher keeps in flight.
 const WINDOW_DEFAULT: u64 = 256;
+/// How often a warm-up message is published while waiting for every
+/// subscriber to hear one, and how long that may take.
+const WARMUP_EVERY: Duration = Duration::from_millis(10);
+const WARMUP_MAX: Duration = Duration::from_secs(10);
 
-const WORKLOADS: &[&str] = &["pub", "sub", "fanout", "queue", "reqrep", "stream"];
+const WORKLOADS: &[&str] = &[
+    "pub",
+    "sub",
+    "fanout",
+    "queue",
+    "reqrep",
+    "stream",
+    "subscribe",
+];
 
 /// One side's outcome: how many messages, over how long, and latencies
 /// in microseconds (empty when not measured).
@@ -66,6 +91,9 @@ struct Plan {
     acked: bool,
     /// Acked publishes in flight per publisher.
     window: u64,
+    /// Where subscribers and responders connect (`--sub-server`); empty:
+    /// where publishers do.
+    sub_servers: Vec<String>,
 }
 
 fn now_us() -> u64 {
@@ -94,14 +122,36 @@ pub fn run(p: &Parsed) -> Result<(), Run> {
             .into());
     }
     let few = matches!(workload.as_str(), "reqrep" | "stream");
+    let sub_servers: Vec<String> = match p.opt("sub-server") {
+        None => Vec::new(),
+        Some(v) => {
+            let list: Vec<String> = v
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+            if list.is_empty() {
+                return Err(p
+                    .usage_error("--sub-server: no address given".into())
+                    .into());
+            }
+            list
+        }
+    };
     let plan = Plan {
         subject: p
             .opt("subject")
             .unwrap_or_else(|| format!("bench.{workload}")),
-        msgs: p
-            .opt_u64("msgs")?
-            .unwrap_or(if few { 10_000 } else { 100_000 }),
-        size: p.opt_size("size")?.unwrap_or(128) as usize,
+        msgs: p.opt_u64("msgs")?.unwrap_or(match workload.as_str() {
+            "subscribe" => 1_000,
+            _ if few => 10_000,
+            _ => 100_000,
+        }),
+        // Subscribes carry no payload.
+        size: match workload.as_str() {
+            "subscribe" => 0,
+            _ => p.opt_size("size")?.unwrap_or(128) as usize,
+        },
         pubs: p.opt_u64("pubs")?.unwrap_or(1).max(1),
         subs: p.opt_u64("subs")?.unwrap_or(match workload.as_str() {
             "fanout" | "queue" => 4,
@@ -110,6 +160,7 @@ pub fn run(p: &Parsed) -> Result<(), Run> {
         }),
         acked: p.flag("acked") || workload == "stream",
         window: p.opt_u64("window")?.unwrap_or(WINDOW_DEFAULT),
+        sub_servers,
         workload,
     };
     if plan.msgs == 0 {
@@ -118,9 +169,129 @@ pub fn run(p: &Parsed) -> Result<(), Run> {
     if plan.window == 0 {
         return Err(p.usage_error("--window: must be at least 1".into()).into());
     }
+    if plan.workload == "subscribe" {
+        if plan.subs == 0 {
+            return Err(p.usage_error("--subs: must be at least 1".into()).into());
+        }
+        let (subscribe, unsubscribe) = subscribes(p, &plan)?;
+        report(p, &plan, &subscribe, Some(&unsubscribe));
+        return Ok(());
+    }
     let (publish, receive) = execute(p, &plan)?;
     report(p, &plan, &publish, receive.as_ref());
     Ok(())
+}
+
+/// The settings subscriber or responder `i` connects with: the `i`-th
+/// of `--sub-server` (round-robin), or the publishers' servers.
+fn sub_global(g: &Global, sub_servers: &[String], i: u64) -> Global {
+    if sub_servers.is_empty() {
+        return g.clone();
+    }
+    let at = usize::try_from(i).unwrap_or(0) % sub_servers.len();
+    Global {
+        servers: vec![sub_servers[at].clone()],
+        ..g.clone()
+    }
+}
+
+/// Whether a received message is a warm-up rather than one of the run's.
+fn is_warmup(data: &Value) -> bool {
+    data.get("warmup").is_some()
+}
+
+/// Publishes a warm-up message on `subject` every [`WARMUP_EVERY`] from
+/// the publishers' server until `ready` counts `subs` subscribers.
+fn warm_up(p: &Parsed, subject: &str, subs: u64, ready: &AtomicU64) -> Result<(), Failure> {
+    let c = connect(&p.global, Namespace::Root)?;
+    let started = Instant::now();
+    while ready.load(Ordering::Relaxed) < subs {
+        if started.elapsed() > WARMUP_MAX {
+            return Err(Failure(format!(
+                "only {} of {subs} subscribers heard a warm-up message on {subject} within {}s",
+                ready.load(Ordering::Relaxed),
+                WARMUP_MAX.as_secs()
+            )));
+        }
+        c.publish(subject, json!({"warmup": true}))
+            .map_err(|e| Failure::call("warm-up publish", &e))?;
+        thread::sleep(WARMUP_EVERY);
+    }
+    Ok(())
+}
+
+/// The `subscribe` workload: `plan.subs` clients share `plan.msgs`
+/// subscribes, each on a fresh subject, timed from send to ack and
+/// unsubscribed (also timed) before the next. Returns the subscribe side
+/// and the unsubscribe side.
+fn subscribes(p: &Parsed, plan: &Plan) -> Result<(Side, Side), Failure> {
+    let sent = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let progress = {
+        let (sent, done) = (Arc::clone(&sent), Arc::clone(&done));
+        let received = AtomicU64::new(0);
+        let (total, quiet) = (plan.msgs, p.global.json);
+        thread::spawn(move || progress_loop(total, 0, &sent, &received, &done, quiet))
+    };
+    let mut clients = Vec::new();
+    for i in 0..plan.subs {
+        let g = sub_global(&p.global, &plan.sub_servers, i);
+        clients.push(connect(&g, Namespace::Root)?);
+    }
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for (i, client) in clients.into_iter().enumerate() {
+        let i = i as u64;
+        let n = plan.msgs / plan.subs + u64::from(i < plan.msgs % plan.subs);
+        let prefix = format!("{}.{}.{i}", plan.subject, std::process::id());
+        let sent = Arc::clone(&sent);
+        workers.push(thread::spawn(
+            move || -> Result<(Vec<u64>, Vec<u64>), Failure> {
+                let mut sub_lat = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+                let mut unsub_lat = Vec::with_capacity(sub_lat.capacity());
+                for k in 0..n {
+                    let subject = format!("{prefix}.{k}");
+                    let t0 = Instant::now();
+                    let sub = client
+                        .subscribe_with(&subject, None, None)
+                        .map_err(|e| Failure::call(&format!("subscribe to {subject}"), &e))?;
+                    sub_lat.push(t0.elapsed().as_micros() as u64);
+                    let t1 = Instant::now();
+                    sub.unsubscribe()
+                        .map_err(|e| Failure::call(&format!("unsubscribe from {subject}"), &e))?;
+                    unsub_lat.push(t1.elapsed().as_micros() as u64);
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok((sub_lat, unsub_lat))
+            },
+        ));
+    }
+    let mut subscribe = Side::default();
+    let mut unsubscribe = Side::default();
+    let mut first_err = None;
+    for h in workers {
+        match h.join() {
+            Ok(Ok((s, u))) => {
+                subscribe.lat_us.extend(s);
+                unsubscribe.lat_us.extend(u);
+            }
+            Ok(Err(e)) => first_err = first_err.or(Some(e)),
+            Err(_) => first_err = first_err.or(Some(Failure("a subscriber panicked".into()))),
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    done.store(true, Ordering::Relaxed);
+    let _ = progress.join();
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    // Both sides share the run's wall time (each pair runs one after the
+    // other), so their rate is pairs per second.
+    for side in [&mut subscribe, &mut unsubscribe] {
+        side.msgs = side.lat_us.len() as u64;
+        side.secs = secs;
+    }
+    Ok((subscribe, unsubscribe))
 }
 
 /// Runs the plan; the publishing side and, when there is one, the
@@ -158,8 +329,13 @@ fn execute(p: &Parsed, plan: &Plan) -> Result<(Side, Option<Side>), Failure> {
     // Receivers queue everything the run sends, so the count is exact;
     // anything their client still had to drop is reported.
     let capacity = usize::try_from(plan.msgs).unwrap_or(usize::MAX);
-    for _ in 0..plan.subs {
-        let client = connect_tuned(&p.global, Namespace::Root, |o| {
+    // With --sub-server, `sub` and `fanout` wait for every receiver to
+    // hear a warm-up from the publishers' server (see the module doc).
+    let warm = !plan.sub_servers.is_empty() && per_sub != u64::MAX;
+    let ready = Arc::new(AtomicU64::new(0));
+    for i in 0..plan.subs {
+        let g = sub_global(&p.global, &plan.sub_servers, i);
+        let client = connect_tuned(&g, Namespace::Root, |o| {
             o.subscription_capacity = capacity;
             o.subscription_bytes_max = RECEIVER_BYTES_MAX;
         })?;
@@ -169,6 +345,7 @@ fn execute(p: &Parsed, plan: &Plan) -> Result<(Side, Option<Side>), Failure> {
             .map_err(|e| Failure::call("subscribe", &e))?;
         let received = Arc::clone(&received);
         let done = Arc::clone(&done);
+        let ready = Arc::clone(&ready);
         if plan.workload == "reqrep" {
             responders.push(thread::spawn(move || {
                 while !done.load(Ordering::Relaxed) {
@@ -185,11 +362,19 @@ fn execute(p: &Parsed, plan: &Plan) -> Result<(Side, Option<Side>), Failure> {
         receivers.push(thread::spawn(move || {
             let mut side = Side::default();
             let mut last = Instant::now();
+            let mut warmed = false;
             while side.msgs < per_sub && received.load(Ordering::Relaxed) < expected {
                 // Short waits, so a queue member stops soon after the
                 // group as a whole has everything.
                 match sub.recv_timeout(RECV_SLICE) {
                     Err(Error::Timeout) if last.elapsed() < IDLE_MAX => {}
+                    Ok(m) if is_warmup(&m.data) => {
+                        if !warmed {
+                            warmed = true;
+                            ready.fetch_add(1, Ordering::Relaxed);
+                        }
+                        last = Instant::now();
+                    }
                     Ok(m) => {
                         if let Some(t) = m.data.get("t").and_then(Value::as_u64) {
                             side.lat_us.push(now_us().saturating_sub(t));
@@ -206,6 +391,13 @@ fn execute(p: &Parsed, plan: &Plan) -> Result<(Side, Option<Side>), Failure> {
             drop(client);
             side
         }));
+    }
+
+    if warm {
+        if let Err(e) = warm_up(p, &plan.subject, plan.subs, &ready) {
+            done.store(true, Ordering::Relaxed);
+            return Err(e);
+        }
     }
 
     let total = plan.msgs;
@@ -442,6 +634,7 @@ fn side_json(role: &str, s: &Side, size: usize, acked: bool) -> Value {
 
 fn report(p: &Parsed, plan: &Plan, publish: &Side, receive: Option<&Side>) {
     let pub_role = match plan.workload.as_str() {
+        "subscribe" => "subscribe",
         "reqrep" => "request",
         "stream" => "publish (acked)",
         _ if plan.acked => "publish (acked)",
@@ -450,7 +643,11 @@ fn report(p: &Parsed, plan: &Plan, publish: &Side, receive: Option<&Side>) {
     let pipelined = plan.acked && plan.workload != "reqrep";
     let mut rows = vec![side_json(pub_role, publish, plan.size, pipelined)];
     if let Some(r) = receive {
-        rows.push(side_json("receive", r, plan.size, false));
+        let role = match plan.workload.as_str() {
+            "subscribe" => "unsubscribe",
+            _ => "receive",
+        };
+        rows.push(side_json(role, r, plan.size, false));
     }
     if p.global.json {
         let mut summary = json!({
@@ -465,6 +662,9 @@ fn report(p: &Parsed, plan: &Plan, publish: &Side, receive: Option<&Side>) {
         if pipelined {
             summary["window"] = json!(plan.window);
         }
+        if !plan.sub_servers.is_empty() {
+            summary["sub_servers"] = json!(plan.sub_servers);
+        }
         output::json_pretty(&summary);
         return;
     }
@@ -473,10 +673,17 @@ fn report(p: &Parsed, plan: &Plan, publish: &Side, receive: Option<&Side>) {
     } else {
         String::new()
     };
-    println!(
-        "bench {}: {} msgs of {} B, {} publisher(s){window}, {} subscriber(s) on {}\n",
-        plan.workload, plan.msgs, plan.size, plan.pubs, plan.subs, plan.subject
-    );
+    if plan.workload == "subscribe" {
+        println!(
+            "bench subscribe: {} subscribes, each unsubscribed before the next, {} client(s), on {}.*\n",
+            plan.msgs, plan.subs, plan.subject
+        );
+    } else {
+        println!(
+            "bench {}: {} msgs of {} B, {} publisher(s){window}, {} subscriber(s) on {}\n",
+            plan.workload, plan.msgs, plan.size, plan.pubs, plan.subs, plan.subject
+        );
+    }
     let us = |v: &Value, k: &str| {
         v["latency_us"][k]
             .as_u64()
