@@ -8,7 +8,7 @@ RUSTFLAGS_STATIC := -C target-feature=+crt-static
 BIN := bin/broker
 CLI := bin/gombus
 
-.PHONY: all build run test test-deps fmt fmt-check clippy bench conformance clean sim
+.PHONY: all build run test test-deps fmt fmt-check clippy bench bench-cluster conformance clean sim
 
 all: build
 
@@ -78,6 +78,13 @@ bench: build
 	  GOMBUS_BIN=$(CURDIR)/$(BIN) WORKLOADS=stream PEERS=gombus GOMBUS_ARGS=-sync=100ms SIZE=4096 ../shared/bench/run.sh; \
 	fi
 	GOMBUS_BIN=$(CURDIR)/$(BIN) scripts/stream-bench.sh
+
+# Cluster figures on a throwaway three-node loopback cluster (plus one
+# standalone node): cross-node vs single-node fan-out, subscribe commit
+# latency on the leader and the followers, and failover times after
+# kill -9 of the leader. Knobs and output: scripts/cluster-bench.sh.
+bench-cluster: build
+	GOMBUS_BIN=$(CURDIR)/$(BIN) GOMBUS_CLI=$(CURDIR)/$(CLI) scripts/cluster-bench.sh
 
 clean:
 	$(CARGO) clean

@@ -1,0 +1,339 @@
+#!/usr/bin/env bash
+# Cluster figures on loopback: a throwaway three-node cluster of bin/broker
+# (plus one standalone node for reference), measured three ways.
+#
+#   a. fan-out: `gombus bench fanout` with publisher and subscribers on
+#      the standalone node, on one cluster node, and with the publisher on
+#      n1 and the subscribers split over n2 and n3 (--sub-server); RUNS
+#      runs each, interleaved; medians and the cross-node/single-node ratio.
+#   b. subscribe commit latency: `gombus bench subscribe` (send of `sub` to
+#      its ack, each unsubscribed before the next) on the leader, on a
+#      follower and on the standalone node; RUNS runs each.
+#   c. failover: FAILOVERS times, examples/cluster_failover.rs kills the
+#      leader with kill -9 while a publisher on one survivor sends to a
+#      subscriber on the other every INTERVAL, and times from the kill the
+#      first delivery of a message published after it, a survivor naming a
+#      new leader, and the first acked `sub`. The killed node is then
+#      started again and the next run waits until every node has applied
+#      everything the leader committed.
+#
+# Prints a summary table; raw JSON lines go to
+# $BENCH_WORK/cluster/results-<time>.jsonl, the table to summary-<time>.txt,
+# broker logs to logs-<time>/. Every process it starts is stopped by PID
+# when it exits, however it exits.
+#
+#   scripts/cluster-bench.sh                 # everything (make bench-cluster)
+#   PARTS="fanout subscribe" scripts/cluster-bench.sh
+#
+# Knobs (environment):
+#   GOMBUS_BIN, GOMBUS_CLI  broker and CLI binaries     [bin/broker, bin/gombus]
+#   BENCH_WORK      work directory; this script uses $BENCH_WORK/cluster
+#                                                      [/tmp/gombus-bench]
+#   PARTS           which of fanout subscribe failover  [all three]
+#   RUNS            runs per fan-out / subscribe variant               [3]
+#   FANOUT_MSGS, SIZE, SUBS   fan-out parameters         [200000, 128, 4]
+#   SUBSCRIBES      subscribes per subscribe run                    [1000]
+#   FAILOVERS       failover runs                                     [10]
+#   INTERVAL        publish interval during failover                 [2ms]
+#   PORT_BASE       HTTP ports PORT_BASE+1..3, Raft +11..13, standalone +20
+#                                                                   [7400]
+#   RAFT_LOG        -raft-log of the cluster nodes               [durable]
+#   QUIET_PCT, QUIET_WAIT   before each part, wait at most QUIET_WAIT s for
+#                   the host to be under QUIET_PCT % busy          [15, 30]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+broker=${GOMBUS_BIN:-bin/broker}
+cli=${GOMBUS_CLI:-bin/gombus}
+work=${BENCH_WORK:-/tmp/gombus-bench}/cluster
+parts=${PARTS:-fanout subscribe failover}
+runs=${RUNS:-3}
+fanout_msgs=${FANOUT_MSGS:-200000}
+size=${SIZE:-128}
+subs=${SUBS:-4}
+subscribes=${SUBSCRIBES:-1000}
+failovers=${FAILOVERS:-10}
+interval=${INTERVAL:-2ms}
+base=${PORT_BASE:-7400}
+raft_log=${RAFT_LOG:-durable}
+quiet_pct=${QUIET_PCT:-15}
+quiet_wait=${QUIET_WAIT:-30}
+token=cluster-bench-$$
+
+for tool in jq curl; do
+  command -v "$tool" >/dev/null || { echo "cluster-bench: needs $tool" >&2; exit 1; }
+done
+for b in "$broker" "$cli"; do
+  [[ -x $b ]] || { echo "cluster-bench: $b is missing (make build)" >&2; exit 1; }
+done
+cargo build --release --quiet --example cluster_failover
+probe=target/release/examples/cluster_failover
+
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p "$work"
+rm -rf "$work/data"
+logs=$work/logs-$stamp
+results=$work/results-$stamp.jsonl
+summary=$work/summary-$stamp.txt
+mkdir -p "$logs" "$work/data"
+: >"$results"
+
+nodes=(n1 n2 n3)
+declare -A http raft pid
+for i in 1 2 3; do
+  http[n$i]=127.0.0.1:$((base + i))
+  raft[n$i]=127.0.0.1:$((base + 10 + i))
+done
+solo=127.0.0.1:$((base + 20))
+solo_pid=
+peers="n1=${raft[n1]},n2=${raft[n2]},n3=${raft[n3]}"
+
+# Every process this script started goes when it ends.
+cleanup() {
+  local p
+  for p in "${pid[@]}" $solo_pid; do
+    [[ -n $p ]] && kill "$p" 2>/dev/null || true
+  done
+  for p in "${pid[@]}" $solo_pid; do
+    [[ -n $p ]] && wait "$p" 2>/dev/null || true
+  done
+}
+trap cleanup EXIT
+
+say() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+fail() { say "cluster-bench: $*"; exit 1; }
+
+port_taken() { (exec 3<>"/dev/tcp/${1%:*}/${1#*:}") 2>/dev/null; }
+for a in "${http[@]}" "${raft[@]}" "$solo"; do
+  port_taken "$a" && fail "$a is already in use (set PORT_BASE)"
+done
+
+# Busy share of all CPUs over a second, in percent.
+host_busy() {
+  local a b
+  read -r -a a < <(head -1 /proc/stat)
+  sleep 1
+  read -r -a b < <(head -1 /proc/stat)
+  local total=0 i
+  for i in 1 2 3 4 5 6 7 8; do total=$((total + b[i] - a[i])); done
+  local idle=$((b[4] - a[4] + b[5] - a[5]))
+  ((total > 0)) || { echo 0; return; }
+  echo $(((total - idle) * 100 / total))
+}
+await_quiet() {
+  local deadline=$((SECONDS + quiet_wait)) busy
+  while :; do
+    busy=$(host_busy)
+    ((busy <= quiet_pct)) && return 0
+    if ((SECONDS >= deadline)); then
+      say "host still ${busy}% busy after ${quiet_wait}s; measuring anyway"
+      return 0
+    fi
+  done
+}
+
+start_node() {
+  local n=$1 others=() m
+  for m in "${nodes[@]}"; do [[ $m != "$n" ]] && others+=("${http[$m]}"); done
+  local IFS=,
+  "$broker" -node-id="$n" -addr="${http[$n]}" -data="$work/data/$n" \
+    -raft-addr="${raft[$n]}" -raft-peers="$peers" -cluster="${others[*]}" \
+    -raft-log="$raft_log" -bootstrap -control-token="$token" 2>>"$logs/$n.log" &
+  pid[$n]=$!
+}
+
+status() {
+  "$cli" -s "${http[$1]}" --control-token "$token" --timeout 1s --json cluster status 2>/dev/null
+}
+
+# Waits (at most $1 s) until every node names the same leader and has
+# applied everything that leader has committed; prints the leader.
+await_cluster() {
+  local deadline=$((SECONDS + $1)) leader commit n s ok
+  while ((SECONDS < deadline)); do
+    ok=1
+    leader=$(status n1 | jq -r '.leader // empty') || true
+    [[ -z $leader ]] && leader=$(status n2 | jq -r '.leader // empty') || true
+    if [[ -n $leader ]]; then
+      commit=$(status "$leader" | jq -r '.commit_index // empty') || true
+      [[ -n $commit ]] || ok=0
+      for n in "${nodes[@]}"; do
+        ((ok)) || break
+        s=$(status "$n") || { ok=0; break; }
+        [[ $(jq -r .leader <<<"$s") == "$leader" ]] || ok=0
+        (($(jq -r .applied_index <<<"$s") >= commit)) || ok=0
+        [[ $(curl -s -o /dev/null -w '%{http_code}' "http://${http[$n]}/healthz") == 200 ]] || ok=0
+      done
+      if ((ok)); then
+        echo "$leader"
+        return 0
+      fi
+    fi
+    sleep 0.05
+  done
+  return 1
+}
+
+await_listen() {
+  local i
+  for i in $(seq 200); do
+    port_taken "$1" && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+record() { jq -c "$1" <<<"$2" >>"$results"; }
+
+# jq: the median of an array of numbers (nulls left out).
+jq_median='def median: map(select(. != null)) | sort | if length == 0 then null
+  elif length % 2 == 1 then .[length / 2 | floor]
+  else (.[length / 2 - 1] + .[length / 2]) / 2 end;'
+
+say "host before: $(uptime)"
+echo "{\"part\":\"env\",\"uptime_before\":\"$(uptime)\",\"nproc\":$(nproc),\"broker\":\"$broker\",\"raft_log\":\"$raft_log\"}" >>"$results"
+
+say "starting standalone $solo and cluster n1..n3 (logs in $logs)"
+"$broker" -node-id=solo -addr="$solo" -data="$work/data/solo" 2>>"$logs/solo.log" &
+solo_pid=$!
+for n in "${nodes[@]}"; do start_node "$n"; done
+await_listen "$solo" || fail "the standalone node did not start"
+leader=$(await_cluster 30) || fail "the cluster elected no leader within 30 s"
+say "leader: $leader"
+
+has_part() { [[ " $parts " == *" $1 "* ]]; }
+
+# a. Fan-out.
+fanout() {
+  local variant=$1 pubs=$2 subsrv=$3 run=$4 out
+  local args=(-s "$pubs" bench fanout --msgs "$fanout_msgs" --size "$size" --subs "$subs" --json)
+  [[ -n $subsrv ]] && args+=(--sub-server "$subsrv")
+  out=$("$cli" "${args[@]}") || fail "fanout $variant failed"
+  record "{part:\"fanout\", variant:\"$variant\", run:$run, pub_server:\"$pubs\", sub_server:\"$subsrv\", leader:\"$leader\"} + ." "$out"
+}
+if has_part fanout; then
+  await_quiet
+  say "fan-out: $fanout_msgs msgs of $size B, $subs subscribers, $runs runs per variant"
+  for run in $(seq "$runs"); do
+    fanout single "$solo" "" "$run"
+    fanout cluster-local "${http[n1]}" "${http[n1]}" "$run"
+    fanout cross-node "${http[n1]}" "${http[n2]},${http[n3]}" "$run"
+  done
+fi
+
+# b. Subscribe commit latency.
+if has_part subscribe; then
+  leader=$(await_cluster 30) || fail "no settled cluster before the subscribe runs"
+  followers=()
+  for n in "${nodes[@]}"; do [[ $n != "$leader" ]] && followers+=("$n"); done
+  await_quiet
+  say "subscribe: $subscribes subscribes per run on leader $leader, followers ${followers[*]} and the standalone node"
+  for run in $(seq "$runs"); do
+    for where in leader follower follower2 single; do
+      case $where in
+        leader) addr=${http[$leader]} ;;
+        follower) addr=${http[${followers[0]}]} ;;
+        follower2) addr=${http[${followers[1]}]} ;;
+        single) addr=$solo ;;
+      esac
+      out=$("$cli" -s "$addr" bench subscribe --msgs "$subscribes" --json) || fail "subscribe on $where failed"
+      record "{part:\"subscribe\", variant:\"$where\", run:$run, server:\"$addr\", leader:\"$leader\"} + ." "$out"
+    done
+  done
+fi
+
+# c. Failover.
+if has_part failover; then
+  await_quiet
+  say "failover: $failovers runs, a publish every $interval"
+  for run in $(seq "$failovers"); do
+    leader=$(await_cluster 60) || fail "the cluster did not settle before failover run $run"
+    survivors=()
+    for n in "${nodes[@]}"; do [[ $n != "$leader" ]] && survivors+=("$n"); done
+    victim=${pid[$leader]}
+    out=$("$probe" --pub "${http[${survivors[0]}]}" --sub "${http[${survivors[1]}]}" \
+      --leader "$leader" --kill-pid "$victim" --control-token "$token" --interval "$interval") ||
+      say "failover run $run: the probe reported a failure: $out"
+    wait "$victim" 2>/dev/null || true
+    pid[$leader]=
+    [[ -n $out ]] || fail "failover run $run: no result"
+    restart_t0=$(date +%s%N)
+    start_node "$leader"
+    if ! await_cluster 60 >/dev/null; then
+      record "{part:\"failover\", run:$run, rejoin_ms:null} + ." "$out"
+      fail "failover run $run: $leader did not catch up within 60 s after its restart"
+    fi
+    rejoin_ms=$((($(date +%s%N) - restart_t0) / 1000000))
+    record "{part:\"failover\", run:$run, pub_node:\"${survivors[0]}\", sub_node:\"${survivors[1]}\", rejoin_ms:$rejoin_ms} + ." "$out"
+    say "failover run $run: $(jq -c '{old_leader, new_leader, deliver_ms, leader_ms, sub_ms, lost, max_gap_ms}' <<<"$out") rejoin ${rejoin_ms}ms"
+  done
+fi
+
+say "host after: $(uptime)"
+echo "{\"part\":\"env\",\"uptime_after\":\"$(uptime)\"}" >>"$results"
+
+# The summary, from the results file.
+{
+  echo "gombus cluster bench, $(date -u +%FT%TZ), $(nproc) CPUs, raft log $raft_log"
+  jq -r 'select(.part == "env") | (.uptime_before // .uptime_after)' "$results"
+  if has_part fanout; then
+    echo
+    echo "a. fan-out: $fanout_msgs msgs x $size B, 1 publisher, $subs subscribers; medians of $runs runs"
+    printf '%-14s %12s %12s %10s %10s %6s\n' variant 'deliveries/s' 'publish/s' 'p50 us' 'p99 us' lost
+    jq -rs "$jq_median"'
+      map(select(.part == "fanout")) | group_by(.variant) | map({
+        v: .[0].variant,
+        d: (map(.rows[1].msgs_per_sec) | median),
+        p: (map(.rows[0].msgs_per_sec) | median),
+        p50: (map(.rows[1].latency_us.p50) | median),
+        p99: (map(.rows[1].latency_us.p99) | median),
+        lost: (map(.msgs * .subs - .rows[1].msgs) | add)
+      }) | sort_by({"single":0,"cluster-local":1,"cross-node":2}[.v])[]
+      | "\(.v) \(.d|floor) \(.p|floor) \(.p50) \(.p99) \(.lost)"' "$results" |
+      while read -r v d p a b l; do printf '%-14s %12s %12s %10s %10s %6s\n' "$v" "$d" "$p" "$a" "$b" "$l"; done
+    jq -rs "$jq_median"'
+      map(select(.part == "fanout")) | group_by(.variant)
+      | map({key: .[0].variant, value: (map(.rows[1].msgs_per_sec) | median)}) | from_entries
+      | "cross-node / single-node deliveries: \(((.["cross-node"] / .single) * 100 | round) / 100)"
+        + "   cluster-local / single-node: \(((.["cluster-local"] / .single) * 100 | round) / 100)"' "$results"
+  fi
+  if has_part subscribe; then
+    echo
+    echo "b. subscribe commit latency: $subscribes subscribes per run (send -> ack), medians of $runs runs"
+    printf '%-10s %8s %10s %10s %10s %14s\n' where node 'p50 us' 'p99 us' 'max us' 'unsub p50 us'
+    jq -rs "$jq_median"'
+      map(select(.part == "subscribe")) | group_by(.variant) | map({
+        v: .[0].variant, s: .[0].server,
+        p50: (map(.rows[0].latency_us.p50) | median),
+        p99: (map(.rows[0].latency_us.p99) | median),
+        max: (map(.rows[0].latency_us.max) | median),
+        u50: (map(.rows[1].latency_us.p50) | median)
+      }) | sort_by({"leader":0,"follower":1,"follower2":2,"single":3}[.v])[]
+      | "\(.v) \(.s) \(.p50) \(.p99) \(.max) \(.u50)"' "$results" |
+      while read -r v s a b c d; do printf '%-10s %8s %10s %10s %10s %14s\n' "$v" "${s##*:}" "$a" "$b" "$c" "$d"; done
+  fi
+  if has_part failover; then
+    echo
+    echo "c. failover (kill -9 of the leader; publish every $interval between the two survivors)"
+    echo "deliver: first delivery of a message published after the kill; leader: a survivor names"
+    echo "a new leader; sub: first acked sub sent after the kill; first sub: the one sent at the kill;"
+    echo "lost: after the first delivery; unseen/visible: publishes lost, and ms from the subscriber's"
+    echo "sub ack to the first delivered publish, before the publisher's node knew the subscription"
+    printf '%4s %4s %4s %8s %8s %8s %9s %5s %7s %7s %8s %8s\n' run old new deliver leader sub 'first sub' lost 'gap ms' unseen visible rejoin
+    jq -r 'select(.part == "failover")
+      | "\(.run) \(.old_leader) \(.new_leader) \(.deliver_ms // "-") \(.leader_ms // "-") \(.sub_ms // "-") \(.first_sub_ms // "-") \(.lost) \(.max_gap_ms) \(.unseen_at_start) \(.visible_ms // "-") \(.rejoin_ms // "-")"' "$results" |
+      while read -r r o n d l s f lost g u v j; do
+        fmt() { [[ $1 == - ]] && echo - || printf '%.1f' "$1"; }
+        printf '%4s %4s %4s %8s %8s %8s %9s %5s %7s %7s %8s %8s\n' "$r" "$o" "$n" "$(fmt "$d")" "$(fmt "$l")" "$(fmt "$s")" "$(fmt "$f")" "$lost" "$(fmt "$g")" "$u" "$(fmt "$v")" "$j"
+      done
+    jq -rs "$jq_median"'
+      map(select(.part == "failover")) as $f
+      | def stat(k): ($f | map(.[k]) | map(select(. != null))) as $v
+          | "\(k): median \(($v | median // 0) * 10 | round / 10) max \(($v | max // 0) * 10 | round / 10) (\($v | length) of \($f | length) runs)";
+      stat("deliver_ms"), stat("leader_ms"), stat("sub_ms"), stat("first_sub_ms"), stat("max_gap_ms"),
+      stat("visible_ms"), stat("rejoin_ms"),
+      "lost messages in all runs: \($f | map(.lost) | add)"' "$results"
+  fi
+  echo
+  echo "raw results: $results"
+} | tee "$summary"
