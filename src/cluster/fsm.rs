@@ -348,7 +348,7 @@ mod tests {
     fn snapshot_restores_the_same_state() {
         let mut a = Fsm::new(1);
         a.apply(&sub(1, 7, "x", "a.*")).unwrap();
-        a.apply(&sub(2, 8, "y", "a.>")).unwrap();
+        a.apply(&sub(2, (9 << 32) | 8, "y", "a.>")).unwrap();
         a.apply(&Cmd::Subs(Command::GroupSet {
             queue: "q".into(),
             mode: GroupMode::Broadcast,
