@@ -7,8 +7,8 @@
 #      n1 and the subscribers split over n2 and n3 (--sub-server); RUNS
 #      runs each, interleaved; medians and the cross-node/single-node ratio.
 #   b. subscribe commit latency: `gombus bench subscribe` (send of `sub` to
-#      its ack, each unsubscribed before the next) on the leader, on a
-#      follower and on the standalone node; RUNS runs each.
+#      its ack, each unsubscribed before the next) on the leader, on each
+#      follower and on the standalone node; SUB_RUNS runs each.
 #   c. failover: FAILOVERS times, examples/cluster_failover.rs kills the
 #      leader with kill -9 while a publisher on one survivor sends to a
 #      subscriber on the other every INTERVAL, and times from the kill the
@@ -30,7 +30,8 @@
 #   BENCH_WORK      work directory; this script uses $BENCH_WORK/cluster
 #                                                      [/tmp/gombus-bench]
 #   PARTS           which of fanout subscribe failover  [all three]
-#   RUNS            runs per fan-out / subscribe variant               [3]
+#   RUNS            runs per fan-out variant                           [3]
+#   SUB_RUNS        runs per subscribe variant                         [1]
 #   FANOUT_MSGS, SIZE, SUBS   fan-out parameters         [200000, 128, 4]
 #   SUBSCRIBES      subscribes per subscribe run                    [1000]
 #   FAILOVERS       failover runs                                     [10]
@@ -48,6 +49,7 @@ cli=${GOMBUS_CLI:-bin/gombus}
 work=${BENCH_WORK:-/tmp/gombus-bench}/cluster
 parts=${PARTS:-fanout subscribe failover}
 runs=${RUNS:-3}
+sub_runs=${SUB_RUNS:-1}
 fanout_msgs=${FANOUT_MSGS:-200000}
 size=${SIZE:-128}
 subs=${SUBS:-4}
@@ -203,13 +205,29 @@ say "leader: $leader"
 
 has_part() { [[ " $parts " == *" $1 "* ]]; }
 
-# a. Fan-out.
+# CPU time (user + system, in clock ticks) the given processes have used.
+cpu_ticks() {
+  local p sum=0 f
+  for p in "$@"; do
+    read -r -a f < <(sed 's/.*) //' "/proc/$p/stat")
+    sum=$((sum + f[11] + f[12]))
+  done
+  echo "$sum"
+}
+hz=$(getconf CLK_TCK)
+
+# a. Fan-out. The CPU the brokers used during a run (the standalone node,
+# or all three cluster nodes) is recorded with it: the bench client shares
+# the host's CPUs, so its throughput can be client-bound.
 fanout() {
-  local variant=$1 pubs=$2 subsrv=$3 run=$4 out
+  local variant=$1 pubs=$2 subsrv=$3 run=$4 out c0 c1 procs
   local args=(-s "$pubs" bench fanout --msgs "$fanout_msgs" --size "$size" --subs "$subs" --json)
   [[ -n $subsrv ]] && args+=(--sub-server "$subsrv")
+  if [[ $variant == single ]]; then procs=("$solo_pid"); else procs=("${pid[@]}"); fi
+  c0=$(cpu_ticks "${procs[@]}")
   out=$("$cli" "${args[@]}") || fail "fanout $variant failed"
-  record "{part:\"fanout\", variant:\"$variant\", run:$run, pub_server:\"$pubs\", sub_server:\"$subsrv\", leader:\"$leader\"} + ." "$out"
+  c1=$(cpu_ticks "${procs[@]}")
+  record "{part:\"fanout\", variant:\"$variant\", run:$run, pub_server:\"$pubs\", sub_server:\"$subsrv\", leader:\"$leader\", broker_cpu_s:(($c1 - $c0) / $hz)} + ." "$out"
 }
 if has_part fanout; then
   await_quiet
@@ -228,7 +246,7 @@ if has_part subscribe; then
   for n in "${nodes[@]}"; do [[ $n != "$leader" ]] && followers+=("$n"); done
   await_quiet
   say "subscribe: $subscribes subscribes per run on leader $leader, followers ${followers[*]} and the standalone node"
-  for run in $(seq "$runs"); do
+  for run in $(seq "$sub_runs"); do
     for where in leader follower follower2 single; do
       case $where in
         leader) addr=${http[$leader]} ;;
@@ -279,7 +297,8 @@ echo "{\"part\":\"env\",\"uptime_after\":\"$(uptime)\"}" >>"$results"
   if has_part fanout; then
     echo
     echo "a. fan-out: $fanout_msgs msgs x $size B, 1 publisher, $subs subscribers; medians of $runs runs"
-    printf '%-14s %12s %12s %10s %10s %6s\n' variant 'deliveries/s' 'publish/s' 'p50 us' 'p99 us' lost
+    printf '%-14s %12s %12s %10s %10s %6s %12s %15s\n' variant 'deliveries/s' 'publish/s' 'p50 us' 'p99 us' lost 'broker CPU s' 'CPU us/delivery'
+
     jq -rs "$jq_median"'
       map(select(.part == "fanout")) | group_by(.variant) | map({
         v: .[0].variant,
@@ -287,10 +306,12 @@ echo "{\"part\":\"env\",\"uptime_after\":\"$(uptime)\"}" >>"$results"
         p: (map(.rows[0].msgs_per_sec) | median),
         p50: (map(.rows[1].latency_us.p50) | median),
         p99: (map(.rows[1].latency_us.p99) | median),
-        lost: (map(.msgs * .subs - .rows[1].msgs) | add)
+        lost: (map(.msgs * .subs - .rows[1].msgs) | add),
+        cpu: (map(.broker_cpu_s) | median),
+        per: (map(.broker_cpu_s * 1e6 / .rows[1].msgs) | median)
       }) | sort_by({"single":0,"cluster-local":1,"cross-node":2}[.v])[]
-      | "\(.v) \(.d|floor) \(.p|floor) \(.p50) \(.p99) \(.lost)"' "$results" |
-      while read -r v d p a b l; do printf '%-14s %12s %12s %10s %10s %6s\n' "$v" "$d" "$p" "$a" "$b" "$l"; done
+      | "\(.v) \(.d|floor) \(.p|floor) \(.p50) \(.p99) \(.lost) \(.cpu * 100 | round / 100) \(.per * 100 | round / 100)"' "$results" |
+      while read -r v d p a b l c u; do printf '%-14s %12s %12s %10s %10s %6s %12s %15s\n' "$v" "$d" "$p" "$a" "$b" "$l" "$c" "$u"; done
     jq -rs "$jq_median"'
       map(select(.part == "fanout")) | group_by(.variant)
       | map({key: .[0].variant, value: (map(.rows[1].msgs_per_sec) | median)}) | from_entries
@@ -299,7 +320,7 @@ echo "{\"part\":\"env\",\"uptime_after\":\"$(uptime)\"}" >>"$results"
   fi
   if has_part subscribe; then
     echo
-    echo "b. subscribe commit latency: $subscribes subscribes per run (send -> ack), medians of $runs runs"
+    echo "b. subscribe commit latency: $subscribes subscribes per run (send -> ack), medians of $sub_runs runs"
     printf '%-10s %8s %10s %10s %10s %14s\n' where node 'p50 us' 'p99 us' 'max us' 'unsub p50 us'
     jq -rs "$jq_median"'
       map(select(.part == "subscribe")) | group_by(.variant) | map({
