@@ -296,27 +296,32 @@ echo "{\"part\":\"env\",\"uptime_after\":\"$(uptime)\"}" >>"$results"
   jq -r 'select(.part == "env") | (.uptime_before // .uptime_after)' "$results"
   if has_part fanout; then
     echo
-    echo "a. fan-out: $fanout_msgs msgs x $size B, 1 publisher, $subs subscribers; medians of $runs runs"
-    printf '%-14s %12s %12s %10s %10s %6s %12s %15s\n' variant 'deliveries/s' 'publish/s' 'p50 us' 'p99 us' lost 'broker CPU s' 'CPU us/delivery'
-
+    echo "a. fan-out: $fanout_msgs msgs x $size B, 1 publisher, $subs subscribers; medians of the complete"
+    echo "   runs (every subscriber got every message); lost: deliveries missing, all runs together"
+    printf '%-14s %8s %12s %12s %10s %10s %8s %12s %15s\n' variant complete 'deliveries/s' 'publish/s' 'p50 us' 'p99 us' lost 'broker CPU s' 'CPU us/delivery'
     jq -rs "$jq_median"'
-      map(select(.part == "fanout")) | group_by(.variant) | map({
+      map(select(.part == "fanout")) | group_by(.variant) | map(
+        (map(select(.rows[1].msgs == .msgs * .subs))) as $ok | {
         v: .[0].variant,
-        d: (map(.rows[1].msgs_per_sec) | median),
-        p: (map(.rows[0].msgs_per_sec) | median),
-        p50: (map(.rows[1].latency_us.p50) | median),
-        p99: (map(.rows[1].latency_us.p99) | median),
+        n: "\($ok | length)/\(length)",
+        d: ($ok | map(.rows[1].msgs_per_sec) | median),
+        p: ($ok | map(.rows[0].msgs_per_sec) | median),
+        p50: ($ok | map(.rows[1].latency_us.p50) | median),
+        p99: ($ok | map(.rows[1].latency_us.p99) | median),
         lost: (map(.msgs * .subs - .rows[1].msgs) | add),
-        cpu: (map(.broker_cpu_s) | median),
-        per: (map(.broker_cpu_s * 1e6 / .rows[1].msgs) | median)
+        cpu: ($ok | map(.broker_cpu_s) | median),
+        per: ($ok | map(.broker_cpu_s * 1e6 / .rows[1].msgs) | median)
       }) | sort_by({"single":0,"cluster-local":1,"cross-node":2}[.v])[]
-      | "\(.v) \(.d|floor) \(.p|floor) \(.p50) \(.p99) \(.lost) \(.cpu * 100 | round / 100) \(.per * 100 | round / 100)"' "$results" |
-      while read -r v d p a b l c u; do printf '%-14s %12s %12s %10s %10s %6s %12s %15s\n' "$v" "$d" "$p" "$a" "$b" "$l" "$c" "$u"; done
+      | def r2: if . == null then "-" else . * 100 | round / 100 end;
+        def f: if . == null then "-" else floor end;
+        "\(.v) \(.n) \(.d|f) \(.p|f) \(.p50 // "-") \(.p99 // "-") \(.lost) \(.cpu|r2) \(.per|r2)"' "$results" |
+      while read -r v n d p a b l c u; do printf '%-14s %8s %12s %12s %10s %10s %8s %12s %15s\n' "$v" "$n" "$d" "$p" "$a" "$b" "$l" "$c" "$u"; done
     jq -rs "$jq_median"'
-      map(select(.part == "fanout")) | group_by(.variant)
+      map(select(.part == "fanout" and .rows[1].msgs == .msgs * .subs)) | group_by(.variant)
       | map({key: .[0].variant, value: (map(.rows[1].msgs_per_sec) | median)}) | from_entries
-      | "cross-node / single-node deliveries: \(((.["cross-node"] / .single) * 100 | round) / 100)"
-        + "   cluster-local / single-node: \(((.["cluster-local"] / .single) * 100 | round) / 100)"' "$results"
+      | def ratio(a; b): if a == null or b == null then "-" else (a / b * 100 | round) / 100 end;
+        "cross-node / single-node deliveries: \(ratio(.["cross-node"]; .single))"
+        + "   cluster-local / single-node: \(ratio(.["cluster-local"]; .single))"' "$results"
   fi
   if has_part subscribe; then
     echo
@@ -355,6 +360,10 @@ echo "{\"part\":\"env\",\"uptime_after\":\"$(uptime)\"}" >>"$results"
       stat("visible_ms"), stat("rejoin_ms"),
       "lost messages in all runs: \($f | map(.lost) | add)"' "$results"
   fi
+  echo
+  echo "broker warnings and errors (logs in $logs):"
+  grep -h -E '^[^ ]+ (warn|error) ' "$logs"/*.log | sed -E 's/^[^ ]+ //; s/[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+:[0-9]+/ADDR/g' |
+    sort | uniq -c | sort -rn | head -12 || true
   echo
   echo "raw results: $results"
 } | tee "$summary"
