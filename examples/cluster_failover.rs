@@ -76,7 +76,7 @@ fn parse_args() -> Result<Args, String> {
     o.reqopt("", "kill-pid", "the leader's process id", "PID");
     o.optopt("", "control-token", "token for /control", "T");
     o.optopt("", "interval", "time between publishes (2ms)", "D");
-    o.optopt("", "sub-every", "time between sub attempts (50ms)", "D");
+    o.optopt("", "sub-every", "time between sub attempts (10ms)", "D");
     o.optopt("", "warmup", "deliveries before the kill (200)", "N");
     o.optopt("", "max", "bound on the whole measurement (30s)", "D");
     o.optopt("", "subject", "subject prefix (failover)", "S");
@@ -103,7 +103,7 @@ fn parse_args() -> Result<Args, String> {
             .ok_or("--kill-pid: not a process id")?,
         control_token: m.opt_str("control-token").filter(|t| !t.is_empty()),
         interval: dur("interval", Duration::from_millis(2))?,
-        sub_every: dur("sub-every", Duration::from_millis(50))?,
+        sub_every: dur("sub-every", Duration::from_millis(10))?,
         warmup: num("warmup")?.unwrap_or(200) as usize,
         max: dur("max", Duration::from_secs(30))?,
         subject: m.opt_str("subject").unwrap_or_else(|| "failover".into()),
@@ -140,8 +140,9 @@ struct Log {
     received: Vec<(u64, Instant)>,
     /// The first survivor to report a new leader: (when, node id).
     new_leader: Option<(Instant, String)>,
-    /// (sent, answered, result) of every `sub` attempt, attempt 0 first.
-    subs: Vec<(Instant, Instant, Result<(), String>)>,
+    /// (sent, answered, result, server) of every `sub` attempt, attempt
+    /// 0 first.
+    subs: Vec<(Instant, Instant, Result<(), String>, String)>,
     /// When the subscriber's own subscribe was acked.
     subscribed: Option<Instant>,
 }
@@ -268,14 +269,13 @@ fn run(a: &Args) -> Result<bool, String> {
     // Attempt 0: a sub sent at once on a connection made before the kill.
     {
         let (log, subject) = (Arc::clone(&log), format!("{subject}.s0"));
+        let addr = a.subscribe.clone();
         threads.push(thread::spawn(move || {
             let sent = Instant::now();
             let r = first_sub.subscribe(&subject).map(|_| ());
             let done = Instant::now();
-            log.lock()
-                .unwrap()
-                .subs
-                .insert(0, (sent, done, r.map_err(|e| e.to_string())));
+            let r = r.map_err(|e| e.to_string());
+            log.lock().unwrap().subs.insert(0, (sent, done, r, addr));
             drop(first_sub);
         }));
     }
@@ -337,7 +337,7 @@ fn run(a: &Args) -> Result<bool, String> {
                     .and_then(|c| c.subscribe(&subject).map(|s| (c, s)));
                 let done = Instant::now();
                 let r = r.map(drop).map_err(|e| format!("{addr}: {e}"));
-                log.lock().unwrap().subs.push((sent, done, r));
+                log.lock().unwrap().subs.push((sent, done, r, addr));
             }));
         }
         thread::sleep(Duration::from_millis(1));
@@ -419,6 +419,15 @@ fn summarize(l: &Log, killed: Instant, a: &Args, dropped: u64) -> Value {
     }
     let sub_ok = l.subs.iter().filter(|s| s.2.is_ok()).map(|s| s.1).min();
     let first_sub = l.subs.first();
+    // Per survivor, the first acked attempt: when it was sent and acked.
+    let mut acked: Vec<_> = l.subs.iter().filter(|s| s.2.is_ok()).collect();
+    acked.sort_by_key(|s| s.1);
+    let mut first_acks = serde_json::Map::new();
+    for s in acked {
+        first_acks
+            .entry(s.3.clone())
+            .or_insert_with(|| json!({"sent_ms": ms(killed, s.0), "acked_ms": ms(killed, s.1)}));
+    }
     json!({
         "old_leader": a.leader,
         "new_leader": l.new_leader.as_ref().map(|n| n.1.clone()),
@@ -432,6 +441,7 @@ fn summarize(l: &Log, killed: Instant, a: &Args, dropped: u64) -> Value {
         }),
         "sub_attempts": l.subs.len(),
         "sub_errors": l.subs.iter().filter(|s| s.2.is_err()).count(),
+        "first_acks": first_acks,
         "interval_ms": a.interval.as_secs_f64() * 1e3,
         "published": l.published.len(),
         "published_after_kill": after_kill,

@@ -187,6 +187,11 @@ await_listen() {
 
 record() { jq -c "$1" <<<"$2" >>"$results"; }
 
+# Forward batches node $1 dropped so far (its peer link was down or full).
+fwd_dropped() {
+  curl -s "http://${http[$1]}/metrics" | awk '$1 == "gombus_cluster_forward_batches_dropped_total" { print $2 + 0 }'
+}
+
 # jq: the median of an array of numbers (nulls left out).
 jq_median='def median: map(select(. != null)) | sort | if length == 0 then null
   elif length % 2 == 1 then .[length / 2 | floor]
@@ -269,20 +274,22 @@ if has_part failover; then
     survivors=()
     for n in "${nodes[@]}"; do [[ $n != "$leader" ]] && survivors+=("$n"); done
     victim=${pid[$leader]}
+    drops0=$(fwd_dropped "${survivors[0]}")
     out=$("$probe" --pub "${http[${survivors[0]}]}" --sub "${http[${survivors[1]}]}" \
       --leader "$leader" --kill-pid "$victim" --control-token "$token" --interval "$interval") ||
       say "failover run $run: the probe reported a failure: $out"
+    drops=$(($(fwd_dropped "${survivors[0]}") - drops0))
     wait "$victim" 2>/dev/null || true
     pid[$leader]=
     [[ -n $out ]] || fail "failover run $run: no result"
     restart_t0=$(date +%s%N)
     start_node "$leader"
     if ! await_cluster 60 >/dev/null; then
-      record "{part:\"failover\", run:$run, rejoin_ms:null} + ." "$out"
+      record "{part:\"failover\", run:$run, rejoin_ms:null, pub_node_forward_batches_dropped:$drops} + ." "$out"
       fail "failover run $run: $leader did not catch up within 60 s after its restart"
     fi
     rejoin_ms=$((($(date +%s%N) - restart_t0) / 1000000))
-    record "{part:\"failover\", run:$run, pub_node:\"${survivors[0]}\", sub_node:\"${survivors[1]}\", rejoin_ms:$rejoin_ms} + ." "$out"
+    record "{part:\"failover\", run:$run, pub_node:\"${survivors[0]}\", sub_node:\"${survivors[1]}\", rejoin_ms:$rejoin_ms, pub_node_forward_batches_dropped:$drops} + ." "$out"
     say "failover run $run: $(jq -c '{old_leader, new_leader, deliver_ms, leader_ms, sub_ms, lost, max_gap_ms}' <<<"$out") rejoin ${rejoin_ms}ms"
   done
 fi
@@ -345,12 +352,13 @@ echo "{\"part\":\"env\",\"uptime_after\":\"$(uptime)\"}" >>"$results"
     echo "a new leader; sub: first acked sub sent after the kill; first sub: the one sent at the kill;"
     echo "lost: after the first delivery; unseen/visible: publishes lost, and ms from the subscriber's"
     echo "sub ack to the first delivered publish, before the publisher's node knew the subscription"
-    printf '%4s %4s %4s %8s %8s %8s %9s %5s %7s %7s %8s %8s\n' run old new deliver leader sub 'first sub' lost 'gap ms' unseen visible rejoin
+    echo "fwd drops: forward batches the publisher's node dropped during the run (peer link down or full)"
+    printf '%4s %4s %4s %8s %8s %8s %9s %5s %7s %7s %8s %9s %8s\n' run old new deliver leader sub 'first sub' lost 'gap ms' unseen visible 'fwd drops' rejoin
     jq -r 'select(.part == "failover")
-      | "\(.run) \(.old_leader) \(.new_leader) \(.deliver_ms // "-") \(.leader_ms // "-") \(.sub_ms // "-") \(.first_sub_ms // "-") \(.lost) \(.max_gap_ms) \(.unseen_at_start) \(.visible_ms // "-") \(.rejoin_ms // "-")"' "$results" |
-      while read -r r o n d l s f lost g u v j; do
+      | "\(.run) \(.old_leader) \(.new_leader) \(.deliver_ms // "-") \(.leader_ms // "-") \(.sub_ms // "-") \(.first_sub_ms // "-") \(.lost) \(.max_gap_ms) \(.unseen_at_start) \(.visible_ms // "-") \(.pub_node_forward_batches_dropped) \(.rejoin_ms // "-")"' "$results" |
+      while read -r r o n d l s f lost g u v x j; do
         fmt() { [[ $1 == - ]] && echo - || printf '%.1f' "$1"; }
-        printf '%4s %4s %4s %8s %8s %8s %9s %5s %7s %7s %8s %8s\n' "$r" "$o" "$n" "$(fmt "$d")" "$(fmt "$l")" "$(fmt "$s")" "$(fmt "$f")" "$lost" "$(fmt "$g")" "$u" "$(fmt "$v")" "$j"
+        printf '%4s %4s %4s %8s %8s %8s %9s %5s %7s %7s %8s %9s %8s\n' "$r" "$o" "$n" "$(fmt "$d")" "$(fmt "$l")" "$(fmt "$s")" "$(fmt "$f")" "$lost" "$(fmt "$g")" "$u" "$(fmt "$v")" "$x" "$j"
       done
     jq -rs "$jq_median"'
       map(select(.part == "failover")) as $f
