@@ -228,11 +228,25 @@ fn status_agrees(c: &Cluster) {
         assert_eq!(code, 200, "{id} /healthz: {body}");
         let (code, body) = http_get(addr, "/metrics").expect("GET /metrics");
         assert_eq!(code, 200);
-        assert!(
-            body.lines().any(|l| l.starts_with("gombus_raft_term")),
-            "{id} /metrics has no gombus_raft_term gauge:\n{body}"
+        assert_eq!(
+            gauge(&body, "gombus_raft_term"),
+            term.as_f64(),
+            "{id} /metrics term:\n{body}"
+        );
+        let leads = gauge(&body, "gombus_raft_leader");
+        assert_eq!(
+            leads,
+            Some(if json!(id) == leader { 1.0 } else { 0.0 }),
+            "{id}:\n{body}"
         );
     }
+}
+
+/// The value of an unlabelled gauge in a Prometheus text body.
+fn gauge(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 fn pubsub_across_nodes(c: &Cluster) {
@@ -912,9 +926,7 @@ fn whole_cluster_restart_keeps_rules_and_streams() {
         let clean = c.terminate(i, Duration::from_secs(10));
         assert!(clean, "{id} did not exit within 10 s of SIGTERM");
     }
-    for i in 0..3 {
-        c.restart(i);
-    }
+    c.restart_all(&[0, 1, 2]);
     c.await_leader(&[0, 1, 2], LEADER_WAIT);
 
     for (i, id) in IDS.iter().enumerate() {

@@ -14,7 +14,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -33,6 +33,10 @@ const LOG_LINES_MAX: usize = 300;
 const LISTENING_MARKER: &str = "listening on ";
 
 static NEXT_ROOT: AtomicU64 = AtomicU64::new(0);
+/// Held by each running cluster: the tests of one binary run their clusters
+/// one after another, so timings (elections, failover) are not measured on
+/// a host busy with several clusters at once.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// A free loopback port: bind port 0, read it, let the listener go.
 pub fn free_port() -> u16 {
@@ -60,12 +64,15 @@ pub struct Cluster {
     root: PathBuf,
     procs: Vec<Option<Proc>>,
     logs: Vec<Arc<Mutex<VecDeque<String>>>>,
+    /// Released after `Drop::drop` has killed every node.
+    _turn: MutexGuard<'static, ()>,
 }
 
 impl Cluster {
     /// Starts n1..n3 and waits (bounded) until all of them listen and
     /// agree on a leader.
     pub fn start() -> Cluster {
+        let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let http: Vec<String> = (0..3)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
@@ -88,6 +95,7 @@ impl Cluster {
             logs: (0..3)
                 .map(|_| Arc::new(Mutex::new(VecDeque::new())))
                 .collect(),
+            _turn: turn,
         };
         let waits: Vec<_> = (0..3).map(|i| cluster.spawn(i)).collect();
         for (i, lines) in waits.into_iter().enumerate() {
@@ -312,6 +320,21 @@ impl Cluster {
         assert!(self.procs[i].is_none(), "{} is still running", IDS[i]);
         let lines = self.spawn(i);
         self.await_listening(i, &lines);
+    }
+
+    /// Starts every node in `nodes` again (all at once, so none waits on
+    /// the others to form a majority) and waits until each listens.
+    pub fn restart_all(&mut self, nodes: &[usize]) {
+        let waits: Vec<_> = nodes
+            .iter()
+            .map(|&i| {
+                assert!(self.procs[i].is_none(), "{} is still running", IDS[i]);
+                (i, self.spawn(i))
+            })
+            .collect();
+        for (i, lines) in waits {
+            self.await_listening(i, &lines);
+        }
     }
 
     /// SIGSTOP node `i`: it keeps its sockets but answers nothing.
