@@ -661,6 +661,12 @@ fn leader_kill_fails_over_keeping_subscriptions_and_cursors() {
 
     let killed = Instant::now();
     c.kill(leader);
+    // Delivery between the survivors on a subscription made before.
+    await_route(&cf, &sub_o, "fo.live.probe");
+    println!(
+        "failover: kill -> first delivery on an existing subscription: {} ms",
+        killed.elapsed().as_millis()
+    );
     let survivors = [owner, other];
     let (new_leader, new_term) = c.await_leader(&survivors, Duration::from_secs(5));
     let elected = killed.elapsed();
