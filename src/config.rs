@@ -373,30 +373,30 @@ const FLAGS: &[FlagSpec] = &[
         "raft-addr",
         "host:port",
         "",
-        "cluster (validated, not used by the broker yet): this node's Raft address, required with -raft-peers",
+        "cluster: this node's Raft address, required with -raft-peers",
     ),
     value(
         "raft-peers",
         "id=host:port,...",
         "",
-        "cluster (validated, not used by the broker yet): Raft members, comma separated, unique ids",
+        "cluster: every Raft member including this node, comma separated, unique ids; turns cluster mode on",
     ),
     value(
         "cluster",
         "host:port,...",
         "",
-        "cluster (validated, not used by the broker yet): other nodes' HTTP addresses, comma separated",
+        "cluster: the other nodes' HTTP addresses, comma separated",
     ),
     boolean(
         "bootstrap",
         "false",
-        "cluster (validated, not used by the broker yet): form a new cluster from -raft-peers",
+        "cluster: may form a new cluster from -raft-peers (harmless on every node)",
     ),
     value(
         "raft-log",
         "kind",
         "durable",
-        "cluster (validated, not used by the broker yet): memory or durable",
+        "cluster: where the Raft log lives, memory or durable",
     ),
     value(
         "sync",
@@ -752,6 +752,12 @@ impl Config {
             return Err(invalid("-raft-peers: requires -raft-addr"));
         }
         check_peers(&self.raft_peers).map_err(|e| invalid(format!("-raft-peers: {e}")))?;
+        if !self.raft_peers.is_empty() && !self.raft_peers.iter().any(|p| p.id == self.node_id) {
+            return Err(invalid(format!(
+                "-raft-peers: this node ({}) is not one of the members",
+                self.node_id
+            )));
+        }
         check_addr_list(&self.cluster).map_err(|e| invalid(format!("-cluster: {e}")))?;
         Ok(())
     }
@@ -1380,6 +1386,7 @@ mod tests {
     #[test]
     fn raft_peers() {
         let cfg = ok(&[
+            "-node-id=node-1",
             "-raft-addr=127.0.0.1:7001",
             "-raft-peers=node-1=127.0.0.1:7001, node-2=127.0.0.1:7002,node-3=localhost:7003",
         ]);
@@ -1412,6 +1419,14 @@ mod tests {
             "-raft-peers=a=127.0.0.1:7001,b=127.0.0.1:7001",
         ]);
         assert!(msg.contains("appears more than once"), "{msg}");
+        assert_eq!(
+            bad(&[
+                "-node-id=c",
+                "-raft-addr=127.0.0.1:7001",
+                "-raft-peers=a=127.0.0.1:7001,b=127.0.0.1:7002",
+            ]),
+            "-raft-peers: this node (c) is not one of the members"
+        );
         assert_eq!(
             bad(&["-raft-peers=a=127.0.0.1:7001"]),
             "-raft-peers: requires -raft-addr"

@@ -1,11 +1,13 @@
 //! The `broker` binary: flags (or their GOMBUS_* environment variables)
-//! -> Config -> a single-node broker on one event loop, stopped cleanly by
-//! SIGTERM or SIGINT.
+//! -> Config -> a broker on one event loop (a cluster member when
+//! `-raft-peers` is given), stopped cleanly by SIGTERM or SIGINT.
 
 use std::process::ExitCode;
 
+use gombus::broker::cluster::ClusterSettings;
 use gombus::broker::dispatch::ENVELOPE_BYTES;
 use gombus::broker::{Broker, BrokerConfig};
+use gombus::cluster::node::NodeConfig;
 use gombus::config::{self, ConfigError};
 use gombus::net::server::{Server, Settings, IN_BYTES_MAX, POLLING_SESSIONS_MAX};
 use gombus::net::signal;
@@ -32,6 +34,9 @@ fn main() -> ExitCode {
         max_payload: cfg.max_payload,
         connect_timeout: cfg.connect_timeout,
     });
+    if let Some(settings) = cluster_settings(&cfg) {
+        broker.enable_cluster(settings);
+    }
     if let Err(e) = broker.open_streams(&cfg.data_dir, cfg.sync, cfg.segment_size as u64) {
         log_error!("streams unavailable: {e}");
     }
@@ -68,4 +73,33 @@ fn main() -> ExitCode {
     drop(server);
     log_info!("stopped");
     ExitCode::SUCCESS
+}
+
+/// Cluster mode's settings, when `-raft-peers` is given. Members are
+/// numbered by their sorted ids, so every node agrees on the numbers.
+fn cluster_settings(cfg: &config::Config) -> Option<ClusterSettings> {
+    let listen = cfg.raft_addr?;
+    if cfg.raft_peers.is_empty() {
+        return None;
+    }
+    let mut names: Vec<String> = cfg.raft_peers.iter().map(|p| p.id.clone()).collect();
+    names.sort();
+    let id_of = |n: &str| names.iter().position(|x| x == n).map(|i| i as u64 + 1);
+    let members = cfg
+        .raft_peers
+        .iter()
+        .filter_map(|p| Some((id_of(&p.id)?, p.addr)))
+        .collect();
+    Some(ClusterSettings {
+        raft: NodeConfig {
+            id: id_of(&cfg.node_id)?,
+            listen,
+            members,
+            data: cfg.data_dir.clone(),
+            memory_log: cfg.raft_log == config::RaftLogKind::Memory,
+            bootstrap: cfg.bootstrap,
+        },
+        names,
+        peers_http: cfg.cluster.clone(),
+    })
 }

@@ -1,25 +1,48 @@
 //! The `/control` namespace: queue-group rules, server info and cluster
 //! status, for operators and (later) peer nodes.
 
-use serde_json::json;
 use serde_json::value::RawValue;
+use serde_json::{json, Value};
 
+use super::cluster::Reply;
 use super::groups::GroupMode;
+use super::session::NSP_CONTROL;
 use super::subs::Command;
 use super::Broker;
-use crate::net::Io;
+use crate::cluster::fsm::Cmd;
+use crate::cluster::raft::Role;
+use crate::net::{ConnId, Io};
 use crate::protocol::errors::{ok_body, ok_with, ApiError, Code};
 use crate::protocol::messages::{parse_arg, GroupSet};
 
 impl Broker {
-    /// Answers one `/control` event; the ack body as text.
+    /// Answers one `/control` event: the ack body as text, or `None` when
+    /// the ack is sent later (a change waiting for the cluster).
     pub(crate) fn control_event(
         &mut self,
-        io: &Io<'_>,
+        io: &mut Io<'_>,
+        conn: ConnId,
+        ack_id: Option<u64>,
         name: &str,
         arg: Option<&RawValue>,
-    ) -> Result<String, ApiError> {
+        attachments: &[Vec<u8>],
+    ) -> Result<Option<String>, ApiError> {
         match name {
+            "cluster.command" => self.cluster_command(conn, ack_id, arg),
+            "cluster.forward" => self.cluster_forward(io, attachments),
+            other => self.control_query(io, conn, ack_id, other, arg),
+        }
+    }
+
+    fn control_query(
+        &mut self,
+        io: &mut Io<'_>,
+        conn: ConnId,
+        ack_id: Option<u64>,
+        name: &str,
+        arg: Option<&RawValue>,
+    ) -> Result<Option<String>, ApiError> {
+        let answer = match name {
             "group.set" => {
                 let req: GroupSet = parse_arg(arg)?;
                 let mode = GroupMode::parse(&req.mode).ok_or_else(|| {
@@ -29,14 +52,21 @@ impl Broker {
                     )
                 })?;
                 super::subs::check_queue(&req.queue)?;
-                self.subs.apply(Command::GroupSet {
+                let cmd = Cmd::Subs(Command::GroupSet {
                     queue: req.queue,
                     mode,
-                })?;
-                Ok(ok_body(""))
+                });
+                let reply = ack_id.map(|ack_id| Reply {
+                    conn,
+                    nsp: NSP_CONTROL,
+                    ack_id,
+                    ok_body: ok_body(""),
+                });
+                return self.submit(io, cmd, reply);
             }
             "group.list" => {
                 let groups: Vec<_> = self
+                    .fsm
                     .subs
                     .groups
                     .list()
@@ -49,21 +79,70 @@ impl Broker {
                 "version": env!("CARGO_PKG_VERSION"),
                 "uptime_ms": io.now().saturating_duration_since(self.started).as_millis() as u64,
                 "connections": io.stats().sessions_open,
-                "subscriptions": self.subs.len(),
+                "subscriptions": self.fsm.subs.len(),
                 "streams": self.streams.len(),
+                "cluster": self.cluster.as_ref().map(|_| self.cluster_status()),
             }))),
-            "cluster.status" => Ok(ok_with(json!({
-                // A single node is a cluster of one that leads itself.
-                "node_id": self.cfg.node_id,
-                "leader": self.cfg.node_id,
-                "term": 0,
-                "commit_index": 0,
-                "peers": [{"id": self.cfg.node_id, "state": "leader", "match_index": 0}],
-            }))),
+            "cluster.status" => Ok(ok_with(self.cluster_status())),
             other => Err(ApiError::new(
                 Code::BadRequest,
                 format!("unknown event {other:?} on /control"),
             )),
-        }
+        };
+        answer.map(Some)
+    }
+
+    /// `{node_id, leader, term, commit_index, applied_index, peers}`: a
+    /// single node is a cluster of one that leads itself.
+    pub(crate) fn cluster_status(&self) -> Value {
+        let Some(c) = &self.cluster else {
+            return json!({
+                "node_id": self.cfg.node_id,
+                "leader": self.cfg.node_id,
+                "term": 0,
+                "commit_index": 0,
+                "applied_index": 0,
+                "peers": [{"id": self.cfg.node_id, "state": "leader", "match_index": 0}],
+            });
+        };
+        let view = c.view.clone();
+        let leader = c.leader();
+        let peers: Vec<Value> = (1..=c.names.len() as u64)
+            .map(|id| {
+                let p = view
+                    .as_ref()
+                    .and_then(|v| v.peers.iter().find(|p| p.id == id));
+                let state = if id == c.me {
+                    role_name(view.as_ref().map_or(Role::Follower, |v| v.role))
+                } else if leader == Some(id) {
+                    "leader"
+                } else if !p.is_some_and(|p| p.connected) && !c.reachable(id) {
+                    "unreachable"
+                } else {
+                    "follower"
+                };
+                json!({
+                    "id": c.name_of(id),
+                    "state": state,
+                    "match_index": p.and_then(|p| p.match_index).unwrap_or(0),
+                })
+            })
+            .collect();
+        json!({
+            "node_id": self.cfg.node_id,
+            "leader": leader.and_then(|l| c.name_of(l)),
+            "term": view.as_ref().map_or(c.term(), |v| v.term),
+            "commit_index": view.as_ref().map_or(0, |v| v.commit),
+            "applied_index": self.fsm.applied,
+            "peers": peers,
+        })
+    }
+}
+
+fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Leader => "leader",
+        Role::Candidate | Role::PreCandidate => "candidate",
+        Role::Follower => "follower",
     }
 }

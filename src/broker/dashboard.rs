@@ -93,7 +93,7 @@ impl Broker {
             "connections": net.sessions_open,
             "tcp_connections": net.connections_open,
             "connections_total": net.connections_total,
-            "subscriptions": self.subs.len(),
+            "subscriptions": self.fsm.subs.len(),
             "slow_consumers": net.slow_consumers,
             "messages": {"in": self.metrics.msgs_in, "out": self.metrics.msgs_out},
             "bytes": {"in": self.metrics.bytes_in, "out": self.metrics.bytes_out},

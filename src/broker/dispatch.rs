@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
 
+use super::cluster::{Cluster, ClusterSettings, Reply};
 use super::groups::GroupMode;
 use super::history::History;
 use super::metrics::Metrics;
@@ -14,7 +15,9 @@ use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOU
 use super::session::{token_eq, Session, NSP_CONTROL, NSP_ROOT};
 use super::streams::{Incoming, Streams};
 use super::subject;
-use super::subs::{Command, SubKey, SubTable};
+use super::subs::{Command, SubKey};
+use crate::cluster::forward::Forwarded;
+use crate::cluster::fsm::{Cmd, Fsm};
 use crate::net::{ConnId, Handler, Io, Payload, Request, Response};
 use crate::protocol::errors::{ok_body, raw_text, ApiError, Code, OK_BODY};
 use crate::protocol::messages::{self, event_arg, ArgError, Pub, Sub, Unsub};
@@ -37,8 +40,14 @@ pub struct Broker {
     pub(crate) cfg: BrokerConfig,
     pub(crate) started: Instant,
     pub(crate) sessions: Vec<Option<Session>>,
-    pub(crate) subs: SubTable,
-    requests: Requests,
+    /// The control state: subscriptions, group rules, stream metadata.
+    pub(crate) fsm: Fsm,
+    pub(crate) requests: Requests,
+    /// Set in cluster mode.
+    pub(crate) cluster: Option<Cluster>,
+    /// This process's boot id: the high half of every connection serial.
+    boot: u64,
+    next_serial: u64,
     pub(crate) metrics: Metrics,
     /// Per-second traffic samples for the dashboard.
     pub(crate) history: History,
@@ -47,6 +56,12 @@ pub struct Broker {
     tail: Vec<u8>,
     /// Reused buffer for ack headers.
     ack_head: Vec<u8>,
+    /// Reused list of this node's subscriptions a delivery goes to.
+    targets: Vec<SubKey>,
+    /// Push deliveries for other nodes' subscribers (cluster mode).
+    pub(crate) remote_push: super::stream_out::RemotePush,
+    /// Consumer cursors last replicated (cluster mode).
+    pub(crate) cursor_log: super::stream_cluster::CursorLog,
     rng: u64,
 }
 
@@ -70,13 +85,19 @@ impl Broker {
             cfg,
             started: Instant::now(),
             sessions: Vec::new(),
-            subs: SubTable::new(),
+            fsm: Fsm::new(1),
             requests,
+            cluster: None,
+            boot: (rng >> 32).max(1) & 0xffff_ffff,
+            next_serial: 0,
             metrics: Metrics::default(),
             history: History::new(Instant::now()),
             streams: Streams::default(),
             tail: Vec::with_capacity(1024),
             ack_head: Vec::with_capacity(32),
+            targets: Vec::new(),
+            cursor_log: Default::default(),
+            remote_push: Default::default(),
             rng,
         }
     }
@@ -92,6 +113,13 @@ impl Broker {
     ) -> Result<(), String> {
         self.streams = Streams::open(data, policy, segment_bytes)?;
         Ok(())
+    }
+
+    /// Makes this broker node `settings.raft.id` of a cluster; the Raft
+    /// thread and peer links start when the event loop attaches.
+    pub fn enable_cluster(&mut self, settings: ClusterSettings) {
+        self.fsm = Fsm::new(settings.raft.id);
+        self.cluster = Some(Cluster::new(settings, self.boot));
     }
 
     fn session(&mut self, conn: ConnId) -> Option<&mut Session> {
@@ -149,7 +177,7 @@ impl Broker {
     ) {
         match p.kind {
             Kind::Connect => self.connect(io, conn, p),
-            Kind::Disconnect => self.leave(conn, p.nsp),
+            Kind::Disconnect => self.leave(io, conn, p.nsp),
             Kind::Event | Kind::BinaryEvent => self.event(io, conn, p, attachments),
             // The broker asks clients for no acks; stray ones are ignored.
             Kind::Ack | Kind::BinaryAck => {}
@@ -198,6 +226,7 @@ impl Broker {
         };
         if p.nsp == NSP_ROOT {
             session.root = true;
+            self.join_root(conn);
         } else {
             session.control = true;
         }
@@ -208,23 +237,48 @@ impl Broker {
         io.set_timer(conn, None);
     }
 
-    fn leave(&mut self, conn: ConnId, nsp: &str) {
+    fn leave(&mut self, io: &mut Io<'_>, conn: ConnId, nsp: &str) {
         let Some(session) = self.session(conn) else {
             return;
         };
         match nsp {
             NSP_ROOT if session.root => {
                 session.root = false;
-                self.drop_root_state(conn);
+                self.drop_root_state(io, conn);
             }
             NSP_CONTROL => session.control = false,
             _ => {}
         }
     }
 
-    fn drop_root_state(&mut self, conn: ConnId) {
-        let _ = self.subs.apply(Command::RemoveConn { conn });
+    /// Gives a socket that joined `/` a fresh serial.
+    fn join_root(&mut self, conn: ConnId) {
+        self.next_serial += 1;
+        let serial = (self.boot << 32) | (self.next_serial & 0xffff_ffff);
+        if let Some(s) = self.session(conn) {
+            s.serial = serial;
+        }
+        self.fsm.subs.attach_local(serial, conn);
+    }
+
+    /// The owner this socket's subscriptions are made under.
+    fn owner(&self, conn: ConnId) -> Option<super::subs::Owner> {
+        let serial = self.sessions.get(conn)?.as_ref()?.serial;
+        (serial != 0).then(|| self.fsm.subs.local_owner(serial))
+    }
+
+    fn drop_root_state(&mut self, io: &mut Io<'_>, conn: ConnId) {
         self.requests.drop_conn(conn);
+        let Some(owner) = self.owner(conn) else {
+            return;
+        };
+        if let Some(s) = self.session(conn) {
+            s.serial = 0;
+        }
+        self.fsm.subs.detach_local(owner.conn);
+        if self.fsm.subs.has_owner(owner) {
+            self.submit_internal(io, Cmd::Subs(Command::RemoveConn { owner }));
+        }
     }
 
     fn event(&mut self, io: &mut Io<'_>, conn: ConnId, p: &Packet<'_>, attachments: &[Vec<u8>]) {
@@ -242,8 +296,15 @@ impl Broker {
             NSP_ROOT if root => self.root_event(io, conn, &name, p.data, p.id, attachments),
             NSP_CONTROL if control => match socketio::parse_event(p.data) {
                 Ok(ev) => self
-                    .control_event(io, &ev.name, ev.args.first().copied())
-                    .map(Answer::Now)
+                    .control_event(
+                        io,
+                        conn,
+                        p.id,
+                        &ev.name,
+                        ev.args.first().copied(),
+                        attachments,
+                    )
+                    .map(|b| b.map_or(Answer::Later, Answer::Now))
                     .map_err(ArgError::Api),
                 Err(_) => Err(ArgError::Malformed),
             },
@@ -288,17 +349,32 @@ impl Broker {
             }
             "sub" => {
                 let s: Sub = event_arg(data)?;
-                Ok(Answer::Now(self.subscribe(conn, s)?))
+                Ok(self.subscribe(io, conn, ack_id, s)?)
             }
             "unsub" => {
                 let u: Unsub = event_arg(data)?;
                 let sid = u.sid.into_string();
-                self.subs.apply(Command::Unsubscribe {
-                    conn,
+                let owner = self.owner(conn).ok_or_else(no_session)?;
+                if !self.fsm.subs.conn_has_sid(owner, &sid) {
+                    return Err(ArgError::Api(ApiError::new(
+                        Code::NotFound,
+                        format!("no subscription with sid {sid:?}"),
+                    )));
+                }
+                let cmd = Cmd::Subs(Command::Unsubscribe {
+                    owner,
                     sid,
                     after: u.after,
-                })?;
-                Ok(Answer::Ok)
+                });
+                let reply = ack_id.map(|ack_id| Reply {
+                    conn,
+                    nsp: NSP_ROOT,
+                    ack_id,
+                    ok_body: OK_BODY.to_string(),
+                });
+                Ok(self
+                    .submit(io, cmd, reply)?
+                    .map_or(Answer::Later, Answer::Now))
             }
             "request" => {
                 let r: messages::Request = event_arg(data)?;
@@ -311,6 +387,11 @@ impl Broker {
             other => {
                 let ev = socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
                 let arg = ev.args.first().copied();
+                if let Some(r) =
+                    self.clustered_stream_event(io, conn, other, arg, ack_id, attachments)
+                {
+                    return Ok(r?.map_or(Answer::Later, Answer::Now));
+                }
                 if let Some(r) = self.streams.event(io, conn, other, arg, ack_id) {
                     return Ok(r?.map_or(Answer::Later, Answer::Now));
                 }
@@ -322,28 +403,48 @@ impl Broker {
         }
     }
 
-    fn subscribe(&mut self, conn: ConnId, s: Sub<'_>) -> Result<String, ApiError> {
+    fn subscribe(
+        &mut self,
+        io: &mut Io<'_>,
+        conn: ConnId,
+        ack_id: Option<u64>,
+        s: Sub<'_>,
+    ) -> Result<Answer, ApiError> {
+        let owner = self.owner(conn).ok_or_else(no_session)?;
         let sid = match s.sid {
             Some(v) => v.into_string(),
             None => {
-                let subs = &self.subs;
+                let subs = &self.fsm.subs;
                 let session = self.sessions.get_mut(conn).and_then(Option::as_mut);
                 match session {
-                    Some(sess) => sess.assign_sid(|c| subs.conn_has_sid(conn, c)),
-                    None => return Err(ApiError::new(Code::Internal, "no session")),
+                    Some(sess) => sess.assign_sid(|c| subs.conn_has_sid(owner, c)),
+                    None => return Err(no_session()),
                 }
             }
         };
         let sid_json = serde_json::Value::from(sid.as_str()).to_string();
         let queue = s.queue.map(|q| q.into_owned());
-        self.subs.apply(Command::Subscribe {
-            conn,
+        let pattern = s.subject.into_owned();
+        // Refusals need no consensus round.
+        self.fsm
+            .subs
+            .check_subscribe(owner, &sid, &pattern, queue.as_deref())?;
+        let cmd = Cmd::Subs(Command::Subscribe {
+            owner,
             sid,
-            pattern: s.subject.into_owned(),
+            pattern,
             queue,
             max: s.max,
-        })?;
-        Ok(ok_body(&format!("\"sid\":{sid_json}")))
+        });
+        let reply = ack_id.map(|ack_id| Reply {
+            conn,
+            nsp: NSP_ROOT,
+            ack_id,
+            ok_body: ok_body(&format!("\"sid\":{sid_json}")),
+        });
+        Ok(self
+            .submit(io, cmd, reply)?
+            .map_or(Answer::Later, Answer::Now))
     }
 
     /// Checks a message's subject, headers and size; returns its size.
@@ -390,6 +491,30 @@ impl Broker {
         }
         let headers = p.headers.map(RawValue::get).filter(|h| *h != "null");
         let captured = self.streams.captures(&p.subject);
+        if captured.is_none() {
+            let fsm = &self.fsm;
+            let owner = self
+                .cluster
+                .as_mut()
+                .and_then(|c| c.remote_capture(fsm, &p.subject));
+            if let Some(owner) = owner {
+                // Another node's stream captures it: that node stores and
+                // delivers it, and its answer is this publish's ack.
+                self.metrics.msgs_in += 1;
+                self.metrics.bytes_in += size as u64;
+                let arg = pub_arg(&p.subject, data, p.reply.as_deref(), headers);
+                self.relay(
+                    owner,
+                    conn,
+                    ack_id,
+                    "pub",
+                    arg,
+                    attachments.to_vec(),
+                    super::cluster::PROPOSE_WAIT,
+                )?;
+                return Ok(ack_id.is_some());
+            }
+        }
         if let Some(stream) = captured {
             let msg = Incoming {
                 subject: &p.subject,
@@ -404,6 +529,23 @@ impl Broker {
         if self.requests.may_be_inbox(&p.subject) {
             if let Some(pending) = self.requests.take(&p.subject) {
                 answer_request(io, &pending, &p.subject, data, headers, attachments);
+            }
+        } else if let Some(c) = self.cluster.as_mut() {
+            // A reply to a request made on another node goes straight there.
+            if let Some(node) = c.inbox_node(&p.subject) {
+                c.queue_forward(
+                    node,
+                    &Forwarded {
+                        subject: &p.subject,
+                        reply: p.reply.as_deref(),
+                        data,
+                        headers,
+                        extra: None,
+                        attachments: attachments.to_vec(),
+                        plain: false,
+                        picks: Vec::new(),
+                    },
+                );
             }
         }
         self.deliver(
@@ -439,7 +581,7 @@ impl Broker {
             // Fire and forget: the request is delivered, and replies to its
             // inbox reach nobody since no ack waits for them.
             None => self.requests.unanswered_inbox(),
-            Some(_) if self.subs.matches(&r.subject).is_empty() => return Err(no_responders()),
+            Some(_) if self.fsm.subs.matches(&r.subject).is_empty() => return Err(no_responders()),
             Some(ack_id) => {
                 let timeout = r
                     .timeout_ms
@@ -473,7 +615,9 @@ impl Broker {
     }
 
     /// Sends a message to every matching subscription (one member per
-    /// load-balanced group); returns the deliveries made.
+    /// load-balanced group); returns the deliveries made. In a cluster,
+    /// subscriptions of other nodes are reached through forward batches
+    /// (one per node and turn), each counted as one delivery.
     #[allow(clippy::too_many_arguments)]
     fn deliver(
         &mut self,
@@ -485,15 +629,148 @@ impl Broker {
         attachments: &[Vec<u8>],
         size: usize,
     ) -> usize {
-        let m = self.subs.matches(subject);
+        let m = self.fsm.subs.matches(subject);
         if m.is_empty() {
             return 0;
         }
+        let me = self.fsm.subs.me();
+        // Other nodes to forward to: (node, to its plain subscribers,
+        // its picked group members).
+        let mut remote: RemoteTargets = Vec::new();
+        let mut local = std::mem::take(&mut self.targets);
+        local.clear();
+        let mut lb: Vec<usize> = Vec::new();
+        for &key in &m.plain {
+            match self.fsm.subs.get(key).map(|s| s.owner.node) {
+                Some(n) if n == me => local.push(key),
+                Some(n) => mark_plain(&mut remote, n),
+                None => {}
+            }
+        }
+        for (gi, g) in m.groups.iter().enumerate() {
+            if self.fsm.subs.group_mode(&g.queue) == GroupMode::Broadcast {
+                for &key in &g.members {
+                    match self.fsm.subs.get(key).map(|s| s.owner.node) {
+                        Some(n) if n == me => local.push(key),
+                        Some(n) => mark_plain(&mut remote, n),
+                        None => {}
+                    }
+                }
+            } else {
+                lb.push(gi);
+            }
+        }
+        let out_parts = self.encode_delivery(subject, data, reply, headers, None, attachments);
+        let tail = std::mem::take(&mut self.tail);
+        let out = Out {
+            head: &out_parts,
+            tail: &tail,
+            attachments,
+        };
+        let mut sent = 0;
+        for &key in &local {
+            sent += usize::from(self.send_to(io, key, &out));
+        }
+        for gi in lb {
+            let g = &m.groups[gi];
+            let n = g.members.len();
+            let start = self.fsm.subs.groups.pick(n);
+            // A member that cannot take it (closing, or on a node out of
+            // reach) passes it on.
+            for i in 0..n {
+                let key = g.members[(start + i) % n];
+                let Some(s) = self.fsm.subs.get(key) else {
+                    continue;
+                };
+                let node = s.owner.node;
+                if node == me {
+                    if self.send_to(io, key, &out) {
+                        sent += 1;
+                        break;
+                    }
+                } else if self.cluster.as_ref().is_some_and(|c| c.reachable(node)) {
+                    let pick = (s.owner.conn, s.sid.to_string());
+                    match remote.iter_mut().find(|r| r.0 == node) {
+                        Some(r) => r.2.push(pick),
+                        None => remote.push((node, false, vec![pick])),
+                    }
+                    break;
+                }
+            }
+        }
+        self.tail = tail;
+        self.targets = local;
+        if !remote.is_empty() {
+            if let Some(c) = self.cluster.as_mut() {
+                for (node, plain, picks) in &remote {
+                    c.queue_forward(
+                        *node,
+                        &Forwarded {
+                            subject,
+                            reply,
+                            data,
+                            headers,
+                            extra: None,
+                            attachments: attachments.to_vec(),
+                            plain: *plain,
+                            picks: picks.iter().map(|(c, s)| (*c, s.as_str())).collect(),
+                        },
+                    );
+                    c.forwarded += 1;
+                }
+                sent += remote.len();
+            }
+        }
+        self.metrics.msgs_out += sent as u64;
+        self.metrics.bytes_out += (sent * size) as u64;
+        sent
+    }
+
+    /// Delivers to the given subscriptions of this node (a message a peer
+    /// forwarded); returns the deliveries made.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn deliver_to(
+        &mut self,
+        io: &mut Io<'_>,
+        keys: &[SubKey],
+        m: &Forwarded<'_>,
+        size: usize,
+    ) -> usize {
+        let attachments = &m.attachments;
+        let head =
+            self.encode_delivery(m.subject, m.data, m.reply, m.headers, m.extra, attachments);
+        let tail = std::mem::take(&mut self.tail);
+        let out = Out {
+            head: &head,
+            tail: &tail,
+            attachments,
+        };
+        let mut sent = 0;
+        for &key in keys {
+            sent += usize::from(self.send_to(io, key, &out));
+        }
+        self.tail = tail;
+        self.metrics.msgs_out += sent as u64;
+        self.metrics.bytes_out += (sent * size) as u64;
+        sent
+    }
+
+    /// Writes the part of a delivery after the subscriber's sid into
+    /// `self.tail`; returns the part before it.
+    fn encode_delivery(
+        &mut self,
+        subject: &str,
+        data: &str,
+        reply: Option<&str>,
+        headers: Option<&str>,
+        extra: Option<&str>,
+        attachments: &[Vec<u8>],
+    ) -> std::borrow::Cow<'static, [u8]> {
         const MSG_HEAD: &[u8] = b"2[\"msg\",{\"sid\":";
-        let mut binary_head = Vec::new();
-        let head: &[u8] = if attachments.is_empty() {
-            MSG_HEAD
+        let head = if attachments.is_empty() {
+            std::borrow::Cow::Borrowed(MSG_HEAD)
         } else {
+            let mut binary_head = Vec::new();
             socketio::write_header(
                 &mut binary_head,
                 Kind::BinaryEvent,
@@ -502,60 +779,32 @@ impl Broker {
                 None,
             );
             binary_head.extend_from_slice(&MSG_HEAD[1..]);
-            &binary_head
+            std::borrow::Cow::Owned(binary_head)
         };
-        let mut tail = std::mem::take(&mut self.tail);
+        let tail = &mut self.tail;
         tail.clear();
         tail.extend_from_slice(b",\"subject\":");
-        push_json_str(&mut tail, subject);
+        push_json_str(tail, subject);
         tail.extend_from_slice(b",\"data\":");
         tail.extend_from_slice(data.as_bytes());
         if let Some(r) = reply {
             tail.extend_from_slice(b",\"reply\":");
-            push_json_str(&mut tail, r);
+            push_json_str(tail, r);
         }
         if let Some(h) = headers {
             tail.extend_from_slice(b",\"headers\":");
             tail.extend_from_slice(h.as_bytes());
         }
+        if let Some(x) = extra {
+            tail.push(b',');
+            tail.extend_from_slice(x.as_bytes());
+        }
         tail.extend_from_slice(b"}]");
-        let out = Out {
-            head,
-            tail: &tail,
-            attachments,
-        };
-        let mut sent = 0;
-        for &key in &m.plain {
-            sent += usize::from(self.send_to(io, key, &out));
-        }
-        for g in &m.groups {
-            match self.subs.group_mode(&g.queue) {
-                GroupMode::Broadcast => {
-                    for &key in &g.members {
-                        sent += usize::from(self.send_to(io, key, &out));
-                    }
-                }
-                GroupMode::LoadBalance => {
-                    let n = g.members.len();
-                    let start = self.subs.groups.pick(n);
-                    // A member that cannot take it (closing) passes it on.
-                    for i in 0..n {
-                        if self.send_to(io, g.members[(start + i) % n], &out) {
-                            sent += 1;
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-        self.metrics.msgs_out += sent as u64;
-        self.metrics.bytes_out += (sent * size) as u64;
-        self.tail = tail;
-        sent
+        head
     }
 
     fn send_to(&mut self, io: &mut Io<'_>, key: SubKey, out: &Out<'_>) -> bool {
-        let Some(s) = self.subs.deliverable(key) else {
+        let Some(s) = self.fsm.subs.deliverable(key) else {
             return false;
         };
         let conn = s.conn;
@@ -565,12 +814,48 @@ impl Broker {
         for a in out.attachments {
             io.send_binary(conn, a);
         }
-        if let Some(end) = self.subs.delivered(key) {
-            // Cannot fail: the subscription exists.
-            let _ = self.subs.apply(end);
+        if let Some(end) = self.fsm.subs.delivered(key) {
+            // Applied (or proposed) at the end of the turn, through the
+            // one path; used up, it takes no more deliveries meanwhile.
+            self.fsm.subs.ended.push(end);
         }
         true
     }
+}
+
+/// A `pub` event's argument as JSON text, from its parts.
+fn pub_arg(subject: &str, data: &str, reply: Option<&str>, headers: Option<&str>) -> String {
+    let mut out = Vec::with_capacity(data.len() + subject.len() + 48);
+    out.extend_from_slice(b"{\"subject\":");
+    push_json_str(&mut out, subject);
+    out.extend_from_slice(b",\"data\":");
+    out.extend_from_slice(data.as_bytes());
+    if let Some(r) = reply {
+        out.extend_from_slice(b",\"reply\":");
+        push_json_str(&mut out, r);
+    }
+    if let Some(h) = headers {
+        out.extend_from_slice(b",\"headers\":");
+        out.extend_from_slice(h.as_bytes());
+    }
+    out.push(b'}');
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Other nodes a delivery goes to: (node, to its plain subscribers, its
+/// picked group members as (serial, sid)).
+type RemoteTargets = Vec<(u64, bool, Vec<(u64, String)>)>;
+
+/// Notes that `node` gets the message for its plain subscribers.
+fn mark_plain(remote: &mut RemoteTargets, node: u64) {
+    match remote.iter_mut().find(|r| r.0 == node) {
+        Some(r) => r.1 = true,
+        None => remote.push((node, true, Vec::new())),
+    }
+}
+
+fn no_session() -> ApiError {
+    ApiError::new(Code::Internal, "this socket has not joined /")
 }
 
 /// The parts of one delivery shared by every subscriber.
@@ -581,7 +866,7 @@ struct Out<'a> {
 }
 
 /// Acks a waiting request with the reply published to its inbox.
-fn answer_request(
+pub(crate) fn answer_request(
     io: &mut Io<'_>,
     p: &Pending,
     inbox: &str,
@@ -670,7 +955,7 @@ fn query_param(query: &str, key: &str) -> Option<String> {
 }
 
 /// Keeps a node id usable inside a subject token.
-fn sanitize(id: &str) -> String {
+pub(crate) fn sanitize(id: &str) -> String {
     id.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
@@ -698,7 +983,10 @@ impl Handler for Broker {
             return r;
         }
         match req.path.as_str() {
-            "/healthz" => Response::json(200, r#"{"status":"ok"}"#),
+            "/healthz" => match &self.cluster {
+                Some(c) if c.leader().is_none() => Response::json(503, r#"{"status":"no leader"}"#),
+                _ => Response::json(200, r#"{"status":"ok"}"#),
+            },
             "/metrics" => {
                 let uptime = io
                     .now()
@@ -707,7 +995,7 @@ impl Handler for Broker {
                 let families = self.metric_families();
                 let mut body =
                     self.metrics
-                        .render_all(io.stats(), self.subs.len(), uptime, &families);
+                        .render_all(io.stats(), self.fsm.subs.len(), uptime, &families);
                 self.streams.render_metrics(&mut body);
                 Response::new(200, "text/plain; version=0.0.4; charset=utf-8", body)
             }
@@ -731,6 +1019,7 @@ impl Handler for Broker {
             if let Some(session) = self.session(conn) {
                 session.root = true;
             }
+            self.join_root(conn);
             io.send_text(conn, &[b"0"]);
             io.set_timer(conn, None);
         }
@@ -743,9 +1032,9 @@ impl Handler for Broker {
         }
     }
 
-    fn closed(&mut self, _io: &mut Io<'_>, conn: ConnId) {
+    fn closed(&mut self, io: &mut Io<'_>, conn: ConnId) {
         crate::log_debug!("conn {conn} closed");
-        self.drop_root_state(conn);
+        self.drop_root_state(io, conn);
         self.streams.closed(conn);
         if let Some(slot) = self.sessions.get_mut(conn) {
             *slot = None;
@@ -761,7 +1050,16 @@ impl Handler for Broker {
 
     fn tick(&mut self, io: &mut Io<'_>) {
         self.sample_history(io);
-        self.streams.tick(io, &mut self.subs);
+        if let Some(c) = &self.cluster {
+            self.remote_push.reachable = (1..=c.names.len() as u64)
+                .filter(|&n| n != c.me && c.reachable(n))
+                .collect();
+        }
+        self.streams
+            .tick(io, &mut self.fsm.subs, &mut self.remote_push);
+        self.forward_pushes();
+        self.cluster_tick(io);
+        self.replicate_cursors(io);
         if self.requests.is_empty() {
             return;
         }
@@ -781,6 +1079,10 @@ impl Handler for Broker {
         {
             next = next.min(d);
         }
+        if self.cluster.is_some() {
+            // Retries, expiries and the watch on peers run every 50 ms.
+            next = next.min(Instant::now() + Duration::from_millis(50));
+        }
         Some(next)
     }
 
@@ -789,11 +1091,20 @@ impl Handler for Broker {
     }
 
     fn attach(&mut self, waker: std::sync::Arc<mio::Waker>) {
-        self.streams.attach(waker);
+        self.streams.attach(std::sync::Arc::clone(&waker));
+        let tokens = (self.cfg.control_token.clone(), self.cfg.auth_token.clone());
+        if let Some(c) = self.cluster.as_mut() {
+            if let Err(e) = c.start(waker, tokens.0, tokens.1) {
+                // Without its Raft group the node cannot serve as a member.
+                crate::log_error!("cannot start cluster mode: {e}");
+                std::process::exit(1);
+            }
+        }
     }
 
     fn woken(&mut self, io: &mut Io<'_>) {
         self.streams.woken(io);
+        self.cluster_woken(io);
     }
 }
 

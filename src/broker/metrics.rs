@@ -87,6 +87,14 @@ impl Broker {
     }
 
     fn node_families(&self) -> Vec<Family> {
+        let raft = self.raft_figures();
+        let mut reachable = Family::gauge(
+            "gombus_raft_peer_reachable",
+            "1 if the peer answered recently (this node counts itself).",
+        );
+        for (peer, up) in &raft.peers {
+            reachable = reachable.with(vec![("peer", peer.clone())], f64::from(u8::from(*up)));
+        }
         vec![
             Family::gauge("gombus_info", "Always 1; labels name the node and version.").with(
                 vec![
@@ -99,25 +107,80 @@ impl Broker {
                 "gombus_raft_term",
                 "Current Raft term (0 on a single node).",
             )
-            .with(vec![], 0.0),
+            .with(vec![], raft.term as f64),
             Family::gauge(
                 "gombus_raft_commit_index",
                 "Highest committed Raft log index.",
             )
-            .with(vec![], 0.0),
+            .with(vec![], raft.commit as f64),
             Family::gauge(
                 "gombus_raft_applied_index",
                 "Highest applied Raft log index.",
             )
-            .with(vec![], 0.0),
+            .with(vec![], self.fsm.applied as f64),
             Family::gauge("gombus_raft_leader", "1 if this node is the Raft leader.")
-                .with(vec![], 1.0),
+                .with(vec![], f64::from(u8::from(raft.leader))),
             Family::gauge(
-                "gombus_raft_peer_reachable",
-                "1 if the peer answered recently (this node counts itself).",
+                "gombus_raft_leader_known",
+                "1 if this node knows a Raft leader (a single node leads itself).",
             )
-            .with(vec![("peer", self.cfg.node_id.clone())], 1.0),
+            .with(vec![], f64::from(u8::from(raft.leader_known))),
+            reachable,
+            Family::counter(
+                "gombus_cluster_forwarded_total",
+                "Messages sent to other nodes for delivery.",
+            )
+            .with(vec![], raft.forwarded as f64),
+            Family::counter(
+                "gombus_cluster_forward_batches_dropped_total",
+                "Forward batches dropped: the peer was unreachable or its link full.",
+            )
+            .with(vec![], raft.dropped as f64),
         ]
+    }
+}
+
+/// The Raft figures `/metrics` shows.
+struct RaftFigures {
+    term: u64,
+    commit: u64,
+    leader: bool,
+    leader_known: bool,
+    peers: Vec<(String, bool)>,
+    forwarded: u64,
+    dropped: u64,
+}
+
+impl Broker {
+    fn raft_figures(&self) -> RaftFigures {
+        let Some(c) = &self.cluster else {
+            return RaftFigures {
+                term: 0,
+                commit: 0,
+                leader: true,
+                leader_known: true,
+                peers: vec![(self.cfg.node_id.clone(), true)],
+                forwarded: 0,
+                dropped: 0,
+            };
+        };
+        let view = c.view.as_ref();
+        RaftFigures {
+            term: view.map_or(c.term(), |v| v.term),
+            commit: view.map_or(0, |v| v.commit),
+            leader: c.is_leader(),
+            leader_known: c.leader().is_some(),
+            peers: (1..=c.names.len() as u64)
+                .map(|id| {
+                    let up = id == c.me
+                        || c.reachable(id)
+                        || view.is_some_and(|v| v.peers.iter().any(|p| p.id == id && p.connected));
+                    (c.name_of(id).unwrap_or("?").to_string(), up)
+                })
+                .collect(),
+            forwarded: c.forwarded,
+            dropped: c.forwards_dropped,
+        }
     }
 }
 

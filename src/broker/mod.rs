@@ -11,6 +11,10 @@
 //!   and acks out.
 //! - [`requests`]: request/reply inboxes and their timeouts.
 //! - [`control`]: `/control` events.
+//! - [`cluster`]: cluster mode: changes through Raft, forwarding to peer
+//!   nodes, relayed requests, node loss.
+//! - [`stream_cluster`]: streams in a cluster: relayed to their owner,
+//!   metadata and cursors replicated.
 //! - [`streams`]: the stream and consumer events, captured publishes, fetch
 //!   waits and acks held for their write.
 //! - [`stream_out`]: push deliveries, fetch answers and the JSON views of
@@ -19,6 +23,7 @@
 //! - [`lifecycle`]: goodbyes to clients at shutdown.
 //! - [`history`]: per-second traffic samples (rates, the chart).
 //! - [`dashboard`]: the page at `/` and the JSON at `/api/info`.
+pub mod cluster;
 pub mod control;
 pub mod dashboard;
 pub mod dispatch;
@@ -28,6 +33,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod requests;
 pub mod session;
+pub mod stream_cluster;
 pub mod stream_out;
 pub mod streams;
 pub mod subject;

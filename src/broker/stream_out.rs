@@ -18,11 +18,65 @@ use crate::protocol::socketio::{self, Kind};
 use crate::protocol::stream_messages::AckPolicy;
 use crate::stream::stream::{Msg, Stream};
 
+/// In a cluster: the nodes push deliveries can reach now, and the
+/// deliveries for subscribers on them, handed to the broker to forward.
+#[derive(Debug, Default)]
+pub struct RemotePush {
+    /// Other nodes whose peer link is up.
+    pub reachable: Vec<u64>,
+    pub out: Vec<PushOut>,
+}
+
+/// One push delivery for a subscription on another node.
+#[derive(Debug)]
+pub struct PushOut {
+    pub node: u64,
+    /// The subscription: its owner's connection serial and sid.
+    pub pick: (u64, String),
+    pub subject: String,
+    /// `data` as JSON text (a placeholder when binary).
+    pub data: String,
+    pub headers: Option<String>,
+    pub attachments: Vec<Vec<u8>>,
+    /// `"stream":…,"consumer":…,"seq":…,"delivered":…`
+    pub extra: String,
+}
+
+/// Where one push delivery goes.
+enum Target {
+    Local(u64),
+    /// A subscription of another node: (node, serial, sid).
+    Remote(u64, u64, String),
+}
+
+impl RemotePush {
+    /// Whether subscription `key` can take a push now: here, or on a
+    /// reachable node.
+    fn live(&self, subs: &SubTable, key: u64) -> bool {
+        match subs.get(key) {
+            Some(s) if s.owner.node == subs.me() => subs.deliverable(key).is_some(),
+            Some(s) => self.reachable.contains(&s.owner.node),
+            None => false,
+        }
+    }
+
+    fn target(&self, subs: &SubTable, key: u64) -> Option<Target> {
+        let s = subs.get(key)?;
+        if s.owner.node == subs.me() {
+            return Some(Target::Local(key));
+        }
+        self.reachable
+            .contains(&s.owner.node)
+            .then(|| Target::Remote(s.owner.node, s.owner.conn, s.sid.to_string()))
+    }
+}
+
 /// Push deliveries of one stream's push consumers; true if one of them
 /// stopped at its per-turn cap with more to send.
 pub(super) fn push_slot(
     io: &mut Io<'_>,
     subs: &mut SubTable,
+    remote: &mut RemotePush,
     slot: &mut Slot,
     now: Instant,
     pick: &mut usize,
@@ -46,14 +100,16 @@ pub(super) fn push_slot(
         .collect();
     let mut more = false;
     for name in names {
-        more |= push_one(io, subs, slot, &name, now, pick);
+        more |= push_one(io, subs, remote, slot, &name, now, pick);
     }
     more
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn push_one(
     io: &mut Io<'_>,
     subs: &mut SubTable,
+    remote: &mut RemotePush,
     slot: &mut Slot,
     name: &str,
     now: Instant,
@@ -73,13 +129,13 @@ pub(super) fn push_one(
     let mut sent = 0;
     let mut tail = Vec::new();
     while sent < PUSH_PER_TURN_MAX {
-        if !has_targets(subs, &subject, group.as_deref()) {
+        if !has_targets(subs, remote, &subject, group.as_deref()) {
             break;
         }
         let Some(d) = member.consumer.next(now, &msgs, &mut events) else {
             break;
         };
-        let targets = push_targets(subs, &subject, group.as_deref(), pick);
+        let targets = push_targets(subs, remote, &subject, group.as_deref(), pick);
         let Ok(Some(m)) = msgs.get(d.seq) else {
             continue;
         };
@@ -99,7 +155,35 @@ pub(super) fn push_one(
         tail.extend_from_slice(
             format!(",\"seq\":{},\"delivered\":{}}}]", d.seq, d.deliveries).as_bytes(),
         );
-        for key in targets {
+        for t in targets {
+            let key = match t {
+                Target::Local(key) => key,
+                Target::Remote(node, serial, sid) => {
+                    let mut data = Vec::new();
+                    push_data(&mut data, &m, 0);
+                    let mut extra = b"\"stream\":".to_vec();
+                    push_str(&mut extra, &stream_name);
+                    extra.extend_from_slice(b",\"consumer\":");
+                    push_str(&mut extra, name);
+                    extra.extend_from_slice(
+                        format!(",\"seq\":{},\"delivered\":{}", d.seq, d.deliveries).as_bytes(),
+                    );
+                    remote.out.push(PushOut {
+                        node,
+                        pick: (serial, sid),
+                        subject: m.subject.to_string(),
+                        data: String::from_utf8_lossy(&data).into_owned(),
+                        headers: m.headers.as_deref().map(str::to_string),
+                        attachments: if m.binary {
+                            vec![m.data.to_vec()]
+                        } else {
+                            Vec::new()
+                        },
+                        extra: String::from_utf8_lossy(&extra).into_owned(),
+                    });
+                    continue;
+                }
+            };
             let Some(s) = subs.deliverable(key) else {
                 continue;
             };
@@ -114,7 +198,7 @@ pub(super) fn push_one(
                 io.send_binary(conn, &m.data);
             }
             if let Some(end) = subs.delivered(key) {
-                let _ = subs.apply(end);
+                subs.ended.push(end);
             }
         }
         if none {
@@ -131,9 +215,14 @@ pub(super) fn push_one(
 }
 
 /// Whether a push delivery on `subject` (to `group`) would reach anyone.
-pub(super) fn has_targets(subs: &mut SubTable, subject: &str, group: Option<&str>) -> bool {
+pub(super) fn has_targets(
+    subs: &mut SubTable,
+    remote: &RemotePush,
+    subject: &str,
+    group: Option<&str>,
+) -> bool {
     let m = subs.matches(subject);
-    let live = |keys: &[u64]| keys.iter().any(|&k| subs.deliverable(k).is_some());
+    let live = |keys: &[u64]| keys.iter().any(|&k| remote.live(subs, k));
     match group {
         Some(g) => m.groups.iter().any(|q| &*q.queue == g && live(&q.members)),
         None => live(&m.plain) || m.groups.iter().any(|q| live(&q.members)),
@@ -142,19 +231,20 @@ pub(super) fn has_targets(subs: &mut SubTable, subject: &str, group: Option<&str
 
 /// Who gets a push delivery on `subject`: with a group, one member of it;
 /// without, every plain subscriber and one member per queue group.
-pub(super) fn push_targets(
+fn push_targets(
     subs: &mut SubTable,
+    remote: &RemotePush,
     subject: &str,
     group: Option<&str>,
     pick: &mut usize,
-) -> Vec<u64> {
+) -> Vec<Target> {
     let m = subs.matches(subject);
-    let mut out = Vec::new();
+    let mut keys = Vec::new();
     let mut one_of = |members: &[u64], out: &mut Vec<u64>| {
         let live: Vec<u64> = members
             .iter()
             .copied()
-            .filter(|&k| subs.deliverable(k).is_some())
+            .filter(|&k| remote.live(subs, k))
             .collect();
         if !live.is_empty() {
             *pick = pick.wrapping_add(1);
@@ -164,26 +254,23 @@ pub(super) fn push_targets(
     match group {
         Some(g) => {
             if let Some(q) = m.groups.iter().find(|q| &*q.queue == g) {
-                one_of(&q.members, &mut out);
+                one_of(&q.members, &mut keys);
             }
         }
         None => {
-            out.extend(
-                m.plain
-                    .iter()
-                    .copied()
-                    .filter(|&k| subs.deliverable(k).is_some()),
-            );
+            keys.extend(m.plain.iter().copied().filter(|&k| remote.live(subs, k)));
             for q in &m.groups {
                 if subs.group_mode(&q.queue) == GroupMode::Broadcast {
-                    out.extend(q.members.iter().copied());
+                    keys.extend(q.members.iter().copied());
                 } else {
-                    one_of(&q.members, &mut out);
+                    one_of(&q.members, &mut keys);
                 }
             }
         }
     }
-    out
+    keys.into_iter()
+        .filter_map(|k| remote.target(subs, k))
+        .collect()
 }
 
 pub(super) fn stream_json(s: &Stream) -> Value {

@@ -472,6 +472,24 @@ impl Streams {
             .collect()
     }
 
+    /// Every consumer's cursor: (stream, consumer, ack floor, last
+    /// delivered), as stream sequences.
+    pub fn cursors(&self) -> Vec<(String, String, u64, u64)> {
+        let mut out = Vec::new();
+        for slot in self.set.values() {
+            for (name, m) in &slot.stream.consumers {
+                let c = &m.consumer;
+                out.push((
+                    slot.name.to_string(),
+                    name.to_string(),
+                    c.ack_floor().stream_seq,
+                    c.delivered().stream_seq,
+                ));
+            }
+        }
+        out
+    }
+
     /// Adds a stream to the set and its subjects to the capture index.
     fn add(&mut self, mut slot: Slot) {
         slot.id = self.next_id;
@@ -1127,7 +1145,12 @@ impl Streams {
     /// Once per loop turn: limits by age, redelivery timers, push
     /// deliveries, waiting fetches, then one write per touched file and the
     /// release of every ack that write made true.
-    pub fn tick(&mut self, io: &mut Io<'_>, subs: &mut SubTable) {
+    pub fn tick(
+        &mut self,
+        io: &mut Io<'_>,
+        subs: &mut SubTable,
+        remote: &mut super::stream_out::RemotePush,
+    ) {
         if self.down.is_some() {
             return;
         }
@@ -1146,7 +1169,7 @@ impl Streams {
                 continue;
             }
             maintain(slot, now, now_ms);
-            more |= push_slot(io, subs, slot, now, &mut self.pick);
+            more |= push_slot(io, subs, remote, slot, now, &mut self.pick);
             plan_slot(slot, now, now_ms);
         }
         self.serve_waits(io, now);

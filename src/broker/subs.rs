@@ -1,10 +1,15 @@
-//! The subscription table and the one `apply` path for control-state
-//! changes (subscribe, unsubscribe, auto-unsubscribe, a connection's bulk
-//! removal, queue-group rules). A single node applies a [`Command`] at once;
-//! in cluster mode the same commands are what gets replicated.
+//! The subscription table and the one `apply` path for its changes
+//! (subscribe, unsubscribe, auto-unsubscribe, a connection's or a node's
+//! bulk removal, queue-group rules). A single node applies a [`Command`] at
+//! once; in cluster mode the same commands are replicated through Raft and
+//! every node holds every node's subscriptions, each marked with its
+//! [`Owner`]. Only the owning node delivers to a subscription: it maps the
+//! owner's connection serial back to its live socket.
 
 use std::collections::HashMap;
 use std::rc::Rc;
+
+use serde::{Deserialize, Serialize};
 
 use super::groups::{GroupMode, Groups};
 use super::subject;
@@ -20,9 +25,30 @@ pub const SUBS_PER_CONN_MAX: usize = 100_000;
 /// The longest client-chosen sid.
 pub const SID_BYTES_MAX: usize = 128;
 
+/// Who holds a subscription: a node (its Raft id; 1 on a single node)
+/// and a connection serial that node never reuses. The serial's high 32
+/// bits are the node's boot id, so a restarted node's serials differ from
+/// its earlier life's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Owner {
+    pub node: u64,
+    pub conn: u64,
+}
+
+impl Owner {
+    /// The boot id part of the connection serial.
+    pub fn boot(self) -> u64 {
+        self.conn >> 32
+    }
+}
+
 #[derive(Debug)]
 pub struct Subscription {
+    pub owner: Owner,
+    /// The local socket, meaningful only while `local` is true.
     pub conn: ConnId,
+    /// Owned by this node and its socket is still open.
+    pub local: bool,
     pub sid: Box<str>,
     /// The sid as a JSON string literal, written into every delivery.
     pub sid_json: Box<str>,
@@ -32,24 +58,35 @@ pub struct Subscription {
     pub remaining: Option<u64>,
 }
 
-/// A change to control state.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A change to the subscription table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
 pub enum Command {
     Subscribe {
-        conn: ConnId,
+        owner: Owner,
         sid: String,
         pattern: String,
         queue: Option<String>,
         max: Option<u64>,
     },
     Unsubscribe {
-        conn: ConnId,
+        owner: Owner,
         sid: String,
         after: Option<u64>,
     },
     /// Every subscription of a connection, when it closes or leaves `/`.
     RemoveConn {
-        conn: ConnId,
+        owner: Owner,
+    },
+    /// Every subscription of a node the cluster declared gone.
+    RemoveNode {
+        node: u64,
+    },
+    /// A node (re)started with boot id `boot`: subscriptions left from its
+    /// earlier lives go.
+    NodeUp {
+        node: u64,
+        boot: u64,
     },
     GroupSet {
         queue: String,
@@ -65,29 +102,94 @@ pub struct SubTable {
     subs: Vec<Option<Subscription>>,
     free: Vec<SubKey>,
     count: usize,
-    /// Per connection: client sid -> key.
-    by_conn: HashMap<ConnId, HashMap<Box<str>, SubKey>>,
+    /// Per owner: client sid -> key.
+    by_conn: HashMap<Owner, HashMap<Box<str>, SubKey>>,
     pub groups: Groups,
+    /// This node's id, for telling its own subscriptions apart.
+    me: u64,
+    /// This node's open connections: serial -> socket.
+    local_conns: HashMap<u64, ConnId>,
+    /// Subscriptions whose `max` was used up by a delivery: the removals
+    /// the broker still has to apply (or propose) through the one path.
+    pub ended: Vec<Command>,
 }
 
 impl SubTable {
-    pub fn new() -> SubTable {
-        SubTable::default()
+    /// A table for node `me` (1 on a single node).
+    pub fn new(me: u64) -> SubTable {
+        SubTable {
+            me,
+            ..SubTable::default()
+        }
+    }
+
+    pub fn me(&self) -> u64 {
+        self.me
+    }
+
+    /// An owner of this node for connection serial `conn`.
+    pub fn local_owner(&self, conn: u64) -> Owner {
+        Owner {
+            node: self.me,
+            conn,
+        }
+    }
+
+    /// Forgets every subscription and rule (a snapshot is about to be
+    /// loaded) but keeps which sockets are open here.
+    pub fn clear_replicated(&mut self) {
+        let me = self.me;
+        let local_conns = std::mem::take(&mut self.local_conns);
+        *self = SubTable {
+            me,
+            local_conns,
+            ..SubTable::default()
+        };
+    }
+
+    /// Records that this node's connection `serial` is socket `conn`.
+    pub fn attach_local(&mut self, serial: u64, conn: ConnId) {
+        self.local_conns.insert(serial, conn);
+    }
+
+    /// This node's connection `serial` closed: its subscriptions stop
+    /// receiving at once, before their removal is applied.
+    pub fn detach_local(&mut self, serial: u64) {
+        self.local_conns.remove(&serial);
+        let owner = self.local_owner(serial);
+        let keys: Vec<SubKey> = self
+            .by_conn
+            .get(&owner)
+            .map(|m| m.values().copied().collect())
+            .unwrap_or_default();
+        for key in keys {
+            if let Some(s) = self.slot_mut(key) {
+                s.local = false;
+            }
+        }
     }
 
     /// Applies one command; the only way control state changes.
     pub fn apply(&mut self, cmd: Command) -> Result<(), ApiError> {
         match cmd {
             Command::Subscribe {
-                conn,
+                owner,
                 sid,
                 pattern,
                 queue,
                 max,
-            } => self.subscribe(conn, sid, pattern, queue, max),
-            Command::Unsubscribe { conn, sid, after } => self.unsubscribe(conn, &sid, after),
-            Command::RemoveConn { conn } => {
-                self.remove_conn(conn);
+            } => self.subscribe(owner, sid, pattern, queue, max),
+            Command::Unsubscribe { owner, sid, after } => self.unsubscribe(owner, &sid, after),
+            Command::RemoveConn { owner } => {
+                self.remove_conn(owner);
+                Ok(())
+            }
+            Command::RemoveNode { node } => {
+                self.remove_owners(|o| o.node == node);
+                Ok(())
+            }
+            Command::NodeUp { node, boot } => {
+                self.remove_owners(|o| o.node == node && o.boot() != boot);
                 Ok(())
             }
             Command::GroupSet { queue, mode } => {
@@ -103,7 +205,7 @@ impl SubTable {
     /// Checks a subscribe before it is applied, so a refusal needs no round.
     pub fn check_subscribe(
         &self,
-        conn: ConnId,
+        owner: Owner,
         sid: &str,
         pattern: &str,
         queue: Option<&str>,
@@ -119,7 +221,7 @@ impl SubTable {
                 "sid must be 1 to 128 bytes",
             ));
         }
-        if let Some(mine) = self.by_conn.get(&conn) {
+        if let Some(mine) = self.by_conn.get(&owner) {
             if mine.contains_key(sid) {
                 return Err(ApiError::new(
                     Code::BadRequest,
@@ -138,25 +240,32 @@ impl SubTable {
 
     fn subscribe(
         &mut self,
-        conn: ConnId,
+        owner: Owner,
         sid: String,
         pattern: String,
         queue: Option<String>,
         max: Option<u64>,
     ) -> Result<(), ApiError> {
-        self.check_subscribe(conn, &sid, &pattern, queue.as_deref())?;
+        self.check_subscribe(owner, &sid, &pattern, queue.as_deref())?;
         let key = self.free.pop().unwrap_or(self.subs.len() as SubKey);
         self.index.insert(&pattern, queue.as_deref(), key);
         let sid: Box<str> = sid.into();
         self.by_conn
-            .entry(conn)
+            .entry(owner)
             .or_default()
             .insert(sid.clone(), key);
+        let local = if owner.node == self.me {
+            self.local_conns.get(&owner.conn).copied()
+        } else {
+            None
+        };
         let sid_json = serde_json::Value::from(&*sid).to_string().into_boxed_str();
         let queue = queue.map(Rc::from);
         let remaining = max.filter(|&m| m > 0);
         let sub = Subscription {
-            conn,
+            owner,
+            conn: local.unwrap_or(ConnId::MAX),
+            local: local.is_some(),
             sid,
             sid_json,
             pattern: pattern.into(),
@@ -171,10 +280,10 @@ impl SubTable {
         Ok(())
     }
 
-    fn unsubscribe(&mut self, conn: ConnId, sid: &str, after: Option<u64>) -> Result<(), ApiError> {
+    fn unsubscribe(&mut self, owner: Owner, sid: &str, after: Option<u64>) -> Result<(), ApiError> {
         let key = self
             .by_conn
-            .get(&conn)
+            .get(&owner)
             .and_then(|m| m.get(sid))
             .copied()
             .ok_or_else(|| {
@@ -191,8 +300,16 @@ impl SubTable {
         Ok(())
     }
 
-    fn remove_conn(&mut self, conn: ConnId) {
-        let Some(mine) = self.by_conn.remove(&conn) else {
+    /// Removes every subscription of the owners `which` selects.
+    fn remove_owners(&mut self, which: impl Fn(Owner) -> bool) {
+        let owners: Vec<Owner> = self.by_conn.keys().copied().filter(|&o| which(o)).collect();
+        for o in owners {
+            self.remove_conn(o);
+        }
+    }
+
+    fn remove_conn(&mut self, owner: Owner) {
+        let Some(mine) = self.by_conn.remove(&owner) else {
             return;
         };
         for key in mine.into_values() {
@@ -207,10 +324,10 @@ impl SubTable {
             return;
         };
         self.index.remove(&s.pattern, s.queue.as_deref(), key);
-        if let Some(mine) = self.by_conn.get_mut(&s.conn) {
+        if let Some(mine) = self.by_conn.get_mut(&s.owner) {
             mine.remove(&s.sid);
             if mine.is_empty() {
-                self.by_conn.remove(&s.conn);
+                self.by_conn.remove(&s.owner);
             }
         }
     }
@@ -223,16 +340,32 @@ impl SubTable {
         let left = s.remaining.as_mut()?;
         *left = left.saturating_sub(1);
         (*left == 0).then(|| Command::Unsubscribe {
-            conn: s.conn,
+            owner: s.owner,
             sid: s.sid.to_string(),
             after: None,
         })
     }
 
-    /// Whether `key` may receive: it exists and its `max` is not used up
-    /// (a used-up one waits for its removal to be applied).
+    /// Whether `key` may receive here: it exists, this node owns it, its
+    /// socket is open and its `max` is not used up (a used-up one waits
+    /// for its removal to be applied).
     pub fn deliverable(&self, key: SubKey) -> Option<&Subscription> {
-        self.get(key).filter(|s| s.remaining != Some(0))
+        self.get(key).filter(|s| s.local && s.remaining != Some(0))
+    }
+
+    /// Every subscription, in key order (for snapshots and listings).
+    pub fn iter(&self) -> impl Iterator<Item = &Subscription> {
+        self.subs.iter().flatten()
+    }
+
+    /// Whether `owner` holds any subscription.
+    pub fn has_owner(&self, owner: Owner) -> bool {
+        self.by_conn.contains_key(&owner)
+    }
+
+    /// A subscription of `owner` by its sid.
+    pub fn find(&self, owner: Owner, sid: &str) -> Option<SubKey> {
+        self.by_conn.get(&owner)?.get(sid).copied()
     }
 
     pub fn matches(&mut self, subject: &str) -> Rc<Match<SubKey>> {
@@ -267,8 +400,10 @@ impl SubTable {
         self.count == 0
     }
 
-    pub fn conn_has_sid(&self, conn: ConnId, sid: &str) -> bool {
-        self.by_conn.get(&conn).is_some_and(|m| m.contains_key(sid))
+    pub fn conn_has_sid(&self, owner: Owner, sid: &str) -> bool {
+        self.by_conn
+            .get(&owner)
+            .is_some_and(|m| m.contains_key(sid))
     }
 }
 
@@ -288,15 +423,21 @@ pub fn check_queue(q: &str) -> Result<(), ApiError> {
 mod tests {
     use super::*;
 
-    fn sub(
-        conn: ConnId,
-        sid: &str,
-        pattern: &str,
-        queue: Option<&str>,
-        max: Option<u64>,
-    ) -> Command {
+    fn own(conn: u64) -> Owner {
+        Owner { node: 1, conn }
+    }
+
+    /// A table whose connections 1 and 2 are open on this node.
+    fn table() -> SubTable {
+        let mut t = SubTable::new(1);
+        t.attach_local(1, 1);
+        t.attach_local(2, 2);
+        t
+    }
+
+    fn sub(conn: u64, sid: &str, pattern: &str, queue: Option<&str>, max: Option<u64>) -> Command {
         Command::Subscribe {
-            conn,
+            owner: own(conn),
             sid: sid.into(),
             pattern: pattern.into(),
             queue: queue.map(Into::into),
@@ -306,7 +447,7 @@ mod tests {
 
     #[test]
     fn subscribe_match_unsubscribe() {
-        let mut t = SubTable::new();
+        let mut t = table();
         t.apply(sub(1, "a", "x.*", None, None)).unwrap();
         t.apply(sub(2, "a", "x.>", Some("q"), None)).unwrap();
         let m = t.matches("x.y");
@@ -322,7 +463,7 @@ mod tests {
         );
         assert_eq!(
             t.apply(Command::Unsubscribe {
-                conn: 1,
+                owner: own(1),
                 sid: "zz".into(),
                 after: None
             })
@@ -331,20 +472,20 @@ mod tests {
             Code::NotFound
         );
         t.apply(Command::Unsubscribe {
-            conn: 1,
+            owner: own(1),
             sid: "a".into(),
             after: None,
         })
         .unwrap();
         assert!(t.matches("x.y").plain.is_empty());
-        t.apply(Command::RemoveConn { conn: 2 }).unwrap();
+        t.apply(Command::RemoveConn { owner: own(2) }).unwrap();
         assert!(t.is_empty());
         assert!(t.matches("x.y").is_empty());
     }
 
     #[test]
     fn max_and_after_end_subscriptions() {
-        let mut t = SubTable::new();
+        let mut t = table();
         t.apply(sub(1, "a", "x", None, Some(2))).unwrap();
         let k = t.matches("x").plain[0];
         assert_eq!(t.delivered(k), None);
@@ -353,7 +494,7 @@ mod tests {
         assert_eq!(
             end,
             Command::Unsubscribe {
-                conn: 1,
+                owner: own(1),
                 sid: "a".into(),
                 after: None
             }
@@ -362,12 +503,12 @@ mod tests {
         assert!(t.deliverable(k).is_none());
         t.apply(end).unwrap();
         assert!(t.get(k).is_none());
-        assert!(!t.conn_has_sid(1, "a"));
+        assert!(!t.conn_has_sid(own(1), "a"));
         t.apply(sub(1, "b", "x", None, None)).unwrap();
         let k = t.matches("x").plain[0];
         assert_eq!(t.delivered(k), None, "no max: never ends by itself");
         t.apply(Command::Unsubscribe {
-            conn: 1,
+            owner: own(1),
             sid: "b".into(),
             after: Some(1),
         })
@@ -375,5 +516,62 @@ mod tests {
         let end = t.delivered(k).expect("after reached");
         t.apply(end).unwrap();
         assert!(t.matches("x").is_empty());
+    }
+}
+
+#[cfg(test)]
+mod owner_tests {
+    use super::*;
+
+    fn sub(node: u64, conn: u64, sid: &str) -> Command {
+        Command::Subscribe {
+            owner: Owner { node, conn },
+            sid: sid.into(),
+            pattern: "x".into(),
+            queue: None,
+            max: None,
+        }
+    }
+
+    #[test]
+    fn only_open_local_subscriptions_are_deliverable() {
+        let boot = 7u64 << 32;
+        let mut t = SubTable::new(1);
+        t.attach_local(boot | 1, 10);
+        t.apply(sub(1, boot | 1, "a")).unwrap();
+        t.apply(sub(2, 5, "a")).unwrap();
+        let m = t.matches("x");
+        let local: Vec<_> = m.plain.iter().filter_map(|&k| t.deliverable(k)).collect();
+        assert_eq!(local.len(), 1);
+        assert_eq!(local[0].conn, 10);
+        t.detach_local(boot | 1);
+        assert!(m.plain.iter().all(|&k| t.deliverable(k).is_none()));
+        assert_eq!(t.len(), 2, "closing stops delivery; removal is a command");
+    }
+
+    #[test]
+    fn node_removal_and_restart() {
+        let mut t = SubTable::new(1);
+        t.apply(sub(2, (1 << 32) | 1, "a")).unwrap();
+        t.apply(sub(2, (1 << 32) | 2, "a")).unwrap();
+        t.apply(sub(3, 1, "a")).unwrap();
+        t.apply(Command::NodeUp { node: 2, boot: 1 }).unwrap();
+        assert_eq!(t.len(), 3, "same boot: nothing goes");
+        t.apply(Command::NodeUp { node: 2, boot: 2 }).unwrap();
+        assert_eq!(t.len(), 1, "a new boot drops the earlier life's");
+        t.apply(Command::RemoveNode { node: 3 }).unwrap();
+        assert!(t.is_empty());
+        assert!(t.matches("x").is_empty());
+    }
+
+    #[test]
+    fn commands_round_trip_as_json() {
+        let c = Command::GroupSet {
+            queue: "q".into(),
+            mode: GroupMode::Broadcast,
+        };
+        let text = serde_json::to_string(&c).unwrap();
+        assert_eq!(text, r#"{"op":"group_set","queue":"q","mode":"broadcast"}"#);
+        assert_eq!(serde_json::from_str::<Command>(&text).unwrap(), c);
     }
 }

@@ -103,7 +103,7 @@
 mod backoff;
 mod dial;
 mod inbox;
-mod pending;
+pub(crate) mod pending;
 mod reader;
 mod shared;
 mod stream;
@@ -181,6 +181,9 @@ pub struct Options {
     /// at once (default 4 096). Past it those calls block until one of them
     /// ends, at most `timeout` ([`Error::Timeout`]); 0 counts as 1.
     pub async_acks_max: usize,
+    /// Keep each ack's first argument as the JSON text it arrived as (key
+    /// order and numbers untouched), for relaying it on; off by default.
+    pub raw_acks: bool,
 }
 
 impl Default for Options {
@@ -194,6 +197,7 @@ impl Default for Options {
             subscription_capacity: SUBSCRIPTION_CAPACITY_DEFAULT,
             subscription_bytes_max: SUBSCRIPTION_BYTES_DEFAULT,
             async_acks_max: ASYNC_ACKS_DEFAULT,
+            raw_acks: false,
         }
     }
 }

@@ -76,6 +76,23 @@ impl PendingAck {
     }
 }
 
+/// An ack's first argument (as JSON text when the client keeps raw acks,
+/// else re-encoded) and its binary attachments.
+pub(crate) type RawAnswer = (String, Vec<Vec<u8>>);
+
+impl PendingAck {
+    /// The whole ack array's first element and the ack's attachments, once
+    /// here, without judging `ok` (for relaying an answer as it came).
+    pub(crate) fn try_take(&mut self) -> Option<Result<RawAnswer, Error>> {
+        if !self.is_ready() {
+            return None;
+        }
+        self.settled = true;
+        let outcome = self.outcome.take()?;
+        Some(outcome.map(|r| (r.raw.unwrap_or_else(|| r.value.to_string()), r.attachments)))
+    }
+}
+
 impl Drop for PendingAck {
     fn drop(&mut self) {
         if !self.settled && self.outcome.is_none() {
@@ -101,6 +118,39 @@ impl Client {
     pub fn publish_async(&self, msg: &OutMessage) -> Result<PendingAck, Error> {
         let (arg, attachments) = msg.encode();
         self.send_async("pub", arg, &attachments, true)
+    }
+
+    /// [`Client::call_async`] with the argument as JSON text (sent as
+    /// is, so nothing in it is reordered or rounded) and attachments.
+    pub(crate) fn call_async_raw(
+        &self,
+        event: &str,
+        arg: &str,
+        attachments: &[Vec<u8>],
+    ) -> Result<PendingAck, Error> {
+        let (id, rx) = self
+            .shared
+            .send_event_raw(event, arg, attachments, AckMode::Async)?
+            .ok_or_else(|| Error::Protocol(format!("{event} sent without an ack id")))?;
+        Ok(PendingAck {
+            id,
+            rx,
+            shared: Arc::clone(&self.shared),
+            outcome: None,
+            settled: false,
+        })
+    }
+
+    /// Sends any event without an ack id, with binary attachments.
+    pub(crate) fn emit_with(
+        &self,
+        event: &str,
+        args: Value,
+        attachments: &[Vec<u8>],
+    ) -> Result<(), Error> {
+        self.shared
+            .emit(event, args, attachments, None, false)
+            .map(|_| ())
     }
 
     fn send_async(

@@ -18,6 +18,7 @@ struct PartialBinary {
     kind: SioKind,
     ack_id: Option<u64>,
     args: Value,
+    raw: Option<String>,
     expected: usize,
     attachments: Vec<Vec<u8>>,
     /// Bytes on the wire so far: the packet text and its attachments.
@@ -141,13 +142,26 @@ impl<'a> Reader<'a> {
             SioKind::Event | SioKind::Ack | SioKind::BinaryEvent | SioKind::BinaryAck => {
                 let args: Value = serde_json::from_str(packet.payload)
                     .map_err(|e| stop(format!("bad packet arguments: {e}")))?;
+                let is_ack = matches!(packet.kind, SioKind::Ack | SioKind::BinaryAck);
+                let raw = if is_ack && self.shared.opts.raw_acks {
+                    first_arg_text(packet.payload)
+                } else {
+                    None
+                };
                 if packet.attachments == 0 {
-                    self.dispatch(packet.kind, packet.ack_id, args, Vec::new(), body.len());
+                    self.dispatch(
+                        packet.kind,
+                        packet.ack_id,
+                        (args, raw),
+                        Vec::new(),
+                        body.len(),
+                    );
                 } else {
                     self.partial = Some(PartialBinary {
                         kind: packet.kind,
                         ack_id: packet.ack_id,
                         args,
+                        raw,
                         expected: packet.attachments,
                         attachments: Vec::new(),
                         bytes: body.len(),
@@ -171,7 +185,7 @@ impl<'a> Reader<'a> {
             self.dispatch(
                 partial.kind,
                 partial.ack_id,
-                partial.args,
+                (partial.args, partial.raw),
                 partial.attachments,
                 partial.bytes,
             );
@@ -184,7 +198,7 @@ impl<'a> Reader<'a> {
         &self,
         kind: SioKind,
         ack_id: Option<u64>,
-        args: Value,
+        (args, raw): (Value, Option<String>),
         attachments: Vec<Vec<u8>>,
         bytes: usize,
     ) {
@@ -199,7 +213,14 @@ impl<'a> Reader<'a> {
                 } else {
                     args.swap_remove(0)
                 };
-                self.shared.acked(id, Reply { value, attachments });
+                self.shared.acked(
+                    id,
+                    Reply {
+                        value,
+                        attachments,
+                        raw,
+                    },
+                );
             }
             SioKind::Event | SioKind::BinaryEvent => {
                 if args.first().and_then(Value::as_str) != Some("msg") || args.len() < 2 {
@@ -214,4 +235,10 @@ impl<'a> Reader<'a> {
             _ => {}
         }
     }
+}
+
+/// The JSON text of the first element of an argument array, as sent.
+fn first_arg_text(payload: &str) -> Option<String> {
+    let args: Vec<&serde_json::value::RawValue> = serde_json::from_str(payload).ok()?;
+    args.first().map(|a| a.get().to_string())
 }

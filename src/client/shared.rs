@@ -25,6 +25,9 @@ use super::{Error, Event, Message, Options};
 pub(super) struct Reply {
     pub(super) value: Value,
     pub(super) attachments: Vec<Vec<u8>>,
+    /// The first argument's JSON text as received, with
+    /// [`super::Options::raw_acks`].
+    pub(super) raw: Option<String>,
 }
 
 /// Who waits for an ack.
@@ -302,6 +305,31 @@ impl Shared {
     ) -> Result<Option<AckSlot>, Error> {
         let payload = serde_json::to_string(&json!([event, arg]))
             .map_err(|e| Error::Protocol(format!("cannot encode {event}: {e}")))?;
+        self.send_payload(event, payload, attachments, mode, holdable)
+    }
+
+    /// [`Shared::send_event`] with the argument as JSON text, sent as is.
+    pub(super) fn send_event_raw(
+        &self,
+        event: &str,
+        arg: &str,
+        attachments: &[Vec<u8>],
+        mode: AckMode,
+    ) -> Result<Option<AckSlot>, Error> {
+        let name = serde_json::to_string(event)
+            .map_err(|e| Error::Protocol(format!("cannot encode {event}: {e}")))?;
+        self.send_payload(event, format!("[{name},{arg}]"), attachments, mode, false)
+    }
+
+    fn send_payload(
+        &self,
+        event: &str,
+        payload: String,
+        attachments: &[Vec<u8>],
+        mode: AckMode,
+        holdable: bool,
+    ) -> Result<Option<AckSlot>, Error> {
+        let _ = event;
         let kind = if attachments.is_empty() {
             SioKind::Event
         } else {
@@ -597,6 +625,7 @@ mod tests {
 
     fn reply(value: Value) -> Reply {
         Reply {
+            raw: None,
             value,
             attachments: Vec::new(),
         }

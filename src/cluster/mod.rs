@@ -11,6 +11,15 @@
 //!   framed, fsynced) implementation, and the crc-framed state file.
 //! - [`raft_transport`]: node-to-node TCP on its own mio `Poll`, length +
 //!   crc32 framed, with reconnect backoff and bounded send queues.
+//! - [`fsm`]: the control-state machine every replicated change goes
+//!   through, with its snapshots.
+//! - [`node`]: the Raft thread of a broker in cluster mode.
+//! - [`link`]: Socket.IO links to the other nodes' `/control` namespace.
+//! - [`forward`]: the batch format of messages forwarded between nodes.
+pub mod forward;
+pub mod fsm;
+pub mod link;
+pub mod node;
 pub mod raft;
 pub mod raft_log;
 pub mod raft_msg;

@@ -494,6 +494,23 @@ impl Raft {
         }
     }
 
+    /// Every voting member, this node included.
+    pub fn members(&self) -> &[NodeId] {
+        &self.cfg.members
+    }
+
+    /// A leader's view of how far each follower's log matches its own
+    /// (empty on other roles).
+    pub fn progress(&self) -> BTreeMap<NodeId, u64> {
+        if self.role != Role::Leader {
+            return BTreeMap::new();
+        }
+        self.progress
+            .iter()
+            .map(|(p, pr)| (*p, pr.matched))
+            .collect()
+    }
+
     /// A one-line summary of the node's state, for logs and test failures.
     pub fn describe(&self) -> String {
         let mut s = format!(
@@ -1104,8 +1121,14 @@ impl Raft {
                 }
                 _ => {}
             }
+            let before = self.commit;
             self.maybe_commit();
             while self.send_append(p, false) {}
+            if self.commit > before {
+                // Tell the followers at once, so they apply within a round
+                // trip rather than at the next heartbeat.
+                self.broadcast_heartbeat();
+            }
             return;
         }
         if index < pr.matched {

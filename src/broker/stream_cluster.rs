@@ -1,0 +1,182 @@
+//! Streams in a cluster. A stream's data lives on the node that created
+//! it; the cluster knows its owner, config, consumers and their cursors
+//! (replicated through [`crate::cluster::fsm`]). A stream request made on
+//! another node is relayed to the owner over the peer link and its answer
+//! relayed back, so clients may use any node; `stream.list` gathers every
+//! node's streams. The owner replicates its consumers' cursors in batches
+//! (every [`CURSOR_EVERY`]), not one consensus round per ack.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use super::cluster::{Reply, PROPOSE_WAIT};
+use super::session::NSP_ROOT;
+use super::Broker;
+use crate::cluster::fsm::{Cmd, Cursor, CursorPos, MetaCommand};
+use crate::net::{ConnId, Io};
+use crate::protocol::errors::ApiError;
+
+/// How often an owner replicates the cursors that moved.
+pub const CURSOR_EVERY: Duration = Duration::from_millis(100);
+
+/// The stream events, and whether the stream is named by `name` (the
+/// `stream.*` events) or by `stream` (the rest).
+fn names_stream_by(event: &str) -> Option<&'static str> {
+    match event {
+        "stream.create" | "stream.info" | "stream.delete" | "stream.purge" | "stream.get" => {
+            Some("name")
+        }
+        "consumer.create" | "consumer.info" | "consumer.list" | "consumer.delete"
+        | "consumer.fetch" | "ack" | "nak" | "term" | "wip" => Some("stream"),
+        _ => None,
+    }
+}
+
+/// Cursors last replicated, per (stream, consumer).
+#[derive(Debug, Default)]
+pub(crate) struct CursorLog {
+    sent: HashMap<(String, String), (u64, u64)>,
+    next: Option<Instant>,
+}
+
+impl Broker {
+    /// A stream event in cluster mode: relayed to the owning node,
+    /// gathered (`stream.list`), or handled here and its metadata change
+    /// replicated. `None`: not in a cluster or not a stream event, handle
+    /// it as a single node does.
+    pub(crate) fn clustered_stream_event(
+        &mut self,
+        io: &mut Io<'_>,
+        conn: ConnId,
+        event: &str,
+        arg: Option<&RawValue>,
+        ack_id: Option<u64>,
+        attachments: &[Vec<u8>],
+    ) -> Option<Result<Option<String>, ApiError>> {
+        let cluster = self.cluster.as_ref()?;
+        let me = cluster.me;
+        if event == "stream.list" {
+            let from_peer = arg.is_some_and(|a| a.get().contains("\"local\":true"));
+            let local = self.streams.event(io, conn, event, arg, ack_id)?;
+            if from_peer {
+                return Some(local);
+            }
+            let streams = match local {
+                Ok(Some(body)) => serde_json::from_str::<Value>(&body)
+                    .ok()
+                    .and_then(|v| v.get(0)?.get("streams")?.as_array().cloned())
+                    .unwrap_or_default(),
+                other => return Some(other),
+            };
+            return Some(self.gather_stream_list(conn, ack_id, streams));
+        }
+        let field = names_stream_by(event)?;
+        let argv = arg
+            .and_then(|a| serde_json::from_str::<Value>(a.get()).ok())
+            .unwrap_or(Value::Null);
+        let text_of = |k: &str| argv.get(k).and_then(Value::as_str).map(str::to_string);
+        let name = text_of(field);
+        let owner = name.as_deref().and_then(|n| self.fsm.stream_owner(n));
+        if let Some(owner) = owner.filter(|&o| o != me) {
+            let timeout = if event == "consumer.fetch" {
+                let expires = argv
+                    .get("expires_ms")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(5_000)
+                    .min(600_000);
+                Duration::from_millis(expires) + PROPOSE_WAIT
+            } else {
+                PROPOSE_WAIT
+            };
+            let text = arg.map_or("{}", RawValue::get).to_string();
+            return Some(self.relay(
+                owner,
+                conn,
+                ack_id,
+                event,
+                text,
+                attachments.to_vec(),
+                timeout,
+            ));
+        }
+        // Ours (or unknown to the cluster): handle here, then replicate
+        // what the cluster must know.
+        let meta = matches!(
+            event,
+            "stream.create" | "stream.delete" | "consumer.create" | "consumer.delete"
+        );
+        let local = self.streams.event(io, conn, event, arg, ack_id)?;
+        if !meta {
+            return Some(local);
+        }
+        let body = match local {
+            Ok(Some(body)) => body,
+            other => return Some(other),
+        };
+        let Some(name) = name else {
+            return Some(Ok(Some(body)));
+        };
+        let answer: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        let cmd = match event {
+            "stream.create" => MetaCommand::StreamPut {
+                name,
+                owner: me,
+                config: answer[0]["stream"]["config"].clone(),
+            },
+            "stream.delete" => MetaCommand::StreamDelete { name },
+            "consumer.create" => MetaCommand::ConsumerPut {
+                stream: name,
+                name: text_of("name").unwrap_or_default(),
+                config: answer[0]["consumer"]["config"].clone(),
+            },
+            _ => MetaCommand::ConsumerDelete {
+                stream: name,
+                name: text_of("name").unwrap_or_default(),
+            },
+        };
+        let reply = ack_id.map(|ack_id| Reply {
+            conn,
+            nsp: NSP_ROOT,
+            ack_id,
+            ok_body: body,
+        });
+        Some(self.submit(io, Cmd::Meta(cmd), reply))
+    }
+
+    /// On the owner, every [`CURSOR_EVERY`]: one `Cursors` change per
+    /// stream whose consumers moved.
+    pub(crate) fn replicate_cursors(&mut self, io: &mut Io<'_>) {
+        if self.cluster.is_none() {
+            return;
+        }
+        let now = io.now();
+        if self.cursor_log.next.is_some_and(|n| n > now) {
+            return;
+        }
+        self.cursor_log.next = Some(now + CURSOR_EVERY);
+        let mut moved: HashMap<String, Vec<Cursor>> = HashMap::new();
+        for (stream, consumer, floor, delivered) in self.streams.cursors() {
+            if self.fsm.stream_owner(&stream).is_none() {
+                continue;
+            }
+            let key = (stream.clone(), consumer.clone());
+            if self.cursor_log.sent.get(&key) == Some(&(floor, delivered)) {
+                continue;
+            }
+            self.cursor_log.sent.insert(key, (floor, delivered));
+            moved.entry(stream).or_default().push(Cursor {
+                consumer,
+                pos: CursorPos {
+                    ack_floor: floor,
+                    delivered,
+                },
+            });
+        }
+        for (stream, cursors) in moved {
+            self.submit_internal(io, Cmd::Meta(MetaCommand::Cursors { stream, cursors }));
+        }
+    }
+}

@@ -1,0 +1,407 @@
+//! The control-state machine: every change to the state the cluster
+//! shares (subscriptions with their owners, queue-group rules, which node
+//! owns which stream and with what config, consumer configs and cursors)
+//! is an [`Entry`] applied by [`Fsm::apply`], the one apply path. A single
+//! node applies entries as they are made; a cluster node applies them as
+//! Raft commits them, in the same order everywhere. [`Fsm::snapshot`] and
+//! [`Fsm::restore`] bound the Raft log. Pure: no sockets, files or clocks.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::broker::subs::{Command, Owner, SubTable};
+use crate::protocol::errors::{ApiError, Code};
+
+/// Most streams the registry records (the broker's own cap is lower).
+pub const STREAMS_MAX: usize = 10_000;
+/// Most consumers recorded per stream.
+pub const CONSUMERS_MAX: usize = 10_000;
+
+/// One replicated change: who made it (node and that node's operation
+/// number, so the maker can answer its client when it is applied) and what.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub node: u64,
+    pub op: u64,
+    pub cmd: Cmd,
+}
+
+impl Entry {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Entry, String> {
+        serde_json::from_slice(bytes).map_err(|e| format!("bad entry: {e}"))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cmd {
+    /// A change to the subscription table (and group rules).
+    Subs(Command),
+    /// A change to stream metadata.
+    Meta(MetaCommand),
+}
+
+/// A change to the stream registry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum MetaCommand {
+    /// Stream `name` lives on node `owner` with this config (create or
+    /// update).
+    StreamPut {
+        name: String,
+        owner: u64,
+        config: Value,
+    },
+    StreamDelete {
+        name: String,
+    },
+    ConsumerPut {
+        stream: String,
+        name: String,
+        config: Value,
+    },
+    ConsumerDelete {
+        stream: String,
+        name: String,
+    },
+    /// Consumer cursors of one stream, batched by its owner.
+    Cursors {
+        stream: String,
+        cursors: Vec<Cursor>,
+    },
+}
+
+/// Where a consumer stands: every stream sequence up to `ack_floor` is
+/// acknowledged, and `delivered` is the last one handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct CursorPos {
+    pub ack_floor: u64,
+    pub delivered: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cursor {
+    pub consumer: String,
+    #[serde(flatten)]
+    pub pos: CursorPos,
+}
+
+/// What the cluster knows about one stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamMeta {
+    pub owner: u64,
+    pub config: Value,
+    pub consumers: BTreeMap<String, ConsumerMeta>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConsumerMeta {
+    pub config: Value,
+    pub cursor: CursorPos,
+}
+
+/// The replicated control state.
+#[derive(Debug)]
+pub struct Fsm {
+    pub subs: SubTable,
+    pub streams: BTreeMap<String, StreamMeta>,
+    /// The Raft index of the last applied entry (0 on a single node).
+    pub applied: u64,
+}
+
+/// A snapshot's shape: the state as plain lists.
+#[derive(Serialize, Deserialize)]
+struct Image {
+    applied: u64,
+    subs: Vec<SubImage>,
+    groups: Vec<(String, crate::broker::groups::GroupMode)>,
+    streams: BTreeMap<String, StreamMeta>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SubImage {
+    owner: Owner,
+    sid: String,
+    pattern: String,
+    queue: Option<String>,
+    remaining: Option<u64>,
+}
+
+impl Fsm {
+    /// The state of node `me`, empty.
+    pub fn new(me: u64) -> Fsm {
+        Fsm {
+            subs: SubTable::new(me),
+            streams: BTreeMap::new(),
+            applied: 0,
+        }
+    }
+
+    /// Applies one change. An error leaves the state as it was and is the
+    /// answer for whoever made the change.
+    pub fn apply(&mut self, cmd: &Cmd) -> Result<(), ApiError> {
+        match cmd {
+            Cmd::Subs(c) => self.subs.apply(c.clone()),
+            Cmd::Meta(m) => self.apply_meta(m),
+        }
+    }
+
+    fn apply_meta(&mut self, m: &MetaCommand) -> Result<(), ApiError> {
+        match m {
+            MetaCommand::StreamPut {
+                name,
+                owner,
+                config,
+            } => {
+                if let Some(s) = self.streams.get_mut(name) {
+                    if s.owner != *owner {
+                        return Err(ApiError::new(
+                            Code::Exists,
+                            format!("stream {name:?} lives on another node"),
+                        ));
+                    }
+                    s.config = config.clone();
+                    return Ok(());
+                }
+                if self.streams.len() >= STREAMS_MAX {
+                    return Err(ApiError::new(Code::Limit, "too many streams"));
+                }
+                self.streams.insert(
+                    name.clone(),
+                    StreamMeta {
+                        owner: *owner,
+                        config: config.clone(),
+                        consumers: BTreeMap::new(),
+                    },
+                );
+                Ok(())
+            }
+            MetaCommand::StreamDelete { name } => {
+                self.streams.remove(name);
+                Ok(())
+            }
+            MetaCommand::ConsumerPut {
+                stream,
+                name,
+                config,
+            } => {
+                let s = self.stream_mut(stream)?;
+                if let Some(c) = s.consumers.get_mut(name) {
+                    c.config = config.clone();
+                    return Ok(());
+                }
+                if s.consumers.len() >= CONSUMERS_MAX {
+                    return Err(ApiError::new(Code::Limit, "too many consumers"));
+                }
+                s.consumers.insert(
+                    name.clone(),
+                    ConsumerMeta {
+                        config: config.clone(),
+                        cursor: CursorPos::default(),
+                    },
+                );
+                Ok(())
+            }
+            MetaCommand::ConsumerDelete { stream, name } => {
+                self.stream_mut(stream)?.consumers.remove(name);
+                Ok(())
+            }
+            MetaCommand::Cursors { stream, cursors } => {
+                let s = self.stream_mut(stream)?;
+                for c in cursors {
+                    if let Some(m) = s.consumers.get_mut(&c.consumer) {
+                        // Cursors only move forward, whatever order the
+                        // batches of a restarted owner arrive in.
+                        m.cursor.ack_floor = m.cursor.ack_floor.max(c.pos.ack_floor);
+                        m.cursor.delivered = m.cursor.delivered.max(c.pos.delivered);
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn stream_mut(&mut self, name: &str) -> Result<&mut StreamMeta, ApiError> {
+        self.streams
+            .get_mut(name)
+            .ok_or_else(|| ApiError::new(Code::NotFound, format!("no stream {name:?}")))
+    }
+
+    /// The node that owns stream `name`, if the cluster knows it.
+    pub fn stream_owner(&self, name: &str) -> Option<u64> {
+        self.streams.get(name).map(|s| s.owner)
+    }
+
+    /// The whole state as bytes, for a Raft snapshot at `applied`.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let image = Image {
+            applied: self.applied,
+            subs: self
+                .subs
+                .iter()
+                .map(|s| SubImage {
+                    owner: s.owner,
+                    sid: s.sid.to_string(),
+                    pattern: s.pattern.to_string(),
+                    queue: s.queue.as_deref().map(str::to_string),
+                    remaining: s.remaining,
+                })
+                .collect(),
+            groups: self
+                .subs
+                .groups
+                .list()
+                .map(|(q, m)| (q.to_string(), m))
+                .collect(),
+            streams: self.streams.clone(),
+        };
+        serde_json::to_vec(&image).unwrap_or_default()
+    }
+
+    /// Replaces the state with a snapshot's. This node's open connections
+    /// stay known, so its own subscriptions in the snapshot deliver.
+    pub fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
+        if bytes.is_empty() {
+            self.subs.clear_replicated();
+            self.streams.clear();
+            self.applied = 0;
+            return Ok(());
+        }
+        let image: Image =
+            serde_json::from_slice(bytes).map_err(|e| format!("bad snapshot: {e}"))?;
+        self.subs.clear_replicated();
+        for s in image.subs {
+            let cmd = Command::Subscribe {
+                owner: s.owner,
+                sid: s.sid,
+                pattern: s.pattern,
+                queue: s.queue,
+                max: s.remaining,
+            };
+            self.subs
+                .apply(cmd)
+                .map_err(|e| format!("snapshot subscription: {}", e.message))?;
+        }
+        for (queue, mode) in image.groups {
+            let _ = self.subs.apply(Command::GroupSet { queue, mode });
+        }
+        self.streams = image.streams;
+        self.applied = image.applied;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::groups::GroupMode;
+
+    fn sub(node: u64, conn: u64, sid: &str, pattern: &str) -> Cmd {
+        Cmd::Subs(Command::Subscribe {
+            owner: Owner { node, conn },
+            sid: sid.into(),
+            pattern: pattern.into(),
+            queue: Some("q".into()),
+            max: Some(3),
+        })
+    }
+
+    fn put(name: &str, owner: u64) -> Cmd {
+        Cmd::Meta(MetaCommand::StreamPut {
+            name: name.into(),
+            owner,
+            config: serde_json::json!({"subjects": ["a.>"]}),
+        })
+    }
+
+    #[test]
+    fn entries_round_trip() {
+        let e = Entry {
+            node: 2,
+            op: 9,
+            cmd: sub(2, 5, "s1", "a.*"),
+        };
+        assert_eq!(Entry::decode(&e.encode()).unwrap(), e);
+        assert!(Entry::decode(b"{").is_err());
+    }
+
+    #[test]
+    fn snapshot_restores_the_same_state() {
+        let mut a = Fsm::new(1);
+        a.apply(&sub(1, 7, "x", "a.*")).unwrap();
+        a.apply(&sub(2, 8, "y", "a.>")).unwrap();
+        a.apply(&Cmd::Subs(Command::GroupSet {
+            queue: "q".into(),
+            mode: GroupMode::Broadcast,
+        }))
+        .unwrap();
+        a.apply(&put("orders", 2)).unwrap();
+        a.apply(&Cmd::Meta(MetaCommand::ConsumerPut {
+            stream: "orders".into(),
+            name: "c".into(),
+            config: serde_json::json!({}),
+        }))
+        .unwrap();
+        a.apply(&Cmd::Meta(MetaCommand::Cursors {
+            stream: "orders".into(),
+            cursors: vec![Cursor {
+                consumer: "c".into(),
+                pos: CursorPos {
+                    ack_floor: 4,
+                    delivered: 6,
+                },
+            }],
+        }))
+        .unwrap();
+        a.applied = 42;
+        let snap = a.snapshot();
+        let mut b = Fsm::new(3);
+        b.apply(&sub(3, 1, "old", "z")).unwrap();
+        b.restore(&snap).unwrap();
+        assert_eq!(b.applied, 42);
+        assert_eq!(b.subs.len(), 2);
+        assert_eq!(b.subs.matches("a.b").groups[0].members.len(), 2);
+        assert_eq!(b.subs.group_mode("q"), GroupMode::Broadcast);
+        assert_eq!(b.streams, a.streams);
+        assert_eq!(b.snapshot(), snap, "restore then snapshot is the identity");
+        assert!(b.restore(b"not json").is_err());
+    }
+
+    #[test]
+    fn stream_owners_and_cursors() {
+        let mut f = Fsm::new(1);
+        f.apply(&put("s", 1)).unwrap();
+        assert_eq!(f.apply(&put("s", 2)).unwrap_err().code, Code::Exists);
+        assert_eq!(f.stream_owner("s"), Some(1));
+        let cursors = |floor| {
+            Cmd::Meta(MetaCommand::Cursors {
+                stream: "s".into(),
+                cursors: vec![Cursor {
+                    consumer: "c".into(),
+                    pos: CursorPos {
+                        ack_floor: floor,
+                        delivered: floor,
+                    },
+                }],
+            })
+        };
+        f.apply(&Cmd::Meta(MetaCommand::ConsumerPut {
+            stream: "s".into(),
+            name: "c".into(),
+            config: Value::Null,
+        }))
+        .unwrap();
+        f.apply(&cursors(10)).unwrap();
+        f.apply(&cursors(5)).unwrap();
+        assert_eq!(f.streams["s"].consumers["c"].cursor.ack_floor, 10);
+        f.apply(&Cmd::Meta(MetaCommand::StreamDelete { name: "s".into() }))
+            .unwrap();
+        assert_eq!(f.apply(&cursors(11)).unwrap_err().code, Code::NotFound);
+    }
+}

@@ -1,0 +1,419 @@
+//! Peer links: one persistent Socket.IO connection from this node to each
+//! other node's `/control` namespace (the `-cluster` addresses, with the
+//! control token), each run by a thread with the crate's own client. The
+//! broker hands a link forward batches (sent as `cluster.forward`, no ack)
+//! and calls (`cluster.command`, `cluster.stream`, with an ack relayed
+//! back as [`LinkEvent::Answer`]). A link learns its peer's node id from
+//! `server.info`, reports up and down, and reconnects with backoff. Its
+//! queue is bounded in bytes: forwards past it are dropped (core messaging
+//! is at most once) and calls are answered `unavailable`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::Waker;
+use serde_json::{json, Value};
+
+use super::forward::BATCH_MAGIC;
+use crate::client::pending::PendingAck;
+use crate::client::{Client, Error, Options};
+
+/// Bytes a link may hold queued for its peer.
+pub const LINK_QUEUE_BYTES: usize = 64 << 20;
+/// Most forward bytes sent in one `cluster.forward` event.
+const EMIT_BYTES_MAX: usize = 1 << 20;
+/// Backoff between connection attempts.
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// What the broker asks a link to send.
+pub enum LinkOut {
+    /// A batch in the [`super::forward`] format.
+    Forward(Vec<u8>),
+    Call {
+        tag: u64,
+        event: String,
+        /// The event's argument as JSON text.
+        args: String,
+        attachments: Vec<Vec<u8>>,
+        timeout: Duration,
+        /// Sent on the link's `/` socket (a relayed client request)
+        /// rather than on `/control`.
+        root: bool,
+    },
+}
+
+/// A call's failure: an error code of the contract and a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallError {
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// What links report to the broker.
+#[derive(Debug)]
+pub enum LinkEvent {
+    /// Link `link` is connected to node `node_id`.
+    Up {
+        link: usize,
+        node_id: String,
+    },
+    Down {
+        link: usize,
+    },
+    /// The ack of call `tag`: its first argument as JSON text and its
+    /// attachments.
+    Answer {
+        tag: u64,
+        result: Result<(String, Vec<Vec<u8>>), CallError>,
+    },
+}
+
+struct Link {
+    tx: Sender<LinkOut>,
+    queued: Arc<AtomicUsize>,
+}
+
+/// Every link of this node.
+pub struct Links {
+    links: Vec<Link>,
+    rx: Receiver<LinkEvent>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Links {
+    /// Starts a link to each address; `notify` is woken when events wait.
+    pub fn start(
+        addrs: &[SocketAddr],
+        token: Option<String>,
+        auth: Option<String>,
+        notify: Arc<Waker>,
+    ) -> Links {
+        let (ev_tx, rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut links = Vec::new();
+        let mut threads = Vec::new();
+        for (i, addr) in addrs.iter().enumerate() {
+            let (tx, out_rx) = mpsc::channel();
+            let queued = Arc::new(AtomicUsize::new(0));
+            let mut w = Worker {
+                link: i,
+                url: format!("http://{addr}"),
+                token: token.clone(),
+                auth: auth.clone(),
+                rx: out_rx,
+                events: ev_tx.clone(),
+                notify: Arc::clone(&notify),
+                queued: Arc::clone(&queued),
+                stop: Arc::clone(&stop),
+                pending: Vec::new(),
+            };
+            match std::thread::Builder::new()
+                .name(format!("link-{addr}"))
+                .spawn(move || w.run())
+            {
+                Ok(t) => threads.push(t),
+                Err(e) => crate::log_error!("cannot start the link to {addr}: {e}"),
+            }
+            links.push(Link { tx, queued });
+        }
+        Links {
+            links,
+            rx,
+            stop,
+            threads,
+        }
+    }
+
+    /// Queues a forward batch; false (and dropped) when the link is full.
+    pub fn forward(&self, link: usize, batch: Vec<u8>) -> bool {
+        let Some(l) = self.links.get(link) else {
+            return false;
+        };
+        let n = batch.len();
+        if l.queued.load(Ordering::Relaxed) + n > LINK_QUEUE_BYTES {
+            return false;
+        }
+        l.queued.fetch_add(n, Ordering::Relaxed);
+        l.tx.send(LinkOut::Forward(batch)).is_ok()
+    }
+
+    /// Queues a call; false when the link is full (nothing was queued).
+    pub fn call(&self, link: usize, out: LinkOut) -> bool {
+        let Some(l) = self.links.get(link) else {
+            return false;
+        };
+        let n = match &out {
+            LinkOut::Forward(b) => b.len(),
+            LinkOut::Call {
+                args, attachments, ..
+            } => 256 + args.len() + attachments.iter().map(Vec::len).sum::<usize>(),
+        };
+        if l.queued.load(Ordering::Relaxed) + n > LINK_QUEUE_BYTES {
+            return false;
+        }
+        l.queued.fetch_add(n, Ordering::Relaxed);
+        l.tx.send(out).is_ok()
+    }
+
+    pub fn try_recv(&self) -> Option<LinkEvent> {
+        self.rx.try_recv().ok()
+    }
+
+    pub fn len(&self) -> usize {
+        self.links.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.links.is_empty()
+    }
+}
+
+impl Drop for Links {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Closing the queues wakes the threads; they end their client.
+        self.links.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Worker {
+    link: usize,
+    url: String,
+    token: Option<String>,
+    auth: Option<String>,
+    rx: Receiver<LinkOut>,
+    events: Sender<LinkEvent>,
+    notify: Arc<Waker>,
+    queued: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    pending: Vec<(u64, Instant, PendingAck)>,
+}
+
+fn unreachable_error(why: &str) -> CallError {
+    CallError {
+        code: "unavailable",
+        message: format!("peer unreachable: {why}"),
+    }
+}
+
+impl Worker {
+    fn report(&self, ev: LinkEvent) {
+        if self.events.send(ev).is_ok() {
+            let _ = self.notify.wake();
+        }
+    }
+
+    fn size_of(out: &LinkOut) -> usize {
+        match out {
+            LinkOut::Forward(b) => b.len(),
+            LinkOut::Call {
+                args, attachments, ..
+            } => 256 + args.len() + attachments.iter().map(Vec::len).sum::<usize>(),
+        }
+    }
+
+    fn run(&mut self) {
+        let mut backoff = RETRY_MIN;
+        while !self.stop.load(Ordering::Acquire) {
+            let opts = Options {
+                token: self.token.clone(),
+                namespace: "/control".into(),
+                timeout: Duration::from_secs(2),
+                async_acks_max: 1 << 16,
+                raw_acks: true,
+                subscription_capacity: 16,
+                ..Options::default()
+            };
+            let root_opts = Options {
+                token: self.auth.clone(),
+                namespace: "/".into(),
+                ..opts.clone()
+            };
+            let client = Client::connect_with(&self.url, opts).and_then(|c| {
+                let info = c.call("server.info", json!({}))?;
+                let id = info
+                    .get("node_id")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
+                let root = Client::connect_with(&self.url, root_opts)?;
+                Ok((c, root, id))
+            });
+            match client {
+                Ok((c, root, node_id)) => {
+                    backoff = RETRY_MIN;
+                    crate::log_info!("link to {} ({node_id}) up", self.url);
+                    self.report(LinkEvent::Up {
+                        link: self.link,
+                        node_id,
+                    });
+                    let why = self.serve(&c, &root);
+                    let _ = c.close();
+                    let _ = root.close();
+                    self.fail_pending(&why);
+                    crate::log_warn!("link to {} down: {why}", self.url);
+                    self.report(LinkEvent::Down { link: self.link });
+                }
+                Err(e) => {
+                    crate::log_debug!("link to {}: {e}", self.url);
+                }
+            }
+            // While down: answer calls at once, drop forwards, wait.
+            let until = Instant::now() + backoff;
+            backoff = (backoff * 2).min(RETRY_MAX);
+            loop {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                match self.rx.recv_timeout(left) {
+                    Ok(out) => self.refuse(out, "not connected"),
+                    Err(RecvTimeoutError::Timeout) => break,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+        }
+    }
+
+    fn refuse(&mut self, out: LinkOut, why: &str) {
+        self.queued
+            .fetch_sub(Self::size_of(&out), Ordering::Relaxed);
+        if let LinkOut::Call { tag, .. } = out {
+            self.report(LinkEvent::Answer {
+                tag,
+                result: Err(unreachable_error(why)),
+            });
+        }
+    }
+
+    fn fail_pending(&mut self, why: &str) {
+        for (tag, _, _) in std::mem::take(&mut self.pending) {
+            self.report(LinkEvent::Answer {
+                tag,
+                result: Err(unreachable_error(why)),
+            });
+        }
+    }
+
+    /// Sends what the broker queues until the connection fails; returns why.
+    fn serve(&mut self, c: &Client, root: &Client) -> String {
+        let mut batch: Vec<u8> = Vec::new();
+        loop {
+            if self.stop.load(Ordering::Acquire) {
+                return "stopping".into();
+            }
+            let wait = if self.pending.is_empty() {
+                Duration::from_millis(200)
+            } else {
+                Duration::from_millis(1)
+            };
+            let first = match self.rx.recv_timeout(wait) {
+                Ok(out) => Some(out),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return "stopping".into(),
+            };
+            let mut next = first;
+            while let Some(out) = next.take() {
+                self.queued
+                    .fetch_sub(Self::size_of(&out), Ordering::Relaxed);
+                match out {
+                    LinkOut::Forward(b) => {
+                        // Batches concatenate once their version byte is
+                        // dropped; a large one goes out on its own.
+                        if batch.is_empty() {
+                            batch = b;
+                        } else if b.first() == Some(&BATCH_MAGIC) {
+                            batch.extend_from_slice(&b[1..]);
+                        }
+                        if batch.len() >= EMIT_BYTES_MAX {
+                            if let Err(e) = self.emit(c, &mut batch) {
+                                return e;
+                            }
+                        }
+                    }
+                    LinkOut::Call {
+                        tag,
+                        event,
+                        args,
+                        attachments,
+                        timeout,
+                        root: on_root,
+                    } => {
+                        // Forwards queued before the call go before it.
+                        if let Err(e) = self.emit(c, &mut batch) {
+                            return e;
+                        }
+                        let via = if on_root { root } else { c };
+                        match via.call_async_raw(&event, &args, &attachments) {
+                            Ok(p) => self.pending.push((tag, Instant::now() + timeout, p)),
+                            Err(e) => {
+                                self.report(LinkEvent::Answer {
+                                    tag,
+                                    result: Err(unreachable_error(&e.to_string())),
+                                });
+                                if matches!(e, Error::Closed | Error::Io(_)) {
+                                    return e.to_string();
+                                }
+                            }
+                        }
+                    }
+                }
+                next = match self.rx.try_recv() {
+                    Ok(out) => Some(out),
+                    Err(TryRecvError::Empty) => None,
+                    Err(TryRecvError::Disconnected) => return "stopping".into(),
+                };
+            }
+            if let Err(e) = self.emit(c, &mut batch) {
+                return e;
+            }
+            self.settle();
+            if !c.is_connected() || !root.is_connected() {
+                return "connection lost".into();
+            }
+        }
+    }
+
+    fn emit(&self, c: &Client, batch: &mut Vec<u8>) -> Result<(), String> {
+        if batch.len() <= 1 {
+            batch.clear();
+            return Ok(());
+        }
+        let b = std::mem::take(batch);
+        c.emit_with("cluster.forward", json!({}), &[b])
+            .map_err(|e| format!("forward: {e}"))
+    }
+
+    /// Reports the calls whose ack came or whose time ran out.
+    fn settle(&mut self) {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.pending.len() {
+            let (tag, deadline, p) = &mut self.pending[i];
+            let result = match p.try_take() {
+                Some(Ok(answer)) => Some(Ok(answer)),
+                Some(Err(e)) => Some(Err(unreachable_error(&e.to_string()))),
+                None if now >= *deadline => Some(Err(CallError {
+                    code: "unavailable",
+                    message: "the peer did not answer in time".into(),
+                })),
+                None => None,
+            };
+            if let Some(result) = result {
+                let tag = *tag;
+                self.pending.swap_remove(i);
+                self.report(LinkEvent::Answer { tag, result });
+            } else {
+                i += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,320 @@
+//! The Raft thread of a cluster node: it owns the pure core, the log and
+//! state file, and the TCP transport, ticks the core every
+//! [`raft::TICK_MS`], and keeps Raft's order (persist, then send, then
+//! apply). The broker's event loop talks to it through channels: proposals
+//! and snapshots in ([`ToRaft`]), committed entries, proposal outcomes and
+//! role changes out ([`FromRaft`]), each batch followed by a wake of the
+//! broker's loop. A [`View`] of the node (role, term, commit, peers) is
+//! kept behind a mutex for status pages and metrics.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mio::Waker;
+
+use super::raft::{self, Config, ProposeError, Proposed, Raft, Role, Status};
+use super::raft_log::{self, DurableLog, LogStore, MemoryLog, StateFile};
+use super::raft_msg::{EntryKind, NodeId};
+use super::raft_transport::{Transport, TransportConfig};
+
+/// What the broker asks of the Raft thread.
+pub enum ToRaft {
+    /// Propose `data`; the outcome comes back as [`FromRaft::Proposed`].
+    Propose { tag: u64, data: Vec<u8> },
+    /// The state machine's snapshot at `index`, asked for by
+    /// [`FromRaft::WantSnapshot`].
+    Compact { index: u64, data: Vec<u8> },
+}
+
+/// What the Raft thread tells the broker, in order.
+#[derive(Debug)]
+pub enum FromRaft {
+    /// Load this snapshot (taken at `index`) before applying what follows.
+    Restore { index: u64, data: Vec<u8> },
+    /// A committed command to apply.
+    Apply { index: u64, data: Vec<u8> },
+    /// A proposal was appended to this leader's log, or refused.
+    Proposed {
+        tag: u64,
+        result: Result<u64, ProposeError>,
+    },
+    /// The role, term or leader changed.
+    Status(Status),
+    /// The log is long: send [`ToRaft::Compact`] with the current state.
+    WantSnapshot,
+}
+
+/// One member as the view shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerView {
+    pub id: NodeId,
+    /// The leader's idea of how far this member's log matches (leader only).
+    pub match_index: Option<u64>,
+    /// The transport has a connection to it (always true for oneself).
+    pub connected: bool,
+}
+
+/// The node's state for status pages, refreshed every loop of the thread.
+#[derive(Debug, Clone)]
+pub struct View {
+    pub role: Role,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub commit: u64,
+    pub last_index: u64,
+    pub peers: Vec<PeerView>,
+    /// Raft messages the transport dropped because a peer's queue was full.
+    pub dropped: u64,
+}
+
+/// How to start a node.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub id: NodeId,
+    pub listen: SocketAddr,
+    /// Every member (this one included) and its Raft address.
+    pub members: BTreeMap<NodeId, SocketAddr>,
+    /// Holds `raft/` (state file and log).
+    pub data: PathBuf,
+    pub memory_log: bool,
+    pub bootstrap: bool,
+}
+
+/// The broker's handle on the Raft thread.
+pub struct RaftNode {
+    tx: Sender<ToRaft>,
+    rx: Receiver<FromRaft>,
+    wake_raft: Arc<Waker>,
+    view: Arc<Mutex<View>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl RaftNode {
+    /// Opens the state and log under `<data>/raft`, binds the transport
+    /// and starts the thread. `notify` is woken whenever [`FromRaft`]
+    /// messages are waiting.
+    pub fn start(cfg: NodeConfig, notify: Arc<Waker>) -> Result<RaftNode, String> {
+        let dir = cfg.data.join("raft");
+        let state = StateFile::open(&dir).map_err(|e| format!("raft state: {e}"))?;
+        let hs = state.load().map_err(|e| format!("raft state: {e}"))?;
+        let mut log: Box<dyn LogStore + Send> = if cfg.memory_log {
+            Box::new(MemoryLog::new())
+        } else {
+            Box::new(DurableLog::open(&dir).map_err(|e| format!("raft log: {e}"))?)
+        };
+        let loaded = log.load().map_err(|e| format!("raft log: {e}"))?;
+        let empty = loaded.snapshot.index == 0 && loaded.entries.is_empty();
+        let mut rc = Config::new(cfg.id, cfg.members.keys().copied().collect());
+        rc.voter = raft::starts_as_voter(cfg.bootstrap, cfg.memory_log, &hs, empty);
+        rc.forward_proposals = false;
+        rc.seed = crate::net::server::random_seed() ^ cfg.id;
+        let first = (loaded.snapshot.index > 0).then(|| FromRaft::Restore {
+            index: loaded.snapshot.index,
+            data: loaded.snapshot.data.clone(),
+        });
+        let core = Raft::new(rc, hs, loaded.snapshot, loaded.entries);
+        let peers = cfg
+            .members
+            .iter()
+            .filter(|(id, _)| **id != cfg.id)
+            .map(|(id, a)| (*id, *a))
+            .collect();
+        let net = Transport::bind(TransportConfig::new(cfg.id, cfg.listen, peers))
+            .map_err(|e| format!("raft listen {}: {e}", cfg.listen))?;
+        let wake_raft = net.waker();
+        let (tx, in_rx) = mpsc::channel();
+        let (out_tx, rx) = mpsc::channel();
+        if let Some(f) = first {
+            let _ = out_tx.send(f);
+        }
+        let view = Arc::new(Mutex::new(view_of(&core, &net)));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut worker = Worker {
+            core,
+            state,
+            log,
+            net,
+            rx: in_rx,
+            tx: out_tx,
+            notify,
+            view: Arc::clone(&view),
+            stop: Arc::clone(&stop),
+        };
+        let thread = std::thread::Builder::new()
+            .name("raft".into())
+            .spawn(move || worker.run())
+            .map_err(|e| format!("raft thread: {e}"))?;
+        Ok(RaftNode {
+            tx,
+            rx,
+            wake_raft,
+            view,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn send(&self, m: ToRaft) {
+        if self.tx.send(m).is_ok() {
+            let _ = self.wake_raft.wake();
+        }
+    }
+
+    /// The next message from the Raft thread, if one waits.
+    pub fn try_recv(&self) -> Option<FromRaft> {
+        self.rx.try_recv().ok()
+    }
+
+    pub fn view(&self) -> View {
+        self.view.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl Drop for RaftNode {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        let _ = self.wake_raft.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn view_of(core: &Raft, net: &Transport) -> View {
+    let me = core.id();
+    let progress = core.progress();
+    let peers = core
+        .members()
+        .iter()
+        .map(|&id| PeerView {
+            id,
+            match_index: if id == me && core.role() == Role::Leader {
+                Some(core.last_index())
+            } else {
+                progress.get(&id).copied()
+            },
+            connected: id == me || net.is_connected(id),
+        })
+        .collect();
+    View {
+        role: core.role(),
+        term: core.term(),
+        leader: core.leader(),
+        commit: core.commit(),
+        last_index: core.last_index(),
+        peers,
+        dropped: net.stats().dropped_full,
+    }
+}
+
+struct Worker {
+    core: Raft,
+    state: StateFile,
+    log: Box<dyn LogStore + Send>,
+    net: Transport,
+    rx: Receiver<ToRaft>,
+    tx: Sender<FromRaft>,
+    notify: Arc<Waker>,
+    view: Arc<Mutex<View>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Worker {
+    fn run(&mut self) {
+        let tick = Duration::from_millis(raft::TICK_MS);
+        let mut next_tick = Instant::now() + tick;
+        let mut inbox = Vec::new();
+        while !self.stop.load(std::sync::atomic::Ordering::Acquire) {
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            if let Err(e) = self.net.poll(wait, &mut inbox) {
+                crate::log_error!("raft transport: {e}");
+                std::thread::sleep(tick);
+            }
+            for m in inbox.drain(..) {
+                self.core.step(m);
+            }
+            let mut out = Vec::new();
+            loop {
+                match self.rx.try_recv() {
+                    Ok(ToRaft::Propose { tag, data }) => {
+                        let result = match self.core.propose(data) {
+                            Ok(Proposed::Appended { index, .. }) => Ok(index),
+                            Ok(Proposed::Forwarded { .. }) => Err(ProposeError::NotLeader(None)),
+                            Err(e) => Err(e),
+                        };
+                        out.push(FromRaft::Proposed { tag, result });
+                    }
+                    Ok(ToRaft::Compact { index, data }) => self.core.compact(index, data),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
+            }
+            let now = Instant::now();
+            if now >= next_tick {
+                self.core.tick();
+                next_tick += tick;
+                if next_tick < now {
+                    next_tick = now + tick;
+                }
+            }
+            if let Err(e) = self.drive(&mut out) {
+                // A log that cannot be written cannot be trusted: stop
+                // taking part rather than acknowledge what is not stored.
+                crate::log_error!("raft storage failed, leaving the cluster: {e}");
+                return;
+            }
+            *self.view.lock().unwrap_or_else(|p| p.into_inner()) = view_of(&self.core, &self.net);
+            if !out.is_empty() {
+                for m in out {
+                    if self.tx.send(m).is_err() {
+                        return;
+                    }
+                }
+                let _ = self.notify.wake();
+            }
+        }
+    }
+
+    /// Persist, then send, then hand over for applying.
+    fn drive(&mut self, out: &mut Vec<FromRaft>) -> Result<(), String> {
+        loop {
+            let ready = self.core.ready();
+            if ready.is_empty() {
+                return Ok(());
+            }
+            let state = &mut self.state;
+            raft_log::persist(&ready, &mut |hs| state.save(hs), self.log.as_mut())
+                .map_err(|e| e.to_string())?;
+            let after = ready.persisted();
+            for m in &after.messages {
+                self.net.send(m);
+            }
+            if let Some(s) = after.restore {
+                out.push(FromRaft::Restore {
+                    index: s.index,
+                    data: s.data,
+                });
+            }
+            for e in after.committed {
+                if e.kind == EntryKind::Command {
+                    out.push(FromRaft::Apply {
+                        index: e.index,
+                        data: e.data,
+                    });
+                }
+            }
+            if let Some(s) = after.status {
+                out.push(FromRaft::Status(s));
+            }
+            if after.want_snapshot {
+                out.push(FromRaft::WantSnapshot);
+            }
+        }
+    }
+}
