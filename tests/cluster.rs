@@ -812,7 +812,26 @@ fn follower_killed_and_restarted_catches_up() {
             Err(e) => panic!("the client of {} did not reconnect: {e}", IDS[x]),
         }
     }
-    await_route(&cy, &sub, "fr.probe");
+    let resumed = catch_unwind(AssertUnwindSafe(|| await_route(&cy, &sub, "fr.probe")));
+    if resumed.is_err() {
+        // Tell a lost resubscription apart from a node that delivers nothing.
+        let cx = c.client(x);
+        let fresh = cx
+            .subscribe("fr.>")
+            .expect("fresh subscribe on the restarted node");
+        let fresh_ok = catch_unwind(AssertUnwindSafe(|| await_route(&cy, &fresh, "fr.probe")));
+        panic!(
+            "the subscription re-sent on reconnect to the restarted {} receives nothing \
+             ({} ms after the restart); a fresh subscription there {}",
+            IDS[x],
+            restarted.elapsed().as_millis(),
+            if fresh_ok.is_ok() {
+                "does receive"
+            } else {
+                "receives nothing either"
+            }
+        );
+    }
     for k in 0..5 {
         cy.publish("fr.after", json!({ "k": k })).unwrap();
     }
