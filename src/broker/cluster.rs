@@ -112,6 +112,7 @@ pub(crate) struct Cluster {
     /// Per link: the node it reaches, while it is up.
     link_node: Vec<Option<u64>>,
     waiters: HashMap<u64, Waiter>,
+    /// This node's operation numbers: boot id, then a counter.
     next_op: u64,
     /// Proposals made for peers: tag -> the peer's control socket and ack.
     remote: HashMap<u64, (ConnId, u64)>,
@@ -157,7 +158,9 @@ impl Cluster {
             term: 0,
             leader: None,
             waiters: HashMap::new(),
-            next_op: 0,
+            // Operation numbers carry the boot id, so an entry from this
+            // node's earlier life, replayed from the log, answers nobody.
+            next_op: boot << 32,
             remote: HashMap::new(),
             relays: HashMap::new(),
             gathers: HashMap::new(),
@@ -227,6 +230,19 @@ impl Cluster {
     fn tag(&mut self, kind: u64) -> u64 {
         self.next_tag += 1;
         kind | self.next_tag
+    }
+
+    /// Socket `conn` closed: nothing waiting is answered on it any more
+    /// (its slot may be reused by another socket).
+    pub fn forget_conn(&mut self, conn: ConnId) {
+        for w in self.waiters.values_mut() {
+            if w.reply.as_ref().is_some_and(|r| r.conn == conn) {
+                w.reply = None;
+            }
+        }
+        self.remote.retain(|_, (c, _)| *c != conn);
+        self.relays.retain(|_, r| r.conn != conn);
+        self.gathers.retain(|_, g| g.conn != conn);
     }
 
     /// Appends a message to the batch for `node`.
@@ -451,6 +467,10 @@ impl Broker {
                 }
             }
             FromRaft::Apply { index, data } => {
+                if data.is_empty() {
+                    self.fsm.applied = index;
+                    return;
+                }
                 let entry = match Entry::decode(&data) {
                     Ok(e) => e,
                     Err(e) => {
@@ -624,10 +644,18 @@ impl Broker {
                 c.forwards_dropped += 1;
             }
         }
-        if c.leader.is_some() && !c.up_announced {
+        // Once a leader is known and this node has applied what was
+        // committed before it started: say it is up (dropping its earlier
+        // life's subscriptions) and record the streams it holds.
+        let caught_up = c
+            .view
+            .as_ref()
+            .is_some_and(|v| self.fsm.applied >= v.commit);
+        if c.leader.is_some() && !c.up_announced && caught_up {
             c.up_announced = true;
             let boot = c.boot;
             self.submit_internal(io, Cmd::Subs(Command::NodeUp { node: me, boot }));
+            self.announce_streams(io);
         }
         self.retry_waiters(now);
         self.expire_waiters(io, now);
@@ -848,6 +876,12 @@ impl Broker {
         let links: Vec<usize> = (0..c.link_node.len())
             .filter(|&l| c.link_node[l].is_some())
             .collect();
+        if c.gathers.len() >= RELAYS_MAX {
+            return Err(ApiError::new(
+                Code::Unavailable,
+                "too many relayed requests waiting",
+            ));
+        }
         c.next_tag += 1;
         let gid = c.next_tag;
         let mut g = Gather {

@@ -74,15 +74,20 @@ impl Broker {
                     .collect();
                 Ok(ok_with(json!({ "groups": groups })))
             }
-            "server.info" => Ok(ok_with(json!({
-                "node_id": self.cfg.node_id,
-                "version": env!("CARGO_PKG_VERSION"),
-                "uptime_ms": io.now().saturating_duration_since(self.started).as_millis() as u64,
-                "connections": io.stats().sessions_open,
-                "subscriptions": self.fsm.subs.len(),
-                "streams": self.streams.len(),
-                "cluster": self.cluster.as_ref().map(|_| self.cluster_status()),
-            }))),
+            "server.info" => {
+                let mut info = json!({
+                    "node_id": self.cfg.node_id,
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "uptime_ms": io.now().saturating_duration_since(self.started).as_millis() as u64,
+                    "connections": io.stats().sessions_open,
+                    "subscriptions": self.fsm.subs.len(),
+                    "streams": self.streams.len(),
+                });
+                if self.cluster.is_some() {
+                    info["cluster"] = self.cluster_status();
+                }
+                Ok(ok_with(info))
+            }
             "cluster.status" => Ok(ok_with(self.cluster_status())),
             other => Err(ApiError::new(
                 Code::BadRequest,
@@ -125,6 +130,7 @@ impl Broker {
                     "id": c.name_of(id),
                     "state": state,
                     "match_index": p.and_then(|p| p.match_index).unwrap_or(0),
+                    "reachable": id == c.me || c.reachable(id) || p.is_some_and(|p| p.connected),
                 })
             })
             .collect();

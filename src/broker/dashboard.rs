@@ -110,8 +110,12 @@ impl Broker {
                 "rows": history,
             },
             "streams": streams,
-            // A single node has no cluster; cluster mode fills this in.
-            "cluster": Value::Null,
+            // A single node has no cluster section.
+            "cluster": if self.cluster.is_some() {
+                self.cluster_status()
+            } else {
+                Value::Null
+            },
         })
     }
 

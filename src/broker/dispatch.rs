@@ -1036,6 +1036,9 @@ impl Handler for Broker {
         crate::log_debug!("conn {conn} closed");
         self.drop_root_state(io, conn);
         self.streams.closed(conn);
+        if let Some(c) = self.cluster.as_mut() {
+            c.forget_conn(conn);
+        }
         if let Some(slot) = self.sessions.get_mut(conn) {
             *slot = None;
         }

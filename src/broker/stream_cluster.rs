@@ -146,6 +146,52 @@ impl Broker {
         Some(self.submit(io, Cmd::Meta(cmd), reply))
     }
 
+    /// Once a leader is known after start: tells the cluster about the
+    /// streams and consumers this node holds that it does not know of
+    /// (streams made before cluster mode, or whose record was lost).
+    pub(crate) fn announce_streams(&mut self, io: &mut Io<'_>) {
+        let Some(me) = self.cluster.as_ref().map(|c| c.me) else {
+            return;
+        };
+        for (name, config, consumers) in self.streams.configs() {
+            match self.fsm.streams.get(&name) {
+                Some(m) if m.owner != me => {
+                    crate::log_warn!(
+                        "stream {name:?} is held here but the cluster records it on another node"
+                    );
+                    continue;
+                }
+                Some(m) if m.config == config => {}
+                _ => self.submit_internal(
+                    io,
+                    Cmd::Meta(MetaCommand::StreamPut {
+                        name: name.clone(),
+                        owner: me,
+                        config,
+                    }),
+                ),
+            }
+            for (consumer, config) in consumers {
+                let known = self
+                    .fsm
+                    .streams
+                    .get(&name)
+                    .and_then(|m| m.consumers.get(&consumer))
+                    .is_some_and(|c| c.config == config);
+                if !known {
+                    self.submit_internal(
+                        io,
+                        Cmd::Meta(MetaCommand::ConsumerPut {
+                            stream: name.clone(),
+                            name: consumer,
+                            config,
+                        }),
+                    );
+                }
+            }
+        }
+    }
+
     /// On the owner, every [`CURSOR_EVERY`]: one `Cursors` change per
     /// stream whose consumers moved.
     pub(crate) fn replicate_cursors(&mut self, io: &mut Io<'_>) {

@@ -96,6 +96,10 @@ pub struct StreamSummary {
     pub consumers: Vec<ConsumerSummary>,
 }
 
+/// A stream's name and config, and its consumers' names and configs, as
+/// JSON.
+pub type StreamConfigs = (String, Value, Vec<(String, Value)>);
+
 /// A consumer's counts, as `consumer.info` reports them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsumerSummary {
@@ -468,6 +472,27 @@ impl Streams {
                         .map(|(name, m)| ConsumerSummary::of(s, name, &m.consumer))
                         .collect(),
                 }
+            })
+            .collect()
+    }
+
+    /// Every stream's config and its consumers' configs, as their JSON
+    /// (what the cluster records about streams this node holds).
+    pub fn configs(&self) -> Vec<StreamConfigs> {
+        self.set
+            .values()
+            .map(|slot| {
+                let s = &slot.stream;
+                let consumers = s
+                    .consumers
+                    .iter()
+                    .map(|(n, m)| {
+                        let cfg = serde_json::to_value(&m.consumer.cfg).unwrap_or(Value::Null);
+                        (n.clone(), cfg)
+                    })
+                    .collect();
+                let cfg = serde_json::to_value(&s.cfg).unwrap_or(Value::Null);
+                (slot.name.to_string(), cfg, consumers)
             })
             .collect()
     }

@@ -36,7 +36,8 @@ pub enum ToRaft {
 pub enum FromRaft {
     /// Load this snapshot (taken at `index`) before applying what follows.
     Restore { index: u64, data: Vec<u8> },
-    /// A committed command to apply.
+    /// A committed command to apply (empty: an entry of Raft's own, which
+    /// only moves the applied index).
     Apply { index: u64, data: Vec<u8> },
     /// A proposal was appended to this leader's log, or refused.
     Proposed {
@@ -302,12 +303,17 @@ impl Worker {
                 });
             }
             for e in after.committed {
-                if e.kind == EntryKind::Command {
-                    out.push(FromRaft::Apply {
-                        index: e.index,
-                        data: e.data,
-                    });
-                }
+                // Raft's own entries (a leader's no-op) only move the
+                // applied index: they come as empty data.
+                let data = if e.kind == EntryKind::Command {
+                    e.data
+                } else {
+                    Vec::new()
+                };
+                out.push(FromRaft::Apply {
+                    index: e.index,
+                    data,
+                });
             }
             if let Some(s) = after.status {
                 out.push(FromRaft::Status(s));
