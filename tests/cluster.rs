@@ -38,6 +38,10 @@ const DELIVERY_WAIT: Duration = Duration::from_secs(5);
 /// The contract's bound on a replicated request while no leader is
 /// reachable, plus scheduling slack for a loaded test host.
 const UNAVAILABLE_BOUND: Duration = Duration::from_millis(5_750);
+/// How long after killing a follower its restarted client is watched: past
+/// the moment the survivors drop the dead node's subscriptions ("a few
+/// seconds"; docs/OPERATIONS.md says 3 s).
+const FOLLOWER_CLEANUP_WATCH: Duration = Duration::from_secs(6);
 
 // ---------------------------------------------------------------------------
 // Helpers.
@@ -749,6 +753,7 @@ fn follower_killed_and_restarted_catches_up() {
     let cy = c.client(y);
     await_route(&cy, &sub, "fr.probe");
 
+    let killed = Instant::now();
     c.kill(x);
     // Changes committed while it is down.
     let ctl = c.control(leader);
@@ -840,6 +845,50 @@ fn follower_killed_and_restarted_catches_up() {
         .map(|m| m.data["k"].as_u64().unwrap())
         .collect();
     assert_eq!(ks, vec![0, 1, 2, 3, 4]);
+
+    // The survivors drop a dead node's subscriptions a few seconds after
+    // it died; that must not take the re-sent one with it. Keep publishing
+    // past that moment (watching, not waiting: each message is counted),
+    // then check the subscription still delivers.
+    let watch_until = killed + FOLLOWER_CLEANUP_WATCH;
+    let (mut sent, mut got) = (0u64, 0u64);
+    while Instant::now() < watch_until {
+        sent += 1;
+        cy.publish("fr.watch", json!({ "k": sent })).unwrap();
+        // One message per 100 ms; receive whatever comes meanwhile.
+        let tick_end = Instant::now() + Duration::from_millis(100);
+        while let Some(left) = tick_end.checked_duration_since(Instant::now()) {
+            match sub.recv_timeout(left) {
+                Ok(m) => got += u64::from(m.subject == "fr.watch"),
+                Err(_) => break,
+            }
+        }
+    }
+    // The last ones may still be on their way.
+    let drain_until = Instant::now() + DELIVERY_WAIT;
+    while got < sent {
+        let left = drain_until.saturating_duration_since(Instant::now());
+        match sub.recv_timeout(left) {
+            Ok(m) => got += u64::from(m.subject == "fr.watch"),
+            Err(_) => break,
+        }
+    }
+    let mut seen = Vec::new();
+    while let Ok(Some(ev)) = events.try_recv() {
+        seen.push(ev);
+    }
+    println!(
+        "{} s after the kill: {got} of {sent} watch messages arrived; client events: {seen:?}",
+        FOLLOWER_CLEANUP_WATCH.as_secs()
+    );
+    let still = catch_unwind(AssertUnwindSafe(|| await_route(&cy, &sub, "fr.probe")));
+    assert!(
+        still.is_ok(),
+        "the re-sent subscription on {} stopped delivering once the dead node's \
+         subscriptions were dropped ({got} of {sent} watch messages arrived; events {seen:?})",
+        IDS[x]
+    );
+    assert_eq!(got, sent, "watch messages lost; client events {seen:?}");
     // And the restarted node takes new subscriptions.
     let cx = c.client(x);
     let s = cx
