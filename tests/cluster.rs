@@ -38,10 +38,10 @@ const DELIVERY_WAIT: Duration = Duration::from_secs(5);
 /// The contract's bound on a replicated request while no leader is
 /// reachable, plus scheduling slack for a loaded test host.
 const UNAVAILABLE_BOUND: Duration = Duration::from_millis(5_750);
-/// How long after killing a follower its restarted client is watched: past
-/// the moment the survivors drop the dead node's subscriptions ("a few
-/// seconds"; docs/OPERATIONS.md says 3 s).
-const FOLLOWER_CLEANUP_WATCH: Duration = Duration::from_secs(6);
+/// How long after a kill subscriptions are watched: past the moment the
+/// survivors drop the dead node's subscriptions ("a few seconds";
+/// docs/OPERATIONS.md says 3 s).
+const CLEANUP_WATCH: Duration = Duration::from_secs(6);
 
 // ---------------------------------------------------------------------------
 // Helpers.
@@ -88,6 +88,38 @@ fn recv_n(sub: &Subscription, n: usize, skip: &str) -> Vec<Message> {
         }
     }
     got
+}
+
+/// Publishes one message on `subject` every 100 ms from `publisher` until
+/// `until`, counting those `sub` receives (waiting at most `DELIVERY_WAIT`
+/// for the last ones); (sent, received).
+fn watch_delivery(
+    publisher: &Client,
+    sub: &Subscription,
+    subject: &str,
+    until: Instant,
+) -> (u64, u64) {
+    let (mut sent, mut got) = (0u64, 0u64);
+    while Instant::now() < until {
+        sent += 1;
+        publisher.publish(subject, json!({ "k": sent })).unwrap();
+        let tick_end = Instant::now() + Duration::from_millis(100);
+        while let Some(left) = tick_end.checked_duration_since(Instant::now()) {
+            match sub.recv_timeout(left) {
+                Ok(m) => got += u64::from(m.subject == subject),
+                Err(_) => break,
+            }
+        }
+    }
+    let drain_until = Instant::now() + DELIVERY_WAIT;
+    while got < sent {
+        let left = drain_until.saturating_duration_since(Instant::now());
+        match sub.recv_timeout(left) {
+            Ok(m) => got += u64::from(m.subject == subject),
+            Err(_) => break,
+        }
+    }
+    (sent, got)
 }
 
 /// Runs one named case; a panic becomes an entry in `failed`.
@@ -721,6 +753,17 @@ fn leader_kill_fails_over_keeping_subscriptions_and_cursors() {
     let fresh_other = cf.subscribe("fo.after.>").expect("a second new subscribe");
     await_route(&co, &fresh_other, "fo.after.probe");
 
+    // Still delivering once the dead leader's subscriptions are dropped.
+    let (sent, got) = watch_delivery(&cf, &sub_o, "fo.live.watch", killed + CLEANUP_WATCH);
+    println!(
+        "{} s after the kill: {got} of {sent} messages reached a survivor's subscription",
+        CLEANUP_WATCH.as_secs()
+    );
+    assert_eq!(
+        got, sent,
+        "a survivor's subscription lost messages after the leader died"
+    );
+
     // The acked cursor survived: the next fetch starts at 6.
     let rest = cf
         .fetch("FO", "fo-pull", 10, Some(Duration::from_secs(2)))
@@ -850,36 +893,14 @@ fn follower_killed_and_restarted_catches_up() {
     // it died; that must not take the re-sent one with it. Keep publishing
     // past that moment (watching, not waiting: each message is counted),
     // then check the subscription still delivers.
-    let watch_until = killed + FOLLOWER_CLEANUP_WATCH;
-    let (mut sent, mut got) = (0u64, 0u64);
-    while Instant::now() < watch_until {
-        sent += 1;
-        cy.publish("fr.watch", json!({ "k": sent })).unwrap();
-        // One message per 100 ms; receive whatever comes meanwhile.
-        let tick_end = Instant::now() + Duration::from_millis(100);
-        while let Some(left) = tick_end.checked_duration_since(Instant::now()) {
-            match sub.recv_timeout(left) {
-                Ok(m) => got += u64::from(m.subject == "fr.watch"),
-                Err(_) => break,
-            }
-        }
-    }
-    // The last ones may still be on their way.
-    let drain_until = Instant::now() + DELIVERY_WAIT;
-    while got < sent {
-        let left = drain_until.saturating_duration_since(Instant::now());
-        match sub.recv_timeout(left) {
-            Ok(m) => got += u64::from(m.subject == "fr.watch"),
-            Err(_) => break,
-        }
-    }
+    let (sent, got) = watch_delivery(&cy, &sub, "fr.watch", killed + CLEANUP_WATCH);
     let mut seen = Vec::new();
     while let Ok(Some(ev)) = events.try_recv() {
         seen.push(ev);
     }
     println!(
         "{} s after the kill: {got} of {sent} watch messages arrived; client events: {seen:?}",
-        FOLLOWER_CLEANUP_WATCH.as_secs()
+        CLEANUP_WATCH.as_secs()
     );
     let still = catch_unwind(AssertUnwindSafe(|| await_route(&cy, &sub, "fr.probe")));
     assert!(
