@@ -924,6 +924,14 @@ fn follower_killed_and_restarted_catches_up() {
 
 /// Subscribe and group.set on `i` at once, each expected to fail with
 /// `unavailable` within the bound.
+/// `subscriptions` of `server.info` (the replicated subscription table).
+fn subscription_count(control: &Client) -> u64 {
+    let v = ok(control.call("server.info", json!({})).expect("server.info"));
+    v["subscriptions"].as_u64().expect("subscriptions")
+}
+
+/// Subscribe and group.set on `i` at once, each expected to fail with
+/// `unavailable` within the bound.
 fn expect_unavailable(c: &Cluster, i: usize) {
     let opts = Options {
         timeout: Duration::from_secs(15),
@@ -968,6 +976,12 @@ fn node_cut_off_answers_unavailable() {
 
     // A follower cut off from the leader and the other follower.
     let x = (leader + 1) % 3;
+    // A subscriber on it from before the cut.
+    let rc = c.reconnecting_client(x);
+    let kept = rc
+        .subscribe("cut.kept.>")
+        .expect("subscribe before the cut");
+    await_route(&c.client(leader), &kept, "cut.kept.probe");
     let others: Vec<usize> = (0..3).filter(|&j| j != x).collect();
     for &j in &others {
         c.pause(j);
@@ -976,7 +990,20 @@ fn node_cut_off_answers_unavailable() {
     for &j in &others {
         c.resume(j);
     }
+    let healed = Instant::now();
     let (leader, _) = c.await_leader(&[0, 1, 2], LEADER_WAIT);
+    // The subscriber from before the cut hears the other nodes again (its
+    // node may have had it subscribe anew, after the cluster dropped the
+    // cut-off node's subscriptions).
+    let cl = c.client(leader);
+    await_route(&cl, &kept, "cut.kept.probe");
+    println!(
+        "after healing: the subscriber on {} hears {} again within {} ms; client events {:?}",
+        IDS[x],
+        IDS[leader],
+        healed.elapsed().as_millis(),
+        std::iter::from_fn(|| rc.events().try_recv().ok().flatten()).collect::<Vec<_>>()
+    );
     let cx = c.client(x);
     let sub = subscribe_when_ready(&cx, "cut.healed.>", Duration::from_secs(5));
     await_route(&c.client(leader), &sub, "cut.healed.probe");
@@ -991,6 +1018,68 @@ fn node_cut_off_answers_unavailable() {
         c.resume(j);
     }
     c.await_leader(&[0, 1, 2], LEADER_WAIT);
+}
+
+// ---------------------------------------------------------------------------
+// A node that stops answering (SIGSTOP) is treated like a lost one.
+// ---------------------------------------------------------------------------
+
+/// A follower stopped with SIGSTOP: its process and sockets stay, it
+/// answers nothing. The others must drop its subscriptions after a few
+/// seconds, as for a dead node; once it runs again, its subscriber is heard
+/// again (the node has its clients subscribe anew).
+#[test]
+fn stopped_node_loses_its_subscriptions_and_gets_them_back() {
+    let mut c = Cluster::start();
+    let (leader, _) = c.await_leader(&[0, 1, 2], LEADER_WAIT);
+    let x = (leader + 1) % 3;
+    let rc = c.reconnecting_client(x);
+    let kept = rc.subscribe("stop.kept.>").expect("subscribe");
+    let cl = c.client(leader);
+    await_route(&cl, &kept, "stop.kept.probe");
+    let ctl = c.control(leader);
+    let subs_before = subscription_count(&ctl);
+    c.pause(x);
+    let paused = Instant::now();
+    let deadline = paused + Duration::from_secs(10);
+    while subscription_count(&ctl) >= subs_before {
+        assert!(
+            Instant::now() < deadline,
+            "{} still counts {subs_before} subscriptions 10 s after {} stopped answering",
+            IDS[leader],
+            IDS[x]
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "{} dropped the subscriptions of the stopped {} after {} ms",
+        IDS[leader],
+        IDS[x],
+        paused.elapsed().as_millis()
+    );
+    c.resume(x);
+    let resumed = Instant::now();
+    let deadline = resumed + Duration::from_secs(10);
+    loop {
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            await_route(&cl, &kept, "stop.kept.probe")
+        }));
+        if r.is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the subscriber on {} was not heard again within 10 s of its node resuming",
+            IDS[x]
+        );
+    }
+    println!(
+        "after its subscriptions were dropped: the subscriber on {} is heard again {} ms \
+         after its node resumed; client events {:?}",
+        IDS[x],
+        resumed.elapsed().as_millis(),
+        std::iter::from_fn(|| rc.events().try_recv().ok().flatten()).collect::<Vec<_>>()
+    );
 }
 
 // ---------------------------------------------------------------------------
