@@ -758,6 +758,13 @@ impl Config {
                 self.node_id
             )));
         }
+        if !self.raft_peers.is_empty() && self.cluster.len() + 1 != self.raft_peers.len() {
+            return Err(invalid(format!(
+                "-cluster: give the HTTP addresses of the {} other members ({} given)",
+                self.raft_peers.len() - 1,
+                self.cluster.len()
+            )));
+        }
         check_addr_list(&self.cluster).map_err(|e| invalid(format!("-cluster: {e}")))?;
         Ok(())
     }
@@ -1389,7 +1396,16 @@ mod tests {
             "-node-id=node-1",
             "-raft-addr=127.0.0.1:7001",
             "-raft-peers=node-1=127.0.0.1:7001, node-2=127.0.0.1:7002,node-3=localhost:7003",
+            "-cluster=127.0.0.1:8002,127.0.0.1:8003",
         ]);
+        assert_eq!(
+            bad(&[
+                "-node-id=node-1",
+                "-raft-addr=127.0.0.1:7001",
+                "-raft-peers=node-1=127.0.0.1:7001,node-2=127.0.0.1:7002",
+            ]),
+            "-cluster: give the HTTP addresses of the 1 other members (0 given)"
+        );
         assert_eq!(cfg.raft_addr, Some(sock("127.0.0.1:7001")));
         assert_eq!(
             cfg.raft_peers,
@@ -1498,6 +1514,7 @@ mod tests {
             "-control-token=topsecret",
             "-raft-addr=127.0.0.1:7001",
             "-raft-peers=n1=127.0.0.1:7001,n2=127.0.0.1:7002",
+            "-cluster=127.0.0.1:8002",
         ]);
         let line = cfg.summary();
         assert!(!line.contains('\n'));
@@ -1508,7 +1525,7 @@ mod tests {
         assert!(line.contains("max_payload=1MiB"));
         assert!(line.contains("ping_interval=25s"));
         assert!(line.contains("raft_peers=n1=127.0.0.1:7001,n2=127.0.0.1:7002"));
-        assert!(line.contains("cluster=none"));
+        assert!(line.contains("cluster=127.0.0.1:8002"));
         assert!(line.contains("raft_log=durable"));
         assert!(line.contains("sync=always segment_size=64MiB"));
     }

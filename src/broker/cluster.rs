@@ -414,7 +414,10 @@ impl Broker {
     /// Whatever follows an applied change on this node.
     fn after_apply(&mut self, io: &mut Io<'_>, cmd: &Cmd) {
         match cmd {
-            Cmd::Subs(Command::RemoveNode { node }) if *node == self.fsm.subs.me() => {
+            Cmd::Subs(Command::RemoveNode { node, boot })
+                if *node == self.fsm.subs.me()
+                    && boot.is_none_or(|b| Some(b) == self.cluster.as_ref().map(|c| c.boot)) =>
+            {
                 // The cluster gave this node up while it was cut off: its
                 // clients reconnect and subscribe again.
                 crate::log_warn!(
@@ -732,7 +735,10 @@ impl Broker {
                     .unwrap_or("?")
                     .to_string();
                 crate::log_warn!("node {name} is unreachable; removing its subscriptions");
-                self.submit_internal(io, Cmd::Subs(Command::RemoveNode { node }));
+                // Only the life the cluster knows of: a node that already
+                // restarted keeps its new subscriptions.
+                let boot = self.fsm.boots.get(&node).copied();
+                self.submit_internal(io, Cmd::Subs(Command::RemoveNode { node, boot }));
             }
         }
     }

@@ -78,9 +78,12 @@ pub enum Command {
     RemoveConn {
         owner: Owner,
     },
-    /// Every subscription of a node the cluster declared gone.
+    /// Every subscription of a node the cluster declared gone, made in
+    /// its life `boot` (all of them when `None`): a node that restarted
+    /// meanwhile keeps what its new life subscribed.
     RemoveNode {
         node: u64,
+        boot: Option<u64>,
     },
     /// A node (re)started with boot id `boot`: subscriptions left from its
     /// earlier lives go.
@@ -184,8 +187,8 @@ impl SubTable {
                 self.remove_conn(owner);
                 Ok(())
             }
-            Command::RemoveNode { node } => {
-                self.remove_owners(|o| o.node == node);
+            Command::RemoveNode { node, boot } => {
+                self.remove_owners(|o| o.node == node && boot.is_none_or(|b| o.boot() == b));
                 Ok(())
             }
             Command::NodeUp { node, boot } => {
@@ -559,7 +562,22 @@ mod owner_tests {
         assert_eq!(t.len(), 3, "same boot: nothing goes");
         t.apply(Command::NodeUp { node: 2, boot: 2 }).unwrap();
         assert_eq!(t.len(), 1, "a new boot drops the earlier life's");
-        t.apply(Command::RemoveNode { node: 3 }).unwrap();
+        t.apply(sub(3, (5 << 32) | 1, "b")).unwrap();
+        t.apply(Command::RemoveNode {
+            node: 3,
+            boot: Some(5),
+        })
+        .unwrap();
+        assert_eq!(
+            t.len(),
+            1,
+            "only the life declared gone loses its subscriptions"
+        );
+        t.apply(Command::RemoveNode {
+            node: 3,
+            boot: None,
+        })
+        .unwrap();
         assert!(t.is_empty());
         assert!(t.matches("x").is_empty());
     }

@@ -111,6 +111,8 @@ pub struct ConsumerMeta {
 pub struct Fsm {
     pub subs: SubTable,
     pub streams: BTreeMap<String, StreamMeta>,
+    /// Each node's boot id, as its last `NodeUp` said.
+    pub boots: BTreeMap<u64, u64>,
     /// The Raft index of the last applied entry (0 on a single node).
     pub applied: u64,
 }
@@ -122,6 +124,8 @@ struct Image {
     subs: Vec<SubImage>,
     groups: Vec<(String, crate::broker::groups::GroupMode)>,
     streams: BTreeMap<String, StreamMeta>,
+    #[serde(default)]
+    boots: BTreeMap<u64, u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -139,6 +143,7 @@ impl Fsm {
         Fsm {
             subs: SubTable::new(me),
             streams: BTreeMap::new(),
+            boots: BTreeMap::new(),
             applied: 0,
         }
     }
@@ -147,7 +152,12 @@ impl Fsm {
     /// answer for whoever made the change.
     pub fn apply(&mut self, cmd: &Cmd) -> Result<(), ApiError> {
         match cmd {
-            Cmd::Subs(c) => self.subs.apply(c.clone()),
+            Cmd::Subs(c) => {
+                if let Command::NodeUp { node, boot } = c {
+                    self.boots.insert(*node, *boot);
+                }
+                self.subs.apply(c.clone())
+            }
             Cmd::Meta(m) => self.apply_meta(m),
         }
     }
@@ -260,6 +270,7 @@ impl Fsm {
                 .map(|(q, m)| (q.to_string(), m))
                 .collect(),
             streams: self.streams.clone(),
+            boots: self.boots.clone(),
         };
         serde_json::to_vec(&image).unwrap_or_default()
     }
@@ -270,6 +281,7 @@ impl Fsm {
         if bytes.is_empty() {
             self.subs.clear_replicated();
             self.streams.clear();
+            self.boots.clear();
             self.applied = 0;
             return Ok(());
         }
@@ -292,6 +304,7 @@ impl Fsm {
             let _ = self.subs.apply(Command::GroupSet { queue, mode });
         }
         self.streams = image.streams;
+        self.boots = image.boots;
         self.applied = image.applied;
         Ok(())
     }
@@ -335,13 +348,15 @@ mod tests {
     fn snapshot_restores_the_same_state() {
         let mut a = Fsm::new(1);
         a.apply(&sub(1, 7, "x", "a.*")).unwrap();
-        a.apply(&sub(2, 8, "y", "a.>")).unwrap();
+        a.apply(&sub(2, (9 << 32) | 8, "y", "a.>")).unwrap();
         a.apply(&Cmd::Subs(Command::GroupSet {
             queue: "q".into(),
             mode: GroupMode::Broadcast,
         }))
         .unwrap();
         a.apply(&put("orders", 2)).unwrap();
+        a.apply(&Cmd::Subs(Command::NodeUp { node: 2, boot: 9 }))
+            .unwrap();
         a.apply(&Cmd::Meta(MetaCommand::ConsumerPut {
             stream: "orders".into(),
             name: "c".into(),
@@ -369,6 +384,7 @@ mod tests {
         assert_eq!(b.subs.matches("a.b").groups[0].members.len(), 2);
         assert_eq!(b.subs.group_mode("q"), GroupMode::Broadcast);
         assert_eq!(b.streams, a.streams);
+        assert_eq!(b.boots.get(&2), Some(&9));
         assert_eq!(b.snapshot(), snap, "restore then snapshot is the identity");
         assert!(b.restore(b"not json").is_err());
     }
