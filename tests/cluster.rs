@@ -486,6 +486,32 @@ fn group_rule_across_nodes(c: &Cluster) {
     }
 }
 
+/// `stream.info` through `client` once its node knows the stream (the
+/// metadata reaches the other nodes within the replication delay); prints
+/// that delay when it was not zero.
+fn await_stream(client: &Client, name: &str, node: &str) -> gombus::client::StreamInfo {
+    let started = Instant::now();
+    let mut misses = 0;
+    loop {
+        match client.stream_info(name) {
+            Ok(info) => {
+                if misses > 0 {
+                    println!(
+                        "{node} answered stream.info {name} after {misses} not_found ({} ms)",
+                        started.elapsed().as_millis()
+                    );
+                }
+                return info;
+            }
+            Err(e) if e.code() == Some("not_found") && started.elapsed() < DELIVERY_WAIT => {
+                misses += 1;
+                thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("stream.info {name} on {node}: {e}"),
+        }
+    }
+}
+
 fn stream_across_nodes(c: &Cluster) {
     let (c1, c2, c3) = (c.client(0), c.client(1), c.client(2));
     let created = c1
@@ -493,15 +519,7 @@ fn stream_across_nodes(c: &Cluster) {
         .expect("stream.create on n1");
     assert_eq!(created.state.messages, 0);
     // Visible from n2 (metadata is replicated; the request is forwarded).
-    let deadline = Instant::now() + DELIVERY_WAIT;
-    let info = loop {
-        match c2.stream_info("C5") {
-            Ok(info) => break info,
-            Err(e) if Instant::now() < deadline => eprintln!("stream.info on n2: {e}"),
-            Err(e) => panic!("stream.info on n2: {e}"),
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
+    let info = await_stream(&c2, "C5", "n2");
     assert_eq!(info.config["name"], json!("C5"));
     assert_eq!(info.config["subjects"], json!(["c5.>"]));
     // Publishes on n2 are captured by the stream that lives on n1.
@@ -512,7 +530,7 @@ fn stream_across_nodes(c: &Cluster) {
         assert_eq!((ack.stream.as_str(), ack.seq), ("C5", k));
     }
     assert_eq!(c1.stream_info("C5").unwrap().state.messages, 5);
-    assert_eq!(c3.stream_info("C5").unwrap().state.last_seq, 5);
+    assert_eq!(await_stream(&c3, "C5", "n3").state.last_seq, 5);
     // A consumer created, fetched and acked through n2.
     c2.consumer_create("C5", &ConsumerConfig::new("c5-pull"))
         .expect("consumer.create on n2");
@@ -664,15 +682,7 @@ fn leader_kill_fails_over_keeping_subscriptions_and_cursors() {
     // A stream on the owner; a consumer acked half way through the other.
     co.stream_create(&StreamConfig::new("FO", &["fo.stream.>"]))
         .expect("stream.create");
-    let deadline = Instant::now() + DELIVERY_WAIT;
-    while let Err(e) = cf.stream_info("FO") {
-        assert!(
-            Instant::now() < deadline,
-            "stream.info on {}: {e}",
-            IDS[other]
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    await_stream(&cf, "FO", IDS[other]);
     for k in 1..=10u64 {
         let ack = cf
             .publish_stream("fo.stream.x", json!({ "k": k }))
