@@ -1055,9 +1055,13 @@ fn stopped_node_loses_its_subscriptions_and_gets_them_back() {
     while subscription_count(&ctl) >= subs_before {
         assert!(
             Instant::now() < deadline,
-            "{} still counts {subs_before} subscriptions 10 s after {} stopped answering",
+            "{} still counts {subs_before} subscriptions 10 s after {} stopped answering; \
+             its peers: {}",
             IDS[leader],
-            IDS[x]
+            IDS[x],
+            c.status(leader)
+                .map(|s| s["peers"].clone())
+                .unwrap_or_default()
         );
         thread::sleep(Duration::from_millis(100));
     }
