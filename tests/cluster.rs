@@ -122,6 +122,17 @@ fn watch_delivery(
     (sent, got)
 }
 
+/// The `state` node `i` reports for peer `id` in its `cluster.status`.
+fn peer_state(c: &Cluster, i: usize, id: &str) -> Option<String> {
+    let status = c.status(i).ok()?;
+    status["peers"]
+        .as_array()?
+        .iter()
+        .find(|p| p["id"] == json!(id))
+        .and_then(|p| p["state"].as_str())
+        .map(str::to_string)
+}
+
 /// Runs one named case; a panic becomes an entry in `failed`.
 fn step(failed: &mut Vec<String>, name: &str, body: impl FnOnce()) {
     let started = Instant::now();
@@ -805,9 +816,65 @@ fn follower_killed_and_restarted_catches_up() {
     let sub = rc.subscribe("fr.>").expect("sub on the follower");
     let cy = c.client(y);
     await_route(&cy, &sub, "fr.probe");
+    // A queue group with a member on each node.
+    let (cx, cl) = (c.client(x), c.client(leader));
+    let members: Vec<Subscription> = [&cx, &cl, &cy]
+        .iter()
+        .map(|cli| {
+            cli.queue_subscribe("frq.work", "fr-workers")
+                .expect("queue sub")
+        })
+        .collect();
+    for m in &members[1..] {
+        await_route(&cx, m, "frq.work");
+    }
+    await_route(&cl, &members[0], "frq.work");
 
     let killed = Instant::now();
     c.kill(x);
+    // Once the leader sees the node gone, the group skips its member: every
+    // message reaches one of the two left, none is lost to the dead one.
+    let deadline = killed + DELIVERY_WAIT;
+    while peer_state(&c, leader, IDS[x]).as_deref() != Some("unreachable") {
+        assert!(
+            Instant::now() < deadline,
+            "{} never saw {} unreachable",
+            IDS[leader],
+            IDS[x]
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    println!(
+        "{} reports {} unreachable {} ms after the kill",
+        IDS[leader],
+        IDS[x],
+        killed.elapsed().as_millis()
+    );
+    for id in 0..300u64 {
+        cl.publish("frq.work", json!({ "id": id })).unwrap();
+    }
+    let mut count: BTreeMap<u64, u32> = BTreeMap::new();
+    let deadline = Instant::now() + DELIVERY_WAIT;
+    while count.len() < 300 && Instant::now() < deadline {
+        for m in &members[1..] {
+            while let Ok(Some(msg)) = m.try_recv() {
+                if let Some(id) = msg.data["id"].as_u64() {
+                    *count.entry(id).or_default() += 1;
+                }
+            }
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        count.len(),
+        300,
+        "lost to the dead member: {}",
+        300 - count.len()
+    );
+    assert!(
+        count.values().all(|&n| n == 1),
+        "delivered twice in the group"
+    );
     // Changes committed while it is down.
     let ctl = c.control(leader);
     ok(ctl
