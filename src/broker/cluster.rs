@@ -111,7 +111,8 @@ pub(crate) struct Cluster {
     leader: Option<u64>,
     /// Per link: the node it reaches, while it is up.
     link_node: Vec<Option<u64>>,
-    waiters: HashMap<u64, Waiter>,
+    /// By operation number: handed to leaders in this order.
+    waiters: BTreeMap<u64, Waiter>,
     /// This node's operation numbers: boot id, then a counter.
     next_op: u64,
     /// Proposals made for peers: tag -> the peer's control socket and ack.
@@ -157,7 +158,7 @@ impl Cluster {
             role: Role::Follower,
             term: 0,
             leader: None,
-            waiters: HashMap::new(),
+            waiters: BTreeMap::new(),
             // Operation numbers carry the boot id, so an entry from this
             // node's earlier life, replayed from the log, answers nobody.
             next_op: boot << 32,
@@ -351,7 +352,7 @@ impl Broker {
                 next_try: now,
             },
         );
-        self.try_propose(op, now);
+        self.retry_waiters(now);
         Ok(None)
     }
 
@@ -482,8 +483,13 @@ impl Broker {
                         return;
                     }
                 };
-                let result = self.fsm.apply(&entry.cmd);
+                let result = self.fsm.apply_entry(&entry);
                 self.fsm.applied = index;
+                if result.as_ref().is_err_and(|e| e.stale) {
+                    self.stale_entry(io, entry);
+                    return;
+                }
+                let result = result.map_err(|e| e.error);
                 self.after_apply(io, &entry.cmd);
                 let me = self.fsm.subs.me();
                 if entry.node != me {
@@ -610,18 +616,57 @@ impl Broker {
         }
     }
 
+    /// Offers waiting changes to the leader in operation order, stopping
+    /// at the first that cannot go yet, so that no change overtakes an
+    /// earlier one of this node.
     fn retry_waiters(&mut self, now: Instant) {
         let Some(c) = self.cluster.as_ref() else {
             return;
         };
-        let due: Vec<u64> = c
+        let waiting: Vec<u64> = c
             .waiters
             .iter()
-            .filter(|(_, w)| w.stage == Stage::Waiting && w.next_try <= now)
+            .filter(|(_, w)| w.stage == Stage::Waiting)
             .map(|(op, _)| *op)
             .collect();
-        for op in due {
+        for op in waiting {
             self.try_propose(op, now);
+            let still = self
+                .cluster
+                .as_ref()
+                .and_then(|c| c.waiters.get(&op))
+                .is_some_and(|w| w.stage == Stage::Waiting);
+            if still {
+                break;
+            }
+        }
+    }
+
+    /// An entry of this node came back after a later one of the same life
+    /// was applied (it was lost with a leader and offered again): it is
+    /// not applied, so that it cannot undo what came after it. Its client
+    /// is told to try again; the broker's own changes are made anew.
+    fn stale_entry(&mut self, io: &mut Io<'_>, entry: Entry) {
+        if entry.node != self.fsm.subs.me() {
+            return;
+        }
+        let Some(w) = self
+            .cluster
+            .as_mut()
+            .and_then(|c| c.waiters.remove(&entry.op))
+        else {
+            return; // a repeat of an entry already applied
+        };
+        match w.reply {
+            Some(r) => {
+                let e = ApiError::new(
+                    Code::Unavailable,
+                    "the change was lost with a leader; try again",
+                );
+                self.metrics.count_error(Code::Unavailable);
+                send_ack(io, r.conn, r.nsp, r.ack_id, &e.ack_body());
+            }
+            None => self.submit_internal(io, entry.cmd),
         }
     }
 

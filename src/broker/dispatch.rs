@@ -272,11 +272,12 @@ impl Broker {
         let Some(owner) = self.owner(conn) else {
             return;
         };
-        if let Some(s) = self.session(conn) {
+        let subscribed = self.session(conn).is_some_and(|s| {
             s.serial = 0;
-        }
+            std::mem::take(&mut s.subscribed)
+        });
         self.fsm.subs.detach_local(owner.conn);
-        if self.fsm.subs.has_owner(owner) {
+        if subscribed || self.fsm.subs.has_owner(owner) {
             self.submit_internal(io, Cmd::Subs(Command::RemoveConn { owner }));
         }
     }
@@ -429,6 +430,9 @@ impl Broker {
         self.fsm
             .subs
             .check_subscribe(owner, &sid, &pattern, queue.as_deref())?;
+        if let Some(s) = self.session(conn) {
+            s.subscribed = true;
+        }
         let cmd = Cmd::Subs(Command::Subscribe {
             owner,
             sid,

@@ -20,6 +20,9 @@ pub struct Session {
     /// This socket's serial in `/` (see [`super::subs::Owner`]); a new one
     /// each time it joins, 0 while it is not in `/`.
     pub serial: u64,
+    /// A subscribe was made under `serial` (it may still be on its way
+    /// through the cluster when the socket closes).
+    pub subscribed: bool,
 }
 
 impl Session {

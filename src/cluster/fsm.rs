@@ -92,6 +92,14 @@ pub struct Cursor {
     pub pos: CursorPos,
 }
 
+/// Why a committed entry changed nothing.
+#[derive(Debug)]
+pub struct Refused {
+    /// A repeat, or overtaken: not applied at all.
+    pub stale: bool,
+    pub error: ApiError,
+}
+
 /// What the cluster knows about one stream.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StreamMeta {
@@ -113,6 +121,10 @@ pub struct Fsm {
     pub streams: BTreeMap<String, StreamMeta>,
     /// Each node's boot id, as its last `NodeUp` said.
     pub boots: BTreeMap<u64, u64>,
+    /// The last operation applied per node and life (boot id): a node
+    /// proposes in operation order, so an entry at or below it is a
+    /// repeat, or one overtaken by a later change.
+    pub last_op: BTreeMap<(u64, u64), u64>,
     /// The Raft index of the last applied entry (0 on a single node).
     pub applied: u64,
 }
@@ -126,6 +138,8 @@ struct Image {
     streams: BTreeMap<String, StreamMeta>,
     #[serde(default)]
     boots: BTreeMap<u64, u64>,
+    #[serde(default)]
+    last_op: Vec<((u64, u64), u64)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -144,8 +158,26 @@ impl Fsm {
             subs: SubTable::new(me),
             streams: BTreeMap::new(),
             boots: BTreeMap::new(),
+            last_op: BTreeMap::new(),
             applied: 0,
         }
+    }
+
+    /// Applies a committed entry: [`Fsm::apply`], unless it is a repeat
+    /// or was overtaken by a later entry of its node (see `last_op`).
+    pub fn apply_entry(&mut self, e: &Entry) -> Result<(), Refused> {
+        let life = (e.node, e.op >> 32);
+        if self.last_op.get(&life).is_some_and(|&last| e.op <= last) {
+            return Err(Refused {
+                stale: true,
+                error: ApiError::new(Code::Unavailable, "a repeated or overtaken change"),
+            });
+        }
+        self.last_op.insert(life, e.op);
+        self.apply(&e.cmd).map_err(|error| Refused {
+            stale: false,
+            error,
+        })
     }
 
     /// Applies one change. An error leaves the state as it was and is the
@@ -155,6 +187,8 @@ impl Fsm {
             Cmd::Subs(c) => {
                 if let Command::NodeUp { node, boot } = c {
                     self.boots.insert(*node, *boot);
+                    // Earlier lives propose nothing any more.
+                    self.last_op.retain(|&(n, b), _| n != *node || b == *boot);
                 }
                 self.subs.apply(c.clone())
             }
@@ -271,6 +305,7 @@ impl Fsm {
                 .collect(),
             streams: self.streams.clone(),
             boots: self.boots.clone(),
+            last_op: self.last_op.iter().map(|(k, v)| (*k, *v)).collect(),
         };
         serde_json::to_vec(&image).unwrap_or_default()
     }
@@ -282,6 +317,7 @@ impl Fsm {
             self.subs.clear_replicated();
             self.streams.clear();
             self.boots.clear();
+            self.last_op.clear();
             self.applied = 0;
             return Ok(());
         }
@@ -305,6 +341,7 @@ impl Fsm {
         }
         self.streams = image.streams;
         self.boots = image.boots;
+        self.last_op = image.last_op.into_iter().collect();
         self.applied = image.applied;
         Ok(())
     }
@@ -387,6 +424,41 @@ mod tests {
         assert_eq!(b.boots.get(&2), Some(&9));
         assert_eq!(b.snapshot(), snap, "restore then snapshot is the identity");
         assert!(b.restore(b"not json").is_err());
+    }
+
+    #[test]
+    fn repeated_and_overtaken_entries_are_not_applied() {
+        let mut f = Fsm::new(1);
+        let life = 7u64 << 32;
+        let e = |op: u64, cmd: Cmd| Entry { node: 2, op, cmd };
+        f.apply_entry(&e(life | 1, sub(2, life | 1, "a", "x")))
+            .unwrap();
+        let rm = Cmd::Subs(Command::RemoveConn {
+            owner: Owner {
+                node: 2,
+                conn: life | 1,
+            },
+        });
+        f.apply_entry(&e(life | 2, rm)).unwrap();
+        assert!(f.subs.is_empty());
+        // The subscribe again, resent after a leader change: not applied.
+        let again = f.apply_entry(&e(life | 1, sub(2, life | 1, "a", "x")));
+        assert!(again.unwrap_err().stale);
+        assert!(f.subs.is_empty(), "a resent subscribe cannot come back");
+        // Another life of the node starts its own count.
+        let next = 8u64 << 32;
+        f.apply_entry(&e(next | 1, sub(2, next | 1, "a", "x")))
+            .unwrap();
+        // A refused change is still the node's latest.
+        let dup = f.apply_entry(&e(next | 2, sub(2, next | 1, "a", "x")));
+        assert!(!dup.unwrap_err().stale);
+        f.apply(&Cmd::Subs(Command::NodeUp { node: 2, boot: 8 }))
+            .unwrap();
+        assert_eq!(f.last_op.len(), 1, "earlier lives are forgotten");
+        let snap = f.snapshot();
+        let mut g = Fsm::new(1);
+        g.restore(&snap).unwrap();
+        assert_eq!(g.last_op, f.last_op);
     }
 
     #[test]
