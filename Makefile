@@ -8,7 +8,7 @@ RUSTFLAGS_STATIC := -C target-feature=+crt-static
 BIN := bin/broker
 CLI := bin/gombus
 
-.PHONY: all build run test test-deps fmt fmt-check clippy bench bench-cluster conformance clean sim
+.PHONY: all build run cluster test test-deps fmt fmt-check clippy bench bench-cluster conformance clean sim
 
 all: build
 
@@ -32,6 +32,12 @@ $(CLI): Cargo.toml Cargo.lock $(shell find src -name '*.rs')
 run: build
 	mkdir -p data
 	./$(BIN) -addr=127.0.0.1:8080 -data=./data
+
+# Three local nodes n1..n3 (HTTP 127.0.0.1:8081-8083, Raft 9081-9083), data
+# and logs under ./data/cluster/. `scripts/cluster.sh status` shows each
+# node's view of the leader; `scripts/cluster.sh stop` stops them.
+cluster: build
+	scripts/cluster.sh start
 
 test-deps:
 	scripts/test-deps.sh

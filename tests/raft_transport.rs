@@ -249,3 +249,32 @@ fn idle_connections_cannot_lock_a_peer_out() {
     });
     drop(idle);
 }
+
+#[test]
+fn a_message_larger_than_the_queue_cap_goes_out_alone() {
+    // A snapshot can outgrow the per-peer queue; it must still reach a
+    // lagging peer, one at a time.
+    let cap = 64 << 10;
+    let mut ts = cluster(2, |c| c.queue_bytes_max = cap);
+    let big = append(1, 2, 7, 4 * cap);
+    ts.get_mut(&1).unwrap().send(&big);
+    let behind = append(1, 2, 8, 16);
+    ts.get_mut(&1).unwrap().send(&behind);
+    assert_eq!(
+        ts[&1].stats().dropped_full,
+        1,
+        "nothing joins a queue past its cap"
+    );
+    let mut inbox = BTreeMap::new();
+    pump(&mut ts, &mut inbox, |ib, _| {
+        ib.get(&2).is_some_and(|v| !v.is_empty())
+    });
+    assert_eq!(inbox[&2], [big]);
+    let too_big = append(1, 2, 9, (64 << 20) + 1);
+    ts.get_mut(&1).unwrap().send(&too_big);
+    assert_eq!(
+        ts[&1].stats().dropped_full,
+        2,
+        "past the frame limit it is dropped"
+    );
+}

@@ -224,8 +224,18 @@ impl Cluster {
     }
 
     /// Whether deliveries to `node` can go out now.
+    /// Its peer link is up and, as far as this node can tell (a leader
+    /// hears every follower), it answers.
     pub fn reachable(&self, node: u64) -> bool {
-        node == self.me || self.link_to(node).is_some()
+        if node == self.me {
+            return true;
+        }
+        let heard = self
+            .view
+            .as_ref()
+            .and_then(|v| v.peers.iter().find(|p| p.id == node))
+            .is_none_or(|p| p.heard);
+        heard && self.link_to(node).is_some()
     }
 
     fn tag(&mut self, kind: u64) -> u64 {
@@ -757,11 +767,15 @@ impl Broker {
             if node == c.me {
                 continue;
             }
-            let raft_up = view
+            // Down: silent to Raft for a second (a frozen or cut-off node
+            // may keep its TCP connections), or with both its Raft
+            // connection and its peer link closed (a dead one).
+            let peer = view
                 .as_ref()
-                .and_then(|v| v.peers.iter().find(|p| p.id == node))
-                .is_some_and(|p| p.connected);
-            if raft_up || c.link_to(node).is_some() {
+                .and_then(|v| v.peers.iter().find(|p| p.id == node));
+            let heard = peer.is_some_and(|p| p.heard);
+            let connected = peer.is_some_and(|p| p.connected) || c.link_to(node).is_some();
+            if heard && connected {
                 c.down_since.remove(&node);
                 continue;
             }

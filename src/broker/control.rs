@@ -121,7 +121,7 @@ impl Broker {
                     role_name(view.as_ref().map_or(Role::Follower, |v| v.role))
                 } else if leader == Some(id) {
                     "leader"
-                } else if !p.is_some_and(|p| p.connected) && !c.reachable(id) {
+                } else if !c.reachable(id) || !p.is_some_and(|p| p.heard) {
                     "unreachable"
                 } else {
                     "follower"
@@ -130,7 +130,7 @@ impl Broker {
                     "id": c.name_of(id),
                     "state": state,
                     "match_index": p.and_then(|p| p.match_index).unwrap_or(0),
-                    "reachable": id == c.me || c.reachable(id) || p.is_some_and(|p| p.connected),
+                    "reachable": id == c.me || (c.reachable(id) && p.is_some_and(|p| p.heard)),
                 })
             })
             .collect();

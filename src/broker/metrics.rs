@@ -173,8 +173,8 @@ impl Broker {
             peers: (1..=c.names.len() as u64)
                 .map(|id| {
                     let up = id == c.me
-                        || c.reachable(id)
-                        || view.is_some_and(|v| v.peers.iter().any(|p| p.id == id && p.connected));
+                        || (c.reachable(id)
+                            && view.is_some_and(|v| v.peers.iter().any(|p| p.id == id && p.heard)));
                     (c.name_of(id).unwrap_or("?").to_string(), up)
                 })
                 .collect(),

@@ -58,7 +58,14 @@ pub struct PeerView {
     pub match_index: Option<u64>,
     /// The transport has a connection to it (always true for oneself).
     pub connected: bool,
+    /// On a leader: heard from within [`HEARD_WITHIN_MS`] (a frozen peer
+    /// keeps its connection but falls silent). Elsewhere: `connected`.
+    pub heard: bool,
 }
+
+/// A leader counts a follower as answering when it heard from it this
+/// recently (heartbeats go out every 100 ms).
+pub const HEARD_WITHIN_MS: u64 = 1_000;
 
 /// The node's state for status pages, refreshed every loop of the thread.
 #[derive(Debug, Clone)]
@@ -190,6 +197,7 @@ impl Drop for RaftNode {
 fn view_of(core: &Raft, net: &Transport) -> View {
     let me = core.id();
     let progress = core.progress();
+    let quiet = core.quiet_ticks();
     let peers = core
         .members()
         .iter()
@@ -201,6 +209,11 @@ fn view_of(core: &Raft, net: &Transport) -> View {
                 progress.get(&id).copied()
             },
             connected: id == me || net.is_connected(id),
+            heard: id == me
+                || match quiet.get(&id) {
+                    Some(&q) => u64::from(q) * raft::TICK_MS < HEARD_WITHIN_MS,
+                    None => net.is_connected(id),
+                },
         })
         .collect();
     View {

@@ -325,6 +325,8 @@ struct Progress {
     inflight: VecDeque<u64>,
     /// Heard from since the last CheckQuorum.
     active: bool,
+    /// Ticks since the leader last heard from this follower.
+    quiet: u32,
     epoch: u64,
     read_acked: u64,
     matched_at_heartbeat: u64,
@@ -511,6 +513,16 @@ impl Raft {
             .collect()
     }
 
+    /// A leader's count of ticks since it last heard from each follower
+    /// (empty on other roles): how long a peer has been silent, whatever
+    /// its TCP connection says.
+    pub fn quiet_ticks(&self) -> BTreeMap<NodeId, u32> {
+        if self.role != Role::Leader {
+            return BTreeMap::new();
+        }
+        self.progress.iter().map(|(p, pr)| (*p, pr.quiet)).collect()
+    }
+
     /// A one-line summary of the node's state, for logs and test failures.
     pub fn describe(&self) -> String {
         let mut s = format!(
@@ -555,6 +567,7 @@ impl Raft {
     fn tick_leader(&mut self) {
         self.heartbeat_elapsed += 1;
         for pr in self.progress.values_mut() {
+            pr.quiet = pr.quiet.saturating_add(1);
             if let Flow::Snapshot { waited, .. } = &mut pr.flow {
                 *waited += 1;
             }
@@ -964,6 +977,7 @@ impl Raft {
                     flow: Flow::Probe { paused: false },
                     inflight: VecDeque::new(),
                     active: true,
+                    quiet: 0,
                     epoch: 0,
                     read_acked: 0,
                     matched_at_heartbeat: 0,
@@ -1093,6 +1107,7 @@ impl Raft {
             return;
         };
         pr.active = true;
+        pr.quiet = 0;
         if epoch < pr.epoch {
             return; // an answer from the follower's previous life
         }
@@ -1152,6 +1167,7 @@ impl Raft {
             return;
         };
         pr.active = true;
+        pr.quiet = 0;
         pr.read_acked = pr.read_acked.max(read_seq);
         let stalled = pr.matched < last && pr.matched == pr.matched_at_heartbeat;
         match pr.flow {

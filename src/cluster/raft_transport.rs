@@ -203,7 +203,10 @@ impl Transport {
         let start = record::begin(&mut frame);
         raft_msg::encode(&mut frame, m);
         record::finish(&mut frame, start);
-        if p.queued_bytes + frame.len() > self.cfg.queue_bytes_max {
+        // A message larger than the queue's cap (a big snapshot) still goes
+        // out when the queue is empty, so a lagging peer can catch up.
+        let full = p.queued_bytes > 0 && p.queued_bytes + frame.len() > self.cfg.queue_bytes_max;
+        if full || frame.len() > self.cfg.frame_bytes_max {
             self.stats.dropped_full += 1;
             return;
         }

@@ -1,0 +1,419 @@
+//! Test harness for cluster mode: three real `broker` processes on loopback
+//! (fixed free ports picked up front, since every node must know the
+//! others' addresses), each with its own data directory under one temporary
+//! root. Nodes can be killed (SIGKILL), stopped and continued (SIGSTOP /
+//! SIGCONT, to cut one node off from the others), terminated (SIGTERM) and
+//! restarted on the same ports and data. Dropping the cluster continues
+//! every stopped process first, then kills every process by its PID.
+
+#![allow(dead_code)] // Each test binary uses a different part of it.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use gombus::client::{Client, Options, Reconnect};
+use serde_json::{json, Value};
+
+pub const CONTROL_TOKEN: &str = "cluster-secret";
+/// Node ids, in index order.
+pub const IDS: [&str; 3] = ["n1", "n2", "n3"];
+/// How long a node may take to print its `listening on` line.
+const STARTUP_WAIT: Duration = Duration::from_secs(15);
+/// How long a fresh (or restarted) cluster may take to agree on a leader.
+pub const LEADER_WAIT: Duration = Duration::from_secs(10);
+/// Stderr lines kept per node, shown when a test fails.
+const LOG_LINES_MAX: usize = 300;
+const LISTENING_MARKER: &str = "listening on ";
+
+static NEXT_ROOT: AtomicU64 = AtomicU64::new(0);
+/// Held by each running cluster: the tests of one binary run their clusters
+/// one after another, so timings (elections, failover) are not measured on
+/// a host busy with several clusters at once.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// A free loopback port: bind port 0, read it, let the listener go.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+fn broker_bin() -> String {
+    std::env::var("GOMBUS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string())
+}
+
+/// One running node process.
+struct Proc {
+    child: Child,
+    stopped: bool,
+}
+
+/// Three brokers forming one Raft group.
+pub struct Cluster {
+    /// `127.0.0.1:PORT` of each node's HTTP / Socket.IO listener.
+    pub http: Vec<String>,
+    raft: Vec<String>,
+    root: PathBuf,
+    procs: Vec<Option<Proc>>,
+    logs: Vec<Arc<Mutex<VecDeque<String>>>>,
+    /// Released after `Drop::drop` has killed every node.
+    _turn: MutexGuard<'static, ()>,
+}
+
+impl Cluster {
+    /// Starts n1..n3 and waits (bounded) until all of them listen and
+    /// agree on a leader.
+    pub fn start() -> Cluster {
+        let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        let http: Vec<String> = (0..3)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let raft: Vec<String> = (0..3)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let n = NEXT_ROOT.fetch_add(1, Ordering::Relaxed);
+        let root =
+            std::env::temp_dir().join(format!("gombus-cluster-{}-{n}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&root).expect("cannot create the cluster's data root");
+        let mut cluster = Cluster {
+            http,
+            raft,
+            root,
+            procs: (0..3).map(|_| None).collect(),
+            logs: (0..3)
+                .map(|_| Arc::new(Mutex::new(VecDeque::new())))
+                .collect(),
+            _turn: turn,
+        };
+        let waits: Vec<_> = (0..3).map(|i| cluster.spawn(i)).collect();
+        for (i, lines) in waits.into_iter().enumerate() {
+            cluster.await_listening(i, &lines);
+        }
+        cluster.await_leader(&[0, 1, 2], LEADER_WAIT);
+        cluster
+    }
+
+    /// The flags node `i` is started with.
+    pub fn args(&self, i: usize) -> Vec<String> {
+        let peers = (0..3)
+            .map(|j| format!("{}={}", IDS[j], self.raft[j]))
+            .collect::<Vec<_>>()
+            .join(",");
+        let others = (0..3)
+            .filter(|&j| j != i)
+            .map(|j| self.http[j].clone())
+            .collect::<Vec<_>>()
+            .join(",");
+        vec![
+            format!("-node-id={}", IDS[i]),
+            format!("-addr={}", self.http[i]),
+            format!("-data={}", self.root.join(IDS[i]).display()),
+            format!("-raft-addr={}", self.raft[i]),
+            format!("-raft-peers={peers}"),
+            format!("-cluster={others}"),
+            "-bootstrap".to_string(),
+            format!("-control-token={CONTROL_TOKEN}"),
+        ]
+    }
+
+    fn spawn(&mut self, i: usize) -> mpsc::Receiver<String> {
+        let bin = broker_bin();
+        let mut child = Command::new(&bin)
+            .args(self.args(i))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+        let (tx, rx) = mpsc::channel();
+        if let Some(stderr) = child.stderr.take() {
+            let log = Arc::clone(&self.logs[i]);
+            // Drains stderr for the node's whole life so it never blocks on
+            // a full pipe.
+            thread::spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    let _ = tx.send(line.clone());
+                    let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+                    if log.len() == LOG_LINES_MAX {
+                        log.pop_front();
+                    }
+                    log.push_back(line);
+                }
+            });
+        }
+        self.procs[i] = Some(Proc {
+            child,
+            stopped: false,
+        });
+        rx
+    }
+
+    fn await_listening(&mut self, i: usize, lines: &mpsc::Receiver<String>) {
+        let deadline = Instant::now() + STARTUP_WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) if line.contains(LISTENING_MARKER) => return,
+                Ok(_) => {}
+                Err(e) => panic!(
+                    "{} did not print `{LISTENING_MARKER}` within {STARTUP_WAIT:?} ({e}); \
+                     stderr:\n{}",
+                    IDS[i],
+                    self.log(i)
+                ),
+            }
+        }
+    }
+
+    /// Node `i`'s last stderr lines.
+    pub fn log(&self, i: usize) -> String {
+        let log = self.logs[i].lock().unwrap_or_else(|p| p.into_inner());
+        log.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+
+    pub fn pid(&self, i: usize) -> u32 {
+        self.procs[i]
+            .as_ref()
+            .expect("node is not running")
+            .child
+            .id()
+    }
+
+    pub fn is_running(&self, i: usize) -> bool {
+        self.procs[i].is_some()
+    }
+
+    /// A messaging (`/`) client of node `i`.
+    pub fn client(&self, i: usize) -> Client {
+        Client::connect(&self.http[i])
+            .unwrap_or_else(|e| panic!("connect to {} ({}): {e}", IDS[i], self.http[i]))
+    }
+
+    /// A messaging client of node `i` that reconnects (to the same node)
+    /// after the connection drops, re-sending its subscriptions.
+    pub fn reconnecting_client(&self, i: usize) -> Client {
+        let opts = Options {
+            reconnect: Some(Reconnect {
+                initial: Duration::from_millis(50),
+                max: Duration::from_millis(250),
+                jitter: 0.2,
+                max_attempts: None,
+            }),
+            ..Default::default()
+        };
+        Client::connect_with(&self.http[i], opts)
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", IDS[i]))
+    }
+
+    /// A `/control` client of node `i`.
+    pub fn control(&self, i: usize) -> Client {
+        self.control_with_timeout(i, Duration::from_secs(5))
+    }
+
+    pub fn control_with_timeout(&self, i: usize, timeout: Duration) -> Client {
+        let opts = Options {
+            namespace: "/control".into(),
+            token: Some(CONTROL_TOKEN.into()),
+            timeout,
+            ..Default::default()
+        };
+        Client::connect_with(&self.http[i], opts)
+            .unwrap_or_else(|e| panic!("connect to {}/control: {e}", IDS[i]))
+    }
+
+    /// Node `i`'s `cluster.status` ack, or why it could not be had.
+    pub fn status(&self, i: usize) -> Result<Value, String> {
+        let opts = Options {
+            namespace: "/control".into(),
+            token: Some(CONTROL_TOKEN.into()),
+            timeout: Duration::from_secs(2),
+            ..Default::default()
+        };
+        let c = Client::connect_with(&self.http[i], opts).map_err(|e| e.to_string())?;
+        let v = c
+            .call("cluster.status", json!({}))
+            .map_err(|e| e.to_string())?;
+        let _ = c.close();
+        Ok(v)
+    }
+
+    /// Waits until every node in `nodes` reports the same non-null leader
+    /// (one of `nodes`) in the same term; returns the leader's index and
+    /// the term.
+    pub fn await_leader(&self, nodes: &[usize], within: Duration) -> (usize, u64) {
+        let deadline = Instant::now() + within;
+        let mut last;
+        loop {
+            last = nodes.iter().map(|&i| self.status(i)).collect::<Vec<_>>();
+            if let Some(found) = agreed_leader(&last) {
+                if let Some(&l) = nodes.iter().find(|&&i| IDS[i] == found.0) {
+                    return (l, found.1);
+                }
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "nodes {:?} did not agree on a leader within {within:?}; last statuses: {last:?}",
+            nodes.iter().map(|&i| IDS[i]).collect::<Vec<_>>()
+        );
+    }
+
+    /// Every node's recent stderr, labelled.
+    pub fn all_logs(&self) -> String {
+        (0..3)
+            .map(|i| format!("--- {} stderr (last lines) ---\n{}", IDS[i], self.log(i)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// SIGKILL node `i` (by PID) and reap it.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut p) = self.procs[i].take() {
+            if p.stopped {
+                signal(p.child.id(), "CONT");
+            }
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+
+    /// SIGTERM node `i` and wait at most `limit` for it to exit; kills it
+    /// if it is still running then. True if it exited on its own.
+    pub fn terminate(&mut self, i: usize, limit: Duration) -> bool {
+        let Some(mut p) = self.procs[i].take() else {
+            return true;
+        };
+        signal(p.child.id(), "TERM");
+        let deadline = Instant::now() + limit;
+        loop {
+            match p.child.try_wait() {
+                Ok(Some(_)) => return true,
+                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(10)),
+                _ => {
+                    let _ = p.child.kill();
+                    let _ = p.child.wait();
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Starts node `i` again on its ports and data directory and waits
+    /// (bounded) until it listens.
+    pub fn restart(&mut self, i: usize) {
+        assert!(self.procs[i].is_none(), "{} is still running", IDS[i]);
+        let lines = self.spawn(i);
+        self.await_listening(i, &lines);
+    }
+
+    /// Starts every node in `nodes` again (all at once, so none waits on
+    /// the others to form a majority) and waits until each listens.
+    pub fn restart_all(&mut self, nodes: &[usize]) {
+        let waits: Vec<_> = nodes
+            .iter()
+            .map(|&i| {
+                assert!(self.procs[i].is_none(), "{} is still running", IDS[i]);
+                (i, self.spawn(i))
+            })
+            .collect();
+        for (i, lines) in waits {
+            self.await_listening(i, &lines);
+        }
+    }
+
+    /// SIGSTOP node `i`: it keeps its sockets but answers nothing.
+    pub fn pause(&mut self, i: usize) {
+        let p = self.procs[i].as_mut().expect("node is not running");
+        signal(p.child.id(), "STOP");
+        p.stopped = true;
+    }
+
+    /// SIGCONT node `i` after [`Cluster::pause`].
+    pub fn resume(&mut self, i: usize) {
+        let p = self.procs[i].as_mut().expect("node is not running");
+        if p.stopped {
+            signal(p.child.id(), "CONT");
+            p.stopped = false;
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Continue before killing, so no stopped process is left behind.
+        for p in self.procs.iter_mut().flatten() {
+            if p.stopped {
+                signal(p.child.id(), "CONT");
+                p.stopped = false;
+            }
+        }
+        for i in 0..3 {
+            self.kill(i);
+        }
+        if thread::panicking() {
+            eprintln!("{}", self.all_logs());
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// `kill -SIG pid`.
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status();
+}
+
+/// The (leader, term) every status agrees on, if they all do.
+fn agreed_leader(statuses: &[Result<Value, String>]) -> Option<(String, u64)> {
+    let mut agreed: Option<(String, u64)> = None;
+    for s in statuses {
+        let s = s.as_ref().ok()?;
+        let leader = s["leader"].as_str()?.to_string();
+        let term = s["term"].as_u64()?;
+        match &agreed {
+            None => agreed = Some((leader, term)),
+            Some(a) if *a == (leader.clone(), term) => {}
+            Some(_) => return None,
+        }
+    }
+    agreed
+}
+
+/// A plain HTTP/1.1 GET on `addr`; (status code, body).
+pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}

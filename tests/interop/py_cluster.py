@@ -1,0 +1,79 @@
+"""Cluster interop with the unmodified python-socketio 5.x client.
+
+Usage: py_cluster.py URL_N2 URL_N3   (URLs like http://127.0.0.1:PORT)
+
+Run by tests/cluster.rs against a three-node cluster, in step with it:
+  1. connects to n2 (the client's default transports), subscribes to
+     `interop.cluster.to_py` and prints `READY`;
+  2. waits for a message with data `{"from": "rust", ...}` that the Rust
+     side publishes on n1 (it republishes until this script reports), then
+     prints `PASS to_python`;
+  3. connects to n3 and publishes `{"from": "python", "via": "n3"}` on
+     `interop.cluster.to_rust`, which a Rust subscriber on n1 receives;
+     prints `PASS from_python`.
+Ends with the summary line of py_common; exits 1 if a check failed. Every
+wait is bounded and a watchdog ends a run that hangs.
+"""
+
+import sys
+import time
+
+import py_common
+from py_common import check, start_watchdog
+
+SUBJECT_IN = "interop.cluster.to_py"
+SUBJECT_OUT = "interop.cluster.to_rust"
+# The Rust side republishes every 100 ms for up to 5 s.
+RECEIVE_WAIT_S = 10.0
+
+
+def expect_ok(ack, what):
+    if not isinstance(ack, dict) or ack.get("ok") is not True:
+        raise AssertionError(f"{what}: expected an ack with ok:true, got {ack!r}")
+    return ack
+
+
+def check_to_python(peer):
+    ack = expect_ok(peer.call("sub", {"subject": SUBJECT_IN}), "sub on n2")
+    sid = ack.get("sid")
+    print("READY", flush=True)
+    deadline = time.monotonic() + RECEIVE_WAIT_S
+    while time.monotonic() < deadline:
+        msg = peer.next_msg(wait=max(0.0, deadline - time.monotonic()))
+        if msg is None:
+            break
+        data = msg.get("data") if isinstance(msg, dict) else None
+        if isinstance(data, dict) and data.get("from") == "rust":
+            if msg.get("subject") != SUBJECT_IN or msg.get("sid") != sid:
+                raise AssertionError(f"unexpected delivery {msg!r} (sid {sid!r})")
+            return
+    raise AssertionError(f"no message from n1 within {RECEIVE_WAIT_S:.0f} s")
+
+
+def check_from_python(url_n3):
+    peer = py_common.Peer(url_n3)
+    try:
+        expect_ok(peer.call("pub", {"subject": SUBJECT_OUT,
+                                    "data": {"from": "python", "via": "n3"}}),
+                  "pub on n3")
+    finally:
+        peer.close()
+
+
+def main():
+    if len(sys.argv) != 3:
+        print("usage: py_cluster.py URL_N2 URL_N3", file=sys.stderr)
+        return 2
+    url_n2, url_n3 = sys.argv[1], sys.argv[2]
+    start_watchdog()
+    peer = py_common.Peer(url_n2)
+    try:
+        check("to_python", lambda: check_to_python(peer))
+        check("from_python", lambda: check_from_python(url_n3))
+    finally:
+        peer.close()
+    return py_common.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
