@@ -39,8 +39,9 @@
 #   PORT_BASE       HTTP ports PORT_BASE+1..3, Raft +11..13, standalone +20
 #                                                                   [7400]
 #   RAFT_LOG        -raft-log of the cluster nodes               [durable]
-#   QUIET_PCT, QUIET_WAIT   before each part, wait at most QUIET_WAIT s for
-#                   the host to be under QUIET_PCT % busy          [15, 30]
+#   QUIET_PCT, QUIET_WAIT   before each fan-out run and each other part,
+#                   wait at most QUIET_WAIT s for the host to be under
+#                   QUIET_PCT % busy                               [15, 30]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -220,22 +221,43 @@ cpu_ticks() {
   echo "$sum"
 }
 hz=$(getconf CLK_TCK)
+# Busy clock ticks of the whole host (all CPUs, idle and iowait left out).
+host_busy_ticks() { awk 'NR == 1 { t = 0; for (i = 2; i <= 9; i++) t += $i; print t - $5 - $6 }' /proc/stat; }
+# CPU seconds of this script's finished children (the bench client among
+# them), in REPLY; `times` must run in this shell, not in a subshell.
+child_cpu_s() {
+  times >"$work/.times"
+  REPLY=$(awk 'NR == 2 { s = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); s += a[1] * 60 + a[2] } print s }' "$work/.times")
+}
 
-# a. Fan-out. The CPU the brokers used during a run (the standalone node,
-# or all three cluster nodes) is recorded with it: the bench client shares
-# the host's CPUs, so its throughput can be client-bound.
+# a. Fan-out. Recorded with each run: the CPU the brokers used (the
+# standalone node, or all three cluster nodes), the bench client's CPU,
+# and what the rest of the host used meanwhile (other_cpu_pct, % of one
+# core): the client shares the host's CPUs, so the throughput can be
+# client-bound, and anything else running shows there.
 fanout() {
-  local variant=$1 pubs=$2 subsrv=$3 run=$4 out c0 c1 procs
+  local variant=$1 pubs=$2 subsrv=$3 run=$4 out c0 c1 procs h0 h1 k0 k1 t0 t1
   local args=(-s "$pubs" bench fanout --msgs "$fanout_msgs" --size "$size" --subs "$subs" --json)
   [[ -n $subsrv ]] && args+=(--sub-server "$subsrv")
   if [[ $variant == single ]]; then procs=("$solo_pid"); else procs=("${pid[@]}"); fi
+  await_quiet
+  child_cpu_s
+  k0=$REPLY
   c0=$(cpu_ticks "${procs[@]}")
-  out=$("$cli" "${args[@]}") || fail "fanout $variant failed"
+  h0=$(host_busy_ticks)
+  t0=$(date +%s%N)
+  "$cli" "${args[@]}" >"$work/.out" || fail "fanout $variant failed"
+  t1=$(date +%s%N)
+  h1=$(host_busy_ticks)
   c1=$(cpu_ticks "${procs[@]}")
-  record "{part:\"fanout\", variant:\"$variant\", run:$run, pub_server:\"$pubs\", sub_server:\"$subsrv\", leader:\"$leader\", broker_cpu_s:(($c1 - $c0) / $hz)} + ." "$out"
+  child_cpu_s
+  k1=$REPLY
+  out=$(<"$work/.out")
+  record "{part:\"fanout\", variant:\"$variant\", run:$run, pub_server:\"$pubs\", sub_server:\"$subsrv\", leader:\"$leader\",
+    wall_s:(($t1 - $t0) / 1e9), broker_cpu_s:(($c1 - $c0) / $hz), client_cpu_s:($k1 - $k0),
+    other_cpu_pct:((($h1 - $h0 - $c1 + $c0) / $hz - ($k1 - $k0)) * 100 / (($t1 - $t0) / 1e9) | round)} + ." "$out"
 }
 if has_part fanout; then
-  await_quiet
   say "fan-out: $fanout_msgs msgs of $size B, $subs subscribers, $runs runs per variant"
   for run in $(seq "$runs"); do
     fanout single "$solo" "" "$run"
@@ -305,7 +327,8 @@ echo "{\"part\":\"env\",\"uptime_after\":\"$(uptime)\"}" >>"$results"
     echo
     echo "a. fan-out: $fanout_msgs msgs x $size B, 1 publisher, $subs subscribers; medians of the complete"
     echo "   runs (every subscriber got every message); lost: deliveries missing, all runs together"
-    printf '%-14s %8s %12s %12s %10s %10s %8s %12s %15s\n' variant complete 'deliveries/s' 'publish/s' 'p50 us' 'p99 us' lost 'broker CPU s' 'CPU us/delivery'
+    echo "   broker CPU: all brokers of the variant; client: the bench client; other: the rest of the host (% of a core)"
+    printf '%-14s %8s %12s %12s %10s %10s %8s %12s %15s %11s %9s\n' variant complete 'deliveries/s' 'publish/s' 'p50 us' 'p99 us' lost 'broker CPU s' 'CPU us/delivery' 'client CPU' 'other %'
     jq -rs "$jq_median"'
       map(select(.part == "fanout")) | group_by(.variant) | map(
         (map(select(.rows[1].msgs == .msgs * .subs))) as $ok | {
@@ -317,12 +340,15 @@ echo "{\"part\":\"env\",\"uptime_after\":\"$(uptime)\"}" >>"$results"
         p99: ($ok | map(.rows[1].latency_us.p99) | median),
         lost: (map(.msgs * .subs - .rows[1].msgs) | add),
         cpu: ($ok | map(.broker_cpu_s) | median),
-        per: ($ok | map(.broker_cpu_s * 1e6 / .rows[1].msgs) | median)
+        per: ($ok | map(.broker_cpu_s * 1e6 / .rows[1].msgs) | median),
+        cli: ($ok | map(.client_cpu_s) | median),
+        oth: (map(.other_cpu_pct) | max)
       }) | sort_by({"single":0,"cluster-local":1,"cross-node":2}[.v])[]
       | def r2: if . == null then "-" else . * 100 | round / 100 end;
         def f: if . == null then "-" else floor end;
-        "\(.v) \(.n) \(.d|f) \(.p|f) \(.p50 // "-") \(.p99 // "-") \(.lost) \(.cpu|r2) \(.per|r2)"' "$results" |
-      while read -r v n d p a b l c u; do printf '%-14s %8s %12s %12s %10s %10s %8s %12s %15s\n' "$v" "$n" "$d" "$p" "$a" "$b" "$l" "$c" "$u"; done
+        "\(.v) \(.n) \(.d|f) \(.p|f) \(.p50 // "-") \(.p99 // "-") \(.lost) \(.cpu|r2) \(.per|r2) \(.cli|r2) \(.oth)"' "$results" |
+      while read -r v n d p a b l c u k o; do printf '%-14s %8s %12s %12s %10s %10s %8s %12s %15s %11s %9s\n' "$v" "$n" "$d" "$p" "$a" "$b" "$l" "$c" "$u" "$k" "$o"; done
+    echo "   (other %: the highest of the variant's runs; above ~30 the host was busy: run again)"
     jq -rs "$jq_median"'
       map(select(.part == "fanout" and .rows[1].msgs == .msgs * .subs)) | group_by(.variant)
       | map({key: .[0].variant, value: (map(.rows[1].msgs_per_sec) | median)}) | from_entries
