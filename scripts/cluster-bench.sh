@@ -39,6 +39,13 @@
 #   PORT_BASE       HTTP ports PORT_BASE+1..3, Raft +11..13, standalone +20
 #                                                                   [7400]
 #   RAFT_LOG        -raft-log of the cluster nodes               [durable]
+#   LOADGEN         the shared load generator's binary (/work/shared/bench
+#                   builds it as $BENCH_WORK/target/release/loadgen); when
+#                   set, fan-out also runs it against the standalone node
+#                   and n1 with LOADGEN_MSGS messages (it cannot put its
+#                   subscribers on another node, and needs far less CPU
+#                   than the gombus client, so it shows the brokers'
+#                   limit)                                       [unset, 500000]
 #   QUIET_PCT, QUIET_WAIT   before each fan-out run and each other part,
 #                   wait at most QUIET_WAIT s for the host to be under
 #                   QUIET_PCT % busy                               [15, 30]
@@ -59,6 +66,8 @@ failovers=${FAILOVERS:-10}
 interval=${INTERVAL:-2ms}
 base=${PORT_BASE:-7400}
 raft_log=${RAFT_LOG:-durable}
+loadgen=${LOADGEN:-}
+loadgen_msgs=${LOADGEN_MSGS:-500000}
 quiet_pct=${QUIET_PCT:-15}
 quiet_wait=${QUIET_WAIT:-30}
 token=cluster-bench-$$
@@ -255,7 +264,7 @@ fanout() {
   out=$(<"$work/.out")
   record "{part:\"fanout\", variant:\"$variant\", run:$run, pub_server:\"$pubs\", sub_server:\"$subsrv\", leader:\"$leader\",
     wall_s:(($t1 - $t0) / 1e9), broker_cpu_s:(($c1 - $c0) / $hz), client_cpu_s:($k1 - $k0),
-    other_cpu_pct:((($h1 - $h0 - $c1 + $c0) / $hz - ($k1 - $k0)) * 100 / (($t1 - $t0) / 1e9) | round)} + ." "$out"
+    other_cpu_pct:((($h1 - $h0 - $c1 + $c0) / $hz - ($k1 - $k0)) * 100 / (($t1 - $t0) / 1e9) | round | if . < 0 then 0 else . end)} + ." "$out"
 }
 if has_part fanout; then
   say "fan-out: $fanout_msgs msgs of $size B, $subs subscribers, $runs runs per variant"
@@ -263,6 +272,15 @@ if has_part fanout; then
     fanout single "$solo" "" "$run"
     fanout cluster-local "${http[n1]}" "${http[n1]}" "$run"
     fanout cross-node "${http[n1]}" "${http[n2]},${http[n3]}" "$run"
+    if [[ -n $loadgen ]]; then
+      for v in single cluster-local; do
+        if [[ $v == single ]]; then a=$solo p=$solo_pid; else a=${http[n1]} p=${pid[n1]}; fi
+        await_quiet
+        out=$("$loadgen" fanout --addr "$a" --msgs "$loadgen_msgs" --size "$size" --subs "$subs" \
+          --server-pid "$p" --label "$v") || say "loadgen fanout on $v reported a failure"
+        record "{part:\"loadgen\", variant:\"$v\", run:$run, server:\"$a\"} + ." "$out"
+      done
+    fi
   done
 fi
 
@@ -355,6 +373,19 @@ echo "{\"part\":\"env\",\"uptime_after\":\"$(uptime)\"}" >>"$results"
       | def ratio(a; b): if a == null or b == null then "-" else (a / b * 100 | round) / 100 end;
         "cross-node / single-node deliveries: \(ratio(.["cross-node"]; .single))"
         + "   cluster-local / single-node: \(ratio(.["cluster-local"]; .single))"' "$results"
+    if [[ -n $loadgen ]]; then
+      echo "   the shared loadgen, $loadgen_msgs msgs (publisher and subscribers on one node; server CPU: that node's, % of a core):"
+      printf '   %-14s %5s %12s %12s %6s %11s %11s %9s\n' variant runs 'deliveries/s' 'publish/s' lost 'server CPU' 'loadgen CPU' 'other %'
+      jq -rs "$jq_median"'
+        map(select(.part == "loadgen")) | group_by(.variant) | map({
+          v: .[0].variant, n: length,
+          d: (map(.deliveries_per_s) | median), p: (map(.pub_per_s) | median),
+          lost: (map(.lost) | add), s: (map(.server_cpu_pct) | median),
+          l: (map(.loadgen_cpu_pct) | median), o: (map(.other_cpu_pct) | max)
+        }) | sort_by({"single":0,"cluster-local":1}[.v])[]
+        | "\(.v) \(.n) \(.d|floor) \(.p|floor) \(.lost) \(.s) \(.l) \(.o)"' "$results" |
+        while read -r v n d p l s g o; do printf '   %-14s %5s %12s %12s %6s %11s %11s %9s\n' "$v" "$n" "$d" "$p" "$l" "$s" "$g" "$o"; done
+    fi
   fi
   if has_part subscribe; then
     echo
