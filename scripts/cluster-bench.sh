@@ -264,7 +264,7 @@ fanout() {
   out=$(<"$work/.out")
   record "{part:\"fanout\", variant:\"$variant\", run:$run, pub_server:\"$pubs\", sub_server:\"$subsrv\", leader:\"$leader\",
     wall_s:(($t1 - $t0) / 1e9), broker_cpu_s:(($c1 - $c0) / $hz), client_cpu_s:($k1 - $k0),
-    other_cpu_pct:((($h1 - $h0 - $c1 + $c0) / $hz - ($k1 - $k0)) * 100 / (($t1 - $t0) / 1e9) | round | if . < 0 then 0 else . end)} + ." "$out"
+    other_cpu_pct:((($h1 - $h0 - $c1 + $c0) / $hz - ($k1 - $k0)) * 100 / (($t1 - $t0) / 1e9) | round | if . <= 0 then 0 else . end)} + ." "$out"
 }
 if has_part fanout; then
   say "fan-out: $fanout_msgs msgs of $size B, $subs subscribers, $runs runs per variant"
