@@ -103,6 +103,28 @@ await_listening() {
     die "${n} did not listen within ${start_wait_s} s; see ${log}"
 }
 
+# Whether node $1's /healthz answers 200 (it knows a leader), using
+# bash's /dev/tcp so that no HTTP client is needed.
+healthy() {
+    local hostport="${http[$1]}" status=""
+    exec 3<>"/dev/tcp/${hostport%:*}/${hostport##*:}" 2>/dev/null || return 1
+    printf 'GET /healthz HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' "${hostport}" >&3
+    read -r -t 2 status <&3 || true
+    exec 3<&- 3>&-
+    [[ "${status}" == *" 200 "* ]]
+}
+
+# Waits (bounded) until every started node knows a leader.
+await_leader() {
+    local n deadline=$((SECONDS + start_wait_s))
+    for n in "$@"; do
+        until healthy "${n}"; do
+            ((SECONDS < deadline)) || die "${n} knows no leader after ${start_wait_s} s; see ${dir}/${n}.log"
+            sleep 0.1
+        done
+    done
+}
+
 cmd_start() {
     if [[ ! -x "${broker}" ]]; then
         echo "building ${broker}"
@@ -118,6 +140,7 @@ cmd_start() {
     for n in "${!offset[@]}"; do
         await_listening "${n}" "${offset[${n}]}"
     done
+    await_leader "${!offset[@]}"
     echo "started; \`scripts/cluster.sh status\` shows the leader, \`scripts/cluster.sh stop\` stops the nodes"
 }
 

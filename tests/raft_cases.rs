@@ -673,3 +673,17 @@ fn a_malformed_append_is_dropped() {
         assert!(r.ready().entries.is_none());
     }
 }
+
+/// Every follower learns of a commit within a round trip, without waiting
+/// for the next heartbeat: also the one whose ack comes after the entry
+/// was committed with another follower's.
+#[test]
+fn every_follower_learns_a_commit_without_a_tick() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.propose(1, "x").unwrap();
+    // No tick since the proposal: only the messages it caused have run.
+    for id in 1..=3 {
+        assert_eq!(net.applied_data(id), ["x"], "node {id}");
+    }
+}

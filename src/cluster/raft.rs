@@ -1017,19 +1017,23 @@ impl Raft {
 
     fn broadcast_heartbeat(&mut self) {
         for p in self.peers.clone() {
-            let matched = self.progress.get(&p).map_or(0, |pr| pr.matched);
-            let commit = matched.min(self.commit);
-            let commit_term = self.log.term(commit).unwrap_or(0);
-            let read_seq = self.read_seq;
-            self.send(
-                p,
-                Body::Heartbeat {
-                    commit,
-                    commit_term,
-                    read_seq,
-                },
-            );
+            self.send_heartbeat(p);
         }
+    }
+
+    fn send_heartbeat(&mut self, p: NodeId) {
+        let matched = self.progress.get(&p).map_or(0, |pr| pr.matched);
+        let commit = matched.min(self.commit);
+        let commit_term = self.log.term(commit).unwrap_or(0);
+        let read_seq = self.read_seq;
+        self.send(
+            p,
+            Body::Heartbeat {
+                commit,
+                commit_term,
+                read_seq,
+            },
+        );
     }
 
     /// Sends `p` what it is missing; with `empty_ok`, even when that is
@@ -1119,6 +1123,7 @@ impl Raft {
             pr.inflight.clear();
         }
         if ok {
+            let matched_before = pr.matched;
             pr.matched = pr.matched.max(index);
             pr.next = pr.next.max(index + 1);
             while pr.inflight.front().is_some_and(|&i| i <= index) {
@@ -1143,6 +1148,10 @@ impl Raft {
                 // Tell the followers at once, so they apply within a round
                 // trip rather than at the next heartbeat.
                 self.broadcast_heartbeat();
+            } else if index > matched_before && before > matched_before {
+                // A slower follower now holds entries committed without it:
+                // it learns so at once too.
+                self.send_heartbeat(p);
             }
             return;
         }
