@@ -319,7 +319,8 @@ if has_part failover; then
       --leader "$leader" --kill-pid "$victim" --control-token "$token" --interval "$interval") ||
       say "failover run $run: the probe reported a failure: $out"
     drops=$(($(fwd_dropped "${survivors[0]}") - drops0))
-    { wait "$victim"; } 2>/dev/null || true
+    # bash still reports "Killed" here: the notice is the shell's own.
+    wait "$victim" 2>/dev/null || true
     pid[$leader]=
     [[ -n $out ]] || fail "failover run $run: no result"
     restart_t0=$(date +%s%N)
