@@ -124,6 +124,8 @@ pub(crate) struct Cluster {
     next_tag: u64,
     /// Forward batches being filled this turn, per node.
     batches: BTreeMap<u64, Vec<u8>>,
+    /// Batches of this turn already full, in the order they filled.
+    full_batches: Vec<(u64, Vec<u8>)>,
     down_since: HashMap<u64, Instant>,
     /// Nodes whose removal this leader proposed and that are still down.
     removing: HashSet<u64>,
@@ -168,6 +170,7 @@ impl Cluster {
             gather_of: HashMap::new(),
             next_tag: 0,
             batches: BTreeMap::new(),
+            full_batches: Vec::new(),
             down_since: HashMap::new(),
             removing: HashSet::new(),
             inbox_nodes,
@@ -256,8 +259,14 @@ impl Cluster {
         self.gathers.retain(|_, g| g.conn != conn);
     }
 
-    /// Appends a message to the batch for `node`.
+    /// Appends a message to the batch for `node`; a batch that reached
+    /// the link's event size is closed and a new one begun.
     pub fn queue_forward(&mut self, node: u64, m: &Forwarded<'_>) {
+        let open = self.batches.entry(node).or_default();
+        if open.len() >= crate::cluster::link::EMIT_BYTES_MAX {
+            let full = std::mem::take(open);
+            self.full_batches.push((node, full));
+        }
         forward::push(self.batches.entry(node).or_default(), m);
     }
 
@@ -562,10 +571,8 @@ impl Broker {
                     // Whatever was with the old leader may be lost: offer
                     // it again (applying twice is harmless, see below).
                     for w in c.waiters.values_mut() {
-                        if w.stage == Stage::Sent {
-                            w.stage = Stage::Waiting;
-                            w.next_try = io.now();
-                        }
+                        w.stage = Stage::Waiting;
+                        w.next_try = io.now();
                     }
                 }
                 self.retry_waiters(io.now());
@@ -693,7 +700,8 @@ impl Broker {
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
-        let batches = std::mem::take(&mut c.batches);
+        let mut batches = std::mem::take(&mut c.full_batches);
+        batches.extend(std::mem::take(&mut c.batches));
         for (node, batch) in batches {
             let sent = c
                 .link_to(node)

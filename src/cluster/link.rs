@@ -23,11 +23,14 @@ use crate::client::{Client, Error, Options};
 
 /// Bytes a link may hold queued for its peer.
 pub const LINK_QUEUE_BYTES: usize = 64 << 20;
-/// Most forward bytes sent in one `cluster.forward` event.
-const EMIT_BYTES_MAX: usize = 1 << 20;
-/// Backoff between connection attempts.
-const RETRY_MIN: Duration = Duration::from_millis(100);
-const RETRY_MAX: Duration = Duration::from_secs(1);
+/// Most forward bytes gathered into one `cluster.forward` event (its
+/// attachment must stay under the peer's maxPayload, which is at least
+/// `-max-payload` plus 64 KiB; nodes of a cluster share `-max-payload`).
+pub const EMIT_BYTES_MAX: usize = 256 << 10;
+/// Backoff between connection attempts: short, so that forwards to a
+/// restarted node resume soon after it is back.
+const RETRY_MIN: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_millis(250);
 
 /// What the broker asks a link to send.
 pub enum LinkOut {
@@ -327,16 +330,17 @@ impl Worker {
                 match out {
                     LinkOut::Forward(b) => {
                         // Batches concatenate once their version byte is
-                        // dropped; a large one goes out on its own.
+                        // dropped, up to EMIT_BYTES_MAX; a larger one goes
+                        // out on its own.
+                        if !batch.is_empty() && batch.len() + b.len() > EMIT_BYTES_MAX {
+                            if let Err(e) = self.emit(c, &mut batch) {
+                                return e;
+                            }
+                        }
                         if batch.is_empty() {
                             batch = b;
                         } else if b.first() == Some(&BATCH_MAGIC) {
                             batch.extend_from_slice(&b[1..]);
-                        }
-                        if batch.len() >= EMIT_BYTES_MAX {
-                            if let Err(e) = self.emit(c, &mut batch) {
-                                return e;
-                            }
                         }
                     }
                     LinkOut::Call {
@@ -388,8 +392,16 @@ impl Worker {
             return Ok(());
         }
         let b = std::mem::take(batch);
-        c.emit_with("cluster.forward", json!({}), &[b])
-            .map_err(|e| format!("forward: {e}"))
+        match c.emit_with("cluster.forward", json!({}), &[b]) {
+            Ok(()) => Ok(()),
+            // Too large for this peer (its -max-payload is smaller): this
+            // batch is lost, the link stays up.
+            Err(Error::Protocol(e)) => {
+                crate::log_warn!("forward batch to {} dropped: {e}", self.url);
+                Ok(())
+            }
+            Err(e) => Err(format!("forward: {e}")),
+        }
     }
 
     /// Reports the calls whose ack came or whose time ran out.
