@@ -206,6 +206,11 @@ fn shared_cluster_cases() {
     });
     step(
         &mut failed,
+        "a_burst_across_nodes_arrives_whole_in_order",
+        || burst_across_nodes(&c),
+    );
+    step(
+        &mut failed,
         "queue_group_spans_nodes_3000_exactly_once",
         || queue_group_spans_nodes(&c),
     );
@@ -332,6 +337,48 @@ fn pubsub_across_nodes(c: &Cluster) {
     assert!(sub
         .recv_timeout(Duration::from_millis(200))
         .is_err_and(|e| e == Error::Timeout));
+}
+
+/// Publishes faster than one event carries between nodes, so forward
+/// batches pile up on the link and are gathered: every message still
+/// arrives, once and in order (a gathered event once outgrew the peer's
+/// payload limit, which dropped the link and its queue).
+fn burst_across_nodes(c: &Cluster) {
+    const PUBLISHERS: u64 = 4;
+    const N: u64 = 10_000;
+    let s2 = c.client(1);
+    let sub = s2.subscribe("burst.>").expect("subscribe on n2");
+    let publishers: Vec<Client> = (0..PUBLISHERS).map(|_| c.client(0)).collect();
+    await_route(&publishers[0], &sub, "burst.probe");
+    let pad = "x".repeat(1000);
+    thread::scope(|scope| {
+        for (p, client) in publishers.iter().enumerate() {
+            let pad = &pad;
+            scope.spawn(move || {
+                let subject = format!("burst.p{p}");
+                for k in 0..N {
+                    client
+                        .publish(&subject, json!({ "k": k, "pad": pad }))
+                        .expect("publish");
+                }
+            });
+        }
+    });
+    let got = recv_n(&sub, (PUBLISHERS * N) as usize, "burst.probe");
+    for p in 0..PUBLISHERS {
+        let subject = format!("burst.p{p}");
+        let ks: Vec<u64> = got
+            .iter()
+            .filter(|m| m.subject == subject)
+            .filter_map(|m| m.data["k"].as_u64())
+            .collect();
+        assert_eq!(ks.len() as u64, N, "from publisher {p}");
+        assert!(
+            ks.iter().enumerate().all(|(i, &k)| k == i as u64),
+            "publisher {p}'s messages out of order"
+        );
+    }
+    assert_eq!(sub.dropped(), 0, "the client's queue dropped messages");
 }
 
 fn queue_group_spans_nodes(c: &Cluster) {
