@@ -521,15 +521,10 @@ impl Broker {
                 else {
                     return;
                 };
-                if let Some(r) = w.reply {
-                    let body = match result {
-                        Ok(()) => r.ok_body,
-                        Err(e) => {
-                            self.metrics.count_error(e.code);
-                            e.ack_body()
-                        }
-                    };
-                    send_ack(io, r.conn, r.nsp, r.ack_id, &body);
+                match (w.reply, result) {
+                    (Some(r), Ok(())) => send_ack(io, r.conn, r.nsp, r.ack_id, &r.ok_body),
+                    (Some(r), Err(e)) => self.refuse(io, &r, &e),
+                    (None, _) => {}
                 }
             }
             FromRaft::Proposed { tag, result } => {
@@ -680,11 +675,16 @@ impl Broker {
                     Code::Unavailable,
                     "the change was lost with a leader; try again",
                 );
-                self.metrics.count_error(Code::Unavailable);
-                send_ack(io, r.conn, r.nsp, r.ack_id, &e.ack_body());
+                self.refuse(io, &r, &e);
             }
             None => self.submit_internal(io, entry.cmd),
         }
+    }
+
+    /// Answers the client of a change with an error.
+    fn refuse(&mut self, io: &mut Io<'_>, r: &Reply, e: &ApiError) {
+        self.metrics.count_error(e.code);
+        send_ack(io, r.conn, r.nsp, r.ack_id, &e.ack_body());
     }
 
     /// Once per loop turn: send the forward batches, retry or expire
@@ -741,18 +741,18 @@ impl Broker {
             .filter(|(_, w)| w.deadline <= now)
             .map(|(op, _)| *op)
             .collect();
-        for op in expired {
-            let Some(w) = c.waiters.remove(&op) else {
-                continue;
-            };
+        let gone: Vec<Waiter> = expired
+            .iter()
+            .filter_map(|op| c.waiters.remove(op))
+            .collect();
+        for w in gone {
             match w.reply {
                 Some(r) => {
                     let e = ApiError::new(
                         Code::Unavailable,
                         "no cluster leader reachable; the change was not made",
                     );
-                    self.metrics.count_error(Code::Unavailable);
-                    send_ack(io, r.conn, r.nsp, r.ack_id, &e.ack_body());
+                    self.refuse(io, &r, &e);
                 }
                 None => crate::log_warn!("a control change could not reach a leader in time"),
             }

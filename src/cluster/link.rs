@@ -49,6 +49,19 @@ pub enum LinkOut {
     },
 }
 
+impl LinkOut {
+    /// What it counts against the link's queue (the same when queued and
+    /// when taken off).
+    fn bytes(&self) -> usize {
+        match self {
+            LinkOut::Forward(b) => b.len(),
+            LinkOut::Call {
+                args, attachments, ..
+            } => 256 + args.len() + attachments.iter().map(Vec::len).sum::<usize>(),
+        }
+    }
+}
+
 /// A call's failure: an error code of the contract and a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallError {
@@ -150,12 +163,7 @@ impl Links {
         let Some(l) = self.links.get(link) else {
             return false;
         };
-        let n = match &out {
-            LinkOut::Forward(b) => b.len(),
-            LinkOut::Call {
-                args, attachments, ..
-            } => 256 + args.len() + attachments.iter().map(Vec::len).sum::<usize>(),
-        };
+        let n = out.bytes();
         if l.queued.load(Ordering::Relaxed) + n > LINK_QUEUE_BYTES {
             return false;
         }
@@ -211,15 +219,6 @@ impl Worker {
     fn report(&self, ev: LinkEvent) {
         if self.events.send(ev).is_ok() {
             let _ = self.notify.wake();
-        }
-    }
-
-    fn size_of(out: &LinkOut) -> usize {
-        match out {
-            LinkOut::Forward(b) => b.len(),
-            LinkOut::Call {
-                args, attachments, ..
-            } => 256 + args.len() + attachments.iter().map(Vec::len).sum::<usize>(),
         }
     }
 
@@ -287,8 +286,7 @@ impl Worker {
     }
 
     fn refuse(&mut self, out: LinkOut, why: &str) {
-        self.queued
-            .fetch_sub(Self::size_of(&out), Ordering::Relaxed);
+        self.queued.fetch_sub(out.bytes(), Ordering::Relaxed);
         if let LinkOut::Call { tag, .. } = out {
             self.report(LinkEvent::Answer {
                 tag,
@@ -325,8 +323,7 @@ impl Worker {
             };
             let mut next = first;
             while let Some(out) = next.take() {
-                self.queued
-                    .fetch_sub(Self::size_of(&out), Ordering::Relaxed);
+                self.queued.fetch_sub(out.bytes(), Ordering::Relaxed);
                 match out {
                     LinkOut::Forward(b) => {
                         // Batches concatenate once their version byte is
