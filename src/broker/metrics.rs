@@ -136,6 +136,11 @@ impl Broker {
                 "Forward batches dropped: the peer was unreachable or its link full.",
             )
             .with(vec![], raft.dropped as f64),
+            Family::counter(
+                "gombus_raft_messages_dropped_total",
+                "Raft messages dropped because a peer's send queue was full.",
+            )
+            .with(vec![], raft.raft_dropped as f64),
         ]
     }
 }
@@ -149,6 +154,7 @@ struct RaftFigures {
     peers: Vec<(String, bool)>,
     forwarded: u64,
     dropped: u64,
+    raft_dropped: u64,
 }
 
 impl Broker {
@@ -162,6 +168,7 @@ impl Broker {
                 peers: vec![(self.cfg.node_id.clone(), true)],
                 forwarded: 0,
                 dropped: 0,
+                raft_dropped: 0,
             };
         };
         let view = c.view.as_ref();
@@ -180,6 +187,7 @@ impl Broker {
                 .collect(),
             forwarded: c.forwarded,
             dropped: c.forwards_dropped,
+            raft_dropped: view.map_or(0, |v| v.dropped),
         }
     }
 }

@@ -174,14 +174,6 @@ impl Links {
     pub fn try_recv(&self) -> Option<LinkEvent> {
         self.rx.try_recv().ok()
     }
-
-    pub fn len(&self) -> usize {
-        self.links.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.links.is_empty()
-    }
 }
 
 impl Drop for Links {
