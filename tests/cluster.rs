@@ -876,6 +876,9 @@ fn follower_killed_and_restarted_catches_up() {
         await_route(&cx, m, "frq.work");
     }
     await_route(&cl, &members[0], "frq.work");
+    // A responder that lives only on the node about to die.
+    let responder = cx.subscribe("frsvc.only").expect("responder sub");
+    await_route(&cl, &responder, "frsvc.only");
 
     let killed = Instant::now();
     c.kill(x);
@@ -896,6 +899,18 @@ fn follower_killed_and_restarted_catches_up() {
         IDS[leader],
         IDS[x],
         killed.elapsed().as_millis()
+    );
+    // Its only responder is out of reach: no_responders at once, not a
+    // request timing out.
+    let asked = Instant::now();
+    let err = cl
+        .request("frsvc.only", json!({}), Duration::from_secs(3))
+        .expect_err("nobody can answer");
+    assert_eq!(err.code(), Some("no_responders"), "{err}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "{err} took {:?}",
+        asked.elapsed()
     );
     for id in 0..300u64 {
         cl.publish("frq.work", json!({ "id": id })).unwrap();

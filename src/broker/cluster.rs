@@ -137,7 +137,9 @@ pub(crate) struct Cluster {
     pub forwarded: u64,
     pub forwards_dropped: u64,
     boot: u64,
-    up_announced: bool,
+    /// This node's `NodeUp` was proposed, and (`caught_up`) applied.
+    up_proposed: bool,
+    caught_up: bool,
 }
 
 impl Cluster {
@@ -179,7 +181,8 @@ impl Cluster {
             forwarded: 0,
             forwards_dropped: 0,
             boot,
-            up_announced: false,
+            up_proposed: false,
+            caught_up: false,
         }
     }
 
@@ -211,6 +214,12 @@ impl Cluster {
 
     pub fn leader(&self) -> Option<u64> {
         self.leader
+    }
+
+    /// Since start, this node has applied what was committed before it
+    /// started (and announced itself).
+    pub fn caught_up(&self) -> bool {
+        self.caught_up
     }
 
     pub fn is_leader(&self) -> bool {
@@ -447,6 +456,17 @@ impl Broker {
                     if s.as_ref().is_some_and(|s| s.root) {
                         io.close(conn);
                     }
+                }
+            }
+            Cmd::Subs(Command::NodeUp { node, boot }) if *node == self.fsm.subs.me() => {
+                let mine = self.cluster.as_mut().filter(|c| c.boot == *boot);
+                if let Some(c) = mine.filter(|c| !c.caught_up) {
+                    // Everything committed before this node started has
+                    // been applied: it knows the cluster now, and records
+                    // the streams it holds.
+                    c.caught_up = true;
+                    crate::log_info!("caught up with the cluster");
+                    self.announce_streams(io);
                 }
             }
             Cmd::Meta(_) => {
@@ -710,18 +730,13 @@ impl Broker {
                 c.forwards_dropped += 1;
             }
         }
-        // Once a leader is known and this node has applied what was
-        // committed before it started: say it is up (dropping its earlier
-        // life's subscriptions) and record the streams it holds.
-        let caught_up = c
-            .view
-            .as_ref()
-            .is_some_and(|v| self.fsm.applied >= v.commit);
-        if c.leader.is_some() && !c.up_announced && caught_up {
-            c.up_announced = true;
+        // Once a leader is known: say this node is up (dropping its
+        // earlier life's subscriptions). When that comes back applied,
+        // everything committed before it has been applied here too.
+        if c.leader.is_some() && !c.up_proposed {
+            c.up_proposed = true;
             let boot = c.boot;
             self.submit_internal(io, Cmd::Subs(Command::NodeUp { node: me, boot }));
-            self.announce_streams(io);
         }
         self.retry_waiters(now);
         self.expire_waiters(io, now);

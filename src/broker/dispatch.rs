@@ -638,6 +638,10 @@ impl Broker {
             return 0;
         }
         let me = self.fsm.subs.me();
+        let cluster = self.cluster.as_ref();
+        // Nodes out of reach get nothing (it would be dropped), so a
+        // request whose only responders are there gets no_responders.
+        let reachable = |n: u64| cluster.is_some_and(|c| c.reachable(n));
         // Other nodes to forward to: (node, to its plain subscribers,
         // its picked group members).
         let mut remote: RemoteTargets = Vec::new();
@@ -647,8 +651,8 @@ impl Broker {
         for &key in &m.plain {
             match self.fsm.subs.get(key).map(|s| s.owner.node) {
                 Some(n) if n == me => local.push(key),
-                Some(n) => mark_plain(&mut remote, n),
-                None => {}
+                Some(n) if reachable(n) => mark_plain(&mut remote, n),
+                _ => {}
             }
         }
         for (gi, g) in m.groups.iter().enumerate() {
@@ -656,8 +660,8 @@ impl Broker {
                 for &key in &g.members {
                     match self.fsm.subs.get(key).map(|s| s.owner.node) {
                         Some(n) if n == me => local.push(key),
-                        Some(n) => mark_plain(&mut remote, n),
-                        None => {}
+                        Some(n) if reachable(n) => mark_plain(&mut remote, n),
+                        _ => {}
                     }
                 }
             } else {
@@ -989,6 +993,8 @@ impl Handler for Broker {
         match req.path.as_str() {
             "/healthz" => match &self.cluster {
                 Some(c) if c.leader().is_none() => Response::json(503, r#"{"status":"no leader"}"#),
+                // Until then it does not know the cluster's subscriptions.
+                Some(c) if !c.caught_up() => Response::json(503, r#"{"status":"catching up"}"#),
                 _ => Response::json(200, r#"{"status":"ok"}"#),
             },
             "/metrics" => {

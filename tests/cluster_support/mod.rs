@@ -102,7 +102,28 @@ impl Cluster {
             cluster.await_listening(i, &lines);
         }
         cluster.await_leader(&[0, 1, 2], LEADER_WAIT);
+        cluster.await_healthy(&[0, 1, 2], LEADER_WAIT);
         cluster
+    }
+
+    /// Waits until `/healthz` answers 200 on every node in `nodes` (a
+    /// leader is known and the node has caught up with the cluster).
+    pub fn await_healthy(&self, nodes: &[usize], within: Duration) {
+        let deadline = Instant::now() + within;
+        for &i in nodes {
+            loop {
+                let answer = http_get(&self.http[i], "/healthz");
+                if matches!(answer, Ok((200, _))) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{} /healthz still {answer:?} after {within:?}",
+                    IDS[i]
+                );
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
     }
 
     /// The flags node `i` is started with.
