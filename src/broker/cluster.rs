@@ -40,6 +40,8 @@ const RETRY_EVERY: Duration = Duration::from_millis(100);
 /// A node whose peer link and Raft connection both stay down this long is
 /// declared gone by the leader, which removes its subscriptions.
 pub const NODE_GONE_AFTER: Duration = Duration::from_secs(3);
+/// How often the loop reads the Raft thread's view of the cluster.
+const VIEW_EVERY: Duration = Duration::from_millis(10);
 /// Most changes waiting for a leader at once; more are refused.
 const WAITERS_MAX: usize = 100_000;
 /// Most requests relayed to other nodes and awaiting their answer.
@@ -106,6 +108,7 @@ pub(crate) struct Cluster {
     raft: Option<RaftNode>,
     links: Option<Links>,
     pub view: Option<View>,
+    next_view: Instant,
     role: Role,
     term: u64,
     leader: Option<u64>,
@@ -159,6 +162,7 @@ impl Cluster {
             raft: None,
             links: None,
             view: None,
+            next_view: Instant::now(),
             role: Role::Follower,
             term: 0,
             leader: None,
@@ -740,9 +744,14 @@ impl Broker {
         }
         self.retry_waiters(now);
         self.expire_waiters(io, now);
-        self.watch_nodes(io, now);
         if let Some(c) = self.cluster.as_mut() {
-            c.view = c.raft.as_ref().map(RaftNode::view);
+            // The Raft thread's view, every VIEW_EVERY rather than every
+            // turn of a busy loop.
+            if c.next_view <= now {
+                c.next_view = now + VIEW_EVERY;
+                c.view = c.raft.as_ref().map(RaftNode::view);
+                self.watch_nodes(io, now);
+            }
         }
     }
 
@@ -784,7 +793,7 @@ impl Broker {
             c.down_since.clear();
             return;
         }
-        let view = c.raft.as_ref().map(RaftNode::view);
+        let view = c.view.clone();
         let mut gone = Vec::new();
         for node in 1..=c.names.len() as u64 {
             if node == c.me {

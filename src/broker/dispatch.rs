@@ -1064,9 +1064,10 @@ impl Handler for Broker {
     fn tick(&mut self, io: &mut Io<'_>) {
         self.sample_history(io);
         if let Some(c) = &self.cluster {
-            self.remote_push.reachable = (1..=c.names.len() as u64)
-                .filter(|&n| n != c.me && c.reachable(n))
-                .collect();
+            self.remote_push.reachable.clear();
+            self.remote_push
+                .reachable
+                .extend((1..=c.names.len() as u64).filter(|&n| n != c.me && c.reachable(n)));
         }
         self.streams
             .tick(io, &mut self.fsm.subs, &mut self.remote_push);
