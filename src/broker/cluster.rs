@@ -297,6 +297,9 @@ impl Cluster {
                 }
             }
         }
+        if self.remote_capture.is_empty() {
+            return None;
+        }
         let m = self.remote_capture.matches(subject);
         m.plain.first().copied()
     }

@@ -647,7 +647,6 @@ impl Broker {
         let mut remote: RemoteTargets = Vec::new();
         let mut local = std::mem::take(&mut self.targets);
         local.clear();
-        let mut lb: Vec<usize> = Vec::new();
         for &key in &m.plain {
             match self.fsm.subs.get(key).map(|s| s.owner.node) {
                 Some(n) if n == me => local.push(key),
@@ -655,7 +654,7 @@ impl Broker {
                 _ => {}
             }
         }
-        for (gi, g) in m.groups.iter().enumerate() {
+        for g in &m.groups {
             if self.fsm.subs.group_mode(&g.queue) == GroupMode::Broadcast {
                 for &key in &g.members {
                     match self.fsm.subs.get(key).map(|s| s.owner.node) {
@@ -664,8 +663,6 @@ impl Broker {
                         _ => {}
                     }
                 }
-            } else {
-                lb.push(gi);
             }
         }
         let out_parts = self.encode_delivery(subject, data, reply, headers, None, attachments);
@@ -679,8 +676,10 @@ impl Broker {
         for &key in &local {
             sent += usize::from(self.send_to(io, key, &out));
         }
-        for gi in lb {
-            let g = &m.groups[gi];
+        for g in &m.groups {
+            if self.fsm.subs.group_mode(&g.queue) == GroupMode::Broadcast {
+                continue;
+            }
             let n = g.members.len();
             let start = self.fsm.subs.groups.pick(n);
             // A member that cannot take it (closing, or on a node out of
