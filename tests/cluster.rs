@@ -709,6 +709,12 @@ fn python_across_nodes(c: &Cluster) {
             lines.iter().all(|l| !l.starts_with("FAIL")),
             "script failed: {lines:?}"
         );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("PASS relayed_stream_answer")),
+            "the relayed stream check did not run: {lines:?}"
+        );
     }));
     let _ = child.kill();
     let status = child.wait();

@@ -10,7 +10,11 @@ Run by tests/cluster.rs against a three-node cluster, in step with it:
      prints `PASS to_python`;
   3. connects to n3 and publishes `{"from": "python", "via": "n3"}` on
      `interop.cluster.to_rust`, which a Rust subscriber on n1 receives;
-     prints `PASS from_python`.
+     prints `PASS from_python`;
+  4. creates a stream on n3 and, through n2, publishes into it and reads
+     the message back: both requests are relayed to n3, and the answer
+     comes back as n3 gave it (key order, an integer past 64 bits); prints
+     `PASS relayed_stream_answer`.
 Ends with the summary line of py_common; exits 1 if a check failed. Every
 wait is bounded and a watchdog ends a run that hangs.
 """
@@ -60,6 +64,29 @@ def check_from_python(url_n3):
         peer.close()
 
 
+def check_relayed_stream_answer(peer_n2, url_n3):
+    owner = py_common.Peer(url_n3)
+    try:
+        expect_ok(owner.call("stream.create", {"name": "PYREL", "subjects": ["pyrel.>"]}),
+                  "stream.create on n3")
+    finally:
+        owner.close()
+    # n2 learns of the stream within the replication delay.
+    deadline = time.monotonic() + RECEIVE_WAIT_S
+    while peer_n2.call("stream.info", {"name": "PYREL"}).get("ok") is not True:
+        if time.monotonic() > deadline:
+            raise AssertionError("n2 never knew stream PYREL")
+        time.sleep(0.01)
+    data = {"z": 1, "a": 12345678901234567890123, "m": [3, 2]}
+    ack = expect_ok(peer_n2.call("pub", {"subject": "pyrel.x", "data": data}), "pub on n2")
+    if ack.get("stream") != "PYREL" or not isinstance(ack.get("seq"), int):
+        raise AssertionError(f"the relayed publish was not stored: {ack!r}")
+    got = expect_ok(peer_n2.call("stream.get", {"name": "PYREL", "seq": ack["seq"]}),
+                    "stream.get on n2")["message"]["data"]
+    if got != data or list(got) != ["z", "a", "m"]:
+        raise AssertionError(f"relayed answer changed: {got!r}")
+
+
 def main():
     if len(sys.argv) != 3:
         print("usage: py_cluster.py URL_N2 URL_N3", file=sys.stderr)
@@ -70,6 +97,7 @@ def main():
     try:
         check("to_python", lambda: check_to_python(peer))
         check("from_python", lambda: check_from_python(url_n3))
+        check("relayed_stream_answer", lambda: check_relayed_stream_answer(peer, url_n3))
     finally:
         peer.close()
     return py_common.summary()
