@@ -2,7 +2,7 @@
 //! Engine.IO / Socket.IO framing, send events the broker does not know, vanish
 //! mid-frame or never read, all against one broker; a well-behaved client and
 //! a control client must still work at the end, and the broker's memory must
-//! stay bounded. Contract: /work/shared/PROTOCOL.md §2 (error acks versus
+//! stay bounded. Contract: docs/PROTOCOL.md §2 (error acks versus
 //! closing one connection) and §4 (slow consumers).
 //!
 //! Every wait has a deadline; nothing sleeps to synchronise. Each case

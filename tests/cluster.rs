@@ -1,6 +1,6 @@
 //! Cluster mode, black box: three real `broker` processes on loopback
 //! (tests/cluster_support), driven through the Rust client, `/control`
-//! events, HTTP and python-socketio. Contract: /work/shared/PROTOCOL.md §9
+//! events, HTTP and python-socketio. Contract: docs/PROTOCOL.md §9
 //! (replication, cross-node delivery, queue groups, streams owned by one
 //! node, failover), §6 (`cluster.status`, `group.set`) and §7 (`/healthz`,
 //! raft gauges in `/metrics`).

@@ -3,7 +3,7 @@
 //! checks in tests/interop/ against a broker, in each transport mode: their
 //! default (long-polling, then the upgrade to WebSocket), WebSocket only,
 //! and long-polling with upgrades off.
-//! Contract: /work/shared/PROTOCOL.md §1 (transports), §2 (namespaces,
+//! Contract: docs/PROTOCOL.md §1 (transports), §2 (namespaces,
 //! acks), §3 (subjects), §4 (pub/sub, request/reply, binary data), §5
 //! (streams: both clients create one, publish, get, fetch, ack, purge and
 //! take a push delivery, checking the shape of each ack;

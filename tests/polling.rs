@@ -4,7 +4,7 @@
 //! sid, a session left to expire, a client that vanishes mid-long-poll, a
 //! session that never polls while messages pile up). After each, the
 //! `gombus_polling_sessions` gauge in /metrics must come back down: no case
-//! leaks a session. Contract: /work/shared/PROTOCOL.md §1, §3, §4.
+//! leaks a session. Contract: docs/PROTOCOL.md §1, §3, §4.
 //!
 //! Then hostile clients of the HTTP and WebSocket transports and of the
 //! stream events: floods of heartbeat packets, of WebSocket pings and of
