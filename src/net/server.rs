@@ -85,6 +85,14 @@ pub const IN_BYTES_MAX: usize = 256 << 20;
 /// sessions at roughly 1 KB each.
 pub const POLLING_SESSIONS_MAX: usize = 100_000;
 
+/// Why a WebSocket request is refused.
+enum WsRefusal {
+    /// 400 with the Engine.IO error body.
+    Engine(HandshakeError),
+    /// `Sec-WebSocket-Version` missing or not 13: 426.
+    Version,
+}
+
 pub struct Server<H: Handler> {
     poll: Poll,
     listener: TcpListener,
@@ -758,7 +766,8 @@ impl<H: Handler> Server<H> {
                 }
                 let key = match Self::check_ws_request(req) {
                     Ok(k) => k,
-                    Err(e) => return self.refuse(id, e, now),
+                    Err(WsRefusal::Engine(e)) => return self.refuse(id, e, now),
+                    Err(WsRefusal::Version) => return self.refuse_ws_version(id, now),
                 };
                 let Some(sid) = sid else {
                     return self.upgrade(id, endpoint, hs.eio, &key, now);
@@ -1324,24 +1333,37 @@ impl<H: Handler> Server<H> {
         }
     }
 
-    /// Engine.IO's checks on a WebSocket request; the client's key when
-    /// all pass.
-    fn check_ws_request(req: &Request) -> Result<String, HandshakeError> {
+    /// Engine.IO's and RFC 6455's checks on a WebSocket request (§4.2.1:
+    /// upgrade headers, version 13, a key that is the base64 of 16 bytes);
+    /// the client's key when all pass.
+    fn check_ws_request(req: &Request) -> Result<String, WsRefusal> {
+        let bad = WsRefusal::Engine(HandshakeError::BadRequest);
         if req.method != "GET" {
-            return Err(HandshakeError::BadHandshakeMethod);
+            return Err(WsRefusal::Engine(HandshakeError::BadHandshakeMethod));
         }
         let upgrade = req
             .header("Upgrade")
             .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-        if !upgrade
-            || !req.header_has_token("Connection", "upgrade")
-            || req.header("Sec-WebSocket-Version") != Some("13")
-        {
-            return Err(HandshakeError::BadRequest);
+        if !upgrade || !req.header_has_token("Connection", "upgrade") {
+            return Err(bad);
         }
-        req.header("Sec-WebSocket-Key")
-            .map(str::to_string)
-            .ok_or(HandshakeError::BadRequest)
+        if req.header("Sec-WebSocket-Version") != Some("13") {
+            return Err(WsRefusal::Version);
+        }
+        match req.header("Sec-WebSocket-Key") {
+            Some(key) if ws::is_valid_client_key(key) => Ok(key.to_string()),
+            _ => Err(bad),
+        }
+    }
+
+    /// A WebSocket version other than 13: 426 naming the one spoken (RFC
+    /// 6455 §4.4), with the Engine.IO error body, then close.
+    fn refuse_ws_version(&mut self, id: ConnId, now: Instant) {
+        let mut resp = Response::json(426, HandshakeError::BadRequest.body());
+        resp.headers
+            .push(("Sec-WebSocket-Version".into(), "13".into()));
+        self.cors(id, &mut resp);
+        self.respond_to(id, &resp, false, now);
     }
 
     fn upgrade(&mut self, id: ConnId, endpoint: u8, eio: u8, key: &str, now: Instant) {

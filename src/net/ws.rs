@@ -223,6 +223,17 @@ pub fn accept_key(client_key: &str) -> String {
     tungstenite::handshake::derive_accept_key(client_key.as_bytes())
 }
 
+/// Whether a client's `Sec-WebSocket-Key` is what RFC 6455 §4.1 asks for:
+/// the base64 of 16 bytes, i.e. 22 base64 characters and `==`.
+pub fn is_valid_client_key(key: &str) -> bool {
+    let b = key.as_bytes();
+    b.len() == 24
+        && b[22..] == *b"=="
+        && b[..22]
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || c == b'+' || c == b'/')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,6 +338,31 @@ mod tests {
             accept_key("dGhlIHNhbXBsZSBub25jZQ=="),
             "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
         );
+    }
+
+    #[test]
+    fn client_keys_must_be_16_bytes_of_base64() {
+        for good in [
+            "dGhlIHNhbXBsZSBub25jZQ==",
+            "AAECAwQFBgcICQoLDA0ODw==",
+            "+/+/+/+/+/+/+/+/+/+/+w==",
+        ] {
+            assert!(is_valid_client_key(good), "{good}");
+        }
+        for bad in [
+            "",
+            "not-base64!!",
+            "dGhlIHNhbXBsZSBub25jZQ",       // padding left out
+            "dGhlIHNhbXBsZSBub25jZQ=",      // half the padding
+            "dGhlIHNhbXBsZSBub25jZXg=",     // 17 bytes
+            "dGhlIHNhbXBsZSBub25j",         // 15 bytes
+            "dGhlIHNhbXBsZSBub25jZQ==AAAA", // 19 bytes
+            "dGhlIHNhbXBsZSBub25-ZQ==",     // URL-safe alphabet
+            "dGhlIHNhbXBsZSBub25jZ===",     // padding inside the data
+            "dGhlIHNhbXBsZSBub25jZQ==\u{e9}",
+        ] {
+            assert!(!is_valid_client_key(bad), "{bad:?}");
+        }
     }
 
     #[test]
