@@ -5,6 +5,8 @@
 //! SIGCONT, to cut one node off from the others), terminated (SIGTERM) and
 //! restarted on the same ports and data. Dropping the cluster continues
 //! every stopped process first, then kills every process by its PID.
+//! [`Launch`] picks how the nodes are told about each other: the plain
+//! `host:port` list, or the contract's launch lines (`id=URL` pairs).
 
 #![allow(dead_code)] // Each test binary uses a different part of it.
 
@@ -22,6 +24,8 @@ use gombus::client::{Client, Options, Reconnect};
 use serde_json::{json, Value};
 
 pub const CONTROL_TOKEN: &str = "cluster-secret";
+/// The control token of the contract's launch lines.
+pub const LAUNCH_LINE_TOKEN: &str = "secret";
 /// Node ids, in index order.
 pub const IDS: [&str; 3] = ["n1", "n2", "n3"];
 /// How long a node may take to print its `listening on` line.
@@ -50,6 +54,20 @@ fn broker_bin() -> String {
     std::env::var("GOMBUS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string())
 }
 
+/// How the nodes' flags are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launch {
+    /// `-cluster` lists the other nodes' `host:port`; every address is a
+    /// loopback `127.0.0.1:PORT`; `-data` is absolute.
+    Plain,
+    /// As the contract's section 9 launch lines: `-cluster` holds every
+    /// node as `id=http://127.0.0.1:PORT/socket.io` (its own entry
+    /// included), n1 listens as `-addr=:PORT -raft-addr=:PORT`, the
+    /// control token is `secret`, and `-data=./data/ID` is relative to the
+    /// cluster's root (the nodes' working directory).
+    UrlLines,
+}
+
 /// One running node process.
 struct Proc {
     child: Child,
@@ -64,6 +82,7 @@ pub struct Cluster {
     root: PathBuf,
     procs: Vec<Option<Proc>>,
     logs: Vec<Arc<Mutex<VecDeque<String>>>>,
+    launch: Launch,
     /// Released after `Drop::drop` has killed every node.
     _turn: MutexGuard<'static, ()>,
 }
@@ -72,6 +91,11 @@ impl Cluster {
     /// Starts n1..n3 and waits (bounded) until all of them listen and
     /// agree on a leader.
     pub fn start() -> Cluster {
+        Cluster::start_with(Launch::Plain)
+    }
+
+    /// [`Cluster::start`] with the flags written as `launch` says.
+    pub fn start_with(launch: Launch) -> Cluster {
         let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let http: Vec<String> = (0..3)
             .map(|_| format!("127.0.0.1:{}", free_port()))
@@ -95,6 +119,7 @@ impl Cluster {
             logs: (0..3)
                 .map(|_| Arc::new(Mutex::new(VecDeque::new())))
                 .collect(),
+            launch,
             _turn: turn,
         };
         let waits: Vec<_> = (0..3).map(|i| cluster.spawn(i)).collect();
@@ -126,8 +151,19 @@ impl Cluster {
         }
     }
 
+    /// The control token the nodes are started with.
+    pub fn token(&self) -> &'static str {
+        match self.launch {
+            Launch::Plain => CONTROL_TOKEN,
+            Launch::UrlLines => LAUNCH_LINE_TOKEN,
+        }
+    }
+
     /// The flags node `i` is started with.
     pub fn args(&self, i: usize) -> Vec<String> {
+        if self.launch == Launch::UrlLines {
+            return self.launch_line(i);
+        }
         let peers = (0..3)
             .map(|j| format!("{}={}", IDS[j], self.raft[j]))
             .collect::<Vec<_>>()
@@ -149,10 +185,43 @@ impl Cluster {
         ]
     }
 
+    /// Node `i`'s flags in the contract's launch-line form (n1's with
+    /// `:port` listen addresses).
+    fn launch_line(&self, i: usize) -> Vec<String> {
+        let port = |a: &str| a.rsplit_once(':').map(|(_, p)| p.to_string());
+        let (addr, raft_addr) = if i == 0 {
+            (
+                format!(":{}", port(&self.http[i]).unwrap_or_default()),
+                format!(":{}", port(&self.raft[i]).unwrap_or_default()),
+            )
+        } else {
+            (self.http[i].clone(), self.raft[i].clone())
+        };
+        let peers = (0..3)
+            .map(|j| format!("{}={}", IDS[j], self.raft[j]))
+            .collect::<Vec<_>>()
+            .join(",");
+        let urls = (0..3)
+            .map(|j| format!("{}=http://{}/socket.io", IDS[j], self.http[j]))
+            .collect::<Vec<_>>()
+            .join(",");
+        vec![
+            format!("-node-id={}", IDS[i]),
+            format!("-addr={addr}"),
+            format!("-raft-addr={raft_addr}"),
+            format!("-raft-peers={peers}"),
+            format!("-cluster={urls}"),
+            format!("-control-token={LAUNCH_LINE_TOKEN}"),
+            format!("-data=./data/{}", IDS[i]),
+            "-bootstrap".to_string(),
+        ]
+    }
+
     fn spawn(&mut self, i: usize) -> mpsc::Receiver<String> {
         let bin = broker_bin();
         let mut child = Command::new(&bin)
             .args(self.args(i))
+            .current_dir(&self.root)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -247,7 +316,7 @@ impl Cluster {
     pub fn control_with_timeout(&self, i: usize, timeout: Duration) -> Client {
         let opts = Options {
             namespace: "/control".into(),
-            token: Some(CONTROL_TOKEN.into()),
+            token: Some(self.token().into()),
             timeout,
             ..Default::default()
         };
@@ -259,7 +328,7 @@ impl Cluster {
     pub fn status(&self, i: usize) -> Result<Value, String> {
         let opts = Options {
             namespace: "/control".into(),
-            token: Some(CONTROL_TOKEN.into()),
+            token: Some(self.token().into()),
             timeout: Duration::from_secs(2),
             ..Default::default()
         };
