@@ -231,7 +231,8 @@ impl Default for Config {
 /// Why [`parse`] did not produce a [`Config`].
 #[derive(Debug, PartialEq)]
 pub enum ConfigError {
-    /// Help was asked for; carries the full usage text.
+    /// Help or the version was asked for; carries the text to print
+    /// (the full usage text, or `broker VERSION`).
     Help(String),
     /// The command line is wrong; carries a message naming the flag and value.
     Invalid(String),
@@ -261,6 +262,8 @@ enum Kind {
     Bool,
     /// `-h` / `-help`.
     Help,
+    /// `-version`.
+    Version,
 }
 
 /// One row of the flag table.
@@ -412,6 +415,13 @@ const FLAGS: &[FlagSpec] = &[
         "stream segment files roll at this size, 4 KiB to 1 GiB",
     ),
     FlagSpec {
+        name: "version",
+        hint: "",
+        default: "",
+        help: "print the version and exit",
+        kind: Kind::Version,
+    },
+    FlagSpec {
         name: "help",
         hint: "",
         default: "",
@@ -419,6 +429,9 @@ const FLAGS: &[FlagSpec] = &[
         kind: Kind::Help,
     },
 ];
+
+/// The broker's version, as `-version` prints it after `broker `.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn find_flag(name: &str) -> Option<&'static FlagSpec> {
     if name == "h" {
@@ -434,6 +447,7 @@ pub fn usage() -> String {
             Kind::Value => format!("-{} {}", f.name, f.hint),
             Kind::Bool => format!("-{}[=bool]", f.name),
             Kind::Help => format!("-h, -{}", f.name),
+            Kind::Version => format!("-{}", f.name),
         }
     };
     let width = FLAGS.iter().map(|f| left(f).len()).max().unwrap_or(0);
@@ -452,7 +466,7 @@ pub fn usage() -> String {
     );
     for f in FLAGS {
         let default = match (f.kind, f.default) {
-            (Kind::Help, _) => String::new(),
+            (Kind::Help | Kind::Version, _) => String::new(),
             (_, "") => " (default: unset)".to_string(),
             (_, d) => format!(" (default: {d})"),
         };
@@ -486,12 +500,18 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, ConfigEr
             Kind::Help => {
                 opts.optflag("h", f.name, f.help);
             }
+            Kind::Version => {
+                opts.optflag("", f.name, f.help);
+            }
         }
     }
 
     let matches = opts.parse(&args).map_err(describe_getopts_failure)?;
     if matches.opt_present("help") {
         return Err(ConfigError::Help(usage()));
+    }
+    if matches.opt_present("version") {
+        return Err(ConfigError::Help(format!("broker {VERSION}")));
     }
     if let Some(stray) = matches.free.first() {
         let hint = if matches!(
@@ -605,7 +625,10 @@ where
         .map(str::to_string)
         .collect();
     let mut all = Vec::new();
-    for f in FLAGS.iter().filter(|f| f.kind != Kind::Help) {
+    for f in FLAGS
+        .iter()
+        .filter(|f| matches!(f.kind, Kind::Value | Kind::Bool))
+    {
         if given.contains(f.name) {
             continue;
         }
@@ -1805,6 +1828,24 @@ mod tests {
         assert!(e.contains("GOMBUS_MAX_PAYLOAD"), "{e}");
         // The flag wins, so the bad variable is not read at all.
         assert!(parse_with_env(argv(&["-max-payload=1KiB"]), env).is_ok());
+    }
+
+    #[test]
+    fn version_flag_prints_the_version() {
+        for flag in ["-version", "--version"] {
+            assert_eq!(
+                parse(argv(&[flag])),
+                Err(ConfigError::Help(format!(
+                    "broker {}",
+                    env!("CARGO_PKG_VERSION")
+                )))
+            );
+        }
+        assert!(usage().contains("-version"));
+        // Not read from the environment: GOMBUS_VERSION must not stop a
+        // service from starting.
+        let env = |name: &str| (name == "GOMBUS_VERSION").then(|| "true".to_string());
+        assert!(parse_with_env(argv(&[]), env).is_ok());
     }
 
     #[test]

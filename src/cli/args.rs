@@ -434,7 +434,8 @@ pub fn main_help() -> String {
     let mut o = Options::new();
     global_opts(&mut o);
     let mut out = String::from(
-        "Usage: gombus [global flags] COMMAND [args] [flags]\n\n\
+        "Usage: gombus [global flags] COMMAND [args] [flags]\n\
+         \x20      gombus --version\n\n\
          The gombus command line: publish, subscribe, request, manage streams\n\
          and consumers, inspect servers, and benchmark.\n\nCommands:\n",
     );
@@ -489,6 +490,14 @@ fn group_help(group: &str) -> String {
 /// environment (`std::env::var` in the binary).
 pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Parsed, ArgError> {
     let main_usage = || "gombus --help".to_string();
+    if let [only] = args {
+        if only == "--version" || only == "-version" {
+            return Err(ArgError::Help(format!(
+                "gombus {}\n",
+                env!("CARGO_PKG_VERSION")
+            )));
+        }
+    }
     // Global flags before the command words.
     let mut pre = Options::new();
     global_opts(&mut pre);
@@ -616,6 +625,20 @@ mod tests {
 
     fn no_env(_: &str) -> Option<String> {
         None
+    }
+
+    #[test]
+    fn version_flag_prints_the_version() {
+        for flag in ["--version", "-version"] {
+            let Err(ArgError::Help(text)) = parse(&argv(flag), &no_env) else {
+                panic!("{flag} did not print the version");
+            };
+            assert_eq!(text, format!("gombus {}\n", env!("CARGO_PKG_VERSION")));
+        }
+        let Err(ArgError::Help(help)) = parse(&argv("--help"), &no_env) else {
+            panic!("no help");
+        };
+        assert!(help.contains("gombus --version"), "{help}");
     }
 
     #[test]
