@@ -95,3 +95,59 @@ bench-cluster: build
 clean:
 	$(CARGO) clean
 	rm -rf bin
+
+# Installing on a host. `make install` (PREFIX=/usr/local, DESTDIR to
+# stage) puts the static binaries in $(BINDIR) as gombus-broker and
+# gombus, the systemd units gombus.service and gombus@.service in
+# $(UNITDIR), the environment file $(SYSCONFDIR)/gombus/gombus.env (mode
+# 0600; an existing one is kept) and README and docs in $(DOCDIR).
+# `make dist` packs the same files, units set for the default PREFIX, into
+# $(DIST_OUT)/gombus-VERSION-x86_64-linux.tar.gz with a SHA256SUMS inside.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+SYSCONFDIR ?= /etc
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+DOCDIR ?= $(PREFIX)/share/doc/gombus
+INSTALL ?= install
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)
+DIST := gombus-$(VERSION)-x86_64-linux
+DIST_OUT ?= $(CURDIR)
+UNITS := gombus.service gombus@.service
+DOCS := README.md docs/DESIGN.md docs/OPERATIONS.md docs/PROTOCOL.md
+# Fills in the paths the units and their comments name.
+UNIT_PATHS = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
+	-e 's|@DOCDIR@|$(DOCDIR)|g'
+
+.PHONY: install dist
+
+install: build
+	$(INSTALL) -d -m 0755 $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR)
+	$(INSTALL) -d -m 0755 $(DESTDIR)$(SYSCONFDIR)/gombus
+	$(INSTALL) -m 0755 $(BIN) $(DESTDIR)$(BINDIR)/gombus-broker
+	$(INSTALL) -m 0755 $(CLI) $(DESTDIR)$(BINDIR)/gombus
+	for u in $(UNITS); do \
+	  $(UNIT_PATHS) dist/systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u.new && \
+	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$u.new && \
+	  mv $(DESTDIR)$(UNITDIR)/$$u.new $(DESTDIR)$(UNITDIR)/$$u || exit 1; \
+	done
+	[ -e $(DESTDIR)$(SYSCONFDIR)/gombus/gombus.env ] || \
+	  $(INSTALL) -m 0600 dist/systemd/gombus.env $(DESTDIR)$(SYSCONFDIR)/gombus/gombus.env
+	$(INSTALL) -m 0644 $(DOCS) $(DESTDIR)$(DOCDIR)/
+
+dist: build
+	rm -rf $(DIST_OUT)/$(DIST)
+	mkdir -p $(DIST_OUT)/$(DIST)/bin $(DIST_OUT)/$(DIST)/systemd $(DIST_OUT)/$(DIST)/docs
+	cp $(BIN) $(DIST_OUT)/$(DIST)/bin/gombus-broker
+	cp $(CLI) $(DIST_OUT)/$(DIST)/bin/gombus
+	for u in $(UNITS); do \
+	  $(UNIT_PATHS) dist/systemd/$$u > $(DIST_OUT)/$(DIST)/systemd/$$u || exit 1; \
+	done
+	cp dist/systemd/gombus.env $(DIST_OUT)/$(DIST)/systemd/gombus.env
+	cp README.md $(DIST_OUT)/$(DIST)/
+	cp docs/*.md $(DIST_OUT)/$(DIST)/docs/
+	cd $(DIST_OUT)/$(DIST) && find . -type f ! -name SHA256SUMS | sed 's|^\./||' | LC_ALL=C sort \
+	  | xargs sha256sum > SHA256SUMS
+	tar -C $(DIST_OUT) --sort=name --owner=0 --group=0 --numeric-owner \
+	  -czf $(DIST_OUT)/$(DIST).tar.gz $(DIST)
+	rm -rf $(DIST_OUT)/$(DIST)
+	@echo "$(DIST_OUT)/$(DIST).tar.gz"

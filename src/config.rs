@@ -1848,6 +1848,23 @@ mod tests {
         assert!(parse_with_env(argv(&[]), env).is_ok());
     }
 
+    /// The environment file installed with the systemd units names every
+    /// variable the broker reads.
+    #[test]
+    fn the_installed_environment_file_names_every_variable() {
+        let file = include_str!("../dist/systemd/gombus.env");
+        for f in FLAGS
+            .iter()
+            .filter(|f| matches!(f.kind, Kind::Value | Kind::Bool))
+        {
+            let var = env_var_name(f.name);
+            assert!(
+                file.contains(&format!("#{var}=")) || file.contains(&format!("\n{var}=")),
+                "dist/systemd/gombus.env does not mention {var}"
+            );
+        }
+    }
+
     #[test]
     fn invalid_display() {
         let e = ConfigError::Invalid("-addr: bad".into());

@@ -42,8 +42,14 @@ impl Broker {
     pub fn start_with_env(extra_args: &[&str], env: &[(&str, &str)]) -> Broker {
         let bin = std::env::var("GOMBUS_BIN")
             .unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string());
+        Broker::start_program(&bin, extra_args, env)
+    }
+
+    /// [`Broker::start_with_env`] with the broker binary at `bin` (e.g. an
+    /// installed copy).
+    pub fn start_program(bin: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Broker {
         let data_dir = fresh_dir();
-        let mut child = Command::new(&bin)
+        let mut child = Command::new(bin)
             .arg("-addr=127.0.0.1:0")
             .arg("-node-id=test")
             .arg(format!("-data={}", data_dir.display()))
