@@ -59,10 +59,12 @@ peers() {
     (IFS=,; echo "${list[*]}")
 }
 
-others() {
+# Every node's HTTP address as the launch lines write it:
+# n1=http://127.0.0.1:8081/socket.io,... (each node skips its own entry).
+urls() {
     local n list=()
     for n in "${nodes[@]}"; do
-        [[ "${n}" == "$1" ]] || list+=("${http[${n}]}")
+        list+=("${n}=http://${http[${n}]}/socket.io")
     done
     (IFS=,; echo "${list[*]}")
 }
@@ -81,7 +83,7 @@ start_node() {
         -data="${dir}/${n}" \
         -raft-addr="${raft[${n}]}" \
         -raft-peers="$(peers)" \
-        -cluster="$(others "${n}")" \
+        -cluster="$(urls)" \
         -bootstrap \
         -control-token="${token}" \
         </dev/null >>"${log}" 2>&1 &
