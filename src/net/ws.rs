@@ -356,7 +356,7 @@ mod tests {
             "dGhlIHNhbXBsZSBub25jZQ=",      // half the padding
             "dGhlIHNhbXBsZSBub25jZXg=",     // 17 bytes
             "dGhlIHNhbXBsZSBub25j",         // 15 bytes
-            "dGhlIHNhbXBsZSBub25jZQ==AAAA", // 19 bytes
+            "dGhlIHNhbXBsZSBub25jZQ==AAAA", // data after the padding
             "dGhlIHNhbXBsZSBub25-ZQ==",     // URL-safe alphabet
             "dGhlIHNhbXBsZSBub25jZ===",     // padding inside the data
             "dGhlIHNhbXBsZSBub25jZQ==\u{e9}",
