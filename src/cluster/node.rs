@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 use mio::Waker;
 
 use super::raft::{self, Config, ProposeError, Proposed, Raft, Role, Status};
+use super::raft_auth::ClusterKey;
 use super::raft_log::{self, DurableLog, LogStore, MemoryLog, StateFile};
 use super::raft_msg::{EntryKind, NodeId};
-use super::raft_transport::{Transport, TransportConfig};
+use super::raft_transport::{Transport, TransportConfig, TransportStats};
 
 /// What the broker asks of the Raft thread.
 pub enum ToRaft {
@@ -78,6 +79,8 @@ pub struct View {
     pub peers: Vec<PeerView>,
     /// Raft messages the transport dropped because a peer's queue was full.
     pub dropped: u64,
+    /// The transport's counters (handshakes refused, messages rejected).
+    pub transport: TransportStats,
 }
 
 /// How to start a node.
@@ -91,6 +94,11 @@ pub struct NodeConfig {
     pub data: PathBuf,
     pub memory_log: bool,
     pub bootstrap: bool,
+    /// The cluster secret every Raft connection proves it holds (none:
+    /// no handshake, anyone who reaches the Raft port takes part).
+    pub secret: Option<ClusterKey>,
+    /// Members' names, for log lines.
+    pub names: BTreeMap<NodeId, String>,
 }
 
 /// The broker's handle on the Raft thread.
@@ -133,8 +141,10 @@ impl RaftNode {
             .filter(|(id, _)| **id != cfg.id)
             .map(|(id, a)| (*id, *a))
             .collect();
-        let net = Transport::bind(TransportConfig::new(cfg.id, cfg.listen, peers))
-            .map_err(|e| format!("raft listen {}: {e}", cfg.listen))?;
+        let mut tcfg = TransportConfig::new(cfg.id, cfg.listen, peers);
+        tcfg.secret = cfg.secret.clone();
+        tcfg.names = cfg.names.clone();
+        let net = Transport::bind(tcfg).map_err(|e| format!("raft listen {}: {e}", cfg.listen))?;
         let wake_raft = net.waker();
         let (tx, in_rx) = mpsc::channel();
         let (out_tx, rx) = mpsc::channel();
@@ -224,6 +234,7 @@ fn view_of(core: &Raft, net: &Transport) -> View {
         last_index: core.last_index(),
         peers,
         dropped: net.stats().dropped_full,
+        transport: net.stats(),
     }
 }
 
