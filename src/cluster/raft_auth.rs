@@ -256,6 +256,7 @@ pub fn decode(body: &[u8]) -> Result<Frame, Refused> {
 mod tests {
     use super::*;
     use crate::cluster::raft_msg::{self, Body, Message};
+    use crate::crypto::hex;
 
     fn transcript() -> Transcript {
         Transcript {
@@ -304,6 +305,46 @@ mod tests {
         );
         // Cut short: wait for more.
         assert_eq!(read_frame(&out[..10], DIALER_PROOF_BYTES), Ok(None));
+    }
+
+    /// The example of docs/PROTOCOL.md ("Node-to-node trust"), byte for
+    /// byte: secret `secret`, node 1 dials node 2, nonces 0x11… and 0x22….
+    #[test]
+    fn the_documented_example() {
+        let key = ClusterKey::new(b"secret");
+        let t = transcript();
+        let mut out = Vec::new();
+        encode_dialer_hello(&mut out, 1, 2, &t.dialer_nonce);
+        assert_eq!(
+            hex(&out),
+            format!(
+                "360000004e622a1247425241010101000000000000000200000000000000{}",
+                "11".repeat(32)
+            )
+        );
+        let pa = proof(&key, Role::Acceptor, &t);
+        assert_eq!(
+            hex(&pa),
+            "de15550b067c83b57491d4a969b7059dfb0089b68cc2a3bfde6fdb3c9f1229ab"
+        );
+        out.clear();
+        encode_acceptor_hello(&mut out, 2, 1, &t.acceptor_nonce, &pa);
+        assert_eq!(
+            hex(&out),
+            format!(
+                "56000000b6eab81047425241010202000000000000000100000000000000{}{}",
+                "22".repeat(32),
+                hex(&pa)
+            )
+        );
+        let pd = proof(&key, Role::Dialer, &t);
+        out.clear();
+        encode_dialer_proof(&mut out, &pd);
+        assert_eq!(
+            hex(&out),
+            "260000003443c67d474252410103\
+             cc72fc1550300423786f2d14a6fed3f01e82135f8b5b1a839c01d0c2ea19935e"
+        );
     }
 
     #[test]

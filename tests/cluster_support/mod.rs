@@ -56,11 +56,17 @@ struct Proc {
     stopped: bool,
 }
 
+/// Changes the flags node `i` is started with (see [`Cluster::prepare`]).
+pub type ArgsEdit = Box<dyn Fn(usize, &mut Vec<String>) + Send + Sync>;
+
 /// Three brokers forming one Raft group.
 pub struct Cluster {
     /// `127.0.0.1:PORT` of each node's HTTP / Socket.IO listener.
     pub http: Vec<String>,
-    raft: Vec<String>,
+    /// `127.0.0.1:PORT` of each node's Raft listener.
+    pub raft: Vec<String>,
+    /// Applied to every node's flags at each start.
+    pub edit_args: Option<ArgsEdit>,
     root: PathBuf,
     procs: Vec<Option<Proc>>,
     logs: Vec<Arc<Mutex<VecDeque<String>>>>,
@@ -72,6 +78,16 @@ impl Cluster {
     /// Starts n1..n3 and waits (bounded) until all of them listen and
     /// agree on a leader.
     pub fn start() -> Cluster {
+        let mut cluster = Cluster::prepare();
+        cluster.launch();
+        cluster.await_leader(&[0, 1, 2], LEADER_WAIT);
+        cluster.await_healthy(&[0, 1, 2], LEADER_WAIT);
+        cluster
+    }
+
+    /// Picks the ports and the data root, starting nothing: set
+    /// `edit_args`, then [`Cluster::launch`].
+    pub fn prepare() -> Cluster {
         let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let http: Vec<String> = (0..3)
             .map(|_| format!("127.0.0.1:{}", free_port()))
@@ -87,23 +103,25 @@ impl Cluster {
         let root =
             std::env::temp_dir().join(format!("gombus-cluster-{}-{n}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&root).expect("cannot create the cluster's data root");
-        let mut cluster = Cluster {
+        Cluster {
             http,
             raft,
+            edit_args: None,
             root,
             procs: (0..3).map(|_| None).collect(),
             logs: (0..3)
                 .map(|_| Arc::new(Mutex::new(VecDeque::new())))
                 .collect(),
             _turn: turn,
-        };
-        let waits: Vec<_> = (0..3).map(|i| cluster.spawn(i)).collect();
-        for (i, lines) in waits.into_iter().enumerate() {
-            cluster.await_listening(i, &lines);
         }
-        cluster.await_leader(&[0, 1, 2], LEADER_WAIT);
-        cluster.await_healthy(&[0, 1, 2], LEADER_WAIT);
-        cluster
+    }
+
+    /// Starts every node and waits (bounded) until each listens.
+    pub fn launch(&mut self) {
+        let waits: Vec<_> = (0..3).map(|i| self.spawn(i)).collect();
+        for (i, lines) in waits.into_iter().enumerate() {
+            self.await_listening(i, &lines);
+        }
     }
 
     /// Waits until `/healthz` answers 200 on every node in `nodes` (a
@@ -137,7 +155,7 @@ impl Cluster {
             .map(|j| self.http[j].clone())
             .collect::<Vec<_>>()
             .join(",");
-        vec![
+        let mut args = vec![
             format!("-node-id={}", IDS[i]),
             format!("-addr={}", self.http[i]),
             format!("-data={}", self.root.join(IDS[i]).display()),
@@ -146,7 +164,11 @@ impl Cluster {
             format!("-cluster={others}"),
             "-bootstrap".to_string(),
             format!("-control-token={CONTROL_TOKEN}"),
-        ]
+        ];
+        if let Some(edit) = &self.edit_args {
+            edit(i, &mut args);
+        }
+        args
     }
 
     fn spawn(&mut self, i: usize) -> mpsc::Receiver<String> {
