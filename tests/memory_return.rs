@@ -1,9 +1,9 @@
 //! Memory comes back after a burst: connections that each send most of a
-//! large WebSocket frame make the broker hold past 200 MB of input; once
-//! they are gone, the
-//! broker's resident memory must fall back within twice its idle baseline
-//! plus 16 MiB, within 30 s (docs/DESIGN.md, Memory bounds). What the
-//! allocator keeps of freed memory is otherwise the host's loss.
+//! WebSocket frame make the broker hold past 200 MB of input, and a client
+//! connects while they are there; once they are gone, the broker's
+//! resident memory must fall back within twice its idle baseline plus
+//! 16 MiB, within 30 s (docs/DESIGN.md, Memory bounds). What the allocator
+//! keeps of freed memory is otherwise the host's loss.
 //!
 //! Every wait is a bounded polling loop on /proc/PID/status.
 

@@ -296,8 +296,8 @@ impl<H: Handler> Server<H> {
             }
             self.finish_closing(now);
             self.resume_stalled(now);
-            if self.trimmer.turn(now) {
-                crate::log_debug!("returned freed heap memory to the system");
+            if let Some(took) = self.trimmer.turn(now) {
+                crate::log_debug!("returned freed heap memory to the system in {took:?}");
             }
             if self.stop.load(Ordering::Acquire) {
                 return self.shutdown();

@@ -15,8 +15,10 @@ use std::time::{Duration, Instant};
 
 /// How often the allocator's free memory is looked at, at most.
 pub const TRIM_EVERY: Duration = Duration::from_secs(1);
-/// Newly freed bytes that make a trim worth its cost.
-pub const TRIM_FREED_MIN: usize = 4 << 20;
+/// Newly freed bytes that make a trim worth its cost. Under steady load
+/// buffers come and go by a few MiB; this keeps such churn from trimming
+/// every second while a burst's end still trims at once.
+pub const TRIM_FREED_MIN: usize = 8 << 20;
 
 /// glibc's `struct mallinfo2` (glibc 2.33 and later).
 #[repr(C)]
@@ -92,20 +94,21 @@ impl Trimmer {
     }
 
     /// Once per loop turn; trims when a look is due and enough was freed.
-    /// True if it trimmed.
-    pub fn turn(&mut self, now: Instant) -> bool {
+    /// The time the trim took, if it trimmed.
+    pub fn turn(&mut self, now: Instant) -> Option<Duration> {
         if now < self.next_look {
-            return false;
+            return None;
         }
         self.next_look = now + TRIM_EVERY;
         self.armed = false;
         let free = free_bytes();
         if !should_trim(free, &mut self.low) {
-            return false;
+            return None;
         }
+        let started = Instant::now();
         trim();
         self.trims += 1;
-        true
+        Some(started.elapsed())
     }
 }
 
@@ -127,20 +130,20 @@ mod tests {
     #[test]
     fn trims_only_after_enough_was_freed() {
         let mut low = 10 << 20;
-        assert!(!should_trim(12 << 20, &mut low), "2 MiB freed: not yet");
+        assert!(!should_trim(15 << 20, &mut low), "5 MiB freed: not yet");
         assert_eq!(low, 10 << 20);
-        assert!(should_trim(15 << 20, &mut low), "5 MiB freed");
-        assert!(!should_trim(15 << 20, &mut low), "nothing new since");
+        assert!(should_trim(19 << 20, &mut low), "9 MiB freed");
+        assert!(!should_trim(19 << 20, &mut low), "nothing new since");
         assert!(!should_trim(2 << 20, &mut low), "reused");
         assert_eq!(low, 2 << 20);
-        assert!(should_trim(7 << 20, &mut low), "freed again after reuse");
+        assert!(should_trim(11 << 20, &mut low), "freed again after reuse");
     }
 
     #[test]
     fn looks_at_most_once_per_interval_and_disarms() {
         let start = Instant::now();
         let mut t = Trimmer::new(start);
-        assert!(!t.turn(start), "not due yet");
+        assert!(t.turn(start).is_none(), "not due yet");
         t.arm();
         assert_eq!(t.next_deadline(), Some(start + TRIM_EVERY));
         // Free a good amount of small chunks the allocator keeps.
@@ -148,6 +151,6 @@ mod tests {
         drop(chunks);
         t.turn(start + TRIM_EVERY);
         assert_eq!(t.next_deadline(), None, "disarmed after a look");
-        assert!(!t.turn(start + TRIM_EVERY), "rate-limited");
+        assert!(t.turn(start + TRIM_EVERY).is_none(), "rate-limited");
     }
 }
