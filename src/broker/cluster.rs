@@ -259,8 +259,6 @@ impl Cluster {
         kind | self.next_tag
     }
 
-    /// Socket `conn` closed: nothing waiting is answered on it any more
-    /// (its slot may be reused by another socket).
     /// Forgets what waits for `conn`'s socket in `/` (it ended): replies
     /// to its changes, and relayed stream events and gathers.
     pub fn forget_root(&mut self, conn: ConnId) {
@@ -276,6 +274,8 @@ impl Cluster {
         self.gathers.retain(|_, g| g.conn != conn);
     }
 
+    /// Socket `conn` closed: nothing waiting is answered on it any more
+    /// (its slot may be reused by another socket).
     pub fn forget_conn(&mut self, conn: ConnId) {
         for w in self.waiters.values_mut() {
             if w.reply.as_ref().is_some_and(|r| r.conn == conn) {
