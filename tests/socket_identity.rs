@@ -377,7 +377,7 @@ struct Actor {
 
 const ACTORS: usize = 5;
 const SUBJECTS: u64 = 4;
-const OPS: usize = 600;
+const OPS: usize = 2000;
 const CHECK_EVERY: usize = 25;
 
 fn checkpoint(addr: &str, actors: &mut [Option<Actor>], seed: u64, op: usize) {
