@@ -5,10 +5,11 @@
 //!
 //! - The hostile sequence `40`, `421["sub",…]`, `40`, close, on WebSocket
 //!   and on polling (all of it in one POST), for Engine.IO v4 and v3; then
-//!   an unmodified python-socketio client connects (and so takes the
-//!   connection slot the hostile client left), a third client publishes to
-//!   the hostile client's subject, and the bystander must receive nothing
-//!   but its own messages; the subscription count must hold only its one.
+//!   bystanders connect, an unmodified python-socketio client and three raw
+//!   ones (one of them takes the connection slot the hostile client left),
+//!   a third client publishes to the hostile client's subject, and every
+//!   bystander must receive nothing but its own messages; the subscription
+//!   count must hold only the bystanders' own.
 //! - A seeded, bounded random interleaving of connects, repeated connects,
 //!   leaves, subscribes, unsubscribes, closes and publishes across raw
 //!   clients: at every checkpoint each live socket has received exactly the
@@ -31,6 +32,7 @@ use std::time::{Duration, Instant};
 use common::raw_ws::{Ws, WAIT};
 use common::Broker;
 use serde_json::Value;
+
 /// Bound on the python bystander's start (interpreter, import, connect).
 const PY_START: Duration = Duration::from_secs(20);
 const SECRET: &str = "secret.x";
