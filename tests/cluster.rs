@@ -16,6 +16,8 @@
 //! the route exists.
 
 mod cluster_support;
+#[path = "common/raw_ws.rs"]
+mod raw_ws;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -201,6 +203,12 @@ fn shared_cluster_cases() {
     step(&mut failed, "status_agrees_on_all_nodes", || {
         status_agrees(&c)
     });
+    // Before any other step has subscribed: it counts subscriptions.
+    step(
+        &mut failed,
+        "a_repeated_connect_on_n1_leaves_no_subscription_on_any_node",
+        || repeated_connect_across_nodes(&c),
+    );
     step(&mut failed, "publish_on_n1_and_n3_reaches_n2", || {
         pubsub_across_nodes(&c)
     });
@@ -227,6 +235,60 @@ fn shared_cluster_cases() {
         python_across_nodes(&c)
     });
     finish(&failed);
+}
+
+/// docs/PROTOCOL.md §2: a repeated CONNECT to `/` replaces the socket,
+/// and what the old one held is removed through the replicated path; a
+/// later connection on the same node (and slot) gets none of it. Runs
+/// while no other client holds subscriptions, so the counts are its own.
+fn repeated_connect_across_nodes(c: &Cluster) {
+    let controls: Vec<Client> = (0..3).map(|i| c.control(i)).collect();
+    let before: Vec<u64> = controls.iter().map(subscription_count).collect();
+    let settle = |extra: u64, what: &str| {
+        let deadline = Instant::now() + LEADER_WAIT;
+        for (i, control) in controls.iter().enumerate() {
+            loop {
+                let n = subscription_count(control);
+                if n == before[i] + extra {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{what}: node {} counts {n} subscriptions, expected {}",
+                    IDS[i],
+                    before[i] + extra
+                );
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    let mut a = raw_ws::Ws::join(&c.http[0]);
+    let ack = a.call("sub", r#"{"subject":"cl.secret","sid":"orphan"}"#);
+    assert_eq!(ack["ok"], true, "{ack}");
+    settle(1, "after the subscribe");
+    let again = a.connect();
+    assert!(again.starts_with("0{\"sid\":"), "{again}");
+    settle(0, "after the repeated CONNECT");
+    let ack = a.call("sub", r#"{"subject":"cl.secret","sid":"orphan2"}"#);
+    assert_eq!(ack["ok"], true, "{ack}");
+    settle(1, "after a subscribe on the new socket");
+    a.close();
+    settle(0, "after the close");
+    // A bystander on n1 gets nothing of it; the mark comes after.
+    let mut b = raw_ws::Ws::join(&c.http[0]);
+    let ack = b.call("sub", r#"{"subject":"cl.mark","sid":"mine"}"#);
+    assert_eq!(ack["ok"], true, "{ack}");
+    settle(1, "after the bystander's subscribe");
+    let publisher = c.client(1);
+    publisher
+        .publish("cl.secret", json!("not for you"))
+        .expect("publish");
+    publisher.publish("cl.mark", json!("end")).expect("publish");
+    b.next(|p| p.contains("\"subject\":\"cl.mark\""));
+    let msgs = b.take_msgs();
+    assert!(msgs.is_empty(), "the bystander also got {msgs:?}");
+    b.close();
+    settle(0, "after the bystander left");
 }
 
 fn status_agrees(c: &Cluster) {

@@ -267,6 +267,21 @@ impl Cluster {
         kind | self.next_tag
     }
 
+    /// Forgets what waits for `conn`'s socket in `/` (it ended): replies
+    /// to its changes, and relayed stream events and gathers.
+    pub fn forget_root(&mut self, conn: ConnId) {
+        for w in self.waiters.values_mut() {
+            if w.reply
+                .as_ref()
+                .is_some_and(|r| r.conn == conn && r.nsp == super::session::NSP_ROOT)
+            {
+                w.reply = None;
+            }
+        }
+        self.relays.retain(|_, r| r.conn != conn);
+        self.gathers.retain(|_, g| g.conn != conn);
+    }
+
     /// Socket `conn` closed: nothing waiting is answered on it any more
     /// (its slot may be reused by another socket).
     pub fn forget_conn(&mut self, conn: ConnId) {

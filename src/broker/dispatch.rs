@@ -235,7 +235,14 @@ impl Broker {
             return;
         };
         if p.nsp == NSP_ROOT {
-            session.root = true;
+            let again = std::mem::replace(&mut session.root, true);
+            if again {
+                // A CONNECT to `/` on a socket already in it replaces the
+                // socket: everything the old one held goes first, exactly
+                // as when it leaves (docs/PROTOCOL.md §2).
+                crate::log_debug!("conn {conn} joined / again: replacing its socket");
+                self.end_root_socket(io, conn);
+            }
             self.join_root(conn);
         } else {
             session.control = true;
@@ -255,7 +262,7 @@ impl Broker {
         match nsp {
             NSP_ROOT if session.root => {
                 session.root = false;
-                self.drop_root_state(io, conn);
+                self.end_root_socket(io, conn);
             }
             NSP_CONTROL => session.control = false,
             _ => {}
@@ -278,8 +285,16 @@ impl Broker {
         (serial != 0).then(|| self.fsm.subs.local_owner(serial))
     }
 
-    fn drop_root_state(&mut self, io: &mut Io<'_>, conn: ConnId) {
+    /// Ends this connection's socket in `/` (it left, closed, or joined
+    /// again): its waiting requests, stream acks and fetches, relayed
+    /// answers and subscriptions go, so nothing meant for it can reach a
+    /// later socket on the same connection or slot.
+    fn end_root_socket(&mut self, io: &mut Io<'_>, conn: ConnId) {
         self.requests.drop_conn(conn);
+        self.streams.closed(conn);
+        if let Some(c) = self.cluster.as_mut() {
+            c.forget_root(conn);
+        }
         let Some(owner) = self.owner(conn) else {
             return;
         };
@@ -822,7 +837,7 @@ impl Broker {
     }
 
     fn send_to(&mut self, io: &mut Io<'_>, key: SubKey, out: &Out<'_>) -> bool {
-        let Some(s) = self.fsm.subs.deliverable(key) else {
+        let Some(s) = self.fsm.subs.target(key) else {
             return false;
         };
         let conn = s.conn;
@@ -1053,8 +1068,7 @@ impl Handler for Broker {
 
     fn closed(&mut self, io: &mut Io<'_>, conn: ConnId) {
         crate::log_debug!("conn {conn} closed");
-        self.drop_root_state(io, conn);
-        self.streams.closed(conn);
+        self.end_root_socket(io, conn);
         if let Some(c) = self.cluster.as_mut() {
             c.forget_conn(conn);
         }

@@ -83,6 +83,13 @@ impl Broker {
     /// `cluster.status` reports) and one sample per stream and consumer.
     pub fn metric_families(&self) -> Vec<Family> {
         let mut families = self.node_families();
+        families.push(
+            Family::counter(
+                "gombus_stale_subscriptions_dropped_total",
+                "Subscriptions dropped at delivery because their socket no longer held its connection slot.",
+            )
+            .with(vec![], self.fsm.subs.stale_dropped as f64),
+        );
         families.extend(stream_families(&self.streams.overview()));
         families
     }

@@ -184,7 +184,7 @@ pub(super) fn push_one(
                     continue;
                 }
             };
-            let Some(s) = subs.deliverable(key) else {
+            let Some(s) = subs.target(key) else {
                 continue;
             };
             let conn = s.conn;

@@ -5,6 +5,13 @@
 //! every node holds every node's subscriptions, each marked with its
 //! [`Owner`]. Only the owning node delivers to a subscription: it maps the
 //! owner's connection serial back to its live socket.
+//!
+//! A delivery is checked against the socket's identity right before it is
+//! written: the subscription names its connection slot and its socket's
+//! serial, and the table knows which serial holds each slot now. A slot
+//! that changed hands (the socket closed or joined `/` afresh) makes the
+//! subscription stale: it is dropped, never delivered to whoever holds the
+//! slot now.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -112,6 +119,11 @@ pub struct SubTable {
     me: u64,
     /// This node's open connections: serial -> socket.
     local_conns: HashMap<u64, ConnId>,
+    /// Per connection slot: the serial of the socket in `/` on it now (0
+    /// when none). A delivery goes out only if it names this serial.
+    slots: Vec<u64>,
+    /// Subscriptions found stale at delivery time and dropped.
+    pub stale_dropped: u64,
     /// Subscriptions whose `max` was used up by a delivery: the removals
     /// the broker still has to apply (or propose) through the one path.
     pub ended: Vec<Command>,
@@ -143,9 +155,13 @@ impl SubTable {
     pub fn clear_replicated(&mut self) {
         let me = self.me;
         let local_conns = std::mem::take(&mut self.local_conns);
+        let slots = std::mem::take(&mut self.slots);
+        let stale_dropped = self.stale_dropped;
         *self = SubTable {
             me,
             local_conns,
+            slots,
+            stale_dropped,
             ..SubTable::default()
         };
     }
@@ -153,12 +169,20 @@ impl SubTable {
     /// Records that this node's connection `serial` is socket `conn`.
     pub fn attach_local(&mut self, serial: u64, conn: ConnId) {
         self.local_conns.insert(serial, conn);
+        if self.slots.len() <= conn {
+            self.slots.resize(conn + 1, 0);
+        }
+        self.slots[conn] = serial;
     }
 
     /// This node's connection `serial` closed: its subscriptions stop
     /// receiving at once, before their removal is applied.
     pub fn detach_local(&mut self, serial: u64) {
-        self.local_conns.remove(&serial);
+        if let Some(conn) = self.local_conns.remove(&serial) {
+            if let Some(on_slot) = self.slots.get_mut(conn).filter(|s| **s == serial) {
+                *on_slot = 0;
+            }
+        }
         let owner = self.local_owner(serial);
         let keys: Vec<SubKey> = self
             .by_conn
@@ -350,10 +374,46 @@ impl SubTable {
     }
 
     /// Whether `key` may receive here: it exists, this node owns it, its
-    /// socket is open and its `max` is not used up (a used-up one waits
-    /// for its removal to be applied).
+    /// socket is open and still holds the slot it names, and its `max` is
+    /// not used up (a used-up one waits for its removal to be applied).
     pub fn deliverable(&self, key: SubKey) -> Option<&Subscription> {
-        self.get(key).filter(|s| s.local && s.remaining != Some(0))
+        self.get(key)
+            .filter(|s| s.local && s.remaining != Some(0) && self.holds_slot(s))
+    }
+
+    /// Whether the socket `s` was made on is the one on its slot now.
+    fn holds_slot(&self, s: &Subscription) -> bool {
+        self.slots.get(s.conn) == Some(&s.owner.conn)
+    }
+
+    /// [`SubTable::deliverable`], called right before a delivery is
+    /// written. A subscription whose slot changed hands is stale: its
+    /// owner's subscriptions stop receiving and their removal is queued in
+    /// `ended` (the one removal path); it is never delivered.
+    pub fn target(&mut self, key: SubKey) -> Option<&Subscription> {
+        let s = self.get(key)?;
+        if s.local && !self.holds_slot(s) {
+            let owner = s.owner;
+            let mut dropped = 0;
+            for k in self
+                .by_conn
+                .get(&owner)
+                .into_iter()
+                .flat_map(|m| m.values())
+            {
+                if let Some(Some(sub)) = self.subs.get_mut(*k as usize) {
+                    dropped += u64::from(std::mem::take(&mut sub.local));
+                }
+            }
+            self.stale_dropped += dropped;
+            self.ended.push(Command::RemoveConn { owner });
+            crate::log_warn!(
+                "dropped {dropped} stale subscriptions of socket {:x}",
+                owner.conn
+            );
+            return None;
+        }
+        self.deliverable(key)
     }
 
     /// Every subscription, in key order (for snapshots and listings).
@@ -550,6 +610,46 @@ mod owner_tests {
         t.detach_local(boot | 1);
         assert!(m.plain.iter().all(|&k| t.deliverable(k).is_none()));
         assert_eq!(t.len(), 2, "closing stops delivery; removal is a command");
+    }
+
+    #[test]
+    fn a_slot_that_changed_hands_never_receives_an_old_subscription() {
+        let boot = 7u64 << 32;
+        let mut t = SubTable::new(1);
+        // Socket serial 1 on slot 3 subscribes; serial 2 takes the slot
+        // without serial 1 having been detached.
+        t.attach_local(boot | 1, 3);
+        t.apply(sub(1, boot | 1, "old")).unwrap();
+        t.apply(sub(1, boot | 1, "old2")).unwrap();
+        t.attach_local(boot | 2, 3);
+        t.apply(sub(1, boot | 2, "new")).unwrap();
+        let m = t.matches("x");
+        let mut sent: Vec<String> = Vec::new();
+        for &k in &m.plain {
+            if let Some(s) = t.target(k) {
+                assert_eq!(s.conn, 3);
+                sent.push(s.sid.to_string());
+            }
+        }
+        assert_eq!(sent, vec!["new".to_string()]);
+        assert_eq!(t.stale_dropped, 2, "both of the old socket's");
+        assert_eq!(
+            t.ended,
+            vec![Command::RemoveConn {
+                owner: Owner {
+                    node: 1,
+                    conn: boot | 1
+                }
+            }]
+        );
+        for cmd in std::mem::take(&mut t.ended) {
+            t.apply(cmd).unwrap();
+        }
+        assert_eq!(t.len(), 1);
+        // Detaching the old serial now leaves the new holder in place.
+        t.detach_local(boot | 1);
+        let k = t.matches("x").plain[0];
+        assert!(t.deliverable(k).is_some());
     }
 
     #[test]

@@ -97,7 +97,11 @@ impl HttpError {
 /// has arrived yet. On success, also returns the bytes the head used.
 pub fn parse_request(buf: &[u8]) -> Result<Option<(Request, usize)>, HttpError> {
     let Some(end) = find_head_end(buf) else {
-        return if buf.len() > HEAD_BYTES_MAX {
+        // A head with bare-LF line endings would never end: refuse it now
+        // rather than at the idle cut.
+        return if has_bare_lf(&buf[..buf.len().min(HEAD_BYTES_MAX + 1)]) {
+            Err(HttpError::BadRequest)
+        } else if buf.len() > HEAD_BYTES_MAX {
             Err(HttpError::HeadTooLarge)
         } else {
             Ok(None)
@@ -105,6 +109,9 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<(Request, usize)>, HttpError> 
     };
     if end > HEAD_BYTES_MAX {
         return Err(HttpError::HeadTooLarge);
+    }
+    if has_bare_lf(&buf[..end]) {
+        return Err(HttpError::BadRequest);
     }
     let head = std::str::from_utf8(&buf[..end]).map_err(|_| HttpError::BadRequest)?;
     let mut lines = head.split("\r\n").filter(|l| !l.is_empty());
@@ -146,6 +153,14 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<(Request, usize)>, HttpError> 
         minor,
     };
     Ok(Some((req, end)))
+}
+
+/// Whether a line ends in LF without the CR before it (RFC 9112 §2.2 lets
+/// a server refuse that; the broker does, at once).
+fn has_bare_lf(head: &[u8]) -> bool {
+    head.iter()
+        .enumerate()
+        .any(|(i, &b)| b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
 }
 
 /// Index just past the blank line that ends the head, if present.
@@ -286,6 +301,18 @@ mod tests {
         );
         let big = vec![b'a'; HEAD_BYTES_MAX + 1];
         assert_eq!(parse_request(&big), Err(HttpError::HeadTooLarge));
+        for bare in [
+            &b"GET / HTTP/1.1\nHost: x\n\n"[..],
+            b"GET / HTTP/1.1\nHost: x",
+            b"GET / HTTP/1.1\r\nHost: x\n\r\n\r\n",
+            b"\n",
+        ] {
+            assert_eq!(
+                parse_request(bare).unwrap_err(),
+                HttpError::BadRequest,
+                "{bare:?}"
+            );
+        }
         let mut many = b"GET / HTTP/1.1\r\n".to_vec();
         for i in 0..=HEADERS_MAX {
             many.extend_from_slice(format!("h{i}: v\r\n").as_bytes());

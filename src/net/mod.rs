@@ -8,6 +8,7 @@
 //! - [`ws`]: WebSocket framing over tungstenite's frame codec.
 //! - [`conn`]: one connection's buffers and state, and [`Io`], the handle a
 //!   [`Handler`] uses to write to connections.
+//! - [`trim`]: handing memory a burst freed back to the system.
 //!
 //! A [`Handler`] (the broker, or the conformance fixture) sees Engine.IO
 //! messages and HTTP requests, never bytes of framing.
@@ -16,6 +17,7 @@ pub mod http;
 pub mod polling;
 pub mod server;
 pub mod signal;
+pub mod trim;
 pub mod ws;
 
 use std::sync::Arc;

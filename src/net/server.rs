@@ -103,6 +103,7 @@ pub struct Server<H: Handler> {
     sid_rng: u64,
     waker: Arc<Waker>,
     stop: Arc<AtomicBool>,
+    trimmer: super::trim::Trimmer,
 }
 
 /// Asks a running [`Server`] to shut down; cheap to clone, usable from
@@ -234,6 +235,7 @@ impl<H: Handler> Server<H> {
             sid_rng: random_seed(),
             waker,
             stop: Arc::new(AtomicBool::new(false)),
+            trimmer: super::trim::Trimmer::new(Instant::now()),
         })
     }
 
@@ -302,6 +304,9 @@ impl<H: Handler> Server<H> {
             }
             self.finish_closing(now);
             self.resume_stalled(now);
+            if let Some(took) = self.trimmer.turn(now) {
+                crate::log_debug!("returned freed heap memory to the system in {took:?}");
+            }
             if self.stop.load(Ordering::Acquire) {
                 return self.shutdown();
             }
@@ -436,10 +441,10 @@ impl<H: Handler> Server<H> {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let next = match (next_timer, self.handler.next_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let next = [self.handler.next_deadline(), self.trimmer.next_deadline()]
+            .into_iter()
+            .flatten()
+            .fold(next_timer, |next, at| Some(next.map_or(at, |n| n.min(at))));
         next.map(|at| at.saturating_duration_since(Instant::now()))
     }
 
@@ -1645,6 +1650,7 @@ impl<H: Handler> Server<H> {
                 self.shell.stats.connections_open -= 1;
             }
             self.shell.free.push(id);
+            self.trimmer.arm();
             self.unlink(id, &mut c, now);
             if c.session {
                 self.shell.stats.sessions_open -= 1;

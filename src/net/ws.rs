@@ -128,7 +128,10 @@ impl Decoder {
                 Ok(match c {
                     Control::Ping => on_event(WsEvent::Ping(payload)),
                     Control::Pong => on_event(WsEvent::Pong),
-                    Control::Close => on_event(WsEvent::Close),
+                    Control::Close => {
+                        check_close(payload)?;
+                        on_event(WsEvent::Close)
+                    }
                     Control::Reserved(_) => return Err(WsError::Protocol("reserved opcode")),
                 })
             }
@@ -159,6 +162,24 @@ impl Decoder {
                 Ok(Flow::Continue)
             }
             OpCode::Data(Data::Reserved(_)) => Err(WsError::Protocol("reserved opcode")),
+        }
+    }
+}
+
+/// A client's close payload (RFC 6455 §5.5.1, §7.4): empty, or a status
+/// code a peer may send followed by UTF-8. One byte, or a code that is
+/// reserved, unassigned or only for local use (0–999, 1004–1006, 1014,
+/// 1015, 1016–2999, 5000 and above), is a protocol error: answered 1002.
+fn check_close(payload: &[u8]) -> Result<(), WsError> {
+    match payload {
+        [] => Ok(()),
+        [_] => Err(WsError::Protocol("close payload of one byte")),
+        [hi, lo, reason @ ..] => {
+            if !CloseCode::from(u16::from_be_bytes([*hi, *lo])).is_allowed() {
+                return Err(WsError::Protocol("close code not allowed"));
+            }
+            std::str::from_utf8(reason).map_err(|_| WsError::BadUtf8)?;
+            Ok(())
         }
     }
 }
@@ -428,6 +449,38 @@ mod tests {
             collect(&mut Decoder::default(), &mut frag_over, 1000).0,
             Err(WsError::TooBig)
         );
+    }
+
+    #[test]
+    fn close_payloads_follow_rfc_6455() {
+        let close = |payload: &[u8]| {
+            let mut buf = client_frame(true, 8, payload, [9, 8, 7, 6]);
+            collect(&mut Decoder::default(), &mut buf, 1000)
+                .0
+                .map(|_| ())
+        };
+        for ok in [
+            0u16, 1000, 1001, 1002, 1003, 1007, 1011, 1012, 1013, 3000, 4999,
+        ] {
+            let payload = if ok == 0 {
+                vec![]
+            } else {
+                ok.to_be_bytes().to_vec()
+            };
+            assert_eq!(close(&payload), Ok(()), "{ok}");
+        }
+        for bad in [
+            0u16, 999, 1004, 1005, 1006, 1014, 1015, 1016, 2999, 5000, 65535,
+        ] {
+            assert!(
+                matches!(close(&bad.to_be_bytes()), Err(WsError::Protocol(_))),
+                "{bad}"
+            );
+        }
+        assert!(matches!(close(&[3]), Err(WsError::Protocol(_))));
+        let mut bad_reason = 1000u16.to_be_bytes().to_vec();
+        bad_reason.extend_from_slice(&[0xff, 0xfe]);
+        assert_eq!(close(&bad_reason), Err(WsError::BadUtf8));
     }
 
     #[test]

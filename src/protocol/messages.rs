@@ -190,7 +190,30 @@ pub fn event_arg<'a, T: Deserialize<'a>>(data: &'a str) -> Result<T, ArgError> {
         Err(e) if e.classify() == serde_json::error::Category::Data => Err(ArgError::Api(
             ApiError::new(Code::BadRequest, format!("bad arguments: {e}")),
         )),
+        // A syntax error may come from the argument's shape rather than
+        // the JSON: an argument array with more values than the request
+        // has fields, or a number out of range. Only JSON that does not
+        // parse at all (checked again, off the hot path) closes.
+        Err(e) if well_formed(data) => Err(ArgError::Api(ApiError::new(
+            Code::BadRequest,
+            shape_message(&e),
+        ))),
         Err(_) => Err(ArgError::Malformed),
+    }
+}
+
+/// Whether `data` is one JSON value, whatever its shape.
+fn well_formed(data: &str) -> bool {
+    serde_json::from_str::<serde::de::IgnoredAny>(data).is_ok()
+}
+
+/// The `bad_request` message for a well-formed argument that failed with
+/// what serde calls a syntax error.
+fn shape_message(e: &serde_json::Error) -> String {
+    if e.to_string().starts_with("trailing characters") {
+        "bad arguments: the argument array has more values than the request has fields".into()
+    } else {
+        format!("bad arguments: {e}")
     }
 }
 
@@ -220,6 +243,43 @@ mod event_arg_tests {
         ));
         assert!(matches!(
             event_arg::<Pub>(r#"["pub",{"subject":"a"}] x"#),
+            Err(ArgError::Malformed)
+        ));
+    }
+
+    #[test]
+    fn an_argument_array_too_long_is_a_bad_request_not_a_broken_packet() {
+        for data in [
+            r#"["pub",["a.b",1,"r.x",{},5]]"#,
+            r#"["sub",["a.b","s1","q",2,"x"]]"#,
+            r#"["unsub",["s1",1,2]]"#,
+        ] {
+            let e = match data {
+                d if d.starts_with(r#"["pub""#) => event_arg::<Pub>(d).map(|_| ()),
+                d if d.starts_with(r#"["sub""#) => event_arg::<Sub>(d).map(|_| ()),
+                d => event_arg::<Unsub>(d).map(|_| ()),
+            };
+            match e {
+                Err(ArgError::Api(e)) => {
+                    assert_eq!(e.code, Code::BadRequest, "{data}");
+                    assert!(e.message.contains("more values"), "{data}: {}", e.message);
+                }
+                other => panic!("{data}: {other:?}"),
+            }
+        }
+        // Shorter arrays were already refused as bad arguments.
+        assert!(matches!(
+            event_arg::<Pub>(r#"["pub",[]]"#),
+            Err(ArgError::Api(_))
+        ));
+        // A number out of range is a bad argument too.
+        assert!(matches!(
+            event_arg::<Sub>(r#"["sub",{"subject":"a","max":1e400}]"#),
+            Err(ArgError::Api(_))
+        ));
+        // Broken JSON still closes.
+        assert!(matches!(
+            event_arg::<Pub>(r#"["pub",["a.b",1,]]"#),
             Err(ArgError::Malformed)
         ));
     }

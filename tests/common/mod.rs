@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // Each test binary uses a different part of it.
 
+pub mod raw_ws;
+
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
