@@ -31,6 +31,8 @@ pub enum Event<'a> {
 pub enum Proto {
     Sio,
     Nats,
+    /// NATS over WebSocket.
+    NatsWs,
 }
 
 impl Proto {
@@ -38,6 +40,7 @@ impl Proto {
         match self {
             Proto::Sio => "sio",
             Proto::Nats => "nats",
+            Proto::NatsWs => "nats-ws",
         }
     }
 }
@@ -86,7 +89,8 @@ impl Conn {
         let t = Duration::from_secs(10);
         Ok(match proto {
             Proto::Sio => Conn::Sio(Box::new(Sio::connect(addr, small, t)?)),
-            Proto::Nats => Conn::Nats(Nats::connect(addr, small, t)?),
+            Proto::Nats => Conn::Nats(Nats::connect(addr, false, small, t)?),
+            Proto::NatsWs => Conn::Nats(Nats::connect(addr, true, small, t)?),
         })
     }
 

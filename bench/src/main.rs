@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! loadgen suite                  every run, peer and workload (settings from the environment)
-//! loadgen run WORKLOAD --proto sio|nats --addr HOST:PORT [options]
+//! loadgen run WORKLOAD --proto sio|nats|nats-ws --addr HOST:PORT [options]
 //! loadgen report FILE.jsonl...   the table of medians of earlier results
 //! ```
 //!
@@ -24,7 +24,7 @@ use serde_json::Value;
 
 const USAGE: &str = "usage:
   loadgen suite
-  loadgen run fanout|queue|reqrep|stream|conns --proto sio|nats --addr HOST:PORT
+  loadgen run fanout|queue|reqrep|stream|conns --proto sio|nats|nats-ws --addr HOST:PORT
               [--sub-addr HOST:PORT,...] [--server-pid PID,...] [--msgs N] [--size S]
               [--subs K] [--window W] [--batch B] [--conns C] [--warm]
   loadgen report FILE.jsonl...
@@ -113,7 +113,8 @@ fn run(args: &[String]) -> ExitCode {
                     s.proto = match v.as_str() {
                         "sio" => conn::Proto::Sio,
                         "nats" => conn::Proto::Nats,
-                        _ => return Err("--proto is sio or nats".into()),
+                        "nats-ws" => conn::Proto::NatsWs,
+                        _ => return Err("--proto is sio, nats or nats-ws".into()),
                     }
                 }
                 "--addr" => s.pub_addr = v.clone(),

@@ -1,12 +1,17 @@
-//! The NATS client protocol over TCP: a pure parser of what the server
-//! sends (INFO, MSG, PING, PONG, +OK, -ERR) and a blocking connection that
-//! speaks CONNECT, SUB, PUB and PING. Replies to this connection's
-//! requests come to one wildcard inbox, `_INBOX.<random>.<id>`.
+//! The NATS client protocol: a pure parser of what the server sends
+//! (INFO, MSG, PING, PONG, +OK, -ERR) and a blocking connection that
+//! speaks CONNECT, SUB, PUB and PING, over plain TCP or over WebSocket
+//! (the same byte stream in binary frames, one frame per write, as NATS'
+//! own WebSocket clients send it). Replies to this connection's requests
+//! come to one wildcard inbox, `_INBOX.<random>.<id>`.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::ops::Range;
 use std::time::Duration;
+
+use tungstenite::protocol::WebSocketConfig;
+use tungstenite::{Bytes, Message, WebSocket};
 
 use crate::conn::{fail, Event};
 
@@ -105,9 +110,61 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Op, usize)>, String> {
     Ok(Some((op, next)))
 }
 
+/// What carries the protocol's bytes.
+enum Carrier {
+    Tcp(TcpStream),
+    /// A WebSocket and the part of the last frame not yet read.
+    Ws(Box<WebSocket<TcpStream>>, Bytes),
+}
+
+impl Carrier {
+    fn read(&mut self, into: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Carrier::Tcp(s) => s.read(into),
+            Carrier::Ws(ws, rest) => {
+                while rest.is_empty() {
+                    match ws.read().map_err(ws_err)? {
+                        Message::Binary(b) => *rest = b,
+                        Message::Text(t) => *rest = t.into(),
+                        Message::Close(_) => return Ok(0),
+                        _ => {}
+                    }
+                }
+                let n = into.len().min(rest.len());
+                into[..n].copy_from_slice(&rest[..n]);
+                *rest = rest.slice(n..);
+                Ok(n)
+            }
+        }
+    }
+
+    fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+        match self {
+            Carrier::Tcp(s) => s.write_all(data),
+            Carrier::Ws(ws, _) => ws
+                .send(Message::Binary(Bytes::copy_from_slice(data)))
+                .map_err(ws_err),
+        }
+    }
+
+    fn socket(&self) -> &TcpStream {
+        match self {
+            Carrier::Tcp(s) => s,
+            Carrier::Ws(ws, _) => ws.get_ref(),
+        }
+    }
+}
+
+fn ws_err(e: tungstenite::Error) -> io::Error {
+    match e {
+        tungstenite::Error::Io(e) => e,
+        other => fail(other.to_string()),
+    }
+}
+
 /// A blocking NATS connection.
 pub struct Nats {
-    sock: TcpStream,
+    sock: Carrier,
     out: Vec<u8>,
     buf: Vec<u8>,
     start: usize,
@@ -120,8 +177,24 @@ pub struct Nats {
 impl Nats {
     /// Connects, reads INFO, sends CONNECT and waits for the PONG that
     /// confirms it. `small` keeps the read buffer small (idle connections).
-    pub fn connect(addr: &str, small: bool, timeout: Duration) -> io::Result<Nats> {
-        let sock = crate::conn::tcp(addr, timeout)?;
+    /// With `ws`, over WebSocket at `ws://addr/`.
+    pub fn connect(addr: &str, ws: bool, small: bool, timeout: Duration) -> io::Result<Nats> {
+        let tcp = crate::conn::tcp(addr, timeout)?;
+        let sock = if ws {
+            let cfg = if small {
+                WebSocketConfig::default()
+                    .read_buffer_size(4096)
+                    .write_buffer_size(0)
+            } else {
+                WebSocketConfig::default().write_buffer_size(0)
+            };
+            let (ws, _) =
+                tungstenite::client::client_with_config(format!("ws://{addr}/"), tcp, Some(cfg))
+                    .map_err(|e| fail(format!("WebSocket handshake with {addr}: {e}")))?;
+            Carrier::Ws(Box::new(ws), Bytes::new())
+        } else {
+            Carrier::Tcp(tcp)
+        };
         let room = if small { 1024 } else { 256 * 1024 };
         let inbox = format!("_INBOX.{:016x}", crate::conn::random_u64());
         let mut c = Nats {
@@ -319,7 +392,7 @@ impl Nats {
     }
 
     pub fn socket(&self) -> &TcpStream {
-        &self.sock
+        self.sock.socket()
     }
 }
 

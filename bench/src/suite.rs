@@ -22,7 +22,7 @@ use crate::work::{self, Spec};
 
 /// Workloads run when WORKLOADS is not set.
 pub const DEFAULT_WORKLOADS: &str = "fanout queue reqrep stream conns fanout3";
-pub const DEFAULT_PEERS: &str = "gombus nats sio-relay";
+pub const DEFAULT_PEERS: &str = "gombus nats nats-ws sio-relay";
 
 pub struct Settings {
     pub runs: u32,
@@ -108,9 +108,9 @@ impl Settings {
             }
         }
         for p in &s.peers {
-            if !["gombus", "nats", "sio-relay"].contains(&p.as_str()) {
+            if !["gombus", "nats", "nats-ws", "sio-relay"].contains(&p.as_str()) {
                 return Err(format!(
-                    "unknown peer {p:?} in PEERS (gombus, nats, sio-relay)"
+                    "unknown peer {p:?} in PEERS (gombus, nats, nats-ws, sio-relay)"
                 ));
             }
         }
@@ -304,12 +304,23 @@ pub fn start(set: &Settings, peer: &str, mode: Mode, tag: &str) -> Result<Runnin
                 c.args(&set.gombus_args);
                 c
             }
-            "nats" => {
-                let mut c = Command::new(&set.nats_server);
-                c.args(["-a", "127.0.0.1", "-p", &ports[i].to_string()]);
-                if mode == Mode::Stream {
-                    c.arg("-js").arg("-sd").arg(scratch.join("js"));
+            "nats" | "nats-ws" => {
+                // Defaults everywhere, loopback only; nats-ws adds a plain
+                // ws:// listener without compression, and the clients use it.
+                let mut conf = format!("listen: 127.0.0.1:{}\n", ports[i]);
+                if peer == "nats-ws" {
+                    conf.push_str(&format!("websocket {{\n  listen: \"{}\"\n  no_tls: true\n  compression: false\n}}\n", routes[i]));
                 }
+                if mode == Mode::Stream {
+                    conf.push_str(&format!(
+                        "jetstream {{\n  store_dir: \"{}\"\n}}\n",
+                        scratch.join("js").display()
+                    ));
+                }
+                let path = scratch.join(format!("nats-n{}.conf", i + 1));
+                fs::write(&path, conf).map_err(|e| format!("{}: {e}", path.display()))?;
+                let mut c = Command::new(&set.nats_server);
+                c.arg("-c").arg(&path);
                 if mode == Mode::Cluster {
                     c.args(["-n", &format!("n{}", i + 1), "--cluster_name", "bench"])
                         .arg(format!("--cluster=nats://{}", routes[i]))
@@ -335,6 +346,13 @@ pub fn start(set: &Settings, peer: &str, mode: Mode, tag: &str) -> Result<Runnin
         scratch: Some(scratch),
     };
     let ready = wait_ports(&mut r).and_then(|_| {
+        // nats-ws' clients use the WebSocket listener, which nats-server
+        // opens before it serves anyone: the TCP port (opened last) was
+        // waited for above.
+        if peer == "nats-ws" {
+            r.addrs = routes.clone();
+            wait_ports(&mut r)?;
+        }
         if peer == "gombus" && mode == Mode::Cluster {
             let deadline = Instant::now() + set.cluster_wait;
             for a in r.addrs.clone() {
@@ -369,7 +387,7 @@ pub fn unavailable(set: &Settings, peer: &str) -> Option<String> {
             Some(p) if !p.is_file() => Some(format!("{} does not exist", p.display())),
             _ => None,
         },
-        "nats" => find_program(&set.nats_server)
+        "nats" | "nats-ws" => find_program(&set.nats_server)
             .is_none()
             .then(|| format!("{} not found", set.nats_server)),
         "sio-relay" => {
@@ -391,6 +409,7 @@ pub fn not_supported(peer: &str, workload: &str) -> Option<&'static str> {
     match (peer, workload) {
         ("sio-relay", "stream") => Some("the relay has no streams"),
         ("sio-relay", "fanout3") => Some("the relay has no clustering"),
+        ("nats-ws", "fanout3") => Some("the cluster workload compares gombus with nats over TCP"),
         // Extension point: replicated streams on three nodes.
         (_, "stream3") => Some("stream3 is not built yet"),
         _ => None,
@@ -398,10 +417,10 @@ pub fn not_supported(peer: &str, workload: &str) -> Option<&'static str> {
 }
 
 fn spec(set: &Settings, peer: &str, r: &Running, workload: &str) -> Spec {
-    let proto = if peer == "nats" {
-        Proto::Nats
-    } else {
-        Proto::Sio
+    let proto = match peer {
+        "nats" => Proto::Nats,
+        "nats-ws" => Proto::NatsWs,
+        _ => Proto::Sio,
     };
     let cluster = r.addrs.len() > 1;
     let msgs = match workload {
