@@ -137,14 +137,67 @@ pub fn find_program(prog: &str) -> Option<PathBuf> {
     })
 }
 
-/// `n` loopback ports that are free now (all held until every one is chosen).
+/// `n` loopback ports that are free now, picked at random below the
+/// kernel's ephemeral range (32768 and up), so that no client connection
+/// of this or another program takes one as its source port meanwhile.
 pub fn free_ports(n: usize) -> Result<Vec<u16>, String> {
-    let ls: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}")))
-        .collect::<Result<_, _>>()?;
-    ls.iter()
-        .map(|l| l.local_addr().map(|a| a.port()).map_err(|e| e.to_string()))
+    let mut held: Vec<TcpListener> = Vec::new();
+    let mut ports = Vec::new();
+    let mut tries = 0;
+    while ports.len() < n {
+        tries += 1;
+        if tries > 1000 {
+            return Err("no free loopback port between 20000 and 32000".into());
+        }
+        let p = 20000 + (crate::conn::random_u64() % 12000) as u16;
+        if ports.contains(&p) {
+            continue;
+        }
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", p)) {
+            held.push(l);
+            ports.push(p);
+        }
+    }
+    Ok(ports)
+}
+
+/// Socket inodes listening on 127.0.0.1:`port` or any address (from
+/// /proc/net/tcp: state 0A is LISTEN).
+fn listening_inodes(port: u16) -> Vec<u64> {
+    let text = fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let want = [
+        format!("0100007F:{port:04X}"),
+        format!("00000000:{port:04X}"),
+    ];
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 9 && f[3] == "0A" && want.iter().any(|w| w == f[1]))
+                .then(|| f[9].parse().ok())?
+        })
         .collect()
+}
+
+/// Whether process `pid` holds the socket listening on `port`: the port
+/// answered, but it must be our peer that answers, not another program.
+fn listens(pid: u32, port: u16) -> bool {
+    let inodes = listening_inodes(port);
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|e| {
+        fs::read_link(e.path())
+            .ok()
+            .and_then(|t| {
+                let t = t.to_string_lossy().into_owned();
+                t.strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .is_some_and(|i| inodes.contains(&i))
+    })
 }
 
 /// A started peer: its processes (a cluster: one per node, n1 first) and
@@ -214,13 +267,26 @@ fn spawn(cmd: &mut Command, log: &Path) -> Result<Child, String> {
         .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))
 }
 
-/// Waits until every address accepts connections (at most 10 s).
+/// Waits until every address accepts connections (at most 10 s), served
+/// by the process started for it (a cluster: node i serves address i).
 fn wait_ports(r: &mut Running) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(10);
-    for a in r.addrs.clone() {
+    for (i, a) in r.addrs.clone().into_iter().enumerate() {
+        let pid = r.procs[i.min(r.procs.len() - 1)].0.id();
+        let port: u16 = a
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
         loop {
             if TcpStream::connect(&a).is_ok() {
-                break;
+                if listens(pid, port) {
+                    break;
+                }
+                r.check_alive()?;
+                if Instant::now() > deadline {
+                    return Err(format!("another program than ours listens on {a}"));
+                }
             }
             r.check_alive()?;
             if Instant::now() > deadline {
@@ -600,4 +666,38 @@ pub fn summary(row: &Value) -> String {
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_and_bindable() {
+        let ports = free_ports(6).unwrap();
+        for (i, p) in ports.iter().enumerate() {
+            assert!((20000..32000).contains(p));
+            assert!(!ports[..i].contains(p));
+        }
+        TcpListener::bind(("127.0.0.1", ports[0])).expect("still free");
+    }
+
+    #[test]
+    fn a_listener_is_known_by_its_owner() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert!(listens(std::process::id(), port));
+        // PID 1 is not us and does not hold this socket.
+        assert!(!listens(1, port));
+        drop(l);
+        assert!(!listens(std::process::id(), port));
+    }
+
+    #[test]
+    fn peers_skip_what_they_lack() {
+        assert!(not_supported("sio-relay", "stream").is_some());
+        assert!(not_supported("gombus", "stream3").is_some());
+        assert!(not_supported("gombus", "fanout3").is_none());
+        assert!(not_supported("nats", "stream").is_none());
+    }
 }
