@@ -42,6 +42,26 @@ pub fn own_cpu_secs() -> f64 {
     cpu_secs(std::process::id()).unwrap_or(0.0)
 }
 
+/// The host's (busy, total) CPU time in ticks over all CPUs, from the
+/// first line of /proc/stat (idle and iowait count as not busy).
+pub fn host_ticks() -> Option<(u64, u64)> {
+    let s = fs::read_to_string("/proc/stat").ok()?;
+    parse_host_ticks(s.lines().next()?)
+}
+
+pub fn parse_host_ticks(line: &str) -> Option<(u64, u64)> {
+    let mut f = line.split_whitespace();
+    if f.next()? != "cpu" {
+        return None;
+    }
+    // user nice system idle iowait irq softirq steal (guest time is
+    // already inside user).
+    let v: Vec<u64> = f.take(8).map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let total: u64 = v.iter().sum();
+    let idle = v.get(3)? + v.get(4)?;
+    Some((total - idle, total))
+}
+
 /// Resident memory of a process in bytes.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -94,6 +114,14 @@ mod tests {
                     731 96 0 0 20 0 3 0 5000 10000000 2000 rest";
         assert_eq!(parse_stat_ticks(line), Some(827));
         assert_eq!(parse_stat_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn host_busy_time() {
+        let line = "cpu  100 5 50 800 40 3 2 0 0 0";
+        assert_eq!(parse_host_ticks(line), Some((160, 1000)));
+        assert_eq!(parse_host_ticks("cpu0 1 2 3 4 5 6 7 8"), None);
+        assert!(host_ticks().is_some());
     }
 
     #[test]

@@ -36,6 +36,7 @@ const COLUMNS: &[(&str, &str)] = &[
     ("server CPU µs/msg", "server_cpu_us_per_msg"),
     ("server CPU %", "server_cpu_pct"),
     ("loadgen CPU %", "loadgen_cpu_pct"),
+    ("other CPU %", "other_cpu_pct"),
     ("p50 µs", "p50_us"),
     ("p99 µs", "p99_us"),
     ("bytes/conn", "bytes_per_conn"),

@@ -56,6 +56,7 @@ struct Clock {
     t0: Instant,
     srv0: Option<f64>,
     own0: f64,
+    host0: Option<(u64, u64)>,
 }
 
 impl Clock {
@@ -63,6 +64,7 @@ impl Clock {
         Clock {
             srv0: cpu::cpu_secs_sum(pids),
             own0: cpu::own_cpu_secs(),
+            host0: cpu::host_ticks(),
             t0: Instant::now(),
         }
     }
