@@ -93,6 +93,23 @@ impl Clock {
             "loadgen_cpu_pct".into(),
             json!(round(100.0 * own / secs.max(1e-9), 1)),
         );
+        // What else kept the host busy over the phase (other programs,
+        // kernel work charged to nobody), in % of one core: noise.
+        if let (Some((b0, t0)), Some((b1, t1))) = (self.host0, cpu::host_ticks()) {
+            if t1 > t0 {
+                let cores = cpu::all_cpus().len() as f64;
+                let busy_cores = (b1 - b0) as f64 / (t1 - t0) as f64 * cores;
+                let ours = (srv.unwrap_or(0.0) + own) / secs.max(1e-9);
+                row.insert(
+                    "host_busy_pct".into(),
+                    json!(round(100.0 * busy_cores / cores, 1)),
+                );
+                row.insert(
+                    "other_cpu_pct".into(),
+                    json!(round((100.0 * (busy_cores - ours)).max(0.0), 1)),
+                );
+            }
+        }
     }
 }
 
