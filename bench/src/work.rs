@@ -72,8 +72,10 @@ impl Clock {
     /// Adds elapsed_s, server CPU (% of a core and µs per `units`) and own
     /// CPU to `row`, for a phase that took `secs`.
     fn finish(&self, pids: &[u32], secs: f64, units: u64, row: &mut Map<String, Value>) {
+        // CPU time comes in ticks of 10 ms: over a shorter phase than
+        // 0.25 s the figures would say little, so they are left out.
         let srv = match (self.srv0, cpu::cpu_secs_sum(pids)) {
-            (Some(a), Some(b)) if !pids.is_empty() => Some(b - a),
+            (Some(a), Some(b)) if !pids.is_empty() && secs >= 0.25 => Some(b - a),
             _ => None,
         };
         let own = cpu::own_cpu_secs() - self.own0;
@@ -91,12 +93,12 @@ impl Clock {
         );
         row.insert(
             "loadgen_cpu_pct".into(),
-            json!(round(100.0 * own / secs.max(1e-9), 1)),
+            json!((secs >= 0.25).then(|| round(100.0 * own / secs, 1))),
         );
         // What else kept the host busy over the phase (other programs,
         // kernel work charged to nobody), in % of one core: noise.
         if let (Some((b0, t0)), Some((b1, t1))) = (self.host0, cpu::host_ticks()) {
-            if t1 > t0 {
+            if t1 > t0 && secs >= 0.25 {
                 let cores = cpu::all_cpus().len() as f64;
                 let busy_cores = (b1 - b0) as f64 / (t1 - t0) as f64 * cores;
                 let ours = (srv.unwrap_or(0.0) + own) / secs.max(1e-9);

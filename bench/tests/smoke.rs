@@ -67,7 +67,9 @@ fn every_workload_against_gombus() {
         assert_eq!(r["ok"], Value::Bool(true), "{r}");
         assert_eq!(r["peer"], "gombus");
         assert_eq!(r["lost"], 0, "{r}");
-        assert!(r["server_cpu_s"].as_f64().is_some(), "no server CPU in {r}");
+        assert!(r["elapsed_s"].as_f64().unwrap() > 0.0, "{r}");
+        // Present, but null for phases too short for CPU ticks to say much.
+        assert!(r.get("server_cpu_us_per_msg").is_some(), "{r}");
     }
     assert!(rows[0]["deliveries_per_s"].as_f64().unwrap() > 0.0);
     assert!(rows[2]["p99_us"].as_u64().unwrap() >= rows[2]["p50_us"].as_u64().unwrap());
