@@ -47,7 +47,9 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Op, usize)>, String> {
         .unwrap_or(line.len());
     let verb = &line[..word_end];
     if verb.eq_ignore_ascii_case(b"MSG") {
-        let mut fields = Vec::with_capacity(4);
+        // At most four fields: subject, sid, [reply,] size.
+        let mut fields: [Range<usize>; 5] = Default::default();
+        let mut count = 0;
         let mut i = word_end;
         while i < line.len() {
             while i < line.len() && (line[i] == b' ' || line[i] == b'\t') {
@@ -58,10 +60,14 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Op, usize)>, String> {
                 i += 1;
             }
             if s < i {
-                fields.push(s..i);
+                if count == fields.len() {
+                    return Err(format!("bad MSG line {:?}", String::from_utf8_lossy(line)));
+                }
+                fields[count] = s..i;
+                count += 1;
             }
         }
-        let (subject, reply, len) = match fields.len() {
+        let (subject, reply, len) = match count {
             3 => (fields[0].clone(), None, fields[2].clone()),
             4 => (
                 fields[0].clone(),
@@ -160,6 +166,21 @@ fn ws_err(e: tungstenite::Error) -> io::Error {
         tungstenite::Error::Io(e) => e,
         other => fail(other.to_string()),
     }
+}
+
+/// Appends `n` in decimal without allocating.
+fn push_decimal(o: &mut Vec<u8>, mut n: u64) {
+    let mut d = [0u8; 20];
+    let mut i = d.len();
+    loop {
+        i -= 1;
+        d[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    o.extend_from_slice(&d[i..]);
 }
 
 /// A blocking NATS connection.
@@ -353,10 +374,10 @@ impl Nats {
             o.push(b' ');
             o.extend_from_slice(self.inbox.as_bytes());
             o.push(b'.');
-            o.extend_from_slice(id.to_string().as_bytes());
+            push_decimal(o, id);
         }
         o.push(b' ');
-        o.extend_from_slice(data.len().to_string().as_bytes());
+        push_decimal(o, data.len() as u64);
         o.extend_from_slice(b"\r\n");
         o.extend_from_slice(data);
         o.extend_from_slice(b"\r\n");
@@ -433,6 +454,16 @@ mod tests {
             o => panic!("{o:?}"),
         }
         assert_eq!(parse(&buf[n + m..]).unwrap(), Some((Op::Ping, 6)));
+    }
+
+    #[test]
+    fn decimals() {
+        let mut v = Vec::new();
+        for n in [0, 7, 128, u64::MAX] {
+            v.clear();
+            push_decimal(&mut v, n);
+            assert_eq!(v, n.to_string().as_bytes());
+        }
     }
 
     #[test]

@@ -169,12 +169,20 @@ struct Heard {
     error: Option<String>,
 }
 
+/// A queue member's delivery count, on a cache line of its own so that
+/// members do not slow each other down.
+#[repr(align(128))]
+#[derive(Default)]
+struct Slot(AtomicU64);
+
 /// Reads deliveries until it has all `n` (fanout), the group has them all
-/// (queue: `total` reaches `n`), `stop` is set, or nothing comes for STALL.
+/// (queue: the members' `slots` add up to `n`; looked at every 64
+/// deliveries and whenever nothing comes), `stop` is set, or nothing comes
+/// for STALL.
 fn receive(
     mut c: Conn,
     n: u64,
-    total: Option<Arc<AtomicU64>>,
+    slots: Option<(Arc<Vec<Slot>>, usize)>,
     warm: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
 ) -> Heard {
@@ -185,11 +193,23 @@ fn receive(
     };
     let mut warmed = false;
     let mut progress = Instant::now();
-    let done = |h: &Heard| match &total {
-        Some(t) => t.load(Ordering::Relaxed) >= n,
-        None => h.tally.complete(),
+    let group_done = |slots: &Vec<Slot>| {
+        slots
+            .iter()
+            .map(|s| s.0.load(Ordering::Relaxed))
+            .sum::<u64>()
+            >= n
     };
-    while !done(&h) && !stop.load(Ordering::Relaxed) {
+    let mut check = true;
+    loop {
+        let done = match &slots {
+            Some((all, _)) => check && group_done(all),
+            None => h.tally.complete(),
+        };
+        if done || stop.load(Ordering::Relaxed) {
+            break;
+        }
+        check = false;
         match c.next() {
             Ok(Event::Msg { data, .. }) => {
                 if payload::is_warm(data) {
@@ -203,12 +223,15 @@ fn receive(
                 let now = Instant::now();
                 h.last = Some(now);
                 progress = now;
-                if let Some(t) = &total {
-                    t.fetch_add(1, Ordering::Relaxed);
+                if let Some((all, i)) = &slots {
+                    let got = h.tally.distinct + h.tally.dup + h.tally.bad;
+                    all[*i].0.store(got, Ordering::Relaxed);
+                    check = got.is_multiple_of(64);
                 }
             }
             Ok(_) => {}
             Err(e) if timed_out(&e) => {
+                check = true;
                 if progress.elapsed() > STALL && (warmed || warm.load(Ordering::Relaxed) == 0) {
                     h.error = Some(format!("no delivery for {} s", STALL.as_secs()));
                     break;
@@ -246,7 +269,7 @@ fn warm_up(p: &mut Conn, subject: &[u8], size: usize, heard: &AtomicU64, want: u
 pub fn fanout(s: &Spec, queue: bool, name: &str) -> Res<Value> {
     let subject = if queue { "bench.queue" } else { "bench.fanout" };
     let (n, k) = (s.msgs, s.subs.max(1));
-    let total = queue.then(|| Arc::new(AtomicU64::new(0)));
+    let slots = queue.then(|| Arc::new((0..k).map(|_| Slot::default()).collect::<Vec<_>>()));
     let warm = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut receivers = Vec::new();
@@ -256,8 +279,9 @@ pub fn fanout(s: &Spec, queue: bool, name: &str) -> Res<Value> {
             .map_err(|e| format!("subscriber {i} at {addr}: {e}"))?;
         c.subscribe(subject, queue.then_some("q"), 1).map_err(e2s)?;
         c.set_read_timeout(SLICE).map_err(e2s)?;
-        let (total, warm, stop) = (total.clone(), warm.clone(), stop.clone());
-        receivers.push(thread::spawn(move || receive(c, n, total, warm, stop)));
+        let slots = slots.clone().map(|all| (all, i as usize));
+        let (warm, stop) = (warm.clone(), stop.clone());
+        receivers.push(thread::spawn(move || receive(c, n, slots, warm, stop)));
     }
     let run = || -> Res<(Clock, f64)> {
         let mut p = Conn::connect(s.proto, &s.pub_addr, false).map_err(e2s)?;
