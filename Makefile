@@ -68,20 +68,22 @@ sim:
 conformance:
 	$(CARGO) run --release --example conformance
 
-# Side-by-side load test against nats-server and a Node socket.io relay
-# (needs nats-server and Node.js): every workload, including stream
-# (acknowledged publishes, 128 B, default -sync=always); then the stream
-# workload again at 4 KiB, and at both sizes under -sync=100ms; then
-# fetch + ack throughput of a pull consumer under -sync=always and 100ms.
-# BENCH_STREAM_VARIANTS=0 skips the extra stream runs.
-WORKLOADS ?= fanout queue reqrep stream conns
+# The project's side-by-side benchmark (scripts/bench.sh, bench/): gombus
+# against nats-server and a plain Node socket.io relay, same client work,
+# workloads fanout, queue, reqrep, stream, conns and fanout3 (a three-node
+# cluster); medians over RUNS (3) with server CPU per message, under
+# $GOMBUS_BENCH_DIR (default /tmp/gombus-bench-own). A missing nats-server or
+# Node skips that peer. Then, unless BENCH_STREAM_VARIANTS=0, the stream
+# workload again at 4 KiB, and for gombus at both sizes under -sync=100ms;
+# then fetch + ack throughput of a pull consumer (scripts/stream-bench.sh).
+# Knobs (RUNS, PEERS, WORKLOADS, *_MSGS, SIZE, ...): docs/PERFORMANCE.md.
 BENCH_STREAM_VARIANTS ?= 1
 bench: build
-	GOMBUS_BIN=$(CURDIR)/$(BIN) WORKLOADS="$(WORKLOADS)" ../shared/bench/run.sh
+	GOMBUS_BIN=$(CURDIR)/$(BIN) scripts/bench.sh
 	if [ "$(BENCH_STREAM_VARIANTS)" = 1 ]; then \
-	  GOMBUS_BIN=$(CURDIR)/$(BIN) WORKLOADS=stream SIZE=4096 ../shared/bench/run.sh && \
-	  GOMBUS_BIN=$(CURDIR)/$(BIN) WORKLOADS=stream PEERS=gombus GOMBUS_ARGS=-sync=100ms ../shared/bench/run.sh && \
-	  GOMBUS_BIN=$(CURDIR)/$(BIN) WORKLOADS=stream PEERS=gombus GOMBUS_ARGS=-sync=100ms SIZE=4096 ../shared/bench/run.sh; \
+	  GOMBUS_BIN=$(CURDIR)/$(BIN) WORKLOADS=stream SIZE=4096 scripts/bench.sh && \
+	  GOMBUS_BIN=$(CURDIR)/$(BIN) WORKLOADS=stream PEERS=gombus GOMBUS_ARGS=-sync=100ms scripts/bench.sh && \
+	  GOMBUS_BIN=$(CURDIR)/$(BIN) WORKLOADS=stream PEERS=gombus GOMBUS_ARGS=-sync=100ms SIZE=4096 scripts/bench.sh; \
 	fi
 	GOMBUS_BIN=$(CURDIR)/$(BIN) scripts/stream-bench.sh
 

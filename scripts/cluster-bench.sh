@@ -39,13 +39,13 @@
 #   PORT_BASE       HTTP ports PORT_BASE+1..3, Raft +11..13, standalone +20
 #                                                                   [7400]
 #   RAFT_LOG        -raft-log of the cluster nodes               [durable]
-#   LOADGEN         the shared load generator's binary (/work/shared/bench
-#                   builds it as $BENCH_WORK/target/release/loadgen); when
-#                   set, fan-out also runs it against the standalone node
-#                   and n1 with LOADGEN_MSGS messages (it cannot put its
-#                   subscribers on another node, and needs far less CPU
-#                   than the gombus client, so it shows the brokers'
-#                   limit)                                       [unset, 500000]
+#   LOADGEN         the benchmark's load generator (bench/; scripts/bench.sh
+#                   builds it as $GOMBUS_BENCH_DIR/target/release/loadgen);
+#                   when set, fan-out also runs it against the standalone
+#                   node and n1 with LOADGEN_MSGS messages (publisher and
+#                   subscribers on one node; it needs far less CPU than the
+#                   gombus client, so it shows the brokers' limit)
+#                                                        [unset, 500000]
 #   QUIET_PCT, QUIET_WAIT   before each fan-out run and each other part,
 #                   wait at most QUIET_WAIT s for the host to be under
 #                   QUIET_PCT % busy                               [15, 30]
@@ -276,8 +276,8 @@ if has_part fanout; then
       for v in single cluster-local; do
         if [[ $v == single ]]; then a=$solo p=$solo_pid; else a=${http[n1]} p=${pid[n1]}; fi
         await_quiet
-        out=$("$loadgen" fanout --addr "$a" --msgs "$loadgen_msgs" --size "$size" --subs "$subs" \
-          --server-pid "$p" --label "$v") || say "loadgen fanout on $v reported a failure"
+        out=$("$loadgen" run fanout --proto sio --addr "$a" --msgs "$loadgen_msgs" --size "$size" \
+          --subs "$subs" --server-pid "$p") || say "loadgen fanout on $v reported a failure"
         record "{part:\"loadgen\", variant:\"$v\", run:$run, server:\"$a\"} + ." "$out"
       done
     fi
@@ -375,7 +375,7 @@ echo "{\"part\":\"env\",\"uptime_after\":\"$(uptime)\"}" >>"$results"
         "cross-node / single-node deliveries: \(ratio(.["cross-node"]; .single))"
         + "   cluster-local / single-node: \(ratio(.["cluster-local"]; .single))"' "$results"
     if [[ -n $loadgen ]]; then
-      echo "   the shared loadgen, $loadgen_msgs msgs (publisher and subscribers on one node; server CPU: that node's, % of a core):"
+      echo "   loadgen, $loadgen_msgs msgs (publisher and subscribers on one node; server CPU: that node's, % of a core):"
       printf '   %-14s %5s %12s %12s %6s %11s %11s %9s\n' variant runs 'deliveries/s' 'publish/s' lost 'server CPU' 'loadgen CPU' 'other %'
       jq -rs "$jq_median"'
         map(select(.part == "loadgen")) | group_by(.variant) | map({

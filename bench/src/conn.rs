@@ -1,0 +1,277 @@
+//! One client connection, whichever protocol: the same calls drive a
+//! Socket.IO peer (gombus, the relay) and a NATS peer, so every peer gets
+//! the same client work and only the wire format differs.
+
+use std::io;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use crate::nats::Nats;
+use crate::sio::Sio;
+
+/// What a connection hands to a workload.
+pub enum Event<'a> {
+    /// A delivery: the body and, for requests, where to reply.
+    Msg {
+        data: &'a [u8],
+        reply: Option<&'a [u8]>,
+    },
+    /// The answer to an acked publish or a request with this id: `data` is
+    /// the reply's body, `raw` the whole answer (ack JSON or NATS payload).
+    Ack {
+        id: u64,
+        data: &'a [u8],
+        raw: &'a [u8],
+    },
+    /// A barrier (`ping` ack; NATS PONG) came back.
+    Pong,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    Sio,
+    Nats,
+    /// NATS over WebSocket.
+    NatsWs,
+}
+
+impl Proto {
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Sio => "sio",
+            Proto::Nats => "nats",
+            Proto::NatsWs => "nats-ws",
+        }
+    }
+}
+
+pub fn fail(msg: impl Into<String>) -> io::Error {
+    io::Error::other(msg.into())
+}
+
+/// Whether an error is a read timeout (the caller decides about stalls).
+pub fn timed_out(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// A TCP connection with Nagle off and bounded reads and writes.
+pub fn tcp(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
+    let sa = addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| fail(format!("no address for {addr}")))?;
+    let s = TcpStream::connect_timeout(&sa, timeout)?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    Ok(s)
+}
+
+/// A random number from the kernel (inbox names, nothing secret).
+pub fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = io::Read::read_exact(&mut f, &mut b);
+    }
+    u64::from_ne_bytes(b) ^ u64::from(std::process::id())
+}
+
+pub enum Conn {
+    Sio(Box<Sio>),
+    Nats(Nats),
+}
+
+impl Conn {
+    pub fn connect(proto: Proto, addr: &str, small: bool) -> io::Result<Conn> {
+        let t = Duration::from_secs(10);
+        Ok(match proto {
+            Proto::Sio => Conn::Sio(Box::new(Sio::connect(addr, small, t)?)),
+            Proto::Nats => Conn::Nats(Nats::connect(addr, false, small, t)?),
+            Proto::NatsWs => Conn::Nats(Nats::connect(addr, true, small, t)?),
+        })
+    }
+
+    /// Subscribes and waits until the server confirms it (`sub` ack; SUB
+    /// then PING/PONG).
+    pub fn subscribe(&mut self, subject: &str, queue: Option<&str>, sid: u64) -> io::Result<()> {
+        match self {
+            Conn::Sio(c) => {
+                let q = queue
+                    .map(|q| format!(",\"queue\":\"{q}\""))
+                    .unwrap_or_default();
+                let ack = c.call(sid, "sub", &format!("{{\"subject\":\"{subject}\"{q}}}"))?;
+                if !ack.contains("\"ok\":true") {
+                    return Err(fail(format!("sub {subject} refused: {ack}")));
+                }
+                Ok(())
+            }
+            Conn::Nats(c) => {
+                c.sub(subject, queue, sid);
+                c.barrier()
+            }
+        }
+    }
+
+    /// A fire-and-forget publish (buffered until [`Conn::flush`]).
+    pub fn publish(&mut self, subject: &[u8], data: &[u8]) -> io::Result<()> {
+        match self {
+            Conn::Sio(c) => c.publish(subject, data, None),
+            Conn::Nats(c) => {
+                c.publish(
+                    std::str::from_utf8(subject).map_err(|_| fail("subject is not UTF-8"))?,
+                    None,
+                    None,
+                    data,
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// A publish whose answer comes back as `Event::Ack { id }`: the stream
+    /// ack (Socket.IO ack; NATS PubAck on the inbox).
+    pub fn publish_acked(&mut self, subject: &str, data: &[u8], id: u64) -> io::Result<()> {
+        match self {
+            Conn::Sio(c) => c.publish(subject.as_bytes(), data, Some(id)),
+            Conn::Nats(c) => {
+                c.publish(subject, None, Some(id), data);
+                Ok(())
+            }
+        }
+    }
+
+    /// A request answered as `Event::Ack { id }` (Socket.IO `request`, whose
+    /// inbox the server makes; NATS PUB with a reply on our inbox).
+    pub fn request(&mut self, subject: &str, data: &[u8], id: u64) -> io::Result<()> {
+        match self {
+            Conn::Sio(c) => {
+                let body = std::str::from_utf8(data).map_err(|_| fail("body is not UTF-8"))?;
+                c.emit(
+                    Some(id),
+                    "request",
+                    &format!(
+                        "{{\"subject\":\"{subject}\",\"data\":\"{body}\",\"timeout_ms\":5000}}"
+                    ),
+                )
+            }
+            Conn::Nats(c) => {
+                c.publish(subject, None, Some(id), data);
+                Ok(())
+            }
+        }
+    }
+
+    /// Answers a delivery that named a reply subject.
+    pub fn respond(&mut self, reply: &[u8], data: &[u8]) -> io::Result<()> {
+        match self {
+            Conn::Sio(c) => c.publish(reply, data, None),
+            Conn::Nats(c) => {
+                let r = std::str::from_utf8(reply).map_err(|_| fail("reply is not UTF-8"))?;
+                c.publish(r, None, None, data);
+                Ok(())
+            }
+        }
+    }
+
+    /// Creates stream `name` over `subject` (one replica), accepting one
+    /// that already exists.
+    pub fn create_stream(&mut self, name: &str, subject: &str) -> io::Result<()> {
+        match self {
+            Conn::Sio(c) => {
+                let ack = c.call(
+                    1 << 40,
+                    "stream.create",
+                    &format!("{{\"name\":\"{name}\",\"subjects\":[\"{subject}\"]}}"),
+                )?;
+                if ack.contains("\"ok\":true") || ack.contains("\"code\":\"exists\"") {
+                    Ok(())
+                } else {
+                    Err(fail(format!("stream.create refused: {ack}")))
+                }
+            }
+            Conn::Nats(c) => {
+                let inbox = c.inbox().to_string();
+                c.sub(&format!("{inbox}.*"), None, 1);
+                let cfg = format!(
+                    "{{\"name\":\"{name}\",\"subjects\":[\"{subject}\"],\"storage\":\"file\",\"num_replicas\":1}}"
+                );
+                let id = 1 << 40;
+                c.publish(
+                    &format!("$JS.API.STREAM.CREATE.{name}"),
+                    None,
+                    Some(id),
+                    cfg.as_bytes(),
+                );
+                c.flush()?;
+                loop {
+                    match c.next() {
+                        Ok(Event::Ack { id: got, raw, .. }) if got == id => {
+                            let text = String::from_utf8_lossy(raw);
+                            // 10058: a stream of that name exists already.
+                            if !text.contains("\"error\"") || text.contains("10058") {
+                                return Ok(());
+                            }
+                            return Err(fail(format!("stream create refused: {text}")));
+                        }
+                        Ok(_) => {}
+                        Err(e) if timed_out(&e) => {
+                            return Err(fail(
+                                "no answer to the JetStream stream create (is JetStream on?)",
+                            ))
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Subscribes the inbox that acks and replies come to (NATS only; the
+    /// Socket.IO server acks directly).
+    pub fn listen_inbox(&mut self) -> io::Result<()> {
+        if let Conn::Nats(c) = self {
+            let inbox = c.inbox().to_string();
+            c.sub(&format!("{inbox}.*"), None, 1);
+            c.barrier()?;
+        }
+        Ok(())
+    }
+
+    pub fn next(&mut self) -> io::Result<Event<'_>> {
+        match self {
+            Conn::Sio(c) => c.next(),
+            Conn::Nats(c) => c.next(),
+        }
+    }
+
+    pub fn buffered(&self) -> usize {
+        match self {
+            Conn::Sio(c) => c.buffered(),
+            Conn::Nats(c) => c.buffered(),
+        }
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Conn::Sio(c) => c.flush(),
+            Conn::Nats(c) => c.flush(),
+        }
+    }
+
+    pub fn barrier(&mut self) -> io::Result<()> {
+        match self {
+            Conn::Sio(c) => c.barrier(),
+            Conn::Nats(c) => c.barrier(),
+        }
+    }
+
+    pub fn set_read_timeout(&self, t: Duration) -> io::Result<()> {
+        match self {
+            Conn::Sio(c) => c.socket().set_read_timeout(Some(t)),
+            Conn::Nats(c) => c.socket().set_read_timeout(Some(t)),
+        }
+    }
+}

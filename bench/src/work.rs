@@ -1,0 +1,688 @@
+//! The workloads. Each takes a [`Spec`] (protocol, addresses, counts and
+//! the server processes to watch), runs against a peer that is already up,
+//! and returns one JSON row: the rate, latencies where they apply, the
+//! server's CPU over the measured phase (also per delivered message), and
+//! the exactly-once-in-order checks.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+use crate::conn::{fail, timed_out, Conn, Event, Proto};
+use crate::cpu;
+use crate::payload::{self, Tally};
+
+/// A receiver or acked publisher that makes no progress for this long fails.
+const STALL: Duration = Duration::from_secs(10);
+/// How long receivers block before looking at the shared state again.
+const SLICE: Duration = Duration::from_millis(100);
+/// A write buffer is sent once it holds this much, whatever the batch.
+const FLUSH_BYTES: usize = 64 * 1024;
+/// Unmeasured requests before reqrep's measured ones.
+const WARMUP_REQUESTS: u64 = 1000;
+
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub proto: Proto,
+    /// Where the publisher (requester) connects.
+    pub pub_addr: String,
+    /// Where subscribers (responders) connect, round-robin.
+    pub sub_addrs: Vec<String>,
+    pub msgs: u64,
+    pub size: usize,
+    pub subs: u64,
+    pub window: u64,
+    /// Publishes per write (flush).
+    pub batch: u64,
+    pub conns: u64,
+    /// The server's processes (a cluster: every node).
+    pub server_pids: Vec<u32>,
+    /// Publish warm-up messages until every subscriber hears one before
+    /// measuring (a cluster, where interest spreads after the sub ack).
+    pub warm: bool,
+}
+
+type Res<T> = Result<T, String>;
+
+fn e2s(e: std::io::Error) -> String {
+    e.to_string()
+}
+
+/// Server and own CPU at the start of a measured phase.
+struct Clock {
+    t0: Instant,
+    srv0: Option<f64>,
+    own0: f64,
+    host0: Option<(u64, u64)>,
+}
+
+impl Clock {
+    fn start(pids: &[u32]) -> Clock {
+        Clock {
+            srv0: cpu::cpu_secs_sum(pids),
+            own0: cpu::own_cpu_secs(),
+            host0: cpu::host_ticks(),
+            t0: Instant::now(),
+        }
+    }
+
+    /// Adds elapsed_s, server CPU (% of a core and µs per `units`) and own
+    /// CPU to `row`, for a phase that took `secs`.
+    fn finish(&self, pids: &[u32], secs: f64, units: u64, row: &mut Map<String, Value>) {
+        // CPU time comes in ticks of 10 ms: over a shorter phase than
+        // 0.25 s the figures would say little, so they are left out.
+        let srv = match (self.srv0, cpu::cpu_secs_sum(pids)) {
+            (Some(a), Some(b)) if !pids.is_empty() && secs >= 0.25 => Some(b - a),
+            _ => None,
+        };
+        let own = cpu::own_cpu_secs() - self.own0;
+        row.insert("elapsed_s".into(), json!(round(secs, 4)));
+        row.insert("server_cpu_s".into(), json!(srv.map(|s| round(s, 3))));
+        row.insert(
+            "server_cpu_pct".into(),
+            json!(srv.map(|s| round(100.0 * s / secs.max(1e-9), 1))),
+        );
+        row.insert(
+            "server_cpu_us_per_msg".into(),
+            json!(srv
+                .filter(|_| units > 0)
+                .map(|s| round(s * 1e6 / units as f64, 3))),
+        );
+        row.insert(
+            "loadgen_cpu_pct".into(),
+            json!((secs >= 0.25).then(|| round(100.0 * own / secs, 1))),
+        );
+        // What else kept the host busy over the phase (other programs,
+        // kernel work charged to nobody), in % of one core: noise.
+        if let (Some((b0, t0)), Some((b1, t1))) = (self.host0, cpu::host_ticks()) {
+            if t1 > t0 && secs >= 0.25 {
+                let cores = cpu::all_cpus().len() as f64;
+                let busy_cores = (b1 - b0) as f64 / (t1 - t0) as f64 * cores;
+                let ours = (srv.unwrap_or(0.0) + own) / secs.max(1e-9);
+                row.insert(
+                    "host_busy_pct".into(),
+                    json!(round(100.0 * busy_cores / cores, 1)),
+                );
+                row.insert(
+                    "other_cpu_pct".into(),
+                    json!(round((100.0 * (busy_cores - ours)).max(0.0), 1)),
+                );
+            }
+        }
+    }
+}
+
+pub fn round(x: f64, digits: i32) -> f64 {
+    let m = 10f64.powi(digits);
+    (x * m).round() / m
+}
+
+/// The `q` quantile (0..=1) of sorted values, nearest rank.
+pub fn quantile(sorted: &[u64], q: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (sorted.len() as f64 * q).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+fn latencies(row: &mut Map<String, Value>, mut us: Vec<u64>) {
+    us.sort_unstable();
+    row.insert("p50_us".into(), json!(quantile(&us, 0.5)));
+    row.insert("p99_us".into(), json!(quantile(&us, 0.99)));
+    row.insert("max_us".into(), json!(us.last()));
+}
+
+fn checks(
+    row: &mut Map<String, Value>,
+    lost: u64,
+    dup: u64,
+    reordered: u64,
+    bad: u64,
+    error: Option<String>,
+) {
+    let ok = lost == 0 && dup == 0 && reordered == 0 && bad == 0 && error.is_none();
+    row.insert("lost".into(), json!(lost));
+    row.insert("dup".into(), json!(dup));
+    row.insert("reordered".into(), json!(reordered));
+    row.insert("bad".into(), json!(bad));
+    row.insert("ok".into(), json!(ok));
+    row.insert("error".into(), json!(error));
+}
+
+fn base(s: &Spec, workload: &str) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("workload".into(), json!(workload));
+    m.insert("proto".into(), json!(s.proto.name()));
+    m.insert("msgs".into(), json!(s.msgs));
+    m.insert("size".into(), json!(s.size));
+    m
+}
+
+/// What a receiving thread reports.
+struct Heard {
+    tally: Tally,
+    last: Option<Instant>,
+    error: Option<String>,
+}
+
+/// A queue member's delivery count, on a cache line of its own so that
+/// members do not slow each other down.
+#[repr(align(128))]
+#[derive(Default)]
+struct Slot(AtomicU64);
+
+/// Reads deliveries until it has all `n` (fanout), the group has them all
+/// (queue: the members' `slots` add up to `n`; looked at every 64
+/// deliveries and whenever nothing comes), `stop` is set, or nothing comes
+/// for STALL.
+fn receive(
+    mut c: Conn,
+    n: u64,
+    slots: Option<(Arc<Vec<Slot>>, usize)>,
+    warm: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> Heard {
+    let mut h = Heard {
+        tally: Tally::new(n),
+        last: None,
+        error: None,
+    };
+    let mut warmed = false;
+    let mut progress = Instant::now();
+    let group_done = |slots: &Vec<Slot>| {
+        slots
+            .iter()
+            .map(|s| s.0.load(Ordering::Relaxed))
+            .sum::<u64>()
+            >= n
+    };
+    let mut check = true;
+    loop {
+        let done = match &slots {
+            Some((all, _)) => check && group_done(all),
+            None => h.tally.complete(),
+        };
+        if done || stop.load(Ordering::Relaxed) {
+            break;
+        }
+        check = false;
+        match c.next() {
+            Ok(Event::Msg { data, .. }) => {
+                if payload::is_warm(data) {
+                    if !warmed {
+                        warmed = true;
+                        warm.fetch_add(1, Ordering::Relaxed);
+                    }
+                    continue;
+                }
+                h.tally.note(data);
+                let now = Instant::now();
+                h.last = Some(now);
+                progress = now;
+                if let Some((all, i)) = &slots {
+                    let got = h.tally.distinct + h.tally.dup + h.tally.bad;
+                    all[*i].0.store(got, Ordering::Relaxed);
+                    check = got.is_multiple_of(64);
+                }
+            }
+            Ok(_) => {}
+            Err(e) if timed_out(&e) => {
+                check = true;
+                if progress.elapsed() > STALL && (warmed || warm.load(Ordering::Relaxed) == 0) {
+                    h.error = Some(format!("no delivery for {} s", STALL.as_secs()));
+                    break;
+                }
+            }
+            Err(e) => {
+                h.error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    h
+}
+
+/// Publishes warm-up bodies every 10 ms until `want` receivers heard one.
+fn warm_up(p: &mut Conn, subject: &[u8], size: usize, heard: &AtomicU64, want: u64) -> Res<()> {
+    let body = payload::warm_body(size);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while heard.load(Ordering::Relaxed) < want {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "warm-up: {} of {want} subscribers heard the publisher's node within 30 s",
+                heard.load(Ordering::Relaxed)
+            ));
+        }
+        p.publish(subject, &body).map_err(e2s)?;
+        p.flush().map_err(e2s)?;
+        thread::sleep(Duration::from_millis(10));
+    }
+    p.barrier().map_err(e2s)
+}
+
+/// fanout (every subscriber gets every message) or queue (a group of
+/// `subs` members shares them). `name` is the row's workload name.
+pub fn fanout(s: &Spec, queue: bool, name: &str) -> Res<Value> {
+    let subject = if queue { "bench.queue" } else { "bench.fanout" };
+    let (n, k) = (s.msgs, s.subs.max(1));
+    let slots = queue.then(|| Arc::new((0..k).map(|_| Slot::default()).collect::<Vec<_>>()));
+    let warm = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut receivers = Vec::new();
+    for i in 0..k {
+        let addr = &s.sub_addrs[i as usize % s.sub_addrs.len()];
+        let mut c = Conn::connect(s.proto, addr, false)
+            .map_err(|e| format!("subscriber {i} at {addr}: {e}"))?;
+        c.subscribe(subject, queue.then_some("q"), 1).map_err(e2s)?;
+        c.set_read_timeout(SLICE).map_err(e2s)?;
+        let slots = slots.clone().map(|all| (all, i as usize));
+        let (warm, stop) = (warm.clone(), stop.clone());
+        receivers.push(thread::spawn(move || receive(c, n, slots, warm, stop)));
+    }
+    let run = || -> Res<(Clock, f64)> {
+        let mut p = Conn::connect(s.proto, &s.pub_addr, false).map_err(e2s)?;
+        if s.warm {
+            warm_up(&mut p, subject.as_bytes(), s.size, &warm, k)?;
+        }
+        let mut body = payload::body(s.size);
+        let clock = Clock::start(&s.server_pids);
+        for seq in 0..n {
+            payload::stamp(&mut body, seq);
+            p.publish(subject.as_bytes(), &body).map_err(e2s)?;
+            if (seq + 1) % s.batch == 0 || p.buffered() >= FLUSH_BYTES {
+                p.flush().map_err(e2s)?;
+            }
+        }
+        p.barrier()
+            .map_err(|e| format!("end-of-publish barrier: {e}"))?;
+        let pub_s = clock.t0.elapsed().as_secs_f64();
+        Ok((clock, pub_s))
+    };
+    let published = run();
+    if published.is_err() {
+        stop.store(true, Ordering::Relaxed);
+    }
+    let heard: Vec<Heard> = receivers
+        .into_iter()
+        .map(|h| h.join().expect("receiver thread"))
+        .collect();
+    let (clock, pub_s) = published?;
+    let last = heard
+        .iter()
+        .filter_map(|h| h.last)
+        .max()
+        .unwrap_or(clock.t0);
+    let secs = last.duration_since(clock.t0).as_secs_f64().max(1e-9);
+    let error = heard.iter().find_map(|h| h.error.clone());
+    let mut row = base(s, name);
+    row.insert("subs".into(), json!(k));
+    let (deliveries, lost, dup, reordered, bad) = if queue {
+        let mut all = Tally::new(n);
+        for h in &heard {
+            all.merge(&h.tally);
+        }
+        (n, all.lost(), all.dup, all.reordered, all.bad)
+    } else {
+        let sum = |f: fn(&Tally) -> u64| heard.iter().map(|h| f(&h.tally)).sum::<u64>();
+        (
+            n * k,
+            sum(Tally::lost),
+            sum(|t| t.dup),
+            sum(|t| t.reordered),
+            sum(|t| t.bad),
+        )
+    };
+    row.insert("msgs_per_s".into(), json!(round(n as f64 / secs, 0)));
+    row.insert(
+        "deliveries_per_s".into(),
+        json!(round(deliveries as f64 / secs, 0)),
+    );
+    row.insert(
+        "pub_per_s".into(),
+        json!(round(n as f64 / pub_s.max(1e-9), 0)),
+    );
+    clock.finish(&s.server_pids, secs, deliveries, &mut row);
+    checks(&mut row, lost, dup, reordered, bad, error);
+    Ok(Value::Object(row))
+}
+
+/// reqrep: one responder echoes, one requester makes sequential requests.
+pub fn reqrep(s: &Spec) -> Res<Value> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut r = Conn::connect(s.proto, &s.sub_addrs[0], false).map_err(e2s)?;
+    r.subscribe("bench.req", None, 1).map_err(e2s)?;
+    r.set_read_timeout(SLICE).map_err(e2s)?;
+    let stop2 = stop.clone();
+    let responder = thread::spawn(move || -> Option<String> {
+        let (mut reply, mut data) = (Vec::new(), Vec::new());
+        while !stop2.load(Ordering::Relaxed) {
+            match r.next() {
+                Ok(Event::Msg {
+                    data: d,
+                    reply: Some(rp),
+                }) => {
+                    reply.clear();
+                    reply.extend_from_slice(rp);
+                    data.clear();
+                    data.extend_from_slice(d);
+                    if let Err(e) = r.respond(&reply, &data).and_then(|_| r.flush()) {
+                        return Some(format!("responder: {e}"));
+                    }
+                }
+                Ok(_) => {}
+                Err(e) if timed_out(&e) => {}
+                Err(e) => return Some(format!("responder: {e}")),
+            }
+        }
+        None
+    });
+    let mut q = Conn::connect(s.proto, &s.pub_addr, false).map_err(e2s)?;
+    q.listen_inbox().map_err(e2s)?;
+    q.set_read_timeout(Duration::from_secs(5)).map_err(e2s)?;
+    let mut body = payload::body(s.size);
+    let (mut failed, mut bad) = (0u64, 0u64);
+    let mut error = None;
+    let mut lat = Vec::with_capacity(s.msgs as usize);
+    let mut clock = None;
+    let mut done = 0u64;
+    for i in 0..WARMUP_REQUESTS + s.msgs {
+        if i == WARMUP_REQUESTS {
+            clock = Some(Clock::start(&s.server_pids));
+        }
+        payload::stamp(&mut body, i);
+        let t = Instant::now();
+        q.request("bench.req", &body, i)
+            .and_then(|_| q.flush())
+            .map_err(e2s)?;
+        let answered = loop {
+            match q.next() {
+                Ok(Event::Ack { id, data, raw }) if id == i => {
+                    if data != &body[..] {
+                        bad += 1;
+                        error.get_or_insert_with(|| {
+                            format!("reply differs: {}", String::from_utf8_lossy(raw))
+                        });
+                    }
+                    break true;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    failed += 1;
+                    error.get_or_insert_with(|| format!("request {i}: {e}"));
+                    break false;
+                }
+            }
+        };
+        if i >= WARMUP_REQUESTS && answered {
+            lat.push(t.elapsed().as_micros() as u64);
+            done += 1;
+        }
+        if failed >= 3 {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let resp_err = responder.join().expect("responder thread");
+    let clock = clock.ok_or_else(|| error.clone().unwrap_or_else(|| "warm-up failed".into()))?;
+    let secs = clock.t0.elapsed().as_secs_f64();
+    let mut row = base(s, "reqrep");
+    row.insert(
+        "msgs_per_s".into(),
+        json!(round(done as f64 / secs.max(1e-9), 0)),
+    );
+    latencies(&mut row, lat);
+    clock.finish(&s.server_pids, secs, done, &mut row);
+    let lost = s.msgs - done;
+    checks(&mut row, lost, 0, 0, bad, error.or(resp_err));
+    Ok(Value::Object(row))
+}
+
+/// The stream sequence number in an ack, or None for a refusal.
+pub fn ack_seq(raw: &[u8]) -> Option<u64> {
+    if memchr::memmem::find(raw, b"\"error\"").is_some()
+        || memchr::memmem::find(raw, b"\"ok\":false").is_some()
+    {
+        return None;
+    }
+    let at = memchr::memmem::find(raw, b"\"seq\":")? + 6;
+    let digits = raw[at..].iter().take_while(|c| c.is_ascii_digit()).count();
+    std::str::from_utf8(&raw[at..at + digits])
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// stream: acked publishes into stream BENCH with at most `window` awaiting
+/// their ack; topped up when a quarter of the window (at most `batch`) is free.
+pub fn stream(s: &Spec) -> Res<Value> {
+    let (n, w) = (s.msgs, s.window.max(1));
+    let mut c = Conn::connect(s.proto, &s.pub_addr, false).map_err(e2s)?;
+    c.listen_inbox().map_err(e2s)?;
+    c.create_stream("BENCH", "bench.stream.>").map_err(e2s)?;
+    c.set_read_timeout(SLICE).map_err(e2s)?;
+    let refill = (w / 4).clamp(1, s.batch.max(1));
+    let mut body = payload::body(s.size);
+    let mut sent_at = vec![0u32; n as usize];
+    let mut acked = Tally::new(n);
+    let (mut next, mut inflight, mut last_seq) = (0u64, 0u64, 0u64);
+    let (mut bad, mut reordered, mut dup_seq) = (0u64, 0u64, 0u64);
+    let mut lat = Vec::with_capacity(n as usize);
+    let mut error = None;
+    let clock = Clock::start(&s.server_pids);
+    let mut progress = Instant::now();
+    let mut last_ack = clock.t0;
+    let mut refused = 0u64;
+    while acked.distinct < n {
+        let free = w - inflight;
+        if next < n && (free >= refill || inflight == 0) {
+            let k = free.min(n - next);
+            let at = clock.t0.elapsed().as_micros() as u32;
+            for id in next..next + k {
+                payload::stamp(&mut body, id);
+                c.publish_acked("bench.stream.x", &body, id).map_err(e2s)?;
+                sent_at[id as usize] = at;
+            }
+            c.flush().map_err(e2s)?;
+            next += k;
+            inflight += k;
+        }
+        match c.next() {
+            Ok(Event::Ack { id, raw, .. }) => {
+                let now = Instant::now();
+                progress = now;
+                if id >= next {
+                    // An ack naming no publish sent.
+                    bad += 1;
+                    continue;
+                }
+                let before = acked.dup;
+                acked.note_seq(id);
+                if acked.dup > before {
+                    continue;
+                }
+                inflight -= 1;
+                last_ack = now;
+                let t = now.duration_since(clock.t0).as_micros() as u64;
+                lat.push(t.saturating_sub(u64::from(sent_at[id as usize])));
+                match ack_seq(raw) {
+                    None => {
+                        refused += 1;
+                        error.get_or_insert_with(|| {
+                            format!("publish refused: {}", String::from_utf8_lossy(raw))
+                        });
+                    }
+                    Some(q) if q == last_seq => dup_seq += 1,
+                    Some(q) if q < last_seq => reordered += 1,
+                    Some(q) => last_seq = q,
+                }
+            }
+            Ok(_) => {}
+            Err(e) if timed_out(&e) => {
+                if progress.elapsed() > STALL {
+                    error = Some(format!("no ack for {} s", STALL.as_secs()));
+                    break;
+                }
+            }
+            Err(e) => {
+                error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let secs = last_ack.duration_since(clock.t0).as_secs_f64().max(1e-9);
+    let mut row = base(s, "stream");
+    row.insert("window".into(), json!(w));
+    let stored = acked.distinct - refused;
+    row.insert("acked_per_s".into(), json!(round(stored as f64 / secs, 0)));
+    latencies(&mut row, lat);
+    clock.finish(&s.server_pids, secs, stored, &mut row);
+    let lost = acked.lost() + refused;
+    // Acks may arrive in any order; stream sequence numbers may not.
+    checks(
+        &mut row,
+        lost,
+        acked.dup + dup_seq,
+        reordered,
+        bad + refused,
+        error,
+    );
+    Ok(Value::Object(row))
+}
+
+/// conns: `conns` idle connections, each with one confirmed subscription,
+/// opened by four threads; the server's RSS growth per connection.
+pub fn conns(s: &Spec) -> Res<Value> {
+    const THREADS: u64 = 4;
+    let total = s.conns;
+    let rss0 = cpu::rss_sum(&s.server_pids);
+    let clock = Clock::start(&s.server_pids);
+    let mut opened = Vec::new();
+    for t in 0..THREADS {
+        let (proto, addr) = (s.proto, s.pub_addr.clone());
+        let ids: Vec<u64> = (t..total).step_by(THREADS as usize).collect();
+        opened.push(thread::spawn(move || {
+            let mut held = Vec::with_capacity(ids.len());
+            let mut err = None;
+            for i in ids {
+                let c = Conn::connect(proto, &addr, true)
+                    .and_then(|mut c| c.subscribe(&format!("bench.idle.{i}"), None, 1).map(|_| c));
+                match c {
+                    Ok(c) => held.push(c),
+                    Err(e) => {
+                        err.get_or_insert(format!("connection {i}: {e}"));
+                    }
+                }
+            }
+            (held, err)
+        }));
+    }
+    let mut sets = Vec::new();
+    let mut error = None;
+    for h in opened {
+        let (held, err) = h.join().expect("connecting thread");
+        error = error.or(err);
+        sets.push(held);
+    }
+    let secs = clock.t0.elapsed().as_secs_f64();
+    let up: u64 = sets.iter().map(|v| v.len() as u64).sum();
+    let mut row = base(s, "conns");
+    row.insert("msgs".into(), json!(total));
+    row.insert(
+        "conns_per_s".into(),
+        json!(round(up as f64 / secs.max(1e-9), 0)),
+    );
+    clock.finish(&s.server_pids, secs, up, &mut row);
+    // Let the server settle what the last connections left behind before
+    // reading its memory.
+    thread::sleep(Duration::from_secs(2));
+    let rss1 = cpu::rss_sum(&s.server_pids);
+    row.insert("rss_before_bytes".into(), json!(rss0));
+    row.insert("rss_after_bytes".into(), json!(rss1));
+    let per = match (rss0, rss1) {
+        (Some(a), Some(b)) if up > 0 => Some(round((b as f64 - a as f64) / up as f64, 0)),
+        _ => None,
+    };
+    row.insert("bytes_per_conn".into(), json!(per));
+    // Every held connection must still answer.
+    let checkers: Vec<_> = sets
+        .into_iter()
+        .map(|mut held| {
+            thread::spawn(move || {
+                let mut dead = 0u64;
+                for c in &mut held {
+                    if c.barrier().is_err() {
+                        dead += 1;
+                    }
+                }
+                dead
+            })
+        })
+        .collect();
+    let dead: u64 = checkers
+        .into_iter()
+        .map(|h| h.join().expect("checking thread"))
+        .sum();
+    if dead > 0 {
+        error.get_or_insert(format!("{dead} connections did not answer at the end"));
+    }
+    checks(&mut row, total - up + dead, 0, 0, 0, error);
+    Ok(Value::Object(row))
+}
+
+/// Raises this process's open-file limit to its hard limit (children
+/// inherit it): conns needs a descriptor per connection on both sides.
+pub fn raise_nofile() -> u64 {
+    // SAFETY: plain get/setrlimit on a local struct.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+            return r.rlim_cur;
+        }
+    }
+    0
+}
+
+pub fn check_conns_limit(conns: u64) -> Res<()> {
+    let lim = raise_nofile();
+    if lim < conns + 64 {
+        return Err(fail(format!(
+            "open-file limit {lim} is too low for {conns} connections"
+        ))
+        .to_string());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(quantile(&v, 0.5), Some(50));
+        assert_eq!(quantile(&v, 0.99), Some(99));
+        assert_eq!(quantile(&[7], 0.99), Some(7));
+        assert_eq!(quantile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn stream_acks_both_protocols() {
+        assert_eq!(
+            ack_seq(br#"12[{"ok":true,"stream":"BENCH","seq":42}]"#),
+            Some(42)
+        );
+        assert_eq!(ack_seq(br#"{"stream":"BENCH","seq":7}"#), Some(7));
+        assert_eq!(
+            ack_seq(br#"{"error":{"code":503,"description":"x"},"seq":1}"#),
+            None
+        );
+        assert_eq!(ack_seq(br#"[{"ok":false,"error":{"code":"limit"}}]"#), None);
+    }
+}
