@@ -6,8 +6,8 @@
 //! - [`net`]: the mio event loop, the hand-rolled HTTP/1.1 layer, WebSocket
 //!   framing over tungstenite's frame codec, bounded outbound buffers, timers.
 //! - [`protocol`]: pure codecs for Engine.IO v4 and Socket.IO v5 packets, the
-//!   contract's request types and error codes.
-//! - [`broker`]: subjects, the subscription index, queue groups, request/reply,
+//!   contract's request types, error codes and subject rules.
+//! - [`broker`]: the subscription index, queue groups, request/reply,
 //!   the control namespace, metrics; every state change goes through one
 //!   `apply` path.
 //! - [`stream`]: streams and consumers over an append-only segment store.

@@ -16,7 +16,6 @@ use serde_json::{json, Value};
 
 use super::groups::GroupMode;
 use super::session::NSP_ROOT;
-use super::subject;
 use super::sublist::Sublist;
 use super::subs::{Command, SubKey};
 use super::Broker;
@@ -28,6 +27,7 @@ use crate::cluster::raft::Role;
 use crate::net::{ConnId, Io};
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::socketio::{self, Kind};
+use crate::protocol::subject;
 
 /// How long a client's change may wait for a leader before it is refused
 /// with `unavailable` (the contract allows 5 s).

@@ -14,7 +14,6 @@ use super::metrics::Metrics;
 use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
 use super::session::{token_eq, Session, NSP_CONTROL, NSP_ROOT};
 use super::streams::{Incoming, Streams};
-use super::subject;
 use super::subs::{Command, SubKey};
 use crate::cluster::forward::Forwarded;
 use crate::cluster::fsm::{Cmd, Fsm};
@@ -22,6 +21,7 @@ use crate::net::{ConnId, Handler, Io, Payload, Request, Response};
 use crate::protocol::errors::{ok_body, raw_text, ApiError, Code, OK_BODY};
 use crate::protocol::messages::{self, event_arg, ArgError, Pub, Sub, Unsub};
 use crate::protocol::socketio::{self, Kind, Packet};
+use crate::protocol::subject;
 
 /// Room the open packet's maxPayload leaves above `-max-payload` for the
 /// event envelope, so an oversized `data` gets an ack instead of a close.

@@ -834,7 +834,7 @@ impl Streams {
         _now: Instant,
     ) -> Result<(), ApiError> {
         if let Some(f) = &r.subject {
-            crate::broker::subject::validate_pattern(f)
+            crate::protocol::subject::validate_pattern(f)
                 .map_err(|e| ApiError::new(Code::BadSubject, format!("{e}: {f:?}")))?;
         }
         let slot = self.slot(&r.name)?;

@@ -18,7 +18,7 @@ use std::fmt;
 use std::hash::Hash;
 use std::rc::Rc;
 
-use super::subject;
+use crate::protocol::subject;
 
 /// Most subjects the match cache remembers at once.
 pub const CACHE_ENTRIES_MAX: usize = 4096;
