@@ -12,6 +12,8 @@
 //!   `apply` path.
 //! - [`stream`]: streams and consumers over an append-only segment store.
 //! - [`client`]: the Rust client module used by the examples, tests and tools.
+//! - [`rand`]: the seed source and the SplitMix64 mixer for ids, jitter,
+//!   masks and seeded tests (nothing secret).
 //! - [`cli`]: the `gombus` command line, on the client.
 //! - [`cluster`]: cluster mode's Raft: a pure consensus core, its log
 //!   storage and its node-to-node transport.
@@ -24,4 +26,5 @@ pub mod config;
 pub mod log;
 pub mod net;
 pub mod protocol;
+pub mod rand;
 pub mod stream;

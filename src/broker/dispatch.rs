@@ -75,7 +75,7 @@ enum Answer {
 
 impl Broker {
     pub fn new(cfg: BrokerConfig) -> Broker {
-        let rng = crate::net::server::random_seed();
+        let rng = crate::rand::random_seed();
         let requests = Requests::new(&format!(
             "{}.{:x}",
             sanitize(&cfg.node_id),
@@ -127,11 +127,7 @@ impl Broker {
     }
 
     fn random_id(&mut self) -> String {
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        format!("{:016x}", z ^ (z >> 31))
+        format!("{:016x}", crate::rand::splitmix64(&mut self.rng))
     }
 
     fn on_text(&mut self, io: &mut Io<'_>, conn: ConnId, text: &str) {

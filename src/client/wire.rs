@@ -3,9 +3,7 @@
 //! touches a socket or a clock, so every helper is unit tested on exact wire
 //! strings.
 
-use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
 use std::io::Cursor;
 
 use tungstenite::protocol::frame::coding::{Control, Data, OpCode};
@@ -298,26 +296,18 @@ pub(crate) fn pong_opcode() -> OpCode {
     OpCode::Control(Control::Pong)
 }
 
-/// A small xorshift64* generator for frame masks, seeded from the process's
-/// random hash keys. Masks only need to be unpredictable to intermediaries,
-/// not cryptographically strong.
+/// Frame masks from [`crate::rand`], seeded from the kernel. Masks only
+/// need to be unpredictable to intermediaries, not cryptographically strong.
 #[derive(Debug)]
 pub(crate) struct MaskRng(u64);
 
 impl MaskRng {
     pub(crate) fn new() -> Self {
-        let mut hasher = RandomState::new().build_hasher();
-        hasher.write_u64(0x9e37_79b9_7f4a_7c15);
-        MaskRng(hasher.finish() | 1)
+        MaskRng(crate::rand::random_seed())
     }
 
     pub(crate) fn next_mask(&mut self) -> [u8; 4] {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        let bytes = x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_be_bytes();
+        let bytes = crate::rand::splitmix64(&mut self.0).to_be_bytes();
         [bytes[0], bytes[1], bytes[2], bytes[3]]
     }
 }

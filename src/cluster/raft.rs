@@ -822,12 +822,8 @@ impl Raft {
     }
 
     fn reset_timeout(&mut self) {
-        // SplitMix64: small, seeded, and good enough for timer jitter.
-        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
+        // Seeded, so a simulation replays; good enough for timer jitter.
+        let z = crate::rand::splitmix64(&mut self.rng);
         let spread = u64::from(self.cfg.election_ticks);
         self.timeout = self.cfg.election_ticks + (z % spread) as u32;
         self.elapsed = 0;

@@ -511,13 +511,7 @@ mod tests {
     #[test]
     fn random_and_truncated_input_never_panics() {
         let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = || {
-            seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = seed;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        };
+        let mut next = || crate::rand::splitmix64(&mut seed);
         let samples = [
             r#"42["pub",{"subject":"a.b","data":1}]"#,
             r#"452-789["message-with-ack",{"_placeholder":true,"num":0},{"_placeholder":true,"num":1}]"#,
