@@ -10,6 +10,8 @@
 //! - [`broker`]: the subscription index, queue groups, request/reply,
 //!   the control namespace, metrics; every state change goes through one
 //!   `apply` path.
+//! - [`storage`]: record framing, atomic state files and the fsync thread,
+//!   under streams and the Raft log alike.
 //! - [`stream`]: streams and consumers over an append-only segment store.
 //! - [`client`]: the Rust client module used by the examples, tests and tools.
 //! - [`rand`]: the seed source and the SplitMix64 mixer for ids, jitter,
@@ -27,4 +29,5 @@ pub mod log;
 pub mod net;
 pub mod protocol;
 pub mod rand;
+pub mod storage;
 pub mod stream;

@@ -8,8 +8,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use gombus::storage::sync::{SyncPolicy, Syncer};
 use gombus::stream::store::{Options, Store};
-use gombus::stream::sync::{SyncPolicy, Syncer};
 
 /// SplitMix64 ([`gombus::rand`]): small, seedable, good enough to pick operations.
 struct Rng(u64);

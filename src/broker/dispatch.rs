@@ -108,7 +108,7 @@ impl Broker {
     pub fn open_streams(
         &mut self,
         data: &std::path::Path,
-        policy: crate::stream::sync::SyncPolicy,
+        policy: crate::storage::sync::SyncPolicy,
         segment_bytes: u64,
     ) -> Result<(), String> {
         self.streams = Streams::open(data, policy, segment_bytes)?;

@@ -34,11 +34,11 @@ use crate::protocol::stream_messages::{
     self as sm, AckReq, ConsumerConfig, ConsumerCreate, ConsumerReq, DeliverPolicy, FetchReq,
     GetReq, NameReq, PurgeReq, Retention, StreamConfig, StreamReq,
 };
+use crate::storage::sync::{FileKey, SyncPolicy, Syncer, Ticket};
 use crate::stream::consumer::{Consumer, Event};
 use crate::stream::meta::{ConsumerSnap, MetaLog, Snapshot};
 use crate::stream::store::Options;
 use crate::stream::stream::{Member, State, Stored, Stream, CONSUMERS_PER_STREAM_MAX};
-use crate::stream::sync::{FileKey, SyncPolicy, Syncer, Ticket};
 
 pub use crate::protocol::stream_messages::FETCH_BATCH_MAX;
 

@@ -21,7 +21,7 @@ use super::raft::Ready;
 use super::raft_msg::{
     encode_entry, encode_hard_state, encode_snapshot, Entry, HardState, Reader, Snapshot,
 };
-use crate::stream::{record, statefile};
+use crate::storage::{record, statefile};
 
 /// Why the store could not do its job.
 #[derive(Debug)]

@@ -23,7 +23,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::raft_msg::{self, Message, NodeId};
-use crate::stream::record;
+use crate::storage::record;
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);

@@ -40,13 +40,16 @@
 //!
 //! # As a log
 //!
-//! The same store can hold a Raft log: an entry is a message whose seq is
-//! its index (the term can go in the subject or the payload).
-//! [`Store::remove_below`] compacts the prefix a snapshot covers (and
-//! moves the next seq past a snapshot that is ahead of the log), and
-//! [`Store::truncate_from`] cuts a conflicting suffix, after which seqs go
-//! back. Everything else (group commit through the [`Syncer`], recovery,
-//! index files) is shared with streams.
+//! Two operations let the store serve as a replicated log (an entry is a
+//! message whose seq is its index): [`Store::remove_below`] compacts the
+//! prefix a snapshot covers (and moves the next seq past a snapshot that
+//! is ahead of the log), and [`Store::truncate_from`] cuts a conflicting
+//! suffix, after which seqs go back. Streams never call them, and cluster
+//! mode's Raft log is a file of its own (`cluster/raft_log.rs`); they are
+//! checked, with their recovery rules, against a model
+//! (`tests/store_model.rs`). Everything else
+//! (group commit through the [`Syncer`], recovery, index files) is the
+//! same as for streams.
 //!
 //! # Files and recovery
 //!
@@ -94,9 +97,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::index;
-use super::record;
 use super::segment::{self, MsgRef, Rec};
-use super::sync::{FileKey, SyncPolicy, Syncer, Ticket};
+use crate::storage::record;
+use crate::storage::sync::{FileKey, SyncPolicy, Syncer, Ticket};
 
 /// Default size at which the active segment rolls.
 pub const SEGMENT_BYTES_DEFAULT: u64 = 64 << 20;
@@ -734,10 +737,10 @@ impl Store {
     }
 
     /// Removes every message at or after `seq`; the next append gets
-    /// `seq`. This is the suffix cut a Raft log needs when a leader
+    /// `seq`. This is the suffix cut a replicated log needs when a leader
     /// overwrites conflicting entries; seqs go back, so a stream never
     /// calls it. `seq` may not be below the first live seq (or, with none
-    /// live, the next one): Raft never cuts what it compacted. Segments
+    /// live, the next one): a log never cuts what it compacted. Segments
     /// wholly past `seq` are deleted (and the directory fsynced) before the
     /// Truncate record is written, so a power loss cannot bring them back
     /// behind it. Returns how many messages were removed.

@@ -1,5 +1,7 @@
-//! The fsync thread: one per broker, shared by every append-only file
-//! (stream segments, consumer state, the Raft log).
+//! The fsync thread: one per broker, shared by every stream's append-only
+//! files (segments, and the meta event logs of consumer state). The Raft
+//! log is not among them: the Raft thread fsyncs its own log before it
+//! acts on it (`cluster/raft_log.rs`).
 //!
 //! Files are registered once ([`Syncer::register`] keeps a duplicate of
 //! the descriptor). After writing to a file with write(2), its owner calls
