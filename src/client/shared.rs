@@ -17,8 +17,9 @@ use serde_json::{json, Value};
 use tungstenite::protocol::frame::coding::OpCode;
 
 use super::inbox::Inbox;
-use super::wire::{self, MaskRng, SioKind};
+use super::wire::{self, MaskRng};
 use super::{Error, Event, Message, Options};
+use crate::protocol::socketio::{self, Kind};
 
 /// An ack as received: its single argument and any attachments.
 #[derive(Debug)]
@@ -331,9 +332,9 @@ impl Shared {
     ) -> Result<Option<AckSlot>, Error> {
         let _ = event;
         let kind = if attachments.is_empty() {
-            SioKind::Event
+            Kind::Event
         } else {
-            SioKind::BinaryEvent
+            Kind::BinaryEvent
         };
         let namespace = &self.opts.namespace;
         let mut state = self.state();
@@ -351,7 +352,7 @@ impl Shared {
         let ack = state.register_ack(mode);
         drop(state);
         let ack_id = ack.as_ref().map(|(id, _)| *id);
-        let text = wire::encode_sio(kind, attachments.len(), namespace, ack_id, &payload);
+        let text = socketio::encode_message(kind, attachments.len(), namespace, ack_id, &payload);
         let sent = check_size(link.max_payload, &text, attachments).and_then(|()| {
             link.send(&text, attachments).map_err(|e| {
                 link.abort();
@@ -406,7 +407,7 @@ impl Shared {
     pub(super) fn hold(
         &self,
         mut state: MutexGuard<'_, State>,
-        kind: SioKind,
+        kind: Kind,
         attachments: &[Vec<u8>],
         payload: &str,
         mode: AckMode,
@@ -420,7 +421,7 @@ impl Shared {
         let namespace = &self.opts.namespace;
         let ack = state.register_ack(mode);
         let ack_id = ack.as_ref().map(|(id, _)| *id);
-        let text = wire::encode_sio(kind, attachments.len(), namespace, ack_id, payload);
+        let text = socketio::encode_message(kind, attachments.len(), namespace, ack_id, payload);
         if let Err(e) = check_size(state.max_payload, &text, attachments) {
             if let Some(id) = ack_id {
                 state.take(id);
