@@ -113,7 +113,7 @@ pub fn parse_policy(s: &str) -> Result<SyncPolicy, String> {
     Ok(SyncPolicy::Every(d))
 }
 
-struct Entry {
+struct Registered {
     file: Arc<File>,
     dirty: bool,
     /// Drop the descriptor once a round has covered its last write.
@@ -121,7 +121,7 @@ struct Entry {
 }
 
 struct State {
-    files: HashMap<FileKey, Entry>,
+    files: HashMap<FileKey, Registered>,
     next_key: u64,
     /// The round that will cover a write made now.
     open_round: Ticket,
@@ -216,7 +216,7 @@ impl Syncer {
         st.next_key += 1;
         st.files.insert(
             key,
-            Entry {
+            Registered {
                 file: Arc::new(dup),
                 dirty: false,
                 retired: false,

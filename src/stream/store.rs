@@ -239,19 +239,19 @@ struct Seg {
     key: Option<FileKey>,
 }
 
-/// Marks a removed seq in `Entry::subj`.
+/// Marks a removed seq in `IndexRow::subj`.
 const DEAD: u32 = u32::MAX;
 
 /// Where a seq's record is; one per seq from the first live to the last.
 #[derive(Clone, Copy)]
-struct Entry {
+struct IndexRow {
     off: u32,
     len: u32,
     subj: u32,
     time_ms: u64,
 }
 
-const DEAD_ENTRY: Entry = Entry {
+const DEAD_ROW: IndexRow = IndexRow {
     off: 0,
     len: 0,
     subj: DEAD,
@@ -328,7 +328,7 @@ pub struct Store {
     cache: Vec<u8>,
     cache_start: u64,
     written: u64,
-    entries: VecDeque<Entry>,
+    entries: VecDeque<IndexRow>,
     /// The seq of `entries[0]`.
     base: u64,
     next_seq: u64,
@@ -811,7 +811,7 @@ impl Store {
         self.cache_start + self.cache.len() as u64
     }
 
-    fn entry(&self, seq: u64) -> Option<Entry> {
+    fn entry(&self, seq: u64) -> Option<IndexRow> {
         let i = usize::try_from(seq.checked_sub(self.base)?).ok()?;
         self.entries.get(i).copied().filter(|e| e.subj != DEAD)
     }
@@ -827,7 +827,7 @@ impl Store {
     fn record_bytes<'a>(
         &'a self,
         seq: u64,
-        e: Entry,
+        e: IndexRow,
         owned: &'a mut Vec<u8>,
     ) -> io::Result<(&'a [u8], &'a Seg)> {
         let i = self.seg_of(seq);
@@ -852,10 +852,10 @@ impl Store {
             self.base = seq;
         }
         while self.base + (self.entries.len() as u64) < seq {
-            self.entries.push_back(DEAD_ENTRY);
+            self.entries.push_back(DEAD_ROW);
         }
         let subj = self.subjects.add(subject, seq);
-        self.entries.push_back(Entry {
+        self.entries.push_back(IndexRow {
             off: off as u32,
             len: len as u32,
             subj,
