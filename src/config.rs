@@ -69,6 +69,9 @@ pub struct Config {
     pub control_token: Option<String>,
     /// `-auth-token`: token protecting the `/` namespace; `None` when unset.
     pub auth_token: Option<String>,
+    /// `-cluster-token`: the secret cluster members share; `None` when
+    /// unset (then [`Config::cluster_secret`] is `-control-token`).
+    pub cluster_token: Option<String>,
     /// `-max-payload`: largest accepted message payload, in bytes.
     pub max_payload: usize,
     /// `-max-pending`: per-connection outbound buffer limit, in bytes.
@@ -208,6 +211,7 @@ impl Default for Config {
             data_dir: PathBuf::from("./data"),
             control_token: None,
             auth_token: None,
+            cluster_token: None,
             max_payload: DEFAULT_MAX_PAYLOAD,
             max_pending: DEFAULT_MAX_PENDING,
             max_pending_total: None,
@@ -328,6 +332,12 @@ const FLAGS: &[FlagSpec] = &[
         "token",
         "",
         "token required by the \"/\" namespace",
+    ),
+    value(
+        "cluster-token",
+        "token",
+        "-control-token",
+        "cluster: secret every member proves it holds on Raft connections and peer links",
     ),
     value(
         "max-payload",
@@ -543,6 +553,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, ConfigEr
     }
     cfg.control_token = get("control-token").filter(|v| !v.is_empty());
     cfg.auth_token = get("auth-token").filter(|v| !v.is_empty());
+    cfg.cluster_token = get("cluster-token").filter(|v| !v.is_empty());
     if let Some(v) = get("max-payload") {
         cfg.max_payload = parse_size(&v).map_err(|e| flag_err("max-payload", e))?;
     }
@@ -740,6 +751,9 @@ impl Config {
         if self.auth_token.as_deref() == Some("") {
             return Err(invalid("-auth-token: must not be empty"));
         }
+        if self.cluster_token.as_deref() == Some("") {
+            return Err(invalid("-cluster-token: must not be empty"));
+        }
         if self.max_payload == 0 || self.max_payload > MAX_MAX_PAYLOAD {
             return Err(invalid(format!(
                 "-max-payload: {} is out of range (1B to 64MiB)",
@@ -801,7 +815,16 @@ impl Config {
             .unwrap_or(DEFAULT_MAX_PENDING_TOTAL.max(self.max_pending))
     }
 
-    /// One line with every setting; tokens appear only as `set` / `unset`.
+    /// The secret cluster members share: `-cluster-token`, else
+    /// `-control-token`; `None` when neither is set.
+    pub fn cluster_secret(&self) -> Option<&str> {
+        self.cluster_token
+            .as_deref()
+            .or(self.control_token.as_deref())
+    }
+
+    /// One line with every setting; tokens appear only as `set` / `unset`
+    /// (the cluster token also as `control-token` when it defaults to it).
     pub fn summary(&self) -> String {
         let secret = |t: &Option<String>| if t.is_some() { "set" } else { "unset" };
         let peers = if self.raft_peers.is_empty() {
@@ -815,7 +838,7 @@ impl Config {
             join(self.cluster.iter())
         };
         format!(
-            "node_id={} addr={} data={} control_token={} auth_token={} \
+            "node_id={} addr={} data={} control_token={} auth_token={} cluster_token={} \
              max_payload={} max_pending={} max_pending_total={} ping_interval={} ping_timeout={} \
              connect_timeout={} allow_eio3={} cors_origin={} log_level={} \
              raft_addr={} raft_peers={} cluster={} bootstrap={} raft_log={} \
@@ -825,6 +848,11 @@ impl Config {
             self.data_dir.display(),
             secret(&self.control_token),
             secret(&self.auth_token),
+            match (&self.cluster_token, &self.control_token) {
+                (Some(_), _) => "set",
+                (None, Some(_)) => "control-token",
+                (None, None) => "unset",
+            },
             format_size(self.max_payload),
             format_size(self.max_pending),
             format_size(self.pending_total()),
@@ -1784,6 +1812,25 @@ mod tests {
         assert!(line.contains("cluster=127.0.0.1:8002"));
         assert!(line.contains("raft_log=durable"));
         assert!(line.contains("sync=always segment_size=64MiB"));
+    }
+
+    #[test]
+    fn cluster_token_defaults_to_the_control_token_and_is_never_shown() {
+        let cfg = ok(&["-control-token=ctl"]);
+        assert_eq!(cfg.cluster_token, None);
+        assert_eq!(cfg.cluster_secret(), Some("ctl"));
+        assert!(cfg.summary().contains("cluster_token=control-token"));
+        let cfg = ok(&["-control-token=ctl", "-cluster-token=peers-only"]);
+        assert_eq!(cfg.cluster_secret(), Some("peers-only"));
+        assert!(cfg.summary().contains("cluster_token=set"));
+        assert!(!cfg.summary().contains("peers-only"));
+        let cfg = ok(&["-cluster-token="]);
+        assert_eq!(cfg.cluster_secret(), None);
+        assert!(cfg.summary().contains("cluster_token=unset"));
+        let env = |name: &str| (name == "GOMBUS_CLUSTER_TOKEN").then(|| "from-env".to_string());
+        let cfg = parse_with_env(argv(&[]), env).unwrap();
+        assert_eq!(cfg.cluster_secret(), Some("from-env"));
+        assert!(usage().contains("-cluster-token token"));
     }
 
     #[test]

@@ -19,12 +19,15 @@
 //! - [`cli`]: the `gombus` command line, on the client.
 //! - [`cluster`]: cluster mode's Raft: a pure consensus core, its log
 //!   storage and its node-to-node transport.
+//! - [`crypto`]: SHA-256, HMAC-SHA256 and OS randomness, for the proofs
+//!   cluster members exchange.
 
 pub mod broker;
 pub mod cli;
 pub mod client;
 pub mod cluster;
 pub mod config;
+pub mod crypto;
 pub mod log;
 pub mod net;
 pub mod protocol;

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 const RULES: &[(&str, &[&str])] = &[
     ("rand", &[]),
     ("storage", &[]),
+    ("crypto", &[]),
     ("protocol", &["rand"]),
     ("config", &["storage"]),
     ("log", &["config"]),
@@ -21,12 +22,14 @@ const RULES: &[(&str, &[&str])] = &[
     ("cli", &["rand", "protocol", "config", "log", "client"]),
     (
         "cluster",
-        &["rand", "storage", "protocol", "config", "log", "client"],
+        &[
+            "rand", "storage", "crypto", "protocol", "config", "log", "client",
+        ],
     ),
     (
         "broker",
         &[
-            "rand", "storage", "protocol", "config", "log", "stream", "cluster",
+            "rand", "storage", "crypto", "protocol", "config", "log", "stream", "cluster",
         ],
     ),
 ];
@@ -40,6 +43,9 @@ const EXCEPTIONS: &[(&str, &str)] = &[
     // The control-state machine (cluster/fsm.rs) applies changes to the
     // broker's own subscription table and group modes.
     ("cluster", "broker"),
+    // HMAC tags are compared with the broker's constant-time token_eq
+    // (broker/session.rs), which belongs in crypto.
+    ("crypto", "broker"),
 ];
 
 /// The top-level modules named by `crate::` paths in `text`, comments left

@@ -1,13 +1,20 @@
 //! The Raft transport over loopback: messages arrive whole and in order
 //! (including a large one, and one written a byte at a time), a corrupt
 //! frame closes only its connection, a restarted peer is reconnected, and
-//! a peer that stops reading costs a bounded queue, not memory.
+//! a peer that stops reading costs a bounded queue, not memory. With a
+//! cluster secret: members that share it talk, one with another secret is
+//! sent nothing, a proven connection speaks only for its own node, and
+//! strangers' connections neither push members out nor stay past their
+//! time.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use std::io::Read;
+
+use gombus::cluster::raft_auth::{self, ClusterKey, Frame, Role, Transcript};
 use gombus::cluster::raft_msg::{self, Body, Entry, EntryKind, Message, NodeId};
 use gombus::cluster::raft_transport::{Transport, TransportConfig};
 use gombus::storage::record;
@@ -277,4 +284,247 @@ fn a_message_larger_than_the_queue_cap_goes_out_alone() {
         2,
         "past the frame limit it is dropped"
     );
+}
+
+fn with_secret(secret: &[u8]) -> impl Fn(&mut TransportConfig) + '_ {
+    move |c: &mut TransportConfig| c.secret = Some(ClusterKey::new(secret))
+}
+
+/// Polls every transport once, briefly.
+fn turn(ts: &mut BTreeMap<NodeId, Transport>, inbox: &mut BTreeMap<NodeId, Vec<Message>>) {
+    for (id, t) in ts.iter_mut() {
+        t.poll(Duration::from_millis(1), inbox.entry(*id).or_default())
+            .unwrap();
+    }
+}
+
+#[test]
+fn members_sharing_the_secret_prove_themselves_and_talk() {
+    let mut ts = cluster(3, with_secret(b"s3cret"));
+    let msgs: Vec<Message> = (0..50).map(|i| append(1, 2, i, 100)).collect();
+    for m in &msgs {
+        ts.get_mut(&1).unwrap().send(m);
+    }
+    let back = append(3, 1, 7, 10);
+    ts.get_mut(&3).unwrap().send(&back);
+    let mut inbox = BTreeMap::new();
+    pump(&mut ts, &mut inbox, |ib, _| {
+        ib.get(&2).map_or(0, |v| v.len()) == 50 && ib.get(&1).map_or(0, |v| v.len()) == 1
+    });
+    assert_eq!(inbox[&2], msgs);
+    assert_eq!(inbox[&1], [back]);
+    assert!(ts[&1].is_connected(2));
+    assert!(ts[&2].stats().handshakes >= 1);
+    assert_eq!(ts[&2].stats().refused_proof, 0);
+}
+
+#[test]
+fn a_member_with_another_secret_is_sent_nothing_and_heard_from_never() {
+    let mut ts = cluster(2, with_secret(b"right"));
+    let addr1 = ts[&1].local_addr().unwrap();
+    let addr2 = ts[&2].local_addr().unwrap();
+    // Node 2 comes back with another secret on the same address.
+    ts.remove(&2);
+    let mut cfg = TransportConfig::new(2, addr2, [(1, addr1)].into());
+    cfg.secret = Some(ClusterKey::new(b"wrong"));
+    cfg.backoff_max = Duration::from_millis(100);
+    ts.insert(2, Transport::bind(cfg).unwrap());
+    ts.get_mut(&1).unwrap().send(&append(1, 2, 1, 10));
+    ts.get_mut(&2).unwrap().send(&append(2, 1, 1, 10));
+    let mut inbox = BTreeMap::new();
+    // Both dial, both find the other's proof does not verify.
+    pump(&mut ts, &mut inbox, |_, ts| {
+        ts[&1].stats().refused_proof >= 2 && ts[&2].stats().refused_proof >= 2
+    });
+    assert!(inbox.values().all(Vec::is_empty), "{inbox:?}");
+    assert!(!ts[&1].is_connected(2) && !ts[&2].is_connected(1));
+    assert_eq!(ts[&1].stats().handshakes, 0);
+    // Nothing left the queues: a peer that has not proven itself is
+    // written nothing.
+    assert!(ts[&1].queued_bytes(2) > 0 && ts[&2].queued_bytes(1) > 0);
+}
+
+/// Reads exactly `buf.len()` bytes from `s` while the transports run.
+fn read_polling(
+    s: &mut TcpStream,
+    buf: &mut [u8],
+    ts: &mut BTreeMap<NodeId, Transport>,
+    inbox: &mut BTreeMap<NodeId, Vec<Message>>,
+) {
+    s.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut at = 0;
+    while at < buf.len() {
+        assert!(Instant::now() < deadline, "no answer from the transport");
+        turn(ts, inbox);
+        match s.read(&mut buf[at..]) {
+            Ok(0) => panic!("closed by the transport"),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    s.set_nonblocking(false).unwrap();
+}
+
+/// Dials node `acceptor` and runs the dialer's side of the handshake as
+/// node `dialer`; returns the proven stream.
+fn handshake(
+    ts: &mut BTreeMap<NodeId, Transport>,
+    inbox: &mut BTreeMap<NodeId, Vec<Message>>,
+    key: &ClusterKey,
+    dialer: NodeId,
+    acceptor: NodeId,
+) -> TcpStream {
+    let mut s = TcpStream::connect(ts[&acceptor].local_addr().unwrap()).unwrap();
+    let nonce = [7u8; raft_auth::NONCE_BYTES];
+    let mut out = Vec::new();
+    raft_auth::encode_dialer_hello(&mut out, dialer, acceptor, &nonce);
+    s.write_all(&out).unwrap();
+    let mut answer = vec![0u8; raft_auth::framed(raft_auth::ACCEPTOR_HELLO_BYTES)];
+    read_polling(&mut s, &mut answer, ts, inbox);
+    let Ok(Some(Frame::AcceptorHello {
+        nonce: theirs,
+        proof,
+        ..
+    })) = raft_auth::read_frame(&answer, raft_auth::ACCEPTOR_HELLO_BYTES)
+    else {
+        panic!("no acceptor hello");
+    };
+    let tr = Transcript {
+        dialer,
+        acceptor,
+        dialer_nonce: nonce,
+        acceptor_nonce: theirs,
+    };
+    assert!(raft_auth::check(key, Role::Acceptor, &tr, &proof));
+    out.clear();
+    raft_auth::encode_dialer_proof(&mut out, &raft_auth::proof(key, Role::Dialer, &tr));
+    s.write_all(&out).unwrap();
+    s
+}
+
+fn frame(m: &Message) -> Vec<u8> {
+    let mut body = Vec::new();
+    raft_msg::encode(&mut body, m);
+    let mut out = Vec::new();
+    record::encode(&mut out, &body);
+    out
+}
+
+#[test]
+fn a_proven_connection_speaks_only_for_its_own_node() {
+    let key = ClusterKey::new(b"s3cret");
+    let mut ts = cluster(3, with_secret(b"s3cret"));
+    // This test speaks for node 3 (a node's newest proven connection
+    // replaces its older one).
+    ts.remove(&3);
+    let mut inbox = BTreeMap::new();
+    let mut s = handshake(&mut ts, &mut inbox, &key, 3, 2);
+    let forged = append(1, 2, 9, 4);
+    let own = append(3, 2, 10, 4);
+    s.write_all(&frame(&forged)).unwrap();
+    s.write_all(&frame(&own)).unwrap();
+    pump(&mut ts, &mut inbox, |ib, _| {
+        ib.get(&2).is_some_and(|v| v.contains(&own))
+    });
+    assert!(!inbox[&2].contains(&forged));
+    assert_eq!(ts[&2].stats().rejected_sender, 1);
+}
+
+#[test]
+fn a_raft_frame_without_a_handshake_is_refused_and_closed() {
+    let mut ts = cluster(2, with_secret(b"s3cret"));
+    let addr = ts[&2].local_addr().unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    let m = Message {
+        from: 1,
+        to: 2,
+        term: 1000,
+        body: Body::Heartbeat {
+            commit: 0,
+            commit_term: 0,
+            read_seq: 0,
+        },
+    };
+    s.write_all(&frame(&m)).unwrap();
+    s.set_nonblocking(true).unwrap();
+    let mut inbox = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut b = [0u8; 16];
+    loop {
+        turn(&mut ts, &mut inbox);
+        match s.read(&mut b) {
+            Ok(0) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => break,
+            Ok(n) => panic!("the transport wrote {n} bytes to a stranger"),
+        }
+        assert!(Instant::now() < deadline, "the connection stayed open");
+    }
+    assert!(inbox.get(&2).is_none_or(Vec::is_empty));
+    assert_eq!(ts[&2].stats().refused_hello, 1);
+}
+
+#[test]
+fn strangers_cannot_push_a_member_out_and_leave_after_the_timeout() {
+    let mut ts = cluster(2, |c| {
+        with_secret(b"s3cret")(c);
+        c.inbound_max = 4;
+        c.handshake_timeout = Duration::from_millis(300);
+    });
+    let addr = ts[&2].local_addr().unwrap();
+    let mut inbox = BTreeMap::new();
+    ts.get_mut(&1).unwrap().send(&append(1, 2, 1, 5));
+    pump(&mut ts, &mut inbox, |ib, _| {
+        ib.get(&2).is_some_and(|v| v.len() == 1)
+    });
+    // Twenty idle sockets, ten that send a hello and stall, five garbage.
+    let mut strangers: Vec<TcpStream> =
+        (0..20).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    for _ in 0..10 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let mut out = Vec::new();
+        raft_auth::encode_dialer_hello(&mut out, 1, 2, &[1; raft_auth::NONCE_BYTES]);
+        s.write_all(&out).unwrap();
+        strangers.push(s);
+    }
+    for _ in 0..5 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(&[0xff; 64]).unwrap();
+        strangers.push(s);
+    }
+    // Every stranger is taken and dealt with (closed to make room,
+    // refused, or waiting), and never more than four wait at once.
+    let dealt = |ts: &BTreeMap<NodeId, Transport>| {
+        let st = ts[&2].stats();
+        st.evicted + st.refused_hello + ts[&2].unbound_inbound() as u64
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dealt(&ts) < 35 {
+        assert!(Instant::now() < deadline, "{:?}", ts[&2].stats());
+        turn(&mut ts, &mut inbox);
+        assert!(ts[&2].unbound_inbound() <= 4);
+    }
+    // The member's connection was never touched: its messages still come.
+    let m = append(1, 2, 2, 5);
+    ts.get_mut(&1).unwrap().send(&m);
+    pump(&mut ts, &mut inbox, |ib, _| {
+        ib.get(&2).is_some_and(|v| v.contains(&m))
+    });
+    assert_eq!(ts[&1].stats().connects, 1, "node 1 never had to reconnect");
+    let st = ts[&2].stats();
+    assert!(st.evicted >= 20, "{st:?}");
+    // A silent stranger and one that stalls after its hello are closed
+    // once their time is up.
+    let timeouts = ts[&2].stats().refused_timeout;
+    let quiet = TcpStream::connect(addr).unwrap();
+    let mut stalled = TcpStream::connect(addr).unwrap();
+    let mut out = Vec::new();
+    raft_auth::encode_dialer_hello(&mut out, 1, 2, &[2; raft_auth::NONCE_BYTES]);
+    stalled.write_all(&out).unwrap();
+    pump(&mut ts, &mut inbox, |_, ts| {
+        ts[&2].stats().refused_timeout >= timeouts + 2 && ts[&2].unbound_inbound() == 0
+    });
+    drop((strangers, quiet, stalled));
 }

@@ -8,6 +8,7 @@ use gombus::broker::cluster::ClusterSettings;
 use gombus::broker::dispatch::ENVELOPE_BYTES;
 use gombus::broker::{Broker, BrokerConfig};
 use gombus::cluster::node::NodeConfig;
+use gombus::cluster::raft_auth::ClusterKey;
 use gombus::config::{self, ConfigError};
 use gombus::net::server::{Server, Settings, IN_BYTES_MAX, POLLING_SESSIONS_MAX};
 use gombus::net::signal;
@@ -31,6 +32,7 @@ fn main() -> ExitCode {
         node_id: cfg.node_id.clone(),
         control_token: cfg.control_token.clone(),
         auth_token: cfg.auth_token.clone(),
+        cluster_token: cfg.cluster_secret().map(str::to_string),
         max_payload: cfg.max_payload,
         connect_timeout: cfg.connect_timeout,
     });
@@ -98,6 +100,8 @@ fn cluster_settings(cfg: &config::Config) -> Option<ClusterSettings> {
             data: cfg.data_dir.clone(),
             memory_log: cfg.raft_log == config::RaftLogKind::Memory,
             bootstrap: cfg.bootstrap,
+            secret: cfg.cluster_secret().map(|t| ClusterKey::new(t.as_bytes())),
+            names: (1..).zip(names.iter().cloned()).collect(),
         },
         names,
         peers_http: cfg.cluster.clone(),

@@ -190,20 +190,28 @@ impl Cluster {
         }
     }
 
-    /// Starts the Raft thread and the peer links; both wake `waker`.
+    /// Starts the Raft thread and the peer links; both wake `waker`. The
+    /// links log in to the peers' `/control` with the cluster token.
     pub fn start(
         &mut self,
         waker: Arc<mio::Waker>,
-        control_token: Option<String>,
+        cluster_token: Option<String>,
         auth_token: Option<String>,
     ) -> Result<(), String> {
+        if self.settings.raft.secret.is_none() {
+            crate::log_warn!(
+                "cluster: neither -cluster-token nor -control-token is set: any host that \
+                 reaches the Raft port {} can take part in the cluster",
+                self.settings.raft.listen
+            );
+        }
         self.raft = Some(RaftNode::start(
             self.settings.raft.clone(),
             Arc::clone(&waker),
         )?);
         self.links = Some(Links::start(
             &self.settings.peers_http,
-            control_token,
+            cluster_token,
             auth_token,
             waker,
         ));
@@ -1201,6 +1209,8 @@ mod tests {
                 data: std::path::PathBuf::from("/nonexistent"),
                 memory_log: true,
                 bootstrap: false,
+                secret: None,
+                names: BTreeMap::new(),
             },
             peers_http: vec![],
         };

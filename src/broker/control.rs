@@ -1,5 +1,6 @@
 //! The `/control` namespace: queue-group rules, server info and cluster
-//! status, for operators and (later) peer nodes.
+//! status for operators, and the node-to-node events of peer nodes
+//! (`cluster.command`, `cluster.forward`), which need the cluster token.
 
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -27,7 +28,18 @@ impl Broker {
         arg: Option<&RawValue>,
         attachments: &[Vec<u8>],
     ) -> Result<Option<String>, ApiError> {
+        let peer = self
+            .sessions
+            .get(conn)
+            .and_then(Option::as_ref)
+            .is_some_and(|s| s.peer);
         match name {
+            // Node-to-node events: only for connections that presented
+            // the cluster token (docs/PROTOCOL.md, "Node-to-node trust").
+            "cluster.command" | "cluster.forward" if !peer => Err(ApiError::new(
+                Code::Unauthorized,
+                format!("{name} is for cluster members: it needs the cluster token"),
+            )),
             "cluster.command" => self.cluster_command(conn, ack_id, arg),
             "cluster.forward" => self.cluster_forward(io, attachments),
             other => self.control_query(io, conn, ack_id, other, arg),

@@ -32,6 +32,9 @@ pub struct BrokerConfig {
     pub node_id: String,
     pub control_token: Option<String>,
     pub auth_token: Option<String>,
+    /// The secret cluster members share (`-cluster-token`, else
+    /// `-control-token`): on `/control` it grants the node-to-node events.
+    pub cluster_token: Option<String>,
     pub max_payload: usize,
     pub connect_timeout: Duration,
 }
@@ -192,9 +195,12 @@ impl Broker {
             nsp: legacy_query.map_or(p.nsp, |(nsp, _)| nsp),
             ..*p
         };
-        let token = match p.nsp {
-            NSP_ROOT => self.cfg.auth_token.clone(),
-            NSP_CONTROL => self.cfg.control_token.clone(),
+        let (token, cluster) = match p.nsp {
+            NSP_ROOT => (self.cfg.auth_token.clone(), None),
+            NSP_CONTROL => (
+                self.cfg.control_token.clone(),
+                self.cfg.cluster_token.clone(),
+            ),
             other => {
                 let body = br#"{"message":"Invalid namespace"}"#;
                 let head = socketio::encode(Kind::ConnectError, 0, other, None, "");
@@ -202,19 +208,23 @@ impl Broker {
                 return;
             }
         };
-        if let Some(expected) = token {
-            let given_ok = match legacy_query {
-                Some((_, query)) => {
-                    let given = query_param(query, "token").unwrap_or_default();
-                    token_eq(given.as_bytes(), expected.as_bytes())
-                }
-                None => auth_token_ok(p.data, &expected),
-            };
-            if !given_ok {
-                let head = socketio::encode(Kind::ConnectError, 0, p.nsp, None, "");
-                io.send_text(conn, &[&head, br#"{"message":"unauthorized"}"#]);
-                return;
-            }
+        let given = || match legacy_query {
+            Some((_, query)) => query_param(query, "token").unwrap_or_default(),
+            None => auth_token(p.data),
+        };
+        let holds = |expected: &Option<String>| {
+            expected
+                .as_ref()
+                .is_none_or(|e| token_eq(given().as_bytes(), e.as_bytes()))
+        };
+        // On /control the cluster token also admits (a peer node's link),
+        // and only it grants the node-to-node events.
+        let peer = p.nsp == NSP_CONTROL && holds(&cluster);
+        let admitted = holds(&token) || (peer && cluster.is_some());
+        if !admitted {
+            let head = socketio::encode(Kind::ConnectError, 0, p.nsp, None, "");
+            io.send_text(conn, &[&head, br#"{"message":"unauthorized"}"#]);
+            return;
         }
         let id = self.random_id();
         let Some(session) = self.session(conn) else {
@@ -225,6 +235,7 @@ impl Broker {
             self.join_root(conn);
         } else {
             session.control = true;
+            session.peer = peer;
         }
         crate::log_debug!("conn {conn} joined {}", p.nsp);
         let body = format!("{{\"sid\":\"{id}\"}}");
@@ -912,17 +923,16 @@ fn push_json_str(out: &mut Vec<u8>, s: &str) {
     }
 }
 
-/// Whether a CONNECT payload carries the expected token.
-fn auth_token_ok(data: &str, expected: &str) -> bool {
+/// The token a CONNECT payload carries (empty if none).
+fn auth_token(data: &str) -> String {
     #[derive(serde::Deserialize)]
     struct Auth {
         token: Option<String>,
     }
-    let given = serde_json::from_str::<Auth>(data)
+    serde_json::from_str::<Auth>(data)
         .ok()
         .and_then(|a| a.token)
-        .unwrap_or_default();
-    token_eq(given.as_bytes(), expected.as_bytes())
+        .unwrap_or_default()
 }
 
 /// A percent-decoded query parameter (`a=1&token=x%2By`).
@@ -1101,7 +1111,7 @@ impl Handler for Broker {
 
     fn attach(&mut self, waker: std::sync::Arc<mio::Waker>) {
         self.streams.attach(std::sync::Arc::clone(&waker));
-        let tokens = (self.cfg.control_token.clone(), self.cfg.auth_token.clone());
+        let tokens = (self.cfg.cluster_token.clone(), self.cfg.auth_token.clone());
         if let Some(c) = self.cluster.as_mut() {
             if let Err(e) = c.start(waker, tokens.0, tokens.1) {
                 // Without its Raft group the node cannot serve as a member.

@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 
 use super::streams::StreamSummary;
 use super::Broker;
+use crate::cluster::raft_transport::TransportStats;
 use crate::net::NetStats;
 use crate::protocol::errors::Code;
 
@@ -88,6 +89,7 @@ impl Broker {
 
     fn node_families(&self) -> Vec<Family> {
         let raft = self.raft_figures();
+        let t = raft.transport;
         let mut reachable = Family::gauge(
             "gombus_raft_peer_reachable",
             "1 if the peer answered recently (this node counts itself).",
@@ -141,6 +143,23 @@ impl Broker {
                 "Raft messages dropped because a peer's send queue was full.",
             )
             .with(vec![], raft.raft_dropped as f64),
+            Family::counter(
+                "gombus_raft_messages_rejected_total",
+                "Raft messages dropped on arrival: naming another sender than the member \
+                 their connection proved to be (sender), or a stranger or another node (address).",
+            )
+            .with(vec![("reason", "sender".into())], t.rejected_sender as f64)
+            .with(vec![("reason", "address".into())], t.misaddressed as f64),
+            Family::counter(
+                "gombus_raft_handshakes_refused_total",
+                "Raft connections closed before proving themselves: a proof that did not verify \
+                 (proof), no valid hello (hello), too slow (timeout), or closed to make room for \
+                 newer ones (evicted).",
+            )
+            .with(vec![("reason", "proof".into())], t.refused_proof as f64)
+            .with(vec![("reason", "hello".into())], t.refused_hello as f64)
+            .with(vec![("reason", "timeout".into())], t.refused_timeout as f64)
+            .with(vec![("reason", "evicted".into())], t.evicted as f64),
         ]
     }
 }
@@ -155,6 +174,7 @@ struct RaftFigures {
     forwarded: u64,
     dropped: u64,
     raft_dropped: u64,
+    transport: TransportStats,
 }
 
 impl Broker {
@@ -169,6 +189,7 @@ impl Broker {
                 forwarded: 0,
                 dropped: 0,
                 raft_dropped: 0,
+                transport: TransportStats::default(),
             };
         };
         let view = c.view.as_ref();
@@ -188,6 +209,7 @@ impl Broker {
             forwarded: c.forwarded,
             dropped: c.forwards_dropped,
             raft_dropped: view.map_or(0, |v| v.dropped),
+            transport: view.map_or_else(TransportStats::default, |v| v.transport),
         }
     }
 }

@@ -14,6 +14,9 @@ pub struct Session {
     pub root: bool,
     /// Joined `/control`.
     pub control: bool,
+    /// Joined `/control` with the cluster token (or none is set): may send
+    /// the node-to-node events.
+    pub peer: bool,
     pub attachments: Reassembly,
     /// Counter for server-assigned subscription sids.
     pub next_sid: u64,

@@ -11,6 +11,8 @@
 //!   framed, fsynced) implementation, and the crc-framed state file.
 //! - [`raft_transport`]: node-to-node TCP on its own mio `Poll`, length +
 //!   crc32 framed, with reconnect backoff and bounded send queues.
+//! - [`raft_auth`]: the handshake by which every Raft connection proves
+//!   its ends hold the cluster secret.
 //! - [`fsm`]: the control-state machine every replicated change goes
 //!   through, with its snapshots.
 //! - [`node`]: the Raft thread of a broker in cluster mode.
@@ -21,6 +23,7 @@ pub mod fsm;
 pub mod link;
 pub mod node;
 pub mod raft;
+pub mod raft_auth;
 pub mod raft_log;
 pub mod raft_msg;
 pub mod raft_transport;

@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 use mio::Waker;
 
 use super::raft::{self, Config, ProposeError, Proposed, Raft, Role, Status};
+use super::raft_auth::ClusterKey;
 use super::raft_log::{self, DurableLog, LogStore, MemoryLog, StateFile};
 use super::raft_msg::{EntryKind, NodeId};
-use super::raft_transport::{Transport, TransportConfig};
+use super::raft_transport::{Transport, TransportConfig, TransportStats};
 
 /// What the broker asks of the Raft thread.
 pub enum ToRaft {
@@ -78,6 +79,8 @@ pub struct View {
     pub peers: Vec<PeerView>,
     /// Raft messages the transport dropped because a peer's queue was full.
     pub dropped: u64,
+    /// The transport's counters (handshakes refused, messages rejected).
+    pub transport: TransportStats,
 }
 
 /// How to start a node.
@@ -91,6 +94,11 @@ pub struct NodeConfig {
     pub data: PathBuf,
     pub memory_log: bool,
     pub bootstrap: bool,
+    /// The cluster secret every Raft connection proves it holds (none:
+    /// no handshake, anyone who reaches the Raft port takes part).
+    pub secret: Option<ClusterKey>,
+    /// Members' names, for log lines.
+    pub names: BTreeMap<NodeId, String>,
 }
 
 /// The broker's handle on the Raft thread.
@@ -133,8 +141,10 @@ impl RaftNode {
             .filter(|(id, _)| **id != cfg.id)
             .map(|(id, a)| (*id, *a))
             .collect();
-        let net = Transport::bind(TransportConfig::new(cfg.id, cfg.listen, peers))
-            .map_err(|e| format!("raft listen {}: {e}", cfg.listen))?;
+        let mut tcfg = TransportConfig::new(cfg.id, cfg.listen, peers);
+        tcfg.secret = cfg.secret.clone();
+        tcfg.names = cfg.names.clone();
+        let net = Transport::bind(tcfg).map_err(|e| format!("raft listen {}: {e}", cfg.listen))?;
         let wake_raft = net.waker();
         let (tx, in_rx) = mpsc::channel();
         let (out_tx, rx) = mpsc::channel();
@@ -153,6 +163,7 @@ impl RaftNode {
             notify,
             view: Arc::clone(&view),
             stop: Arc::clone(&stop),
+            snapshot_asked: false,
         };
         let thread = std::thread::Builder::new()
             .name("raft".into())
@@ -224,6 +235,7 @@ fn view_of(core: &Raft, net: &Transport) -> View {
         last_index: core.last_index(),
         peers,
         dropped: net.stats().dropped_full,
+        transport: net.stats(),
     }
 }
 
@@ -237,6 +249,8 @@ struct Worker {
     notify: Arc<Waker>,
     view: Arc<Mutex<View>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// A snapshot was asked of the broker and has not come back yet.
+    snapshot_asked: bool,
 }
 
 impl Worker {
@@ -264,7 +278,10 @@ impl Worker {
                         };
                         out.push(FromRaft::Proposed { tag, result });
                     }
-                    Ok(ToRaft::Compact { index, data }) => self.core.compact(index, data),
+                    Ok(ToRaft::Compact { index, data }) => {
+                        self.snapshot_asked = false;
+                        self.core.compact(index, data);
+                    }
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => return,
                 }
@@ -296,16 +313,31 @@ impl Worker {
     }
 
     /// Persist, then send, then hand over for applying.
+    ///
+    /// The core asks for a snapshot in every `Ready` until one is handed
+    /// to it, and the broker's answer only comes through `rx`, outside
+    /// this loop: the wish is passed on once, and a `Ready` that holds
+    /// nothing else ends the loop (else it would spin here for ever, the
+    /// node silent to its peers).
     fn drive(&mut self, out: &mut Vec<FromRaft>) -> Result<(), String> {
         loop {
             let ready = self.core.ready();
             if ready.is_empty() {
                 return Ok(());
             }
+            let stored =
+                ready.hard_state.is_some() || ready.snapshot.is_some() || ready.entries.is_some();
             let state = &mut self.state;
             raft_log::persist(&ready, &mut |hs| state.save(hs), self.log.as_mut())
                 .map_err(|e| e.to_string())?;
             let after = ready.persisted();
+            let only_wish = !stored
+                && after.messages.is_empty()
+                && after.restore.is_none()
+                && after.committed.is_empty()
+                && after.reads.is_empty()
+                && after.forwarded.is_empty()
+                && after.status.is_none();
             for m in &after.messages {
                 self.net.send(m);
             }
@@ -331,9 +363,107 @@ impl Worker {
             if let Some(s) = after.status {
                 out.push(FromRaft::Status(s));
             }
-            if after.want_snapshot {
+            if after.want_snapshot && !self.snapshot_asked {
+                self.snapshot_asked = true;
                 out.push(FromRaft::WantSnapshot);
             }
+            if only_wish {
+                return Ok(());
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a test saw the Raft thread report.
+    #[derive(Default)]
+    struct Seen {
+        applied: u64,
+        wishes: u32,
+        leader: bool,
+    }
+
+    /// Takes what `node` reports until `done`, failing after 5 s.
+    fn drain(node: &RaftNode, seen: &mut Seen, done: impl Fn(&Seen) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            while let Some(m) = node.try_recv() {
+                match m {
+                    FromRaft::Apply { index, .. } => seen.applied = seen.applied.max(index),
+                    FromRaft::WantSnapshot => seen.wishes += 1,
+                    FromRaft::Status(s) => seen.leader = s.role == Role::Leader,
+                    _ => {}
+                }
+            }
+            if done(seen) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "stuck at applied {}",
+                seen.applied
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The core asks for a snapshot in every `Ready` once the log is
+    /// long; until the broker's snapshot comes back, the thread must go
+    /// on committing (not spin on the wish), and ask only once.
+    #[test]
+    fn a_node_due_for_a_snapshot_keeps_working_until_it_gets_one() {
+        let poll = mio::Poll::new().unwrap();
+        let waker = Arc::new(Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let data = std::env::temp_dir().join(format!(
+            "gombus-node-snapshot-{}-{}",
+            std::process::id(),
+            crate::rand::random_seed()
+        ));
+        let cfg = NodeConfig {
+            id: 1,
+            listen,
+            members: [(1, listen)].into(),
+            data: data.clone(),
+            memory_log: true,
+            bootstrap: true,
+            secret: None,
+            names: BTreeMap::new(),
+        };
+        let node = RaftNode::start(cfg, waker).unwrap();
+        let mut seen = Seen::default();
+        drain(&node, &mut seen, |s| s.leader);
+        let target = Config::new(1, vec![1]).snapshot_entries + 500;
+        let mut tag = 0;
+        while seen.applied < target {
+            for _ in 0..200 {
+                tag += 1;
+                node.send(ToRaft::Propose {
+                    tag,
+                    data: b"x".to_vec(),
+                });
+            }
+            let want = tag;
+            drain(&node, &mut seen, |s| s.applied >= want);
+        }
+        assert_eq!(
+            seen.wishes, 1,
+            "asked once while the snapshot is outstanding"
+        );
+        node.send(ToRaft::Compact {
+            index: seen.applied,
+            data: Vec::new(),
+        });
+        let before = seen.applied;
+        node.send(ToRaft::Propose {
+            tag: tag + 1,
+            data: b"x".to_vec(),
+        });
+        drain(&node, &mut seen, |s| s.applied > before);
+        drop(node);
+        let _ = std::fs::remove_dir_all(&data);
     }
 }

@@ -11,6 +11,21 @@
 //! slow or dead peer never grows memory. A failed or lost connection is
 //! dialled again after a backoff that doubles up to a bound.
 //!
+//! With a cluster secret, every connection first runs the handshake of
+//! [`raft_auth`]: the dialer sends nothing of Raft until the acceptor has
+//! proven it holds the secret, and the acceptor reads no Raft frame until
+//! the dialer has. A proven inbound connection is bound to the node it
+//! proved to be, and a message on it naming another sender is dropped and
+//! counted. Without a secret there is no handshake and an inbound
+//! connection is bound to the sender of its first message.
+//!
+//! Accepted connections that are not bound to a member yet wait in a pool
+//! of their own ([`TransportConfig::inbound_max`] slots; the oldest is
+//! closed to make room, one that has not even said hello first), and with
+//! a secret each has [`TransportConfig::handshake_timeout`] to prove
+//! itself. Bound connections are held apart, one per member, so no number
+//! of strangers can push a member's connection out.
+//!
 //! Readiness is a hint: sockets are read and written until `WouldBlock`.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -22,6 +37,7 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
+use super::raft_auth::{self, ClusterKey, Frame, Role, Transcript, NONCE_BYTES};
 use super::raft_msg::{self, Message, NodeId};
 use crate::storage::record;
 
@@ -29,6 +45,9 @@ const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
 const PEER_BASE: usize = 1_000;
 const INBOUND_BASE: usize = 1_000_000;
+/// One log line of a kind (per peer, or per kind of refusal) at most this
+/// often; the lines left out are counted in the next one.
+const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Bounds and timings of the transport.
 #[derive(Debug, Clone)]
@@ -41,11 +60,22 @@ pub struct TransportConfig {
     pub queue_bytes_max: usize,
     /// Largest frame body accepted from a peer.
     pub frame_bytes_max: usize,
-    /// Most accepted connections held at once (the oldest is closed to
-    /// make room). With `frame_bytes_max`, this bounds inbound buffers.
+    /// Most accepted connections held at once that are not bound to a
+    /// member yet (the oldest is closed to make room). Members' own
+    /// connections, one each, are held apart. With `frame_bytes_max`, this
+    /// bounds inbound buffers.
     pub inbound_max: usize,
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    /// The cluster secret. With it every connection must prove itself
+    /// ([`raft_auth`]) before any message is acted on; without it there
+    /// is no handshake.
+    pub secret: Option<ClusterKey>,
+    /// How long a connection has to complete its handshake.
+    pub handshake_timeout: Duration,
+    /// Members' names for log lines (a member without one shows as its
+    /// number).
+    pub names: BTreeMap<NodeId, String>,
 }
 
 impl TransportConfig {
@@ -59,13 +89,23 @@ impl TransportConfig {
             inbound_max: 16,
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_secs(2),
+            secret: None,
+            handshake_timeout: Duration::from_secs(2),
+            names: BTreeMap::new(),
         }
+    }
+
+    fn name(&self, id: NodeId) -> String {
+        self.names
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(|| format!("node {id}"))
     }
 }
 
 const _: () = assert!(64 << 20 <= record::BODY_BYTES_MAX);
 
-/// Counters, for logs and tests.
+/// Counters, for logs, metrics and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TransportStats {
     pub sent: u64,
@@ -77,14 +117,65 @@ pub struct TransportStats {
     pub bad_frames: u64,
     /// Messages from unknown senders or for another node.
     pub misaddressed: u64,
+    /// Messages naming another sender than the member their connection
+    /// is bound to (dropped).
+    pub rejected_sender: u64,
+    /// Outbound connections made (and, with a secret, proven).
     pub connects: u64,
+    /// Handshakes completed, inbound and outbound.
+    pub handshakes: u64,
+    /// Handshakes refused because a proof did not verify (the dialer's,
+    /// or, on our own connections, the acceptor's).
+    pub refused_proof: u64,
+    /// Handshakes refused at the hello: not a handshake, or naming a
+    /// stranger or another node.
+    pub refused_hello: u64,
+    /// Handshakes not completed in time.
+    pub refused_timeout: u64,
+    /// Accepted connections not yet bound, closed to make room.
+    pub evicted: u64,
+}
+
+/// Log lines of one kind: at most one per [`LOG_EVERY`].
+#[derive(Default)]
+struct Limiter {
+    next: Option<Instant>,
+    quiet: u64,
+}
+
+impl Limiter {
+    /// `Some(lines left out since the last one)` when a line may go out.
+    fn allow(&mut self, now: Instant) -> Option<u64> {
+        if self.next.is_some_and(|n| now < n) {
+            self.quiet += 1;
+            return None;
+        }
+        self.next = Some(now + LOG_EVERY);
+        Some(std::mem::take(&mut self.quiet))
+    }
+}
+
+fn more(quiet: u64) -> String {
+    if quiet == 0 {
+        String::new()
+    } else {
+        format!(" ({quiet} more like it left out)")
+    }
 }
 
 struct Peer {
     addr: SocketAddr,
     token: Token,
     stream: Option<TcpStream>,
+    /// The TCP connection is established.
     connected: bool,
+    /// Frames may go out: the peer has proven itself (or no secret).
+    proven: bool,
+    /// Our nonce of the handshake under way, the acceptor's hello read so
+    /// far, and when the attempt is given up.
+    nonce: [u8; NONCE_BYTES],
+    hello: Vec<u8>,
+    deadline: Instant,
     /// Encoded frames not yet written, oldest first; `head_written` bytes
     /// of the first are already out.
     queue: VecDeque<Vec<u8>>,
@@ -92,11 +183,38 @@ struct Peer {
     queued_bytes: usize,
     next_dial: Instant,
     backoff: Duration,
+    log: Limiter,
+}
+
+/// Where an accepted connection stands.
+#[derive(Debug, Clone, Copy)]
+enum Stage {
+    /// Waiting for the dialer's hello (with a secret).
+    Hello,
+    /// Our hello and proof went out; waiting for the dialer's proof.
+    Proof(Transcript),
+    /// No secret: not bound yet; its first message binds it.
+    Open,
+    /// Bound to this member; its messages are read.
+    Member(NodeId),
 }
 
 struct Inbound {
     stream: TcpStream,
+    addr: SocketAddr,
     buf: Vec<u8>,
+    stage: Stage,
+    /// With a secret: closed if still unproven then.
+    deadline: Instant,
+}
+
+impl Inbound {
+    fn bound(&self) -> Option<NodeId> {
+        match self.stage {
+            Stage::Member(id) => Some(id),
+            _ => None,
+        }
+    }
 }
 
 /// The transport: a listener, one outbound connection per peer, and the
@@ -109,13 +227,32 @@ pub struct Transport {
     waker: Arc<Waker>,
     peers: BTreeMap<NodeId, Peer>,
     inbound: BTreeMap<Token, Inbound>,
+    /// The inbound connection each member is bound to.
+    bound: BTreeMap<NodeId, Token>,
     next_inbound: usize,
     stats: TransportStats,
     scratch: Vec<u8>,
+    log_proof: Limiter,
+    log_hello: Limiter,
 }
 
 fn would_block(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::WouldBlock
+}
+
+/// Writes a handshake frame whole, at once. A fresh connection's send
+/// buffer takes a hundred bytes; if it does not, the attempt fails.
+fn write_now(s: &mut TcpStream, bytes: &[u8]) -> bool {
+    let mut at = 0;
+    while at < bytes.len() {
+        match s.write(&bytes[at..]) {
+            Ok(0) => return false,
+            Ok(n) => at += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 impl Transport {
@@ -137,11 +274,16 @@ impl Transport {
                     token: Token(PEER_BASE + i),
                     stream: None,
                     connected: false,
+                    proven: false,
+                    nonce: [0; NONCE_BYTES],
+                    hello: Vec::new(),
+                    deadline: now,
                     queue: VecDeque::new(),
                     head_written: 0,
                     queued_bytes: 0,
                     next_dial: now,
                     backoff: cfg.backoff_min,
+                    log: Limiter::default(),
                 };
                 (id, p)
             })
@@ -154,9 +296,12 @@ impl Transport {
             waker,
             peers,
             inbound: BTreeMap::new(),
+            bound: BTreeMap::new(),
             next_inbound: 0,
             stats: TransportStats::default(),
             scratch: vec![0; 64 << 10],
+            log_proof: Limiter::default(),
+            log_hello: Limiter::default(),
         })
     }
 
@@ -186,9 +331,18 @@ impl Transport {
         self.peers.get(&peer).map_or(0, |p| p.queued_bytes)
     }
 
-    /// Whether the connection to `peer` is up.
+    /// Whether the connection to `peer` is up (and, with a secret, the
+    /// peer has proven itself on it).
     pub fn is_connected(&self, peer: NodeId) -> bool {
-        self.peers.get(&peer).is_some_and(|p| p.connected)
+        self.peers.get(&peer).is_some_and(|p| p.proven)
+    }
+
+    /// Accepted connections not bound to a member (yet).
+    pub fn unbound_inbound(&self) -> usize {
+        self.inbound
+            .values()
+            .filter(|c| c.bound().is_none())
+            .count()
     }
 
     /// Queues `m` for its destination; written by the next `poll` (or at
@@ -219,13 +373,16 @@ impl Transport {
     /// (appending whole messages to `inbox`), dials and writes.
     pub fn poll(&mut self, timeout: Duration, inbox: &mut Vec<Message>) -> io::Result<()> {
         let now = Instant::now();
+        self.expire(now);
         self.dial_due(now);
         self.flush_all();
         let wait = self
             .peers
             .values()
             .filter(|p| p.stream.is_none())
-            .map(|p| p.next_dial.saturating_duration_since(now))
+            .map(|p| p.next_dial)
+            .chain(self.handshake_deadlines())
+            .map(|t| t.saturating_duration_since(now))
             .min()
             .map_or(timeout, |d| d.min(timeout));
         match self.poll.poll(&mut self.events, Some(wait)) {
@@ -260,9 +417,83 @@ impl Transport {
                 }
             }
         }
-        self.dial_due(Instant::now());
+        let now = Instant::now();
+        self.expire(now);
+        self.dial_due(now);
         self.flush_all();
         Ok(())
+    }
+
+    /// When handshakes under way must be done by (with a secret).
+    fn handshake_deadlines(&self) -> Vec<Instant> {
+        if self.cfg.secret.is_none() {
+            return Vec::new();
+        }
+        let inbound = self
+            .inbound
+            .values()
+            .filter(|c| c.bound().is_none())
+            .map(|c| c.deadline);
+        let outbound = self
+            .peers
+            .values()
+            .filter(|p| p.stream.is_some() && !p.proven)
+            .map(|p| p.deadline);
+        inbound.chain(outbound).collect()
+    }
+
+    /// Closes the connections whose handshake ran out of time.
+    fn expire(&mut self, now: Instant) {
+        if self.cfg.secret.is_none() {
+            return;
+        }
+        let late: Vec<Token> = self
+            .inbound
+            .iter()
+            .filter(|(_, c)| c.bound().is_none() && c.deadline <= now)
+            .map(|(&t, _)| t)
+            .collect();
+        for t in late {
+            if let Some(c) = self.inbound.get(&t) {
+                crate::log_debug!(
+                    "raft: closed a connection from {} that did not prove itself in {:?}",
+                    c.addr,
+                    self.cfg.handshake_timeout
+                );
+            }
+            self.stats.refused_timeout += 1;
+            self.close_inbound(t);
+        }
+        let late: Vec<NodeId> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.stream.is_some() && !p.proven && p.deadline <= now)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in late {
+            self.stats.refused_timeout += 1;
+            let what = if self.peers.get(&id).is_some_and(|p| p.connected) {
+                "did not complete the handshake"
+            } else {
+                "could not be reached"
+            };
+            self.peer_log(
+                id,
+                &format!("{what} within {:?}", self.cfg.handshake_timeout),
+            );
+            self.drop_peer_conn(id);
+        }
+    }
+
+    /// A log line about peer `id`, at most one per [`LOG_EVERY`].
+    fn peer_log(&mut self, id: NodeId, what: &str) {
+        let name = self.cfg.name(id);
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        if let Some(quiet) = p.log.allow(Instant::now()) {
+            crate::log_warn!("raft: peer {name} at {}: {what}{}", p.addr, more(quiet));
+        }
     }
 
     fn peer_of(&self, t: Token) -> Option<NodeId> {
@@ -275,15 +506,9 @@ impl Transport {
     fn accept(&mut self) {
         loop {
             match self.listener.accept() {
-                Ok((mut stream, _)) => {
-                    if self.inbound.len() >= self.cfg.inbound_max {
-                        // Make room by closing the oldest: a peer that
-                        // reconnects must not be locked out by idle ones.
-                        if let Some((_, mut old)) = self.inbound.pop_first() {
-                            let _ = self.poll.registry().deregister(&mut old.stream);
-                        }
-                    }
-                    // Tokens only grow, so the map's first entry is the oldest.
+                Ok((mut stream, addr)) => {
+                    self.make_room();
+                    // Tokens only grow, so the map's order is age.
                     let token = Token(INBOUND_BASE + self.next_inbound);
                     self.next_inbound += 1;
                     if self
@@ -293,11 +518,19 @@ impl Transport {
                         .is_ok()
                     {
                         let _ = stream.set_nodelay(true);
+                        let stage = if self.cfg.secret.is_some() {
+                            Stage::Hello
+                        } else {
+                            Stage::Open
+                        };
                         self.inbound.insert(
                             token,
                             Inbound {
                                 stream,
+                                addr,
                                 buf: Vec::new(),
+                                stage,
+                                deadline: Instant::now() + self.cfg.handshake_timeout,
                             },
                         );
                     }
@@ -309,12 +542,174 @@ impl Transport {
         }
     }
 
-    /// Reads until `WouldBlock`, decoding whole frames as they complete
-    /// (so the buffer never holds more than one frame and one read).
+    /// Keeps unbound connections under `inbound_max` before one more is
+    /// taken: the oldest that has not said hello goes first, else the
+    /// oldest. Bound (members') connections are never touched.
+    fn make_room(&mut self) {
+        if self.unbound_inbound() < self.cfg.inbound_max.max(1) {
+            return;
+        }
+        let silent = self
+            .inbound
+            .iter()
+            .find(|(_, c)| matches!(c.stage, Stage::Hello | Stage::Open));
+        let victim = silent
+            .or_else(|| self.inbound.iter().find(|(_, c)| c.bound().is_none()))
+            .map(|(&t, _)| t);
+        if let Some(t) = victim {
+            self.stats.evicted += 1;
+            self.close_inbound(t);
+        }
+    }
+
+    fn close_inbound(&mut self, t: Token) {
+        if let Some(mut c) = self.inbound.remove(&t) {
+            let _ = self.poll.registry().deregister(&mut c.stream);
+            if let Some(id) = c.bound() {
+                if self.bound.get(&id) == Some(&t) {
+                    self.bound.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// Binds inbound connection `t` to member `id`; a connection bound to
+    /// it before (the member reconnected) is closed.
+    fn bind_member(&mut self, t: Token, id: NodeId) {
+        if let Some(c) = self.inbound.get_mut(&t) {
+            c.stage = Stage::Member(id);
+        }
+        if let Some(old) = self.bound.insert(id, t) {
+            if old != t {
+                self.close_inbound(old);
+            }
+        }
+    }
+
+    /// Reads until `WouldBlock`. While a connection proves itself, only
+    /// the bytes of the handshake frame due are read; after that, whole
+    /// frames are decoded as they complete (so the buffer never holds
+    /// more than one frame and one read).
     fn read_inbound(&mut self, t: Token, inbox: &mut Vec<Message>) {
+        loop {
+            let Some(conn) = self.inbound.get_mut(&t) else {
+                return;
+            };
+            let due = match conn.stage {
+                Stage::Hello => raft_auth::DIALER_HELLO_BYTES,
+                Stage::Proof(_) => raft_auth::DIALER_PROOF_BYTES,
+                Stage::Open | Stage::Member(_) => return self.read_messages(t, inbox),
+            };
+            let need = raft_auth::framed(due) - conn.buf.len();
+            match conn.stream.read(&mut self.scratch[..need]) {
+                Ok(0) => return self.close_inbound(t),
+                Ok(n) => conn.buf.extend_from_slice(&self.scratch[..n]),
+                Err(e) if would_block(&e) => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return self.close_inbound(t),
+            }
+            match raft_auth::read_frame(&conn.buf, due) {
+                Ok(None) => {}
+                Ok(Some(frame)) => {
+                    conn.buf.clear();
+                    self.on_handshake(t, frame);
+                }
+                Err(e) => {
+                    let addr = conn.addr;
+                    self.refuse_hello(t, addr, &e.to_string());
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Closes `t` for a hello that is not one this node accepts.
+    fn refuse_hello(&mut self, t: Token, addr: SocketAddr, why: &str) {
+        self.stats.refused_hello += 1;
+        if let Some(quiet) = self.log_hello.allow(Instant::now()) {
+            crate::log_warn!(
+                "raft: closed a connection from {addr}: {why} (a node without the cluster \
+                 token or with other -raft-peers, or not a node at all){}",
+                more(quiet)
+            );
+        }
+        self.close_inbound(t);
+    }
+
+    /// The acceptor's side of a handshake frame.
+    fn on_handshake(&mut self, t: Token, frame: Frame) {
+        let Some(key) = self.cfg.secret.clone() else {
+            return self.close_inbound(t);
+        };
+        let me = self.cfg.id;
         let Some(conn) = self.inbound.get_mut(&t) else {
             return;
         };
+        let addr = conn.addr;
+        match (conn.stage, frame) {
+            (
+                Stage::Hello,
+                Frame::DialerHello {
+                    dialer,
+                    acceptor,
+                    nonce,
+                },
+            ) => {
+                if acceptor != me {
+                    let why = format!("its hello is for node {acceptor}, this is node {me}");
+                    return self.refuse_hello(t, addr, &why);
+                }
+                if dialer == me || !self.cfg.peers.contains_key(&dialer) {
+                    let why = format!("its hello names node {dialer}, not a member");
+                    return self.refuse_hello(t, addr, &why);
+                }
+                let mut mine = [0u8; NONCE_BYTES];
+                if let Err(e) = crate::crypto::random_bytes(&mut mine) {
+                    crate::log_error!("raft: no random bytes for a handshake: {e}");
+                    return self.close_inbound(t);
+                }
+                let tr = Transcript {
+                    dialer,
+                    acceptor: me,
+                    dialer_nonce: nonce,
+                    acceptor_nonce: mine,
+                };
+                let proof = raft_auth::proof(&key, Role::Acceptor, &tr);
+                let mut out =
+                    Vec::with_capacity(raft_auth::framed(raft_auth::ACCEPTOR_HELLO_BYTES));
+                raft_auth::encode_acceptor_hello(&mut out, me, dialer, &mine, &proof);
+                if !write_now(&mut conn.stream, &out) {
+                    return self.close_inbound(t);
+                }
+                conn.stage = Stage::Proof(tr);
+            }
+            (Stage::Proof(tr), Frame::DialerProof { proof }) => {
+                if !raft_auth::check(&key, Role::Dialer, &tr, &proof) {
+                    self.stats.refused_proof += 1;
+                    if let Some(quiet) = self.log_proof.allow(Instant::now()) {
+                        crate::log_warn!(
+                            "raft: a connection from {addr} claiming to be {} failed its proof \
+                             (cluster tokens differ, or a replay); closed{}",
+                            self.cfg.name(tr.dialer),
+                            more(quiet)
+                        );
+                    }
+                    return self.close_inbound(t);
+                }
+                self.stats.handshakes += 1;
+                self.bind_member(t, tr.dialer);
+            }
+            _ => self.refuse_hello(t, addr, &raft_auth::Refused::Unexpected.to_string()),
+        }
+    }
+
+    /// Reads Raft frames on a bound (or, without a secret, still open)
+    /// connection until `WouldBlock`.
+    fn read_messages(&mut self, t: Token, inbox: &mut Vec<Message>) {
+        let Some(conn) = self.inbound.get_mut(&t) else {
+            return;
+        };
+        let mut sender = conn.bound();
         let close = loop {
             match conn.stream.read(&mut self.scratch) {
                 Ok(0) => break true,
@@ -323,14 +718,24 @@ impl Transport {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => break true,
             }
-            if !decode_frames(&self.cfg, &mut self.stats, &mut conn.buf, inbox) {
+            if !decode_frames(
+                &self.cfg,
+                &mut self.stats,
+                &mut conn.buf,
+                inbox,
+                &mut sender,
+            ) {
                 break true;
             }
         };
+        let newly = match (conn.stage, sender) {
+            (Stage::Open, Some(id)) => Some(id),
+            _ => None,
+        };
         if close {
-            if let Some(mut c) = self.inbound.remove(&t) {
-                let _ = self.poll.registry().deregister(&mut c.stream);
-            }
+            self.close_inbound(t);
+        } else if let Some(id) = newly {
+            self.bind_member(t, id);
         }
     }
 
@@ -357,6 +762,9 @@ impl Transport {
                         let _ = s.set_nodelay(true);
                         p.stream = Some(s);
                         p.connected = false;
+                        p.proven = false;
+                        p.hello.clear();
+                        p.deadline = now + self.cfg.handshake_timeout;
                     } else {
                         schedule_dial(p, now, self.cfg.backoff_max);
                     }
@@ -367,7 +775,6 @@ impl Transport {
     }
 
     fn on_peer_event(&mut self, id: NodeId, readable: bool, writable: bool) {
-        let max = self.cfg.backoff_max;
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
@@ -378,25 +785,32 @@ impl Transport {
             match (s.take_error(), s.peer_addr()) {
                 (Ok(None), Ok(_)) => {
                     p.connected = true;
-                    p.backoff = self.cfg.backoff_min;
-                    self.stats.connects += 1;
+                    if !self.start_handshake(id) {
+                        return;
+                    }
                 }
                 (Ok(None), Err(e)) if e.kind() == io::ErrorKind::NotConnected => {}
                 _ => {
-                    self.drop_peer_conn(id, max);
+                    self.drop_peer_conn(id);
                     return;
                 }
             }
         }
-        if readable {
-            // Peers never write on this connection: readable means closed
-            // (or misbehaving). Either way, start over.
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        if readable && p.connected && !p.proven {
+            self.read_acceptor_hello(id);
+        } else if readable {
+            // Peers never write on this connection once it is proven:
+            // readable means closed (or misbehaving). Either way, start
+            // over.
             let mut b = [0u8; 64];
             let s = p.stream.as_mut().map(|s| s.read(&mut b));
             match s {
                 Some(Err(e)) if would_block(&e) => {}
                 _ => {
-                    self.drop_peer_conn(id, max);
+                    self.drop_peer_conn(id);
                     return;
                 }
             }
@@ -404,8 +818,128 @@ impl Transport {
         self.flush(id);
     }
 
+    /// The connection to `id` is up: without a secret it is ready; with
+    /// one, our hello goes out. False if the connection was dropped.
+    fn start_handshake(&mut self, id: NodeId) -> bool {
+        let me = self.cfg.id;
+        let backoff_min = self.cfg.backoff_min;
+        let Some(p) = self.peers.get_mut(&id) else {
+            return false;
+        };
+        if self.cfg.secret.is_none() {
+            p.proven = true;
+            p.backoff = backoff_min;
+            self.stats.connects += 1;
+            return true;
+        }
+        if let Err(e) = crate::crypto::random_bytes(&mut p.nonce) {
+            crate::log_error!("raft: no random bytes for a handshake: {e}");
+            self.drop_peer_conn(id);
+            return false;
+        }
+        let mut out = Vec::with_capacity(raft_auth::framed(raft_auth::DIALER_HELLO_BYTES));
+        raft_auth::encode_dialer_hello(&mut out, me, id, &p.nonce);
+        let sent = p.stream.as_mut().is_some_and(|s| write_now(s, &out));
+        if !sent {
+            self.drop_peer_conn(id);
+        }
+        sent
+    }
+
+    /// Reads the acceptor's hello on our connection to `id`, checks its
+    /// proof and, if it holds, sends ours: the connection is ready.
+    fn read_acceptor_hello(&mut self, id: NodeId) {
+        let Some(key) = self.cfg.secret.clone() else {
+            return;
+        };
+        let me = self.cfg.id;
+        let due = raft_auth::ACCEPTOR_HELLO_BYTES;
+        let frame = loop {
+            let Some(p) = self.peers.get_mut(&id) else {
+                return;
+            };
+            let Some(s) = p.stream.as_mut() else {
+                return;
+            };
+            let mut b = [0u8; raft_auth::framed(raft_auth::ACCEPTOR_HELLO_BYTES)];
+            let need = b.len() - p.hello.len();
+            match s.read(&mut b[..need]) {
+                Ok(0) => {
+                    self.stats.refused_hello += 1;
+                    self.peer_log(
+                        id,
+                        "closed the connection before proving itself: it refused our hello \
+                         (does it run with a cluster token, and the same -raft-peers?)",
+                    );
+                    return self.drop_peer_conn(id);
+                }
+                Ok(n) => p.hello.extend_from_slice(&b[..n]),
+                Err(e) if would_block(&e) => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.peer_log(id, &format!("handshake failed: {e}"));
+                    return self.drop_peer_conn(id);
+                }
+            }
+            match raft_auth::read_frame(&p.hello, due) {
+                Ok(None) => {}
+                Ok(Some(f)) => break f,
+                Err(e) => {
+                    self.stats.refused_hello += 1;
+                    self.peer_log(id, &format!("answered our hello with {e}"));
+                    return self.drop_peer_conn(id);
+                }
+            }
+        };
+        let Frame::AcceptorHello {
+            acceptor,
+            dialer,
+            nonce,
+            proof,
+        } = frame
+        else {
+            self.stats.refused_hello += 1;
+            self.peer_log(id, "answered our hello out of turn");
+            return self.drop_peer_conn(id);
+        };
+        if acceptor != id || dialer != me {
+            self.stats.refused_hello += 1;
+            let what = format!("answers as node {acceptor} to node {dialer}: other -raft-peers?");
+            self.peer_log(id, &what);
+            return self.drop_peer_conn(id);
+        }
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        let tr = Transcript {
+            dialer: me,
+            acceptor: id,
+            dialer_nonce: p.nonce,
+            acceptor_nonce: nonce,
+        };
+        if !raft_auth::check(&key, Role::Acceptor, &tr, &proof) {
+            self.stats.refused_proof += 1;
+            self.peer_log(
+                id,
+                "its proof does not verify: cluster tokens differ? (nothing is sent to it)",
+            );
+            return self.drop_peer_conn(id);
+        }
+        let mut out = Vec::with_capacity(raft_auth::framed(raft_auth::DIALER_PROOF_BYTES));
+        raft_auth::encode_dialer_proof(&mut out, &raft_auth::proof(&key, Role::Dialer, &tr));
+        if !p.stream.as_mut().is_some_and(|s| write_now(s, &out)) {
+            return self.drop_peer_conn(id);
+        }
+        p.proven = true;
+        p.hello.clear();
+        p.backoff = self.cfg.backoff_min;
+        self.stats.connects += 1;
+        self.stats.handshakes += 1;
+    }
+
     /// Closes the connection to `id` and schedules a new dial.
-    fn drop_peer_conn(&mut self, id: NodeId, max: Duration) {
+    fn drop_peer_conn(&mut self, id: NodeId) {
+        let max = self.cfg.backoff_max;
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
@@ -413,6 +947,8 @@ impl Transport {
             let _ = self.poll.registry().deregister(&mut s);
         }
         p.connected = false;
+        p.proven = false;
+        p.hello.clear();
         // A frame cut in the middle is resent whole on the new connection.
         p.head_written = 0;
         schedule_dial(p, Instant::now(), max);
@@ -428,11 +964,10 @@ impl Transport {
     /// Writes queued frames to `id` until done or `WouldBlock`, several
     /// frames per write.
     fn flush(&mut self, id: NodeId) {
-        let max = self.cfg.backoff_max;
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
-        if !p.connected {
+        if !p.proven {
             return;
         }
         let Some(s) = p.stream.as_mut() else {
@@ -478,7 +1013,7 @@ impl Transport {
             }
         }
         if failed {
-            self.drop_peer_conn(id, max);
+            self.drop_peer_conn(id);
         }
     }
 }
@@ -489,7 +1024,9 @@ fn schedule_dial(p: &mut Peer, now: Instant, max: Duration) {
     p.backoff = (p.backoff * 2).min(max);
 }
 
-/// Takes every whole frame off the front of `buf` into `inbox`. False if
+/// Takes every whole frame off the front of `buf` into `inbox`, for the
+/// member `sender` the connection is bound to (the first message's sender
+/// binds it when it is `None`). False if
 /// the stream is bad (a length beyond the bound, a crc mismatch, a body
 /// that is not a message): the connection must close.
 fn decode_frames(
@@ -497,6 +1034,7 @@ fn decode_frames(
     stats: &mut TransportStats,
     buf: &mut Vec<u8>,
     inbox: &mut Vec<Message>,
+    sender: &mut Option<NodeId>,
 ) -> bool {
     let mut at = 0;
     let ok = loop {
@@ -511,10 +1049,15 @@ fn decode_frames(
             Ok(Some((body, next))) => {
                 at = next;
                 match raft_msg::decode(body) {
-                    Ok(m) if m.to == cfg.id && cfg.peers.contains_key(&m.from) => {
-                        stats.received += 1;
-                        inbox.push(m);
-                    }
+                    Ok(m) if m.to == cfg.id && cfg.peers.contains_key(&m.from) => match *sender {
+                        // A connection speaks for one member only.
+                        Some(s) if s != m.from => stats.rejected_sender += 1,
+                        _ => {
+                            *sender = Some(m.from);
+                            stats.received += 1;
+                            inbox.push(m);
+                        }
+                    },
                     Ok(_) => stats.misaddressed += 1,
                     Err(_) => break false,
                 }

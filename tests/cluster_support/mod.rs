@@ -74,11 +74,17 @@ struct Proc {
     stopped: bool,
 }
 
+/// Changes the flags node `i` is started with (see [`Cluster::prepare`]).
+pub type ArgsEdit = Box<dyn Fn(usize, &mut Vec<String>) + Send + Sync>;
+
 /// Three brokers forming one Raft group.
 pub struct Cluster {
     /// `127.0.0.1:PORT` of each node's HTTP / Socket.IO listener.
     pub http: Vec<String>,
-    raft: Vec<String>,
+    /// `127.0.0.1:PORT` of each node's Raft listener.
+    pub raft: Vec<String>,
+    /// Applied to every node's flags at each start.
+    pub edit_args: Option<ArgsEdit>,
     root: PathBuf,
     procs: Vec<Option<Proc>>,
     logs: Vec<Arc<Mutex<VecDeque<String>>>>,
@@ -96,6 +102,21 @@ impl Cluster {
 
     /// [`Cluster::start`] with the flags written as `launch` says.
     pub fn start_with(launch: Launch) -> Cluster {
+        let mut cluster = Cluster::prepare_with(launch);
+        cluster.launch();
+        cluster.await_leader(&[0, 1, 2], LEADER_WAIT);
+        cluster.await_healthy(&[0, 1, 2], LEADER_WAIT);
+        cluster
+    }
+
+    /// Picks the ports and the data root, starting nothing: set
+    /// `edit_args`, then [`Cluster::launch`].
+    pub fn prepare() -> Cluster {
+        Cluster::prepare_with(Launch::Plain)
+    }
+
+    /// [`Cluster::prepare`] with the flags written as `launch` says.
+    pub fn prepare_with(launch: Launch) -> Cluster {
         let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let http: Vec<String> = (0..3)
             .map(|_| format!("127.0.0.1:{}", free_port()))
@@ -111,9 +132,10 @@ impl Cluster {
         let root =
             std::env::temp_dir().join(format!("gombus-cluster-{}-{n}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&root).expect("cannot create the cluster's data root");
-        let mut cluster = Cluster {
+        Cluster {
             http,
             raft,
+            edit_args: None,
             root,
             procs: (0..3).map(|_| None).collect(),
             logs: (0..3)
@@ -121,14 +143,15 @@ impl Cluster {
                 .collect(),
             launch,
             _turn: turn,
-        };
-        let waits: Vec<_> = (0..3).map(|i| cluster.spawn(i)).collect();
-        for (i, lines) in waits.into_iter().enumerate() {
-            cluster.await_listening(i, &lines);
         }
-        cluster.await_leader(&[0, 1, 2], LEADER_WAIT);
-        cluster.await_healthy(&[0, 1, 2], LEADER_WAIT);
-        cluster
+    }
+
+    /// Starts every node and waits (bounded) until each listens.
+    pub fn launch(&mut self) {
+        let waits: Vec<_> = (0..3).map(|i| self.spawn(i)).collect();
+        for (i, lines) in waits.into_iter().enumerate() {
+            self.await_listening(i, &lines);
+        }
     }
 
     /// Waits until `/healthz` answers 200 on every node in `nodes` (a
@@ -173,7 +196,7 @@ impl Cluster {
             .map(|j| self.http[j].clone())
             .collect::<Vec<_>>()
             .join(",");
-        vec![
+        let mut args = vec![
             format!("-node-id={}", IDS[i]),
             format!("-addr={}", self.http[i]),
             format!("-data={}", self.root.join(IDS[i]).display()),
@@ -182,7 +205,11 @@ impl Cluster {
             format!("-cluster={others}"),
             "-bootstrap".to_string(),
             format!("-control-token={CONTROL_TOKEN}"),
-        ]
+        ];
+        if let Some(edit) = &self.edit_args {
+            edit(i, &mut args);
+        }
+        args
     }
 
     /// Node `i`'s flags in the contract's launch-line form (n1's with
