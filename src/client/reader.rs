@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::shared::{Link, Reply, Shared};
+use super::shared::{Link, ReceivedAck, Shared};
 use super::wire::{self, FrameDecoder, WsMessage};
 use super::{Message, CLOSE_NORMAL, READ_CHUNK_BYTES};
 use crate::protocol::engineio;
@@ -214,7 +214,7 @@ impl<'a> Reader<'a> {
                 };
                 self.shared.acked(
                     id,
-                    Reply {
+                    ReceivedAck {
                         value,
                         attachments,
                         raw,

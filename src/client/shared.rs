@@ -23,7 +23,7 @@ use crate::protocol::socketio::{self, Kind};
 
 /// An ack as received: its single argument and any attachments.
 #[derive(Debug)]
-pub(super) struct Reply {
+pub(super) struct ReceivedAck {
     pub(super) value: Value,
     pub(super) attachments: Vec<Vec<u8>>,
     /// The first argument's JSON text as received, with
@@ -35,10 +35,10 @@ pub(super) struct Reply {
 #[derive(Debug)]
 pub(super) enum Waiter {
     /// A caller blocked on its reply (or on the error that ends the wait).
-    Call(SyncSender<Result<Reply, Error>>),
+    Call(SyncSender<Result<ReceivedAck, Error>>),
     /// A [`super::PendingAck`]: like `Call`, and it holds one of the
     /// client's [`Options::async_acks_max`] slots until it ends.
-    Async(SyncSender<Result<Reply, Error>>),
+    Async(SyncSender<Result<ReceivedAck, Error>>),
     /// The background thread's re-`sub` of this sid after a reconnect.
     Resub(String),
 }
@@ -55,7 +55,7 @@ pub(super) enum AckMode {
 }
 
 /// An ack registered for a sent event: its id and where it will arrive.
-pub(super) type AckSlot = (u64, Receiver<Result<Reply, Error>>);
+pub(super) type AckSlot = (u64, Receiver<Result<ReceivedAck, Error>>);
 
 /// What the client remembers of a live subscription so it can re-send it.
 #[derive(Debug)]
@@ -283,7 +283,7 @@ impl Shared {
         attachments: &[Vec<u8>],
         ack_wait: Option<Duration>,
         holdable: bool,
-    ) -> Result<Option<Reply>, Error> {
+    ) -> Result<Option<ReceivedAck>, Error> {
         let mode = if ack_wait.is_some() {
             AckMode::Call
         } else {
@@ -440,7 +440,7 @@ impl Shared {
         &self,
         ack: Option<AckSlot>,
         wait: Option<Duration>,
-    ) -> Result<Option<Reply>, Error> {
+    ) -> Result<Option<ReceivedAck>, Error> {
         let (Some((id, rx)), Some(wait)) = (ack, wait) else {
             return Ok(None);
         };
@@ -526,7 +526,7 @@ impl Shared {
     }
 
     /// Hands an ack to whoever waits for it.
-    pub(super) fn acked(&self, id: u64, reply: Reply) {
+    pub(super) fn acked(&self, id: u64, reply: ReceivedAck) {
         let waiter = self.state().take(id);
         match waiter {
             // The caller may have timed out already; that is fine.
@@ -544,7 +544,7 @@ impl Shared {
 
     /// The ack of subscription `sid`, re-sent after a reconnect; the last
     /// one outstanding reports the reconnect.
-    fn resubscribed(&self, sid: String, reply: Reply) {
+    fn resubscribed(&self, sid: String, reply: ReceivedAck) {
         let refused = check_ack(reply).err();
         let mut state = self.state();
         match refused {
@@ -594,7 +594,7 @@ pub(super) fn check_size(
     Ok(())
 }
 
-pub(super) fn check_ack(reply: Reply) -> Result<Reply, Error> {
+pub(super) fn check_ack(reply: ReceivedAck) -> Result<ReceivedAck, Error> {
     match reply.value.get("ok").and_then(Value::as_bool) {
         Some(true) => Ok(reply),
         Some(false) => {
@@ -624,8 +624,8 @@ mod tests {
     use crate::client::inbox::Empty;
     use crate::client::{Reconnect, EVENTS_MAX};
 
-    fn reply(value: Value) -> Reply {
-        Reply {
+    fn reply(value: Value) -> ReceivedAck {
+        ReceivedAck {
             raw: None,
             value,
             attachments: Vec::new(),
