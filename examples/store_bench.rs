@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gombus::storage::sync::{SyncPolicy, Syncer, Ticket};
 use gombus::stream::store::{Options, Store};
-use gombus::stream::sync::{SyncPolicy, Syncer, Ticket};
 
 /// A new directory for one part; the previous part's files are deleted and
 /// the deletion committed first, so its journal work is not timed here.

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-pub use crate::stream::sync::{parse_policy, SyncPolicy};
+pub use crate::storage::sync::{parse_policy, SyncPolicy};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;

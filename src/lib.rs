@@ -6,12 +6,16 @@
 //! - [`net`]: the mio event loop, the hand-rolled HTTP/1.1 layer, WebSocket
 //!   framing over tungstenite's frame codec, bounded outbound buffers, timers.
 //! - [`protocol`]: pure codecs for Engine.IO v4 and Socket.IO v5 packets, the
-//!   contract's request types and error codes.
-//! - [`broker`]: subjects, the subscription index, queue groups, request/reply,
+//!   contract's request types, error codes and subject rules.
+//! - [`broker`]: the subscription index, queue groups, request/reply,
 //!   the control namespace, metrics; every state change goes through one
 //!   `apply` path.
+//! - [`storage`]: record framing, atomic state files and the fsync thread,
+//!   under streams and the Raft log alike.
 //! - [`stream`]: streams and consumers over an append-only segment store.
 //! - [`client`]: the Rust client module used by the examples, tests and tools.
+//! - [`rand`]: the seed source and the SplitMix64 mixer for ids, jitter,
+//!   masks and seeded tests (nothing secret).
 //! - [`cli`]: the `gombus` command line, on the client.
 //! - [`cluster`]: cluster mode's Raft: a pure consensus core, its log
 //!   storage and its node-to-node transport.
@@ -27,4 +31,6 @@ pub mod crypto;
 pub mod log;
 pub mod net;
 pub mod protocol;
+pub mod rand;
+pub mod storage;
 pub mod stream;

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use cluster_support::{http_get, Cluster, CONTROL_TOKEN, IDS, LEADER_WAIT};
 use gombus::client::{Client, Options};
 use gombus::cluster::raft_msg::{self, Body, Message};
-use gombus::stream::record;
+use gombus::storage::record;
 use serde_json::{json, Value};
 
 /// Bound on every wait below.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use gombus::cluster::raft_log::{DurableLog, Loaded, LogStore, MemoryLog, StateFile};
 use gombus::cluster::raft_msg::{Entry, EntryKind, HardState, Snapshot};
-use gombus::stream::record;
+use gombus::storage::record;
 
 /// A fresh directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);

@@ -17,7 +17,7 @@ use std::io::Read;
 use gombus::cluster::raft_auth::{self, ClusterKey, Frame, Role, Transcript};
 use gombus::cluster::raft_msg::{self, Body, Entry, EntryKind, Message, NodeId};
 use gombus::cluster::raft_transport::{Transport, TransportConfig};
-use gombus::stream::record;
+use gombus::storage::record;
 
 fn loopback() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()

@@ -6,8 +6,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use gombus::storage::sync::{SyncPolicy, Syncer};
 use gombus::stream::store::{Options, State, Store, StoreError};
-use gombus::stream::sync::{SyncPolicy, Syncer};
 
 /// A directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);

@@ -12,8 +12,8 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gombus::storage::sync::{parse_policy, Syncer};
 use gombus::stream::store::{Options, Store};
-use gombus::stream::sync::{parse_policy, Syncer};
 
 const CHILD_DIR: &str = "GOMBUS_STORE_KILL_DIR";
 const CHILD_POLICY: &str = "GOMBUS_STORE_KILL_POLICY";

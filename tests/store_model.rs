@@ -8,19 +8,15 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use gombus::storage::sync::{SyncPolicy, Syncer};
 use gombus::stream::store::{Options, Store};
-use gombus::stream::sync::{SyncPolicy, Syncer};
 
-/// SplitMix64: small, seedable, good enough to pick operations.
+/// SplitMix64 ([`gombus::rand`]): small, seedable, good enough to pick operations.
 struct Rng(u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        gombus::rand::splitmix64(&mut self.0)
     }
 
     fn below(&mut self, n: u64) -> u64 {

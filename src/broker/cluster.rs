@@ -16,18 +16,18 @@ use serde_json::{json, Value};
 
 use super::groups::GroupMode;
 use super::session::NSP_ROOT;
-use super::subject;
 use super::sublist::Sublist;
 use super::subs::{Command, SubKey};
 use super::Broker;
 use crate::cluster::forward::{self, Forwarded};
-use crate::cluster::fsm::{Cmd, Entry};
+use crate::cluster::fsm::{Change, Cmd};
 use crate::cluster::link::{CallError, LinkEvent, LinkOut, Links};
 use crate::cluster::node::{FromRaft, NodeConfig, RaftNode, ToRaft, View};
 use crate::cluster::raft::Role;
 use crate::net::{ConnId, Io};
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::socketio::{self, Kind};
+use crate::protocol::subject;
 
 /// How long a client's change may wait for a leader before it is refused
 /// with `unavailable` (the contract allows 5 s).
@@ -389,7 +389,7 @@ impl Broker {
         }
         c.next_op += 1;
         let op = c.next_op;
-        let entry = Entry {
+        let entry = Change {
             node: c.me,
             op,
             cmd,
@@ -544,7 +544,7 @@ impl Broker {
                     self.fsm.applied = index;
                     return;
                 }
-                let entry = match Entry::decode(&data) {
+                let entry = match Change::decode(&data) {
                     Ok(e) => e,
                     Err(e) => {
                         crate::log_error!("skipping committed entry {index}: {e}");
@@ -708,7 +708,7 @@ impl Broker {
     /// was applied (it was lost with a leader and offered again): it is
     /// not applied, so that it cannot undo what came after it. Its client
     /// is told to try again; the broker's own changes are made anew.
-    fn stale_entry(&mut self, io: &mut Io<'_>, entry: Entry) {
+    fn stale_entry(&mut self, io: &mut Io<'_>, entry: Change) {
         if entry.node != self.fsm.subs.me() {
             return;
         }
@@ -876,7 +876,7 @@ impl Broker {
         let arg = arg.ok_or_else(|| ApiError::new(Code::BadRequest, "missing entry"))?;
         #[derive(serde::Deserialize)]
         struct Req {
-            entry: Entry,
+            entry: Change,
         }
         let req: Req = serde_json::from_str(arg.get())
             .map_err(|e| ApiError::new(Code::BadRequest, format!("bad entry: {e}")))?;

@@ -14,7 +14,6 @@ use super::metrics::Metrics;
 use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
 use super::session::{token_eq, Session, NSP_CONTROL, NSP_ROOT};
 use super::streams::{Incoming, Streams};
-use super::subject;
 use super::subs::{Command, SubKey};
 use crate::cluster::forward::Forwarded;
 use crate::cluster::fsm::{Cmd, Fsm};
@@ -22,6 +21,7 @@ use crate::net::{ConnId, Handler, Io, Payload, Request, Response};
 use crate::protocol::errors::{ok_body, raw_text, ApiError, Code, OK_BODY};
 use crate::protocol::messages::{self, event_arg, ArgError, Pub, Sub, Unsub};
 use crate::protocol::socketio::{self, Kind, Packet};
+use crate::protocol::subject;
 
 /// Room the open packet's maxPayload leaves above `-max-payload` for the
 /// event envelope, so an oversized `data` gets an ack instead of a close.
@@ -78,7 +78,7 @@ enum Answer {
 
 impl Broker {
     pub fn new(cfg: BrokerConfig) -> Broker {
-        let rng = crate::net::server::random_seed();
+        let rng = crate::rand::random_seed();
         let requests = Requests::new(&format!(
             "{}.{:x}",
             sanitize(&cfg.node_id),
@@ -111,7 +111,7 @@ impl Broker {
     pub fn open_streams(
         &mut self,
         data: &std::path::Path,
-        policy: crate::stream::sync::SyncPolicy,
+        policy: crate::storage::sync::SyncPolicy,
         segment_bytes: u64,
     ) -> Result<(), String> {
         self.streams = Streams::open(data, policy, segment_bytes)?;
@@ -130,11 +130,7 @@ impl Broker {
     }
 
     fn random_id(&mut self) -> String {
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        format!("{:016x}", z ^ (z >> 31))
+        format!("{:016x}", crate::rand::splitmix64(&mut self.rng))
     }
 
     fn on_text(&mut self, io: &mut Io<'_>, conn: ConnId, text: &str) {

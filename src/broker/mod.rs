@@ -2,7 +2,6 @@
 //! index, the subscription table with its one `apply` path, queue groups,
 //! request/reply inboxes, the control namespace and metrics.
 //!
-//! - [`subject`]: subject and pattern rules, a reference matcher.
 //! - [`sublist`]: the token trie with a bounded match cache.
 //! - [`subs`]: subscriptions and [`subs::Command`], applied in one place.
 //! - [`groups`]: queue-group rules (loadbalance / broadcast).
@@ -36,7 +35,6 @@ pub mod session;
 pub mod stream_cluster;
 pub mod stream_out;
 pub mod streams;
-pub mod subject;
 pub mod sublist;
 pub mod subs;
 

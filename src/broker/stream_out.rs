@@ -11,7 +11,9 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use super::groups::GroupMode;
-use super::streams::{after_events, ConsumerSummary, Slot, FETCH_BYTES_MAX, PUSH_PER_TURN_MAX};
+use super::streams::{
+    after_events, ConsumerSummary, OpenStream, FETCH_BYTES_MAX, PUSH_PER_TURN_MAX,
+};
 use super::subs::SubTable;
 use crate::net::{ConnId, Io};
 use crate::protocol::socketio::{self, Kind};
@@ -77,7 +79,7 @@ pub(super) fn push_slot(
     io: &mut Io<'_>,
     subs: &mut SubTable,
     remote: &mut RemotePush,
-    slot: &mut Slot,
+    slot: &mut OpenStream,
     now: Instant,
     pick: &mut usize,
 ) -> bool {
@@ -110,7 +112,7 @@ pub(super) fn push_one(
     io: &mut Io<'_>,
     subs: &mut SubTable,
     remote: &mut RemotePush,
-    slot: &mut Slot,
+    slot: &mut OpenStream,
     name: &str,
     now: Instant,
     pick: &mut usize,
@@ -391,7 +393,7 @@ pub(super) fn send_ack(
 /// commas into `body`, the bytes of binary ones into `attachments`;
 /// returns how many.
 pub(super) fn take_batch(
-    slot: &mut Slot,
+    slot: &mut OpenStream,
     name: &str,
     batch: usize,
     now: Instant,

@@ -34,11 +34,11 @@ use crate::protocol::stream_messages::{
     self as sm, AckReq, ConsumerConfig, ConsumerCreate, ConsumerReq, DeliverPolicy, FetchReq,
     GetReq, NameReq, PurgeReq, Retention, StreamConfig, StreamReq,
 };
+use crate::storage::sync::{FileKey, SyncPolicy, Syncer, Ticket};
 use crate::stream::consumer::{Consumer, Event};
 use crate::stream::meta::{ConsumerSnap, MetaLog, Snapshot};
 use crate::stream::store::Options;
 use crate::stream::stream::{Member, State, Stored, Stream, CONSUMERS_PER_STREAM_MAX};
-use crate::stream::sync::{FileKey, SyncPolicy, Syncer, Ticket};
 
 pub use crate::protocol::stream_messages::FETCH_BATCH_MAX;
 
@@ -60,7 +60,7 @@ struct Held {
     conn: ConnId,
     ack_id: u64,
     stream: Rc<str>,
-    reply: Reply,
+    reply: AckBody,
 }
 
 impl Held {
@@ -70,13 +70,13 @@ impl Held {
             conn: 0,
             ack_id: 0,
             stream: Rc::from(""),
-            reply: Reply::Ok,
+            reply: AckBody::Ok,
         }
     }
 }
 
 #[derive(Debug)]
-enum Reply {
+enum AckBody {
     /// `{ok, stream, seq, duplicate?}` for a captured publish.
     Stored { seq: u64, duplicate: bool },
     /// `{ok:true}`.
@@ -135,7 +135,7 @@ struct Wait {
     deadline: Instant,
 }
 
-pub(super) struct Slot {
+pub(super) struct OpenStream {
     /// Its key in the capture index.
     id: u64,
     pub(super) name: Rc<str>,
@@ -156,7 +156,7 @@ pub struct Streams {
     down: Option<String>,
     syncer: Option<Arc<Syncer>>,
     policy: SyncPolicy,
-    set: BTreeMap<String, Slot>,
+    set: BTreeMap<String, OpenStream>,
     /// Subjects -> the id of the stream capturing them (streams never
     /// overlap, so a subject matches at most one).
     capture: Sublist<u64>,
@@ -181,7 +181,7 @@ pub struct Streams {
     /// `-segment-size`.
     segment_bytes: u64,
     /// The wall clock read once per loop turn (message times).
-    wall: Wall,
+    wall: WallClock,
     /// Subscriptions seen at the last sweep, and when the next is due: a
     /// stream nothing happened to is looked at only when it is due, when
     /// subscriptions changed (a push consumer may have a subscriber now),
@@ -232,14 +232,14 @@ pub fn stream_attachment<'a>(
 /// The wall clock at one `Instant`: message times are taken from the
 /// loop's clock without a system call per message.
 #[derive(Debug, Clone, Copy)]
-struct Wall {
+struct WallClock {
     at: Instant,
     ms: u64,
 }
 
-impl Wall {
-    fn read(at: Instant) -> Wall {
-        Wall { at, ms: epoch_ms() }
+impl WallClock {
+    fn read(at: Instant) -> WallClock {
+        WallClock { at, ms: epoch_ms() }
     }
 
     /// Milliseconds since the Unix epoch at `now`.
@@ -250,9 +250,9 @@ impl Wall {
 
 fn slot_by_id<'a>(
     by_id: &HashMap<u64, String>,
-    set: &'a mut BTreeMap<String, Slot>,
+    set: &'a mut BTreeMap<String, OpenStream>,
     id: u64,
-) -> Option<&'a mut Slot> {
+) -> Option<&'a mut OpenStream> {
     set.get_mut(by_id.get(&id)?)
 }
 
@@ -299,7 +299,7 @@ impl Streams {
             pick: 0,
             next_at: None,
             segment_bytes: Options::default().segment_bytes,
-            wall: Wall::read(Instant::now()),
+            wall: WallClock::read(Instant::now()),
             last_subs: 0,
             next_sweep: Instant::now(),
         }
@@ -347,7 +347,7 @@ impl Streams {
         Ok(s)
     }
 
-    fn recover(&self, dir: &Path) -> Result<Slot, String> {
+    fn recover(&self, dir: &Path) -> Result<OpenStream, String> {
         let (snap, events, meta) = MetaLog::open(dir).map_err(|e| e.to_string())?;
         if dir.file_name().and_then(|n| n.to_str()) != Some(snap.config.name.as_str()) {
             return Err(format!(
@@ -380,7 +380,7 @@ impl Streams {
             m.consumer.resume();
         }
         let meta_key = self.register(meta.file());
-        Ok(Slot {
+        Ok(OpenStream {
             id: 0,
             name: Rc::from(snap.config.name.as_str()),
             stream,
@@ -516,7 +516,7 @@ impl Streams {
     }
 
     /// Adds a stream to the set and its subjects to the capture index.
-    fn add(&mut self, mut slot: Slot) {
+    fn add(&mut self, mut slot: OpenStream) {
         slot.id = self.next_id;
         self.next_id += 1;
         for p in &slot.stream.cfg.subjects {
@@ -576,12 +576,12 @@ impl Streams {
         let reply = match stored {
             Stored::New { seq, removed } => {
                 forget_removed(slot, &removed);
-                Reply::Stored {
+                AckBody::Stored {
                     seq,
                     duplicate: false,
                 }
             }
-            Stored::Duplicate(seq) => Reply::Stored {
+            Stored::Duplicate(seq) => AckBody::Stored {
                 seq,
                 duplicate: true,
             },
@@ -640,32 +640,33 @@ impl Streams {
         let v = |r: Result<Option<Value>, ApiError>| r.map(|b| b.map(ok_with));
         let r = match name {
             "stream.create" => v(self.stream_create(parse_obj(arg)).map(Some)),
-            "stream.info" => v(sm_arg::<NameReq>(arg).and_then(|r| self.stream_info(&r.name))),
+            "stream.info" => v(parse_arg::<NameReq>(arg).and_then(|r| self.stream_info(&r.name))),
             "stream.list" => v(self.stream_list()),
             "stream.delete" => {
-                v(sm_arg::<NameReq>(arg).and_then(|r| self.stream_delete(io, &r.name)))
+                v(parse_arg::<NameReq>(arg).and_then(|r| self.stream_delete(io, &r.name)))
             }
-            "stream.purge" => sm_arg::<PurgeReq>(arg)
+            "stream.purge" => parse_arg::<PurgeReq>(arg)
                 .and_then(|r| self.stream_purge(conn, ack_id, r, now))
                 .map(|()| None),
             "stream.get" => {
-                sm_arg::<GetReq>(arg).and_then(|r| self.stream_get(io, conn, ack_id, r))
+                parse_arg::<GetReq>(arg).and_then(|r| self.stream_get(io, conn, ack_id, r))
             }
             "consumer.create" => {
-                v(sm_arg::<ConsumerCreate>(arg).and_then(|r| self.consumer_create(r)))
+                v(parse_arg::<ConsumerCreate>(arg).and_then(|r| self.consumer_create(r)))
             }
             "consumer.info" => {
-                v(sm_arg::<ConsumerReq>(arg).and_then(|r| self.consumer_info(&r.stream, &r.name)))
+                v(parse_arg::<ConsumerReq>(arg)
+                    .and_then(|r| self.consumer_info(&r.stream, &r.name)))
             }
             "consumer.list" => {
-                v(sm_arg::<StreamReq>(arg).and_then(|r| self.consumer_list(&r.stream)))
+                v(parse_arg::<StreamReq>(arg).and_then(|r| self.consumer_list(&r.stream)))
             }
-            "consumer.delete" => v(sm_arg::<ConsumerReq>(arg)
+            "consumer.delete" => v(parse_arg::<ConsumerReq>(arg)
                 .and_then(|r| self.consumer_delete(io, &r.stream, &r.name))),
             "consumer.fetch" => {
-                sm_arg::<FetchReq>(arg).and_then(|r| self.fetch(io, conn, ack_id, r, now))
+                parse_arg::<FetchReq>(arg).and_then(|r| self.fetch(io, conn, ack_id, r, now))
             }
-            _ => sm_arg::<AckReq>(arg)
+            _ => parse_arg::<AckReq>(arg)
                 .and_then(|r| self.ack_event(conn, ack_id, name, r, now))
                 .map(|()| None),
         };
@@ -674,7 +675,7 @@ impl Streams {
 
     // ---- streams ---------------------------------------------------------
 
-    fn slot(&mut self, name: &str) -> Result<&mut Slot, ApiError> {
+    fn slot(&mut self, name: &str) -> Result<&mut OpenStream, ApiError> {
         if let Some(why) = self.broken.get(name) {
             return Err(ApiError::new(
                 Code::Internal,
@@ -749,7 +750,7 @@ impl Streams {
         let stream =
             Stream::open(cfg.clone(), &dir, self.store_opts(), epoch_ms()).map_err(internal)?;
         let meta_key = self.register(meta.file());
-        let slot = Slot {
+        let slot = OpenStream {
             id: 0,
             name: Rc::from(cfg.name.as_str()),
             stream,
@@ -834,7 +835,7 @@ impl Streams {
         _now: Instant,
     ) -> Result<(), ApiError> {
         if let Some(f) = &r.subject {
-            crate::broker::subject::validate_pattern(f)
+            crate::protocol::subject::validate_pattern(f)
                 .map_err(|e| ApiError::new(Code::BadSubject, format!("{e}: {f:?}")))?;
         }
         let slot = self.slot(&r.name)?;
@@ -848,7 +849,7 @@ impl Streams {
                 conn,
                 ack_id,
                 stream,
-                reply: Reply::Body(body),
+                reply: AckBody::Body(body),
             });
         }
         Ok(())
@@ -1159,7 +1160,7 @@ impl Streams {
                 conn,
                 ack_id,
                 stream,
-                reply: Reply::Ok,
+                reply: AckBody::Ok,
             });
         }
         Ok(())
@@ -1180,7 +1181,7 @@ impl Streams {
             return;
         }
         let now = io.now();
-        self.wall = Wall::read(now);
+        self.wall = WallClock::read(now);
         let now_ms = self.wall.ms_at(now);
         let sweep = subs.len() != self.last_subs || now >= self.next_sweep;
         if sweep {
@@ -1355,9 +1356,9 @@ impl Streams {
                 let e = ApiError::new(Code::Internal, format!("not stored: {f}"));
                 self.body.extend_from_slice(e.ack_body().as_bytes());
             }
-            (None, Reply::Ok) => self.body.extend_from_slice(OK_BODY.as_bytes()),
-            (None, Reply::Body(b)) => self.body.extend_from_slice(b.as_bytes()),
-            (None, Reply::Stored { seq, duplicate }) => {
+            (None, AckBody::Ok) => self.body.extend_from_slice(OK_BODY.as_bytes()),
+            (None, AckBody::Body(b)) => self.body.extend_from_slice(b.as_bytes()),
+            (None, AckBody::Stored { seq, duplicate }) => {
                 self.body.extend_from_slice(b"[{\"ok\":true,\"stream\":");
                 push_str(&mut self.body, &h.stream);
                 self.body.extend_from_slice(b",\"seq\":");
@@ -1440,7 +1441,7 @@ pub const NAK_DELAY_MS_MAX: u64 = 86_400_000;
 
 /// When a stream next needs the loop, and whether a push consumer of it
 /// waits for a subscriber.
-fn plan_slot(slot: &mut Slot, now: Instant, now_ms: u64) {
+fn plan_slot(slot: &mut OpenStream, now: Instant, now_ms: u64) {
     let last_seq = slot.stream.last_seq();
     let mut due = slot
         .stream
@@ -1459,7 +1460,7 @@ fn plan_slot(slot: &mut Slot, now: Instant, now_ms: u64) {
 }
 
 /// Age limits, the duplicate window and redelivery timers of one stream.
-fn maintain(slot: &mut Slot, now: Instant, now_ms: u64) {
+fn maintain(slot: &mut OpenStream, now: Instant, now_ms: u64) {
     let removed = slot.stream.expire(now_ms).unwrap_or_default();
     if !removed.is_empty() {
         forget_removed(slot, &removed);
@@ -1484,7 +1485,7 @@ fn maintain(slot: &mut Slot, now: Instant, now_ms: u64) {
 
 /// Logs a consumer's events and applies the stream's retention to the
 /// sequences it is done with.
-pub(super) fn after_events(slot: &mut Slot, consumer: &str, events: &[Event], done: &[u64]) {
+pub(super) fn after_events(slot: &mut OpenStream, consumer: &str, events: &[Event], done: &[u64]) {
     for &e in events {
         slot.meta.push(consumer, e);
     }
@@ -1504,7 +1505,7 @@ pub(super) fn after_events(slot: &mut Slot, consumer: &str, events: &[Event], do
 
 /// Removes messages under retention (acked in a workqueue, or by every
 /// interested consumer).
-fn remove_seqs(slot: &mut Slot, seqs: &[u64]) {
+fn remove_seqs(slot: &mut OpenStream, seqs: &[u64]) {
     let mut removed = Vec::with_capacity(seqs.len());
     for &s in seqs {
         if slot.stream.remove(s).unwrap_or(false) {
@@ -1519,7 +1520,7 @@ fn remove_seqs(slot: &mut Slot, seqs: &[u64]) {
 
 /// Consumers stop waiting for acks of messages that are gone (after a
 /// purge).
-fn forget_missing(slot: &mut Slot) {
+fn forget_missing(slot: &mut OpenStream) {
     let names: Vec<String> = slot.stream.consumers.keys().cloned().collect();
     for name in names {
         let mut events = Vec::new();
@@ -1533,7 +1534,7 @@ fn forget_missing(slot: &mut Slot) {
 }
 
 /// Consumers stop waiting for acks of messages that are gone.
-fn forget_removed(slot: &mut Slot, removed: &[u64]) {
+fn forget_removed(slot: &mut OpenStream, removed: &[u64]) {
     if removed.is_empty() {
         return;
     }
@@ -1566,7 +1567,7 @@ fn start_seq(stream: &Stream, cfg: &ConsumerConfig) -> u64 {
 /// Writes a stream's snapshot now (consumer created or deleted, or the log
 /// grown past its bound).
 /// The new log replaces the old one in the fsync thread's registry.
-fn save(slot: &mut Slot, syncer: Option<&Syncer>) -> Result<(), ApiError> {
+fn save(slot: &mut OpenStream, syncer: Option<&Syncer>) -> Result<(), ApiError> {
     // The snapshot may name deliveries of messages appended this turn:
     // they are written first.
     slot.stream.flush().map_err(internal)?;
@@ -1604,10 +1605,10 @@ fn save(slot: &mut Slot, syncer: Option<&Syncer>) -> Result<(), ApiError> {
 fn parse_obj(
     arg: Option<&serde_json::value::RawValue>,
 ) -> Result<serde_json::Map<String, Value>, ApiError> {
-    sm_arg(arg)
+    parse_arg(arg)
 }
 
-fn sm_arg<T: serde::de::DeserializeOwned>(
+fn parse_arg<T: serde::de::DeserializeOwned>(
     arg: Option<&serde_json::value::RawValue>,
 ) -> Result<T, ApiError> {
     let arg =

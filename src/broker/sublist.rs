@@ -18,7 +18,7 @@ use std::fmt;
 use std::hash::Hash;
 use std::rc::Rc;
 
-use super::subject;
+use crate::protocol::subject;
 
 /// Most subjects the match cache remembers at once.
 pub const CACHE_ENTRIES_MAX: usize = 4096;
@@ -744,22 +744,7 @@ mod tests {
         assert!(sl.root.literal.capacity() <= 16);
     }
 
-    /// SplitMix64: tiny, seedable, good enough to drive test cases.
-    struct SplitMix64(u64);
-
-    impl SplitMix64 {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
+    use crate::rand::SplitMix64;
 
     type Entry = (String, Option<&'static str>, u32);
 

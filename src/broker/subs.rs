@@ -19,10 +19,10 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 
 use super::groups::{GroupMode, Groups};
-use super::subject;
 use super::sublist::{Match, Sublist};
 use crate::net::ConnId;
 use crate::protocol::errors::{ApiError, Code};
+use crate::protocol::subject;
 
 /// A subscription's key in the index.
 pub type SubKey = u64;

@@ -45,12 +45,12 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
-    /// `seed` feeds the jitter; any value works (0 is remapped).
+    /// `seed` feeds the jitter; any value works.
     pub(crate) fn new(policy: Reconnect, seed: u64) -> Self {
         Backoff {
             policy,
             attempts: 0,
-            rng: seed | 1,
+            rng: seed,
         }
     }
 
@@ -89,14 +89,9 @@ impl Backoff {
             .min(self.policy.max)
     }
 
-    /// A number in `[0, 1)` from xorshift64*.
+    /// A number in `[0, 1)` from [`crate::rand::splitmix64`].
     fn unit(&mut self) -> f64 {
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        let bits = x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11;
+        let bits = crate::rand::splitmix64(&mut self.rng) >> 11;
         // 53 random bits over 2^53: exactly representable, below 1.
         bits as f64 / (1u64 << 53) as f64
     }

@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tungstenite::protocol::frame::coding::OpCode;
 
-use super::wire::{self, EioPacket, FrameDecoder, MaskRng, SioKind, WsMessage};
+use super::wire::{self, FrameDecoder, MaskRng, WsMessage};
 use super::{Error, Options, MESSAGE_BYTES_MAX};
+use crate::protocol::engineio::{self, Opened};
+use crate::protocol::socketio::{self, Kind, ATTACHMENTS_FROM_SERVER_MAX};
 
 /// A connection that finished its handshake.
 pub(crate) struct Dialed {
@@ -21,7 +23,7 @@ pub(crate) struct Dialed {
     /// Holds any frames that arrived right behind the CONNECT ack.
     pub(crate) decoder: FrameDecoder,
     pub(crate) rng: MaskRng,
-    pub(crate) open: wire::OpenInfo,
+    pub(crate) open: Opened,
 }
 
 /// Connects to `url` and joins `opts.namespace`. `watch` sees the socket
@@ -140,10 +142,12 @@ impl Handshake {
         Ok(())
     }
 
-    fn await_open(&mut self) -> Result<wire::OpenInfo, Error> {
+    fn await_open(&mut self) -> Result<Opened, Error> {
         let text = self.next_text()?;
-        match wire::parse_eio(&text).map_err(|e| Error::Handshake(e.0))? {
-            EioPacket::Open(json) => wire::parse_open(json).map_err(|e| Error::Handshake(e.0)),
+        match engineio::decode(&text).map_err(|e| Error::Handshake(e.to_string()))? {
+            engineio::Packet::Open(json) => {
+                engineio::decode_open(json).map_err(|e| Error::Handshake(e.to_string()))
+            }
             _ => Err(Error::Handshake(format!(
                 "expected the Engine.IO open packet, got {text:?}"
             ))),
@@ -155,31 +159,34 @@ impl Handshake {
             Some(token) => json!({ "token": token }).to_string(),
             None => String::new(),
         };
-        let connect = wire::encode_sio(SioKind::Connect, 0, &opts.namespace, None, &auth);
+        let connect = socketio::encode_message(Kind::Connect, 0, &opts.namespace, None, &auth);
         self.send(wire::text_opcode(), connect.as_bytes())?;
         loop {
             let text = self.next_text()?;
-            let packet = wire::parse_eio(&text).map_err(|e| Error::Handshake(e.0))?;
+            let packet = engineio::decode(&text).map_err(|e| Error::Handshake(e.to_string()))?;
             let body = match packet {
-                EioPacket::Ping => {
+                engineio::Packet::Ping(_) => {
                     self.send(wire::text_opcode(), b"3")?;
                     continue;
                 }
-                EioPacket::Close => return Err(Error::Handshake("server sent close".into())),
-                EioPacket::Message(body) => body,
+                engineio::Packet::Close => {
+                    return Err(Error::Handshake("server sent close".into()))
+                }
+                engineio::Packet::Message(body) => body,
                 _ => continue,
             };
-            let sio = wire::parse_sio(body).map_err(|e| Error::Handshake(e.0))?;
-            if sio.namespace != opts.namespace {
+            let sio = socketio::decode_with(body, ATTACHMENTS_FROM_SERVER_MAX)
+                .map_err(|e| Error::Handshake(e.to_string()))?;
+            if sio.nsp != opts.namespace {
                 continue;
             }
             match sio.kind {
-                SioKind::Connect => return Ok(()),
-                SioKind::ConnectError => {
-                    let message = serde_json::from_str::<Value>(sio.payload)
+                Kind::Connect => return Ok(()),
+                Kind::ConnectError => {
+                    let message = serde_json::from_str::<Value>(sio.data)
                         .ok()
                         .and_then(|v| v.get("message").and_then(Value::as_str).map(String::from))
-                        .unwrap_or_else(|| sio.payload.to_string());
+                        .unwrap_or_else(|| sio.data.to_string());
                     let _ = self.stream.shutdown(Shutdown::Both);
                     return Err(Error::ConnectRefused(message));
                 }

@@ -123,6 +123,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::protocol::socketio::{self, Kind};
 use inbox::{Empty, Inbox};
 pub use pending::PendingAck;
 use shared::{Phase, Shared, State, SubRoute};
@@ -130,7 +131,6 @@ pub use stream::{
     ConsumerConfig, ConsumerInfo, PubAck, SeqPair, StoredMessage, StreamConfig, StreamDelivery,
     StreamInfo, StreamState,
 };
-use wire::SioKind;
 
 /// Largest WebSocket message the client accepts from the server, in bytes.
 const MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -318,7 +318,7 @@ impl Message {
     /// The bytes when `data` is exactly one binary attachment (what
     /// [`Client::publish_bytes`] sends).
     pub fn bytes(&self) -> Option<&[u8]> {
-        let num = wire::placeholder_num(&self.data)?;
+        let num = socketio::placeholder_num(&self.data)?;
         self.attachments.get(num).map(Vec::as_slice)
     }
 
@@ -383,7 +383,7 @@ impl OutMessage {
     fn encode(&self) -> (Value, Vec<Vec<u8>>) {
         let (data, attachments) = match &self.data {
             Payload::Json(v) => (v.clone(), Vec::new()),
-            Payload::Bytes(b) => (wire::placeholder(0), vec![b.clone()]),
+            Payload::Bytes(b) => (socketio::placeholder(0), vec![b.clone()]),
         };
         let mut arg = json!({ "subject": self.subject, "data": data });
         if let Some(reply) = &self.reply {
@@ -809,7 +809,8 @@ impl Client {
         shared.changed.notify_all();
         let mut result = Ok(());
         if let Some(link) = link {
-            let text = wire::encode_sio(SioKind::Disconnect, 0, &shared.opts.namespace, None, "");
+            let text =
+                socketio::encode_message(Kind::Disconnect, 0, &shared.opts.namespace, None, "");
             let mut writer = link.writer();
             result = writer
                 .send_packet(&text, &[])

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::shared::{check_ack, AckMode, Reply, Shared};
+use super::shared::{check_ack, AckMode, ReceivedAck, Shared};
 use super::{Client, Error, OutMessage};
 
 /// The ack of an event sent by [`Client::call_async`] or
@@ -22,10 +22,10 @@ use super::{Client, Error, OutMessage};
 #[derive(Debug)]
 pub struct PendingAck {
     id: u64,
-    rx: Receiver<Result<Reply, Error>>,
+    rx: Receiver<Result<ReceivedAck, Error>>,
     shared: Arc<Shared>,
     /// The outcome, once [`PendingAck::is_ready`] has seen it.
-    outcome: Option<Result<Reply, Error>>,
+    outcome: Option<Result<ReceivedAck, Error>>,
     /// The ack table no longer holds this waiter.
     settled: bool,
 }

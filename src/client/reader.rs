@@ -9,13 +9,15 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::shared::{Link, Reply, Shared};
-use super::wire::{self, EioPacket, FrameDecoder, SioKind, WsMessage};
+use super::shared::{Link, ReceivedAck, Shared};
+use super::wire::{self, FrameDecoder, WsMessage};
 use super::{Message, CLOSE_NORMAL, READ_CHUNK_BYTES};
+use crate::protocol::engineio;
+use crate::protocol::socketio::{self, Kind, ATTACHMENTS_FROM_SERVER_MAX};
 
 /// A binary packet whose attachments are still arriving.
 struct PartialBinary {
-    kind: SioKind,
+    kind: Kind,
     ack_id: Option<u64>,
     args: Value,
     raw: Option<String>,
@@ -116,50 +118,47 @@ impl<'a> Reader<'a> {
     }
 
     fn on_text(&mut self, text: &str) -> Result<(), Stop> {
-        match wire::parse_eio(text).map_err(|e| stop(format!("bad Engine.IO packet: {e}")))? {
+        match engineio::decode(text).map_err(|e| stop(format!("bad Engine.IO packet: {e}")))? {
             // Engine.IO v4 "heartbeat": the server pings, the client pongs.
-            EioPacket::Ping => {
+            engineio::Packet::Ping(_) => {
                 let _ = self.link.send("3", &[]);
                 self.shared.pongs.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            EioPacket::Close => Err(stop("the server closed the Engine.IO session")),
-            EioPacket::Message(body) => self.on_socket_io(body),
-            EioPacket::Open(_) | EioPacket::Pong | EioPacket::Upgrade | EioPacket::Noop => Ok(()),
+            engineio::Packet::Close => Err(stop("the server closed the Engine.IO session")),
+            engineio::Packet::Message(body) => self.on_socket_io(body),
+            engineio::Packet::Open(_)
+            | engineio::Packet::Pong(_)
+            | engineio::Packet::Upgrade
+            | engineio::Packet::Noop => Ok(()),
         }
     }
 
     fn on_socket_io(&mut self, body: &str) -> Result<(), Stop> {
-        let packet =
-            wire::parse_sio(body).map_err(|e| stop(format!("bad Socket.IO packet: {e}")))?;
-        if packet.namespace != self.shared.opts.namespace {
+        let packet = socketio::decode_with(body, ATTACHMENTS_FROM_SERVER_MAX)
+            .map_err(|e| stop(format!("bad Socket.IO packet: {e}")))?;
+        if packet.nsp != self.shared.opts.namespace {
             return Ok(());
         }
         match packet.kind {
-            SioKind::Disconnect => Err(stop("the server disconnected the namespace")),
-            SioKind::ConnectError => Err(stop("the server refused the namespace")),
-            SioKind::Connect => Ok(()),
-            SioKind::Event | SioKind::Ack | SioKind::BinaryEvent | SioKind::BinaryAck => {
-                let args: Value = serde_json::from_str(packet.payload)
+            Kind::Disconnect => Err(stop("the server disconnected the namespace")),
+            Kind::ConnectError => Err(stop("the server refused the namespace")),
+            Kind::Connect => Ok(()),
+            Kind::Event | Kind::Ack | Kind::BinaryEvent | Kind::BinaryAck => {
+                let args: Value = serde_json::from_str(packet.data)
                     .map_err(|e| stop(format!("bad packet arguments: {e}")))?;
-                let is_ack = matches!(packet.kind, SioKind::Ack | SioKind::BinaryAck);
+                let is_ack = matches!(packet.kind, Kind::Ack | Kind::BinaryAck);
                 let raw = if is_ack && self.shared.opts.raw_acks {
-                    first_arg_text(packet.payload)
+                    first_arg_text(packet.data)
                 } else {
                     None
                 };
                 if packet.attachments == 0 {
-                    self.dispatch(
-                        packet.kind,
-                        packet.ack_id,
-                        (args, raw),
-                        Vec::new(),
-                        body.len(),
-                    );
+                    self.dispatch(packet.kind, packet.id, (args, raw), Vec::new(), body.len());
                 } else {
                     self.partial = Some(PartialBinary {
                         kind: packet.kind,
-                        ack_id: packet.ack_id,
+                        ack_id: packet.id,
                         args,
                         raw,
                         expected: packet.attachments,
@@ -196,7 +195,7 @@ impl<'a> Reader<'a> {
     /// Routes one complete packet that took `bytes` on the wire.
     fn dispatch(
         &self,
-        kind: SioKind,
+        kind: Kind,
         ack_id: Option<u64>,
         (args, raw): (Value, Option<String>),
         attachments: Vec<Vec<u8>>,
@@ -206,7 +205,7 @@ impl<'a> Reader<'a> {
             return;
         };
         match kind {
-            SioKind::Ack | SioKind::BinaryAck => {
+            Kind::Ack | Kind::BinaryAck => {
                 let Some(id) = ack_id else { return };
                 let value = if args.is_empty() {
                     Value::Null
@@ -215,14 +214,14 @@ impl<'a> Reader<'a> {
                 };
                 self.shared.acked(
                     id,
-                    Reply {
+                    ReceivedAck {
                         value,
                         attachments,
                         raw,
                     },
                 );
             }
-            SioKind::Event | SioKind::BinaryEvent => {
+            Kind::Event | Kind::BinaryEvent => {
                 if args.first().and_then(Value::as_str) != Some("msg") || args.len() < 2 {
                     return;
                 }

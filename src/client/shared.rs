@@ -17,12 +17,13 @@ use serde_json::{json, Value};
 use tungstenite::protocol::frame::coding::OpCode;
 
 use super::inbox::Inbox;
-use super::wire::{self, MaskRng, SioKind};
+use super::wire::{self, MaskRng};
 use super::{Error, Event, Message, Options};
+use crate::protocol::socketio::{self, Kind};
 
 /// An ack as received: its single argument and any attachments.
 #[derive(Debug)]
-pub(super) struct Reply {
+pub(super) struct ReceivedAck {
     pub(super) value: Value,
     pub(super) attachments: Vec<Vec<u8>>,
     /// The first argument's JSON text as received, with
@@ -34,10 +35,10 @@ pub(super) struct Reply {
 #[derive(Debug)]
 pub(super) enum Waiter {
     /// A caller blocked on its reply (or on the error that ends the wait).
-    Call(SyncSender<Result<Reply, Error>>),
+    Call(SyncSender<Result<ReceivedAck, Error>>),
     /// A [`super::PendingAck`]: like `Call`, and it holds one of the
     /// client's [`Options::async_acks_max`] slots until it ends.
-    Async(SyncSender<Result<Reply, Error>>),
+    Async(SyncSender<Result<ReceivedAck, Error>>),
     /// The background thread's re-`sub` of this sid after a reconnect.
     Resub(String),
 }
@@ -54,7 +55,7 @@ pub(super) enum AckMode {
 }
 
 /// An ack registered for a sent event: its id and where it will arrive.
-pub(super) type AckSlot = (u64, Receiver<Result<Reply, Error>>);
+pub(super) type AckSlot = (u64, Receiver<Result<ReceivedAck, Error>>);
 
 /// What the client remembers of a live subscription so it can re-send it.
 #[derive(Debug)]
@@ -282,7 +283,7 @@ impl Shared {
         attachments: &[Vec<u8>],
         ack_wait: Option<Duration>,
         holdable: bool,
-    ) -> Result<Option<Reply>, Error> {
+    ) -> Result<Option<ReceivedAck>, Error> {
         let mode = if ack_wait.is_some() {
             AckMode::Call
         } else {
@@ -331,9 +332,9 @@ impl Shared {
     ) -> Result<Option<AckSlot>, Error> {
         let _ = event;
         let kind = if attachments.is_empty() {
-            SioKind::Event
+            Kind::Event
         } else {
-            SioKind::BinaryEvent
+            Kind::BinaryEvent
         };
         let namespace = &self.opts.namespace;
         let mut state = self.state();
@@ -351,7 +352,7 @@ impl Shared {
         let ack = state.register_ack(mode);
         drop(state);
         let ack_id = ack.as_ref().map(|(id, _)| *id);
-        let text = wire::encode_sio(kind, attachments.len(), namespace, ack_id, &payload);
+        let text = socketio::encode_message(kind, attachments.len(), namespace, ack_id, &payload);
         let sent = check_size(link.max_payload, &text, attachments).and_then(|()| {
             link.send(&text, attachments).map_err(|e| {
                 link.abort();
@@ -406,7 +407,7 @@ impl Shared {
     pub(super) fn hold(
         &self,
         mut state: MutexGuard<'_, State>,
-        kind: SioKind,
+        kind: Kind,
         attachments: &[Vec<u8>],
         payload: &str,
         mode: AckMode,
@@ -420,7 +421,7 @@ impl Shared {
         let namespace = &self.opts.namespace;
         let ack = state.register_ack(mode);
         let ack_id = ack.as_ref().map(|(id, _)| *id);
-        let text = wire::encode_sio(kind, attachments.len(), namespace, ack_id, payload);
+        let text = socketio::encode_message(kind, attachments.len(), namespace, ack_id, payload);
         if let Err(e) = check_size(state.max_payload, &text, attachments) {
             if let Some(id) = ack_id {
                 state.take(id);
@@ -439,7 +440,7 @@ impl Shared {
         &self,
         ack: Option<AckSlot>,
         wait: Option<Duration>,
-    ) -> Result<Option<Reply>, Error> {
+    ) -> Result<Option<ReceivedAck>, Error> {
         let (Some((id, rx)), Some(wait)) = (ack, wait) else {
             return Ok(None);
         };
@@ -525,7 +526,7 @@ impl Shared {
     }
 
     /// Hands an ack to whoever waits for it.
-    pub(super) fn acked(&self, id: u64, reply: Reply) {
+    pub(super) fn acked(&self, id: u64, reply: ReceivedAck) {
         let waiter = self.state().take(id);
         match waiter {
             // The caller may have timed out already; that is fine.
@@ -543,7 +544,7 @@ impl Shared {
 
     /// The ack of subscription `sid`, re-sent after a reconnect; the last
     /// one outstanding reports the reconnect.
-    fn resubscribed(&self, sid: String, reply: Reply) {
+    fn resubscribed(&self, sid: String, reply: ReceivedAck) {
         let refused = check_ack(reply).err();
         let mut state = self.state();
         match refused {
@@ -593,7 +594,7 @@ pub(super) fn check_size(
     Ok(())
 }
 
-pub(super) fn check_ack(reply: Reply) -> Result<Reply, Error> {
+pub(super) fn check_ack(reply: ReceivedAck) -> Result<ReceivedAck, Error> {
     match reply.value.get("ok").and_then(Value::as_bool) {
         Some(true) => Ok(reply),
         Some(false) => {
@@ -623,8 +624,8 @@ mod tests {
     use crate::client::inbox::Empty;
     use crate::client::{Reconnect, EVENTS_MAX};
 
-    fn reply(value: Value) -> Reply {
-        Reply {
+    fn reply(value: Value) -> ReceivedAck {
+        ReceivedAck {
             raw: None,
             value,
             attachments: Vec::new(),

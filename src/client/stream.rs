@@ -141,7 +141,7 @@ impl StoredMessage {
     /// Fills [`StoredMessage::bytes`] from the ack's attachments when
     /// `data` is a placeholder.
     fn attach(&mut self, attachments: &[Vec<u8>]) {
-        if let Some(num) = super::wire::placeholder_num(&self.data) {
+        if let Some(num) = crate::protocol::socketio::placeholder_num(&self.data) {
             self.bytes = attachments.get(num).cloned();
         }
     }

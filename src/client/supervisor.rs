@@ -4,8 +4,6 @@
 //! and only then the publishes held while down, before calls go through
 //! again.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -17,8 +15,8 @@ use super::backoff::Backoff;
 use super::dial::{dial, Dialed};
 use super::reader::{ReadHalf, Reader};
 use super::shared::{Link, Phase, Shared, Waiter, Writer};
-use super::wire::{self, SioKind};
 use super::{sub_arg, Error, Event};
+use crate::protocol::socketio::{self, Kind};
 
 /// Splits a finished handshake into the write side callers share and the
 /// read side the background thread keeps.
@@ -77,7 +75,7 @@ pub(crate) fn run(shared: Arc<Shared>, mut link: Arc<Link>, mut half: ReadHalf, 
 /// attempt, until one takes or the policy gives up (`None`: closed).
 fn reconnect(shared: &Shared, last: usize) -> Option<(Arc<Link>, ReadHalf, usize)> {
     let policy = shared.opts.reconnect.unwrap_or_default();
-    let mut backoff = Backoff::new(policy, seed());
+    let mut backoff = Backoff::new(policy, crate::rand::random_seed());
     let count = shared.urls.len().max(1);
     let mut index = last;
     let mut last_error = String::from("no attempt made");
@@ -148,7 +146,7 @@ fn resume(shared: &Shared, link: &Arc<Link>, announce: Event) -> Result<(), Erro
             .map(|(sid, arg)| {
                 let id = state.register(Waiter::Resub(sid));
                 let payload = json!(["sub", arg]).to_string();
-                wire::encode_sio(SioKind::Event, 0, namespace, Some(id), &payload)
+                socketio::encode_message(Kind::Event, 0, namespace, Some(id), &payload)
             })
             .collect()
     };
@@ -216,11 +214,4 @@ impl Shared {
         let mut state = self.state();
         self.close_for_good(&mut state, reason);
     }
-}
-
-/// A seed for the jitter from the process's random hash keys.
-fn seed() -> u64 {
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u64(0x5851_f42d_4c95_7f2d);
-    hasher.finish()
 }

@@ -1,11 +1,10 @@
-//! Pure codecs the client needs: the HTTP upgrade exchange, WebSocket frames
-//! (RFC 6455), Engine.IO v4 packets and Socket.IO v5 packets. Nothing here
-//! touches a socket or a clock, so every helper is unit tested on exact wire
-//! strings.
+//! The client's side of the WebSocket transport, pure: the HTTP upgrade
+//! exchange and masked frames (RFC 6455). Engine.IO and Socket.IO packets
+//! are [`crate::protocol`]'s codecs, shared with the server. Nothing here
+//! touches a socket or a clock, so every helper is unit tested on exact
+//! wire strings.
 
-use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
 use std::io::Cursor;
 
 use tungstenite::protocol::frame::coding::{Control, Data, OpCode};
@@ -298,244 +297,19 @@ pub(crate) fn pong_opcode() -> OpCode {
     OpCode::Control(Control::Pong)
 }
 
-/// A small xorshift64* generator for frame masks, seeded from the process's
-/// random hash keys. Masks only need to be unpredictable to intermediaries,
-/// not cryptographically strong.
+/// Frame masks from [`crate::rand`], seeded from the kernel. Masks only
+/// need to be unpredictable to intermediaries, not cryptographically strong.
 #[derive(Debug)]
 pub(crate) struct MaskRng(u64);
 
 impl MaskRng {
     pub(crate) fn new() -> Self {
-        let mut hasher = RandomState::new().build_hasher();
-        hasher.write_u64(0x9e37_79b9_7f4a_7c15);
-        MaskRng(hasher.finish() | 1)
+        MaskRng(crate::rand::random_seed())
     }
 
     pub(crate) fn next_mask(&mut self) -> [u8; 4] {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        let bytes = x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_be_bytes();
+        let bytes = crate::rand::splitmix64(&mut self.0).to_be_bytes();
         [bytes[0], bytes[1], bytes[2], bytes[3]]
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Engine.IO v4 packets.
-// ---------------------------------------------------------------------------
-
-/// An Engine.IO packet carried in a text frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum EioPacket<'a> {
-    Open(&'a str),
-    Close,
-    Ping,
-    Pong,
-    Message(&'a str),
-    Upgrade,
-    Noop,
-}
-
-pub(crate) fn parse_eio(text: &str) -> Result<EioPacket<'_>, WireError> {
-    let mut chars = text.chars();
-    let kind = chars
-        .next()
-        .ok_or_else(|| wire_err("empty Engine.IO packet"))?;
-    let rest = chars.as_str();
-    match kind {
-        '0' => Ok(EioPacket::Open(rest)),
-        '1' => Ok(EioPacket::Close),
-        '2' => Ok(EioPacket::Ping),
-        '3' => Ok(EioPacket::Pong),
-        '4' => Ok(EioPacket::Message(rest)),
-        '5' => Ok(EioPacket::Upgrade),
-        '6' => Ok(EioPacket::Noop),
-        other => Err(wire_err(format!("unknown Engine.IO packet type {other:?}"))),
-    }
-}
-
-/// The fields of the open packet the client uses.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct OpenInfo {
-    pub(crate) sid: String,
-    pub(crate) max_payload: Option<u64>,
-    /// `pingInterval + pingTimeout` in milliseconds: the longest the server
-    /// may stay silent before the client may call the link dead (Engine.IO
-    /// v4 "heartbeat").
-    pub(crate) silence_max_ms: Option<u64>,
-}
-
-pub(crate) fn parse_open(json: &str) -> Result<OpenInfo, WireError> {
-    let value: serde_json::Value =
-        serde_json::from_str(json).map_err(|e| wire_err(format!("bad open packet: {e}")))?;
-    let sid = value
-        .get("sid")
-        .and_then(|v| v.as_str())
-        .ok_or_else(|| wire_err("open packet lacks sid"))?;
-    Ok(OpenInfo {
-        sid: sid.to_string(),
-        max_payload: value.get("maxPayload").and_then(|v| v.as_u64()),
-        silence_max_ms: value
-            .get("pingInterval")
-            .and_then(|v| v.as_u64())
-            .zip(value.get("pingTimeout").and_then(|v| v.as_u64()))
-            .map(|(interval, timeout)| interval.saturating_add(timeout)),
-    })
-}
-
-// ---------------------------------------------------------------------------
-// Socket.IO v5 packets.
-// ---------------------------------------------------------------------------
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SioKind {
-    Connect,
-    Disconnect,
-    Event,
-    Ack,
-    ConnectError,
-    BinaryEvent,
-    BinaryAck,
-}
-
-impl SioKind {
-    fn from_char(c: char) -> Option<SioKind> {
-        Some(match c {
-            '0' => SioKind::Connect,
-            '1' => SioKind::Disconnect,
-            '2' => SioKind::Event,
-            '3' => SioKind::Ack,
-            '4' => SioKind::ConnectError,
-            '5' => SioKind::BinaryEvent,
-            '6' => SioKind::BinaryAck,
-            _ => return None,
-        })
-    }
-
-    fn as_char(self) -> char {
-        match self {
-            SioKind::Connect => '0',
-            SioKind::Disconnect => '1',
-            SioKind::Event => '2',
-            SioKind::Ack => '3',
-            SioKind::ConnectError => '4',
-            SioKind::BinaryEvent => '5',
-            SioKind::BinaryAck => '6',
-        }
-    }
-
-    fn is_binary(self) -> bool {
-        matches!(self, SioKind::BinaryEvent | SioKind::BinaryAck)
-    }
-}
-
-/// A Socket.IO packet borrowed from the Engine.IO message text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SioPacket<'a> {
-    pub(crate) kind: SioKind,
-    pub(crate) attachments: usize,
-    pub(crate) namespace: &'a str,
-    pub(crate) ack_id: Option<u64>,
-    /// The JSON text after the header, possibly empty.
-    pub(crate) payload: &'a str,
-}
-
-/// Upper bound on attachments of one packet, so a hostile count cannot make
-/// the client reserve unbounded memory.
-pub(crate) const ATTACHMENTS_MAX: usize = 1024;
-
-/// Parses `<type>[<n>-][/<nsp>,][<id>][<json>]` (Socket.IO v5 "encoding").
-pub(crate) fn parse_sio(text: &str) -> Result<SioPacket<'_>, WireError> {
-    let mut chars = text.chars();
-    let kind = chars
-        .next()
-        .and_then(SioKind::from_char)
-        .ok_or_else(|| wire_err(format!("bad Socket.IO packet type in {text:?}")))?;
-    let mut rest = chars.as_str();
-    let mut attachments = 0;
-    if kind.is_binary() {
-        let (count, after) = rest
-            .split_once('-')
-            .ok_or_else(|| wire_err("binary packet lacks its attachment count"))?;
-        attachments = count
-            .parse::<usize>()
-            .ok()
-            .filter(|&n| n <= ATTACHMENTS_MAX)
-            .ok_or_else(|| wire_err(format!("bad attachment count {count:?}")))?;
-        rest = after;
-    }
-    let mut namespace = "/";
-    if rest.starts_with('/') {
-        match rest.split_once(',') {
-            Some((nsp, after)) => {
-                namespace = nsp;
-                rest = after;
-            }
-            None => {
-                namespace = rest;
-                rest = "";
-            }
-        }
-    }
-    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-    let mut ack_id = None;
-    if digits > 0 {
-        let (id, after) = rest.split_at(digits);
-        ack_id = Some(
-            id.parse::<u64>()
-                .map_err(|_| wire_err(format!("bad ack id {id:?}")))?,
-        );
-        rest = after;
-    }
-    Ok(SioPacket {
-        kind,
-        attachments,
-        namespace,
-        ack_id,
-        payload: rest,
-    })
-}
-
-/// Encodes a Socket.IO packet inside an Engine.IO message (leading `4`).
-pub(crate) fn encode_sio(
-    kind: SioKind,
-    attachments: usize,
-    namespace: &str,
-    ack_id: Option<u64>,
-    payload: &str,
-) -> String {
-    let mut out = String::with_capacity(payload.len() + namespace.len() + 16);
-    out.push('4');
-    out.push(kind.as_char());
-    if kind.is_binary() {
-        out.push_str(&attachments.to_string());
-        out.push('-');
-    }
-    if namespace != "/" {
-        out.push_str(namespace);
-        out.push(',');
-    }
-    if let Some(id) = ack_id {
-        out.push_str(&id.to_string());
-    }
-    out.push_str(payload);
-    out
-}
-
-/// `{"_placeholder":true,"num":n}`: where attachment `n` sits in a payload.
-pub(crate) fn placeholder(num: usize) -> serde_json::Value {
-    serde_json::json!({ "_placeholder": true, "num": num })
-}
-
-/// The attachment index if `value` is a placeholder object.
-pub(crate) fn placeholder_num(value: &serde_json::Value) -> Option<usize> {
-    let object = value.as_object()?;
-    if object.get("_placeholder")?.as_bool()? {
-        usize::try_from(object.get("num")?.as_u64()?).ok()
-    } else {
-        None
     }
 }
 
@@ -650,86 +424,5 @@ mod tests {
         let a = rng.next_mask();
         let b = rng.next_mask();
         assert_ne!(a, b);
-    }
-
-    #[test]
-    fn engine_io_packets() {
-        assert_eq!(parse_eio("2").unwrap(), EioPacket::Ping);
-        assert_eq!(parse_eio("1").unwrap(), EioPacket::Close);
-        assert_eq!(parse_eio("40").unwrap(), EioPacket::Message("0"));
-        assert!(parse_eio("").is_err());
-        assert!(parse_eio("9").is_err());
-        let open = parse_eio(
-            "0{\"sid\":\"abc\",\"upgrades\":[],\"pingInterval\":25000,\
-             \"pingTimeout\":20000,\"maxPayload\":1000000}",
-        )
-        .unwrap();
-        let EioPacket::Open(json) = open else {
-            panic!("not an open packet")
-        };
-        let info = parse_open(json).unwrap();
-        assert_eq!(info.sid, "abc");
-        assert_eq!(info.max_payload, Some(1_000_000));
-        assert_eq!(info.silence_max_ms, Some(45_000));
-        let bare = parse_open("{\"sid\":\"x\"}").unwrap();
-        assert_eq!((bare.max_payload, bare.silence_max_ms), (None, None));
-    }
-
-    #[test]
-    fn socket_io_packets_parse() {
-        let p = parse_sio("0{\"sid\":\"x\"}").unwrap();
-        assert_eq!(
-            (p.kind, p.namespace, p.ack_id, p.payload),
-            (SioKind::Connect, "/", None, "{\"sid\":\"x\"}")
-        );
-        let p = parse_sio("3/control,12[{\"ok\":true}]").unwrap();
-        assert_eq!(
-            (p.kind, p.namespace, p.ack_id, p.payload),
-            (SioKind::Ack, "/control", Some(12), "[{\"ok\":true}]")
-        );
-        let p = parse_sio("52-/control,7[\"msg\"]").unwrap();
-        assert_eq!(
-            (p.kind, p.attachments, p.namespace, p.ack_id),
-            (SioKind::BinaryEvent, 2, "/control", Some(7))
-        );
-        let p = parse_sio("1/control").unwrap();
-        assert_eq!(
-            (p.kind, p.namespace, p.payload),
-            (SioKind::Disconnect, "/control", "")
-        );
-        let p = parse_sio("4{\"message\":\"unauthorized\"}").unwrap();
-        assert_eq!(p.kind, SioKind::ConnectError);
-        assert!(parse_sio("7").is_err());
-        assert!(parse_sio("5x-[]").is_err());
-        assert!(parse_sio("5[]").is_err());
-        assert!(parse_sio("399999999999999999999999[]").is_err());
-    }
-
-    #[test]
-    fn socket_io_packets_encode() {
-        assert_eq!(encode_sio(SioKind::Connect, 0, "/", None, ""), "40");
-        assert_eq!(
-            encode_sio(SioKind::Connect, 0, "/control", None, "{\"token\":\"t\"}"),
-            "40/control,{\"token\":\"t\"}"
-        );
-        assert_eq!(
-            encode_sio(SioKind::Event, 0, "/", Some(5), "[\"ping\",{}]"),
-            "425[\"ping\",{}]"
-        );
-        assert_eq!(
-            encode_sio(SioKind::BinaryEvent, 1, "/", Some(7), "[\"pub\"]"),
-            "451-7[\"pub\"]"
-        );
-        assert_eq!(
-            encode_sio(SioKind::BinaryEvent, 1, "/control", None, "[]"),
-            "451-/control,[]"
-        );
-    }
-
-    #[test]
-    fn placeholders() {
-        assert_eq!(placeholder_num(&placeholder(3)), Some(3));
-        assert_eq!(placeholder_num(&serde_json::json!({"num": 1})), None);
-        assert_eq!(placeholder_num(&serde_json::json!("x")), None);
     }
 }

@@ -1,7 +1,7 @@
 //! The control-state machine: every change to the state the cluster
 //! shares (subscriptions with their owners, queue-group rules, which node
 //! owns which stream and with what config, consumer configs and cursors)
-//! is an [`Entry`] applied by [`Fsm::apply`], the one apply path. A single
+//! is an [`Change`] applied by [`Fsm::apply`], the one apply path. A single
 //! node applies entries as they are made; a cluster node applies them as
 //! Raft commits them, in the same order everywhere. [`Fsm::snapshot`] and
 //! [`Fsm::restore`] bound the Raft log. Pure: no sockets, files or clocks.
@@ -22,18 +22,18 @@ pub const CONSUMERS_MAX: usize = 10_000;
 /// One replicated change: who made it (node and that node's operation
 /// number, so the maker can answer its client when it is applied) and what.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Entry {
+pub struct Change {
     pub node: u64,
     pub op: u64,
     pub cmd: Cmd,
 }
 
-impl Entry {
+impl Change {
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<Entry, String> {
+    pub fn decode(bytes: &[u8]) -> Result<Change, String> {
         serde_json::from_slice(bytes).map_err(|e| format!("bad entry: {e}"))
     }
 }
@@ -165,7 +165,7 @@ impl Fsm {
 
     /// Applies a committed entry: [`Fsm::apply`], unless it is a repeat
     /// or was overtaken by a later entry of its node (see `last_op`).
-    pub fn apply_entry(&mut self, e: &Entry) -> Result<(), Refused> {
+    pub fn apply_entry(&mut self, e: &Change) -> Result<(), Refused> {
         let life = (e.node, e.op >> 32);
         if self.last_op.get(&life).is_some_and(|&last| e.op <= last) {
             return Err(Refused {
@@ -372,13 +372,13 @@ mod tests {
 
     #[test]
     fn entries_round_trip() {
-        let e = Entry {
+        let e = Change {
             node: 2,
             op: 9,
             cmd: sub(2, 5, "s1", "a.*"),
         };
-        assert_eq!(Entry::decode(&e.encode()).unwrap(), e);
-        assert!(Entry::decode(b"{").is_err());
+        assert_eq!(Change::decode(&e.encode()).unwrap(), e);
+        assert!(Change::decode(b"{").is_err());
     }
 
     #[test]
@@ -430,7 +430,7 @@ mod tests {
     fn repeated_and_overtaken_entries_are_not_applied() {
         let mut f = Fsm::new(1);
         let life = 7u64 << 32;
-        let e = |op: u64, cmd: Cmd| Entry { node: 2, op, cmd };
+        let e = |op: u64, cmd: Cmd| Change { node: 2, op, cmd };
         f.apply_entry(&e(life | 1, sub(2, life | 1, "a", "x")))
             .unwrap();
         let rm = Cmd::Subs(Command::RemoveConn {

@@ -129,7 +129,7 @@ impl RaftNode {
         let mut rc = Config::new(cfg.id, cfg.members.keys().copied().collect());
         rc.voter = raft::starts_as_voter(cfg.bootstrap, cfg.memory_log, &hs, empty);
         rc.forward_proposals = false;
-        rc.seed = crate::net::server::random_seed() ^ cfg.id;
+        rc.seed = crate::rand::random_seed() ^ cfg.id;
         let first = (loaded.snapshot.index > 0).then(|| FromRaft::Restore {
             index: loaded.snapshot.index,
             data: loaded.snapshot.data.clone(),
@@ -421,7 +421,7 @@ mod tests {
         let data = std::env::temp_dir().join(format!(
             "gombus-node-snapshot-{}-{}",
             std::process::id(),
-            crate::net::server::random_seed()
+            crate::rand::random_seed()
         ));
         let cfg = NodeConfig {
             id: 1,

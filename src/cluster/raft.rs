@@ -140,14 +140,14 @@ pub enum Proposed {
     /// Appended to this leader's log: it is done when the entry applied at
     /// `index` has term `term`.
     Appended { index: u64, term: u64 },
-    /// Forwarded to the leader as proposal `seq`; its [`Forwarded`] outcome
+    /// Forwarded to the leader as proposal `seq`; its [`ForwardOutcome`]
     /// comes in a later [`Ready`].
     Forwarded { seq: u64 },
 }
 
 /// The outcome of a forwarded proposal: appended at (index, term), or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Forwarded {
+pub struct ForwardOutcome {
     pub seq: u64,
     pub at: Option<(u64, u64)>,
 }
@@ -183,7 +183,7 @@ pub struct AfterPersist {
     pub restore: Option<Snapshot>,
     pub committed: Vec<Entry>,
     pub reads: Vec<ReadState>,
-    pub forwarded: Vec<Forwarded>,
+    pub forwarded: Vec<ForwardOutcome>,
     pub status: Option<Status>,
     /// The log is long: hand the state machine's snapshot at the applied
     /// index to [`Raft::compact`].
@@ -810,7 +810,7 @@ impl Raft {
             Body::Propose { seq, data } => self.on_propose(from, seq, data),
             Body::ProposeResp { seq, index } => {
                 let at = (index > 0).then_some((index, m.term));
-                self.after.forwarded.push(Forwarded { seq, at });
+                self.after.forwarded.push(ForwardOutcome { seq, at });
             }
         }
     }
@@ -822,12 +822,8 @@ impl Raft {
     }
 
     fn reset_timeout(&mut self) {
-        // SplitMix64: small, seeded, and good enough for timer jitter.
-        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
+        // Seeded, so a simulation replays; good enough for timer jitter.
+        let z = crate::rand::splitmix64(&mut self.rng);
         let spread = u64::from(self.cfg.election_ticks);
         self.timeout = self.cfg.election_ticks + (z % spread) as u32;
         self.elapsed = 0;

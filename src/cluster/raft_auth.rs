@@ -11,14 +11,14 @@
 //! the wire, a proof made for one role cannot be sent back as the other,
 //! and a recorded exchange is worthless later because the other side's
 //! nonce is new each time. Every frame has a fixed size; each is one
-//! [`crate::stream::record`] (length, crc32, body). docs/PROTOCOL.md
+//! [`crate::storage::record`] (length, crc32, body). docs/PROTOCOL.md
 //! ("Node-to-node trust") shows the bytes.
 
 use std::fmt;
 
 use super::raft_msg::NodeId;
 use crate::crypto::hmac::{self, HmacSha256, TAG_BYTES};
-use crate::stream::record;
+use crate::storage::record;
 
 /// First bytes of every handshake body.
 pub const MAGIC: [u8; 4] = *b"GBRA";

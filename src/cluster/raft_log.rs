@@ -21,11 +21,11 @@ use super::raft::Ready;
 use super::raft_msg::{
     encode_entry, encode_hard_state, encode_snapshot, Entry, HardState, Reader, Snapshot,
 };
-use crate::stream::{record, statefile};
+use crate::storage::{record, statefile};
 
 /// Why the store could not do its job.
 #[derive(Debug)]
-pub enum StoreError {
+pub enum LogError {
     /// An operating-system error on a file.
     Io(PathBuf, io::Error),
     /// A file's content is not what this module writes (named with the
@@ -33,21 +33,21 @@ pub enum StoreError {
     Corrupt(PathBuf, u64, String),
 }
 
-impl fmt::Display for StoreError {
+impl fmt::Display for LogError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            StoreError::Io(p, e) => write!(f, "{}: {e}", p.display()),
-            StoreError::Corrupt(p, at, why) => {
+            LogError::Io(p, e) => write!(f, "{}: {e}", p.display()),
+            LogError::Corrupt(p, at, why) => {
                 write!(f, "{}: corrupt at offset {at}: {why}", p.display())
             }
         }
     }
 }
 
-impl std::error::Error for StoreError {}
+impl std::error::Error for LogError {}
 
-fn io_err(p: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
-    move |e| StoreError::Io(p.to_path_buf(), e)
+fn io_err(p: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
+    move |e| LogError::Io(p.to_path_buf(), e)
 }
 
 /// What a store held at start: the last snapshot (index 0: none) and the
@@ -62,13 +62,13 @@ pub struct Loaded {
 /// (as durable as the implementation is).
 pub trait LogStore {
     /// What is stored.
-    fn load(&mut self) -> Result<Loaded, StoreError>;
+    fn load(&mut self) -> Result<Loaded, LogError>;
     /// Drops every entry at or after `first`, then stores `entries`, which
     /// start at `first`.
-    fn append(&mut self, first: u64, entries: &[Entry]) -> Result<(), StoreError>;
+    fn append(&mut self, first: u64, entries: &[Entry]) -> Result<(), LogError>;
     /// Stores `snap` and drops the entries it covers; if the log does not
     /// hold an entry at `snap.index` with `snap.term`, drops all entries.
-    fn save_snapshot(&mut self, snap: &Snapshot) -> Result<(), StoreError>;
+    fn save_snapshot(&mut self, snap: &Snapshot) -> Result<(), LogError>;
     /// Whether the contents survive a restart of the process.
     fn is_durable(&self) -> bool;
 }
@@ -77,9 +77,9 @@ pub trait LogStore {
 /// `state`), snapshot, entries.
 pub fn persist(
     ready: &Ready,
-    state: &mut dyn FnMut(&HardState) -> Result<(), StoreError>,
+    state: &mut dyn FnMut(&HardState) -> Result<(), LogError>,
     log: &mut dyn LogStore,
-) -> Result<(), StoreError> {
+) -> Result<(), LogError> {
     if let Some(hs) = &ready.hard_state {
         state(hs)?;
     }
@@ -118,20 +118,20 @@ impl MemoryLog {
 }
 
 impl LogStore for MemoryLog {
-    fn load(&mut self) -> Result<Loaded, StoreError> {
+    fn load(&mut self) -> Result<Loaded, LogError> {
         Ok(Loaded {
             snapshot: self.snapshot.clone(),
             entries: self.entries.clone(),
         })
     }
 
-    fn append(&mut self, first: u64, entries: &[Entry]) -> Result<(), StoreError> {
+    fn append(&mut self, first: u64, entries: &[Entry]) -> Result<(), LogError> {
         self.entries.retain(|e| e.index < first);
         self.entries.extend_from_slice(entries);
         Ok(())
     }
 
-    fn save_snapshot(&mut self, snap: &Snapshot) -> Result<(), StoreError> {
+    fn save_snapshot(&mut self, snap: &Snapshot) -> Result<(), LogError> {
         keep_after(snap, &mut self.entries);
         self.snapshot = snap.clone();
         Ok(())
@@ -143,15 +143,15 @@ impl LogStore for MemoryLog {
 }
 
 /// Replaces `path` by one record holding `body`, atomically and durably.
-fn write_atomic(path: &Path, body: &[u8]) -> Result<(), StoreError> {
+fn write_atomic(path: &Path, body: &[u8]) -> Result<(), LogError> {
     statefile::write(path, body).map_err(io_err(path))
 }
 
 /// Reads a one-record file; `None` if it does not exist.
-fn read_single(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
+fn read_single(path: &Path) -> Result<Option<Vec<u8>>, LogError> {
     statefile::read(path).map_err(|e| match e.kind() {
-        io::ErrorKind::InvalidData => StoreError::Corrupt(path.to_path_buf(), 0, e.to_string()),
-        _ => StoreError::Io(path.to_path_buf(), e),
+        io::ErrorKind::InvalidData => LogError::Corrupt(path.to_path_buf(), 0, e.to_string()),
+        _ => LogError::Io(path.to_path_buf(), e),
     })
 }
 
@@ -164,7 +164,7 @@ pub struct StateFile {
 
 impl StateFile {
     /// The state file in `dir` (created if missing).
-    pub fn open(dir: &Path) -> Result<StateFile, StoreError> {
+    pub fn open(dir: &Path) -> Result<StateFile, LogError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
         Ok(StateFile {
             path: dir.join("state"),
@@ -172,7 +172,7 @@ impl StateFile {
     }
 
     /// The stored hard state; the default if none was ever saved.
-    pub fn load(&self) -> Result<HardState, StoreError> {
+    pub fn load(&self) -> Result<HardState, LogError> {
         let Some(body) = read_single(&self.path)? else {
             return Ok(HardState::default());
         };
@@ -180,11 +180,11 @@ impl StateFile {
         let hs = r
             .hard_state()
             .and_then(|hs| r.finish().map(|_| hs))
-            .map_err(|e| StoreError::Corrupt(self.path.clone(), 0, e.to_string()))?;
+            .map_err(|e| LogError::Corrupt(self.path.clone(), 0, e.to_string()))?;
         Ok(hs)
     }
 
-    pub fn save(&mut self, hs: &HardState) -> Result<(), StoreError> {
+    pub fn save(&mut self, hs: &HardState) -> Result<(), LogError> {
         let mut body = Vec::with_capacity(24);
         encode_hard_state(&mut body, hs);
         write_atomic(&self.path, &body)
@@ -206,7 +206,7 @@ pub struct DurableLog {
 impl DurableLog {
     /// Opens (creating if needed) the log in `dir`, recovering it: a torn
     /// or corrupt tail of `log` is cut off.
-    pub fn open(dir: &Path) -> Result<DurableLog, StoreError> {
+    pub fn open(dir: &Path) -> Result<DurableLog, LogError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
         let log_path = dir.join("log");
         let snap_path = dir.join("snapshot");
@@ -235,11 +235,11 @@ impl DurableLog {
         Ok(d)
     }
 
-    fn corrupt(&self, path: &Path, at: u64, why: impl Into<String>) -> StoreError {
-        StoreError::Corrupt(path.to_path_buf(), at, why.into())
+    fn corrupt(&self, path: &Path, at: u64, why: impl Into<String>) -> LogError {
+        LogError::Corrupt(path.to_path_buf(), at, why.into())
     }
 
-    fn recover(&mut self) -> Result<(), StoreError> {
+    fn recover(&mut self) -> Result<(), LogError> {
         if let Some(body) = read_single(&self.snap_path)? {
             let mut r = Reader::new(&body);
             self.snapshot = r
@@ -280,7 +280,7 @@ impl DurableLog {
         Ok(())
     }
 
-    fn read_entries(&self) -> Result<Vec<Entry>, StoreError> {
+    fn read_entries(&self) -> Result<Vec<Entry>, LogError> {
         let bytes = fs::read(&self.log_path).map_err(io_err(&self.log_path))?;
         let (bodies, _, _) = record::scan(&bytes);
         let mut out = Vec::with_capacity(bodies.len());
@@ -293,7 +293,7 @@ impl DurableLog {
         Ok(out)
     }
 
-    fn write_entries(&mut self, entries: &[Entry]) -> Result<(), StoreError> {
+    fn write_entries(&mut self, entries: &[Entry]) -> Result<(), LogError> {
         let mut out = Vec::new();
         for e in entries {
             let start = record::begin(&mut out);
@@ -309,7 +309,7 @@ impl DurableLog {
 }
 
 impl LogStore for DurableLog {
-    fn load(&mut self) -> Result<Loaded, StoreError> {
+    fn load(&mut self) -> Result<Loaded, LogError> {
         let entries = self.read_entries()?;
         if let Some(first) = entries.first() {
             if first.index != self.snapshot.index + 1 {
@@ -326,7 +326,7 @@ impl LogStore for DurableLog {
         })
     }
 
-    fn append(&mut self, first: u64, entries: &[Entry]) -> Result<(), StoreError> {
+    fn append(&mut self, first: u64, entries: &[Entry]) -> Result<(), LogError> {
         let keep = self.index.iter().take_while(|(i, _, _)| *i < first).count();
         if keep < self.index.len() {
             let cut = self.index[keep].2;
@@ -337,7 +337,7 @@ impl LogStore for DurableLog {
         self.write_entries(entries)
     }
 
-    fn save_snapshot(&mut self, snap: &Snapshot) -> Result<(), StoreError> {
+    fn save_snapshot(&mut self, snap: &Snapshot) -> Result<(), LogError> {
         let mut body = Vec::with_capacity(snap.data.len() + 24);
         encode_snapshot(&mut body, snap);
         write_atomic(&self.snap_path, &body)?;
@@ -354,7 +354,7 @@ impl DurableLog {
     /// Rewrites the log with only what the snapshot leaves. A crash before
     /// this is done leaves covered entries in the file; [`DurableLog::open`]
     /// sees them and finishes the job.
-    fn rewrite_after_snapshot(&mut self) -> Result<(), StoreError> {
+    fn rewrite_after_snapshot(&mut self) -> Result<(), LogError> {
         let mut entries = self.read_entries()?;
         keep_after(&self.snapshot, &mut entries);
         let mut out = Vec::new();

@@ -7,7 +7,7 @@
 //! crate, and every length is checked against the bytes actually present
 //! before anything is allocated, so a corrupt or hostile frame is an error,
 //! never a panic or a huge allocation. Framing (length + crc32) is the
-//! caller's: [`crate::stream::record`].
+//! caller's: [`crate::storage::record`].
 
 use std::fmt;
 

@@ -39,7 +39,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::raft_auth::{self, ClusterKey, Frame, Role, Transcript, NONCE_BYTES};
 use super::raft_msg::{self, Message, NodeId};
-use crate::stream::record;
+use crate::storage::record;
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);

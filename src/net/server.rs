@@ -232,7 +232,7 @@ impl<H: Handler> Server<H> {
             settings,
             shell,
             scratch: vec![0; SCRATCH_BYTES],
-            sid_rng: random_seed(),
+            sid_rng: crate::rand::random_seed(),
             waker,
             stop: Arc::new(AtomicBool::new(false)),
             trimmer: super::trim::Trimmer::new(Instant::now()),
@@ -1419,7 +1419,7 @@ impl<H: Handler> Server<H> {
             b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
         let mut out = String::with_capacity(20);
         for _ in 0..2 {
-            let mut v = splitmix(&mut self.sid_rng);
+            let mut v = crate::rand::splitmix64(&mut self.sid_rng);
             for _ in 0..10 {
                 out.push(ALPHABET[(v & 63) as usize] as char);
                 v >>= 6;
@@ -1750,29 +1750,6 @@ fn on_engine_text<H: Handler>(io: &mut Io<'_>, handler: &mut H, id: ConnId, text
         Ok(engineio::Packet::Noop | engineio::Packet::Upgrade) => {}
         Ok(engineio::Packet::Open(_)) | Err(_) => io.close_with(id, 1002),
     }
-}
-
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// A seed from the kernel's random source, else from the clock and pid.
-pub fn random_seed() -> u64 {
-    let mut b = [0u8; 8];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .is_ok()
-    {
-        return u64::from_ne_bytes(b);
-    }
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    t ^ ((std::process::id() as u64) << 32)
 }
 
 #[cfg(test)]

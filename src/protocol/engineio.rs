@@ -22,6 +22,8 @@ pub enum EngineError {
     Empty,
     /// A first character that is no packet type.
     UnknownType(char),
+    /// An open packet that is not JSON or lacks `sid`.
+    BadOpen(String),
 }
 
 impl std::fmt::Display for EngineError {
@@ -29,6 +31,7 @@ impl std::fmt::Display for EngineError {
         match self {
             EngineError::Empty => write!(f, "empty Engine.IO packet"),
             EngineError::UnknownType(c) => write!(f, "unknown Engine.IO packet type {c:?}"),
+            EngineError::BadOpen(why) => write!(f, "bad open packet: {why}"),
         }
     }
 }
@@ -49,6 +52,35 @@ pub fn decode(text: &str) -> Result<Packet<'_>, EngineError> {
         '5' => Packet::Upgrade,
         '6' => Packet::Noop,
         other => return Err(EngineError::UnknownType(other)),
+    })
+}
+
+/// What a client takes from the open packet a server sends first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opened {
+    pub sid: String,
+    pub max_payload: Option<u64>,
+    /// `pingInterval + pingTimeout` in milliseconds: the longest the server
+    /// may stay silent before the client may call the link dead ("Heartbeat").
+    pub silence_max_ms: Option<u64>,
+}
+
+/// Reads the JSON of an open packet (the text after its `0`).
+pub fn decode_open(json: &str) -> Result<Opened, EngineError> {
+    let value: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| EngineError::BadOpen(e.to_string()))?;
+    let sid = value
+        .get("sid")
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| EngineError::BadOpen("no sid".to_string()))?;
+    Ok(Opened {
+        sid: sid.to_string(),
+        max_payload: value.get("maxPayload").and_then(|v| v.as_u64()),
+        silence_max_ms: value
+            .get("pingInterval")
+            .and_then(|v| v.as_u64())
+            .zip(value.get("pingTimeout").and_then(|v| v.as_u64()))
+            .map(|(interval, timeout)| interval.saturating_add(timeout)),
     })
 }
 
@@ -382,5 +414,24 @@ mod tests {
         let mut hb2 = Heartbeat::new(t0, iv, to);
         hb2.on_pong(t0 + Duration::from_millis(10));
         assert_eq!(hb2.deadline(), t0 + iv);
+    }
+
+    /// The open packet as a client reads it: sid, maxPayload, and the
+    /// silence allowed (pingInterval + pingTimeout).
+    #[test]
+    fn open_packet_decodes_for_a_client() {
+        let text = "0{\"sid\":\"abc\",\"upgrades\":[],\"pingInterval\":25000,\
+                    \"pingTimeout\":20000,\"maxPayload\":1000000}";
+        let Ok(Packet::Open(json)) = decode(text) else {
+            panic!("not an open packet")
+        };
+        let open = decode_open(json).unwrap();
+        assert_eq!(open.sid, "abc");
+        assert_eq!(open.max_payload, Some(1_000_000));
+        assert_eq!(open.silence_max_ms, Some(45_000));
+        let bare = decode_open("{\"sid\":\"x\"}").unwrap();
+        assert_eq!((bare.max_payload, bare.silence_max_ms), (None, None));
+        assert!(matches!(decode_open("{}"), Err(EngineError::BadOpen(_))));
+        assert!(matches!(decode_open("nope"), Err(EngineError::BadOpen(_))));
     }
 }

@@ -5,8 +5,11 @@
 //! - [`errors`]: the contract's error codes and ack bodies.
 //! - [`messages`]: typed requests for every event of the contract.
 //! - [`stream_messages`]: stream and consumer requests and configs.
+//! - [`subject`]: subject and pattern rules (part of the wire contract), a
+//!   reference matcher.
 pub mod engineio;
 pub mod errors;
 pub mod messages;
 pub mod socketio;
 pub mod stream_messages;
+pub mod subject;

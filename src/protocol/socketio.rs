@@ -6,11 +6,18 @@
 
 use serde_json::value::RawValue;
 
+use super::stream_messages::FETCH_BATCH_MAX;
+
 /// The largest ack id accepted: JavaScript clients count with doubles, so
 /// ids stay exact integers (2^53 - 1).
 pub const ACK_ID_MAX: u64 = (1 << 53) - 1;
-/// Attachments one binary packet may announce.
+/// Attachments one binary packet may announce to a server (the contract's
+/// limit on input; more closes the connection).
 pub const ATTACHMENTS_MAX: usize = 64;
+/// Attachments a client accepts in one packet from a server. The most a
+/// server sends is a `consumer.fetch` answer: one attachment per binary
+/// message, at most [`FETCH_BATCH_MAX`] messages.
+pub const ATTACHMENTS_FROM_SERVER_MAX: usize = FETCH_BATCH_MAX as usize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -76,8 +83,15 @@ impl std::error::Error for SioError {}
 /// Decodes the header of a packet and checks that its payload has the shape
 /// its type requires (CONNECT: absent or an object; DISCONNECT: absent;
 /// EVENT: an array starting with a string; ACK: an array; CONNECT_ERROR: an
-/// object). The JSON itself is checked by whoever reads it.
+/// object). The JSON itself is checked by whoever reads it. At most
+/// [`ATTACHMENTS_MAX`] attachments: this is the server's decoder.
 pub fn decode(text: &str) -> Result<Packet<'_>, SioError> {
+    decode_with(text, ATTACHMENTS_MAX)
+}
+
+/// [`decode`] with another bound on the attachment count; a client passes
+/// [`ATTACHMENTS_FROM_SERVER_MAX`].
+pub fn decode_with(text: &str, attachments_max: usize) -> Result<Packet<'_>, SioError> {
     let b = text.as_bytes();
     let kind = b
         .first()
@@ -90,13 +104,13 @@ pub fn decode(text: &str) -> Result<Packet<'_>, SioError> {
         while i < b.len() && b[i].is_ascii_digit() {
             i += 1;
         }
-        if i == start || i - start > 2 || b.get(i) != Some(&b'-') {
+        if i == start || i - start > decimal_len(attachments_max) || b.get(i) != Some(&b'-') {
             return Err(SioError::BadAttachments);
         }
         attachments = text[start..i]
             .parse::<usize>()
             .map_err(|_| SioError::BadAttachments)?;
-        if attachments > ATTACHMENTS_MAX {
+        if attachments > attachments_max {
             return Err(SioError::BadAttachments);
         }
         i += 1;
@@ -140,6 +154,11 @@ pub fn decode(text: &str) -> Result<Packet<'_>, SioError> {
         id,
         data,
     })
+}
+
+/// How many decimal digits `v` has.
+fn decimal_len(v: usize) -> usize {
+    v.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
 /// An event's name and arguments, borrowed from the packet's JSON.
@@ -215,6 +234,38 @@ pub fn encode(kind: Kind, attachments: usize, nsp: &str, id: Option<u64>, data: 
     write_header(&mut out, kind, attachments, nsp, id);
     out.extend_from_slice(data.as_bytes());
     out
+}
+
+/// A whole packet inside an Engine.IO message (a leading `4`), as text: the
+/// form a client sends.
+pub fn encode_message(
+    kind: Kind,
+    attachments: usize,
+    nsp: &str,
+    id: Option<u64>,
+    data: &str,
+) -> String {
+    let mut out = Vec::with_capacity(data.len() + nsp.len() + 9);
+    out.push(b'4');
+    write_header(&mut out, kind, attachments, nsp, id);
+    out.extend_from_slice(data.as_bytes());
+    // Only ASCII was added around the `&str`s.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// `{"_placeholder":true,"num":n}`: where attachment `n` sits in a payload.
+pub fn placeholder(num: usize) -> serde_json::Value {
+    serde_json::json!({ "_placeholder": true, "num": num })
+}
+
+/// The attachment index if `value` is a placeholder object.
+pub fn placeholder_num(value: &serde_json::Value) -> Option<usize> {
+    let object = value.as_object()?;
+    if object.get("_placeholder")?.as_bool()? {
+        usize::try_from(object.get("num")?.as_u64()?).ok()
+    } else {
+        None
+    }
 }
 
 /// Whether a JSON text contains a binary placeholder object; used to check
@@ -511,13 +562,7 @@ mod tests {
     #[test]
     fn random_and_truncated_input_never_panics() {
         let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = || {
-            seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = seed;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        };
+        let mut next = || crate::rand::splitmix64(&mut seed);
         let samples = [
             r#"42["pub",{"subject":"a.b","data":1}]"#,
             r#"452-789["message-with-ack",{"_placeholder":true,"num":0},{"_placeholder":true,"num":1}]"#,
@@ -546,5 +591,91 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// What a server sends, read the way a client reads it.
+    #[test]
+    fn server_packets_decode_on_the_client_side() {
+        let read = |t| decode_with(t, ATTACHMENTS_FROM_SERVER_MAX).unwrap();
+        let p = read("0{\"sid\":\"x\"}");
+        assert_eq!(
+            (p.kind, p.nsp, p.id, p.data),
+            (Kind::Connect, "/", None, "{\"sid\":\"x\"}")
+        );
+        let p = read("3/control,12[{\"ok\":true}]");
+        assert_eq!(
+            (p.kind, p.nsp, p.id, p.data),
+            (Kind::Ack, "/control", Some(12), "[{\"ok\":true}]")
+        );
+        let p = read("52-/control,7[\"msg\"]");
+        assert_eq!(
+            (p.kind, p.attachments, p.nsp, p.id),
+            (Kind::BinaryEvent, 2, "/control", Some(7))
+        );
+        let p = read("1/control");
+        assert_eq!((p.kind, p.nsp, p.data), (Kind::Disconnect, "/control", ""));
+        assert_eq!(
+            read("4{\"message\":\"unauthorized\"}").kind,
+            Kind::ConnectError
+        );
+    }
+
+    /// A fetch answer may carry one attachment per message of a full batch:
+    /// a client accepts it, a server never accepts more than 64.
+    #[test]
+    fn attachment_limits_differ_by_direction() {
+        let full = format!("6{ATTACHMENTS_FROM_SERVER_MAX}-7[{{\"ok\":true}}]");
+        assert_eq!(decode(&full), Err(SioError::BadAttachments));
+        let p = decode_with(&full, ATTACHMENTS_FROM_SERVER_MAX).unwrap();
+        assert_eq!(
+            (p.kind, p.attachments, p.id),
+            (Kind::BinaryAck, 1000, Some(7))
+        );
+        let over = format!("6{}-7[{{}}]", ATTACHMENTS_FROM_SERVER_MAX + 1);
+        assert_eq!(
+            decode_with(&over, ATTACHMENTS_FROM_SERVER_MAX),
+            Err(SioError::BadAttachments)
+        );
+        assert_eq!(decode("564-[\"m\"]").map(|p| p.attachments), Ok(64));
+        assert_eq!(decode("565-[\"m\"]"), Err(SioError::BadAttachments));
+        assert_eq!(decode("5064-[\"m\"]"), Err(SioError::BadAttachments));
+    }
+
+    /// Spec strings for the packets a client writes (with Engine.IO's `4`).
+    #[test]
+    fn client_packets_encode() {
+        assert_eq!(encode_message(Kind::Connect, 0, "/", None, ""), "40");
+        assert_eq!(
+            encode_message(Kind::Connect, 0, "/control", None, "{\"token\":\"t\"}"),
+            "40/control,{\"token\":\"t\"}"
+        );
+        assert_eq!(
+            encode_message(Kind::Event, 0, "/", Some(5), "[\"ping\",{}]"),
+            "425[\"ping\",{}]"
+        );
+        assert_eq!(
+            encode_message(Kind::BinaryEvent, 1, "/", Some(7), "[\"pub\"]"),
+            "451-7[\"pub\"]"
+        );
+        assert_eq!(
+            encode_message(Kind::BinaryEvent, 1, "/control", None, "[]"),
+            "451-/control,[]"
+        );
+        assert_eq!(
+            encode_message(Kind::Disconnect, 0, "/control", None, ""),
+            "41/control,"
+        );
+    }
+
+    #[test]
+    fn placeholders_round_trip() {
+        assert_eq!(placeholder_num(&placeholder(3)), Some(3));
+        assert_eq!(placeholder_num(&serde_json::json!({"num": 1})), None);
+        assert_eq!(
+            placeholder_num(&serde_json::json!({"_placeholder": false, "num": 1})),
+            None
+        );
+        assert_eq!(placeholder_num(&serde_json::json!("x")), None);
+        assert!(placeholders_valid(&placeholder(0).to_string(), 1));
     }
 }

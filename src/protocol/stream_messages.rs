@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::errors::{ApiError, Code};
-use crate::broker::subject;
+use super::subject;
 
 /// Longest stream or consumer name, in bytes.
 pub const NAME_BYTES_MAX: usize = 64;

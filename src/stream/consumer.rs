@@ -428,7 +428,7 @@ mod tests {
             self.0
                 .iter()
                 .find(|(s, subj)| {
-                    *s >= from && filter.is_none_or(|f| crate::broker::subject::matches(f, subj))
+                    *s >= from && filter.is_none_or(|f| crate::protocol::subject::matches(f, subj))
                 })
                 .map(|(s, _)| *s)
         }

@@ -3,7 +3,7 @@
 //! length, subject and time; its removals) without reading the segment.
 //! Pure: encodes into a `Vec`, decodes from a slice.
 //!
-//! One record ([`super::record`] framing) whose body is (little-endian):
+//! One record ([`crate::storage::record`] framing) whose body is (little-endian):
 //!
 //! ```text
 //! u8 version (1)
@@ -23,8 +23,8 @@
 //! missing or fails its crc) the segment is scanned and the index written
 //! again. Index files are not fsynced: a lost or torn one is rebuilt.
 
-use super::record;
 use super::segment::{KIND_FLOOR, KIND_REMOVE, KIND_TRUNCATE};
+use crate::storage::record;
 
 const VERSION: u8 = 2;
 

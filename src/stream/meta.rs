@@ -23,9 +23,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::consumer::Event;
-use super::record;
-use super::statefile;
 use crate::protocol::stream_messages::{ConsumerConfig, StreamConfig};
+use crate::storage::record;
+use crate::storage::statefile;
 
 /// Log size past which the next loop turn writes a fresh snapshot.
 pub const LOG_BYTES_COMPACT: u64 = 8 << 20;

@@ -1,17 +1,13 @@
 //! Streams: durable, per-subject message storage and the consumers that
-//! read it.
+//! read it. Record framing, state files and the fsync thread are
+//! [`crate::storage`]'s.
 //!
-//! - [`record`]: length + crc32 record framing shared by every append-only
-//!   file (segments, the durable Raft log, state files).
 //! - [`segment`]: the record kinds of a stream segment file and its name.
 //! - [`index`]: the index file of a sealed segment (seq -> offset, subject,
 //!   time; its removals), rebuilt when missing or stale.
 //! - [`store`]: one stream's segment store (append, read, remove, limits,
 //!   the in-memory index) and its API contract.
 //! - [`recover`]: opening a store: torn tails cut, corruption refused.
-//! - [`statefile`]: small state files replaced atomically (configs, hard
-//!   state).
-//! - [`sync`]: the broker's fsync thread (group commit, tickets, policies).
 //! - [`consumer`]: one consumer's pure state machine (cursor, pending acks,
 //!   redelivery schedule).
 //! - [`meta`]: stream and consumer configs and cursors on disk (snapshot +
@@ -21,11 +17,8 @@
 pub mod consumer;
 pub mod index;
 pub mod meta;
-pub mod record;
 pub mod recover;
 pub mod segment;
-pub mod statefile;
 pub mod store;
 #[allow(clippy::module_inception)] // stream::stream is one stream, as the layout asks.
 pub mod stream;
-pub mod sync;

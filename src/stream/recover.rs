@@ -10,9 +10,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::index::{self, IdxMsg, Op, PlacedOp, Summary};
-use super::record::{self, Bad};
 use super::segment::{self, Rec};
 use super::store::{Cut, Recovery, Store, StoreError};
+use crate::storage::record::{self, Bad};
 
 /// Collects a sealed segment's index while it is scanned.
 #[derive(Default)]

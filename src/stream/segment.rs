@@ -1,5 +1,5 @@
 //! What a stream segment file holds: the bodies of its records (framed by
-//! [`super::record`]) and the file names. Pure: encodes into a `Vec`,
+//! [`crate::storage::record`]) and the file names. Pure: encodes into a `Vec`,
 //! decodes from a slice.
 //!
 //! A segment is named after the first sequence it may hold,
@@ -25,7 +25,7 @@
 //! Truncate (a log's suffix cut, as Raft needs) is the one record after
 //! which seqs go back; a stream never writes it.
 
-use super::record;
+use crate::storage::record;
 
 pub const KIND_HEAD: u8 = 1;
 pub const KIND_MSG: u8 = 2;

@@ -40,13 +40,16 @@
 //!
 //! # As a log
 //!
-//! The same store can hold a Raft log: an entry is a message whose seq is
-//! its index (the term can go in the subject or the payload).
-//! [`Store::remove_below`] compacts the prefix a snapshot covers (and
-//! moves the next seq past a snapshot that is ahead of the log), and
-//! [`Store::truncate_from`] cuts a conflicting suffix, after which seqs go
-//! back. Everything else (group commit through the [`Syncer`], recovery,
-//! index files) is shared with streams.
+//! Two operations let the store serve as a replicated log (an entry is a
+//! message whose seq is its index): [`Store::remove_below`] compacts the
+//! prefix a snapshot covers (and moves the next seq past a snapshot that
+//! is ahead of the log), and [`Store::truncate_from`] cuts a conflicting
+//! suffix, after which seqs go back. Streams never call them, and cluster
+//! mode's Raft log is a file of its own (`cluster/raft_log.rs`); they are
+//! checked, with their recovery rules, against a model
+//! (`tests/store_model.rs`). Everything else
+//! (group commit through the [`Syncer`], recovery, index files) is the
+//! same as for streams.
 //!
 //! # Files and recovery
 //!
@@ -94,9 +97,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::index;
-use super::record;
 use super::segment::{self, MsgRef, Rec};
-use super::sync::{FileKey, SyncPolicy, Syncer, Ticket};
+use crate::storage::record;
+use crate::storage::sync::{FileKey, SyncPolicy, Syncer, Ticket};
 
 /// Default size at which the active segment rolls.
 pub const SEGMENT_BYTES_DEFAULT: u64 = 64 << 20;
@@ -236,19 +239,19 @@ struct Seg {
     key: Option<FileKey>,
 }
 
-/// Marks a removed seq in `Entry::subj`.
+/// Marks a removed seq in `IndexRow::subj`.
 const DEAD: u32 = u32::MAX;
 
 /// Where a seq's record is; one per seq from the first live to the last.
 #[derive(Clone, Copy)]
-struct Entry {
+struct IndexRow {
     off: u32,
     len: u32,
     subj: u32,
     time_ms: u64,
 }
 
-const DEAD_ENTRY: Entry = Entry {
+const DEAD_ROW: IndexRow = IndexRow {
     off: 0,
     len: 0,
     subj: DEAD,
@@ -325,7 +328,7 @@ pub struct Store {
     cache: Vec<u8>,
     cache_start: u64,
     written: u64,
-    entries: VecDeque<Entry>,
+    entries: VecDeque<IndexRow>,
     /// The seq of `entries[0]`.
     base: u64,
     next_seq: u64,
@@ -734,10 +737,10 @@ impl Store {
     }
 
     /// Removes every message at or after `seq`; the next append gets
-    /// `seq`. This is the suffix cut a Raft log needs when a leader
+    /// `seq`. This is the suffix cut a replicated log needs when a leader
     /// overwrites conflicting entries; seqs go back, so a stream never
     /// calls it. `seq` may not be below the first live seq (or, with none
-    /// live, the next one): Raft never cuts what it compacted. Segments
+    /// live, the next one): a log never cuts what it compacted. Segments
     /// wholly past `seq` are deleted (and the directory fsynced) before the
     /// Truncate record is written, so a power loss cannot bring them back
     /// behind it. Returns how many messages were removed.
@@ -808,7 +811,7 @@ impl Store {
         self.cache_start + self.cache.len() as u64
     }
 
-    fn entry(&self, seq: u64) -> Option<Entry> {
+    fn entry(&self, seq: u64) -> Option<IndexRow> {
         let i = usize::try_from(seq.checked_sub(self.base)?).ok()?;
         self.entries.get(i).copied().filter(|e| e.subj != DEAD)
     }
@@ -824,7 +827,7 @@ impl Store {
     fn record_bytes<'a>(
         &'a self,
         seq: u64,
-        e: Entry,
+        e: IndexRow,
         owned: &'a mut Vec<u8>,
     ) -> io::Result<(&'a [u8], &'a Seg)> {
         let i = self.seg_of(seq);
@@ -849,10 +852,10 @@ impl Store {
             self.base = seq;
         }
         while self.base + (self.entries.len() as u64) < seq {
-            self.entries.push_back(DEAD_ENTRY);
+            self.entries.push_back(DEAD_ROW);
         }
         let subj = self.subjects.add(subject, seq);
-        self.entries.push_back(Entry {
+        self.entries.push_back(IndexRow {
             off: off as u32,
             len: len as u32,
             subj,

@@ -15,10 +15,10 @@ use std::path::Path;
 
 use super::consumer::{Consumer, Source};
 use super::store::{Options, Store};
-use super::sync::Ticket;
-use crate::broker::subject;
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::stream_messages::{Discard, Retention, StreamConfig};
+use crate::protocol::subject;
+use crate::storage::sync::Ticket;
 
 /// The byte limit of a stream configured without `max_bytes` (16 GiB).
 pub const STREAM_BYTES_DEFAULT_MAX: u64 = 16 << 30;

@@ -13,7 +13,7 @@ use gombus::cluster::raft::{self, Config, Proposed, Raft, Role};
 use gombus::cluster::raft_log::{LogStore, MemoryLog};
 use gombus::cluster::raft_msg::{Entry, EntryKind, HardState, Message, NodeId, Snapshot};
 
-/// SplitMix64: tiny, seeded, reproducible.
+/// SplitMix64 ([`gombus::rand`]): tiny, seeded, reproducible.
 #[derive(Clone)]
 pub struct Rng(u64);
 
@@ -22,11 +22,7 @@ impl Rng {
         Rng(seed)
     }
     pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        gombus::rand::splitmix64(&mut self.0)
     }
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)

@@ -1,5 +1,7 @@
-//! The fsync thread: one per broker, shared by every append-only file
-//! (stream segments, consumer state, the Raft log).
+//! The fsync thread: one per broker, shared by every stream's append-only
+//! files (segments, and the meta event logs of consumer state). The Raft
+//! log is not among them: the Raft thread fsyncs its own log before it
+//! acts on it (`cluster/raft_log.rs`).
 //!
 //! Files are registered once ([`Syncer::register`] keeps a duplicate of
 //! the descriptor). After writing to a file with write(2), its owner calls
@@ -111,7 +113,7 @@ pub fn parse_policy(s: &str) -> Result<SyncPolicy, String> {
     Ok(SyncPolicy::Every(d))
 }
 
-struct Entry {
+struct Registered {
     file: Arc<File>,
     dirty: bool,
     /// Drop the descriptor once a round has covered its last write.
@@ -119,7 +121,7 @@ struct Entry {
 }
 
 struct State {
-    files: HashMap<FileKey, Entry>,
+    files: HashMap<FileKey, Registered>,
     next_key: u64,
     /// The round that will cover a write made now.
     open_round: Ticket,
@@ -214,7 +216,7 @@ impl Syncer {
         st.next_key += 1;
         st.files.insert(
             key,
-            Entry {
+            Registered {
                 file: Arc::new(dup),
                 dirty: false,
                 retired: false,
