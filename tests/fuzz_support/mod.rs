@@ -158,6 +158,18 @@ pub const TOKENS: &[&str] = &[
 /// from `corpus`. The result never exceeds `max_len` bytes.
 pub fn mutate(rng: &mut Rng, corpus: &[Vec<u8>], data: &mut Vec<u8>, max_len: usize) {
     let rounds = 1 + rng.below(6);
+    mutate_rounds(rng, corpus, data, max_len, rounds);
+}
+
+/// Applies exactly `rounds` random mutations (one keeps most of a valid
+/// sample intact, so it gets past the first checks more often).
+pub fn mutate_rounds(
+    rng: &mut Rng,
+    corpus: &[Vec<u8>],
+    data: &mut Vec<u8>,
+    max_len: usize,
+    rounds: usize,
+) {
     for _ in 0..rounds {
         mutate_once(rng, corpus, data);
     }
