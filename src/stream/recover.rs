@@ -48,8 +48,8 @@ struct Pending {
 /// subject.
 const MSG_RECORD_BYTES_MIN: u64 = (record::HEAD_BYTES + segment::MSG_FIXED_BYTES + 1) as u64;
 
-/// Why a message whose seq skips too far is refused.
-const SKIP_TOO_LONG: &str = "sequence skips further than the segments could have held";
+/// Why a message whose seq skips too far (or reaches u64::MAX) is refused.
+const SKIP_TOO_LONG: &str = "sequence beyond what the segments could have held";
 
 pub(super) fn load(store: &mut Store, names: &[u64]) -> Result<Recovery, StoreError> {
     let dir = store.dir().to_path_buf();

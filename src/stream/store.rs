@@ -848,7 +848,8 @@ impl Store {
     /// entries at the front are dropped first, then at most `gap_max`
     /// missing seqs are held as dead entries. A longer skip is refused
     /// (false): filling it would take memory in proportion to a number
-    /// read from disk rather than to the data there.
+    /// read from disk rather than to the data there. So is u64::MAX,
+    /// which leaves no next seq.
     #[must_use]
     pub(super) fn index_msg(
         &mut self,
@@ -868,7 +869,7 @@ impl Store {
             self.base = seq;
         }
         let gap = seq.saturating_sub(self.entries_end());
-        if gap > gap_max {
+        if gap > gap_max || seq == u64::MAX {
             return false;
         }
         for _ in 0..gap {
