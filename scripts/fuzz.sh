@@ -14,12 +14,24 @@ seed=${FUZZ_SEED:-$(( $(date +%s%N) % 1000000000000 ))}
 profile=fuzz
 
 echo "fuzz: building (profile $profile)"
-cargo test --locked --profile "$profile" --test fuzz --lib --no-run >/dev/null 2>&1 ||
-  cargo test --locked --profile "$profile" --test fuzz --lib --no-run || exit 1
+# Build once and run the test binaries themselves, so that edits made
+# while a long run goes on do not rebuild it halfway.
+build_log=$(mktemp "${TMPDIR:-/tmp}/gombus-fuzz-build.XXXXXX")
+if ! cargo test --locked --profile "$profile" --test fuzz --lib --no-run >"$build_log" 2>&1; then
+  cat "$build_log"
+  rm -f "$build_log"
+  exit 1
+fi
+fuzz_bin=$(sed -n 's/^ *Executable tests\/fuzz.rs (\(.*\))$/\1/p' "$build_log")
+lib_bin=$(sed -n 's/^ *Executable unittests src\/lib.rs (\(.*\))$/\1/p' "$build_log")
+rm -f "$build_log"
+if [[ -z $fuzz_bin || -z $lib_bin ]]; then
+  echo "fuzz: could not find the test binaries" >&2
+  exit 1
+fi
 
-mapfile -t integration < <(cargo test --locked --profile "$profile" --test fuzz -- --list 2>/dev/null |
-  sed -n 's/: test$//p')
-mapfile -t unit < <(cargo test --locked --profile "$profile" --lib -- --list 2>/dev/null |
+mapfile -t integration < <("$fuzz_bin" --list 2>/dev/null | sed -n 's/: test$//p')
+mapfile -t unit < <("$lib_bin" --list 2>/dev/null |
   sed -n 's/^\(.*::fuzz::[a-z0-9_]*\): test$/\1/p')
 total=$(( ${#integration[@]} + ${#unit[@]} ))
 if [[ $total -eq 0 ]]; then
@@ -35,11 +47,10 @@ run_one() { # kind name
   local kind=$1 name=$2 short=${2##*::} log status
   log=$(mktemp "${TMPDIR:-/tmp}/gombus-fuzz.XXXXXX")
   rm -f "target/fuzz-current/$short" "target/fuzz-current/$short.input"
-  local args=(--test fuzz)
-  [[ $kind == unit ]] && args=(--lib)
+  local bin=$fuzz_bin
+  [[ $kind == unit ]] && bin=$lib_bin
   FUZZ_SEED=$seed FUZZ_SECS=$per FUZZ_ITERS=18446744073709551615 FUZZ_SAVE=1 \
-    cargo test --locked --profile "$profile" "${args[@]}" -- --exact "$name" --nocapture \
-    >"$log" 2>&1
+    "$bin" --exact "$name" --nocapture >"$log" 2>&1
   status=$?
   grep -E '^(fuzz |replay:|saved as|  [0-9a-f]{6}:)' "$log"
   if [[ $status -ne 0 ]] && ! grep -q 'FAILED on' "$log"; then
