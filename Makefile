@@ -8,7 +8,7 @@ RUSTFLAGS_STATIC := -C target-feature=+crt-static
 BIN := bin/broker
 CLI := bin/gombus
 
-.PHONY: all build run cluster test test-deps fmt fmt-check clippy bench bench-cluster conformance clean sim
+.PHONY: all build run cluster test test-deps fmt fmt-check clippy bench bench-cluster conformance clean sim fuzz
 
 all: build
 
@@ -63,6 +63,14 @@ test: build test-deps fmt-check clippy
 SEEDS ?= 20000
 sim:
 	SIM_SEEDS=$(SEEDS) $(CARGO) test --release --locked --test raft_sim -- --nocapture
+
+# Every fuzz target (tests/fuzz.rs and the client's decoders) for SECS
+# seconds in all, optimised with overflow checks on, under a fresh seed
+# (or FUZZ_SEED). A failure prints the input and the command that replays
+# it; failing inputs are saved under tests/fuzz/regressions/.
+SECS ?= 600
+fuzz:
+	SECS=$(SECS) scripts/fuzz.sh
 
 # The conformance fixture for the official Engine.IO/Socket.IO suites.
 conformance:

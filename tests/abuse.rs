@@ -5,11 +5,22 @@
 //! stay bounded. Contract: docs/PROTOCOL.md §2 (error acks versus
 //! closing one connection) and §4 (slow consumers).
 //!
+//! A second broker faces a seeded driver for `ABUSE_FUZZ_SECS` (default 8):
+//! round after round, mutated Socket.IO packets over WebSocket with
+//! Engine.IO 3 and 4, mutated raw WebSocket frames, mutated HTTP requests
+//! and mutated v3/v4 polling payloads (the mutation engine of
+//! `tests/fuzz_support`). Each must be answered as the contract says (an
+//! ack, an HTTP status, or that one connection closed), a well-behaved
+//! client is checked after every round, and at the end no connection
+//! leaks and descriptors and memory stay within stated bounds.
+//! `ABUSE_FUZZ_SEED` replays a run.
+//!
 //! Every wait has a deadline; nothing sleeps to synchronise. Each case
 //! returns a `Result`, so one run reports every case that failed, not only
 //! the first.
 
 mod common;
+mod fuzz_support;
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
@@ -93,6 +104,7 @@ fn parse_packet(text: &str) -> Option<Packet> {
 }
 
 /// What a read returned within its deadline.
+#[derive(Debug)]
 enum Inbound {
     Packet(Packet),
     /// Text we could not parse, or a binary frame: kept for error messages.
@@ -140,6 +152,11 @@ impl Raw {
     /// Upgrades to WebSocket and reads the Engine.IO open packet; joins no
     /// namespace.
     fn open(addr: &str) -> Result<Raw, String> {
+        Raw::open_eio(addr, 4)
+    }
+
+    /// `open` with Engine.IO version `eio` (3 or 4).
+    fn open_eio(addr: &str, eio: u8) -> Result<Raw, String> {
         let stream = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
         stream
             .set_nodelay(true)
@@ -150,7 +167,7 @@ impl Raw {
         stream
             .set_write_timeout(Some(WAIT))
             .map_err(|e| format!("write timeout: {e}"))?;
-        let url = format!("ws://{addr}/socket.io/?EIO=4&transport=websocket");
+        let url = format!("ws://{addr}/socket.io/?EIO={eio}&transport=websocket");
         let (ws, _) =
             tungstenite::client::client_with_config(url.as_str(), stream, Some(ws_config()))
                 .map_err(|e| format!("websocket upgrade at {url}: {e}"))?;
@@ -819,5 +836,447 @@ fn hostile_clients_never_hurt_others() {
         "{} case(s) failed:\n{}",
         failures.len(),
         failures.join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The seeded hostile driver: mutated packets, frames, HTTP requests and
+// polling payloads over real sockets, both transports, Engine.IO 3 and 4.
+
+/// How long the driver runs (`ABUSE_FUZZ_SECS`, default 8 s).
+fn driver_secs() -> f64 {
+    std::env::var("ABUSE_FUZZ_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8.0)
+}
+
+/// The driver's seed (`ABUSE_FUZZ_SEED`, default 1).
+fn driver_seed() -> u64 {
+    std::env::var("ABUSE_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Valid Engine.IO messages carrying Socket.IO packets, for mutation.
+const PACKETS: &[&str] = &[
+    r#"42["pub",{"subject":"fz.a","data":{"n":1},"headers":{"k":"v"}}]"#,
+    r#"421["sub",{"subject":"fz.*","queue":"q","sid":"s1","max":3}]"#,
+    r#"422["unsub",{"sid":"s1","after":1}]"#,
+    r#"423["request",{"subject":"fz.none","data":"x","timeout_ms":50}]"#,
+    r#"424["ping",{}]"#,
+    r#"425["stream.create",{"name":"FZ","subjects":["fz.s.>"],"max_msgs":10}]"#,
+    r#"426["stream.get",{"name":"FZ","seq":1}]"#,
+    r#"427["consumer.create",{"stream":"FZ","name":"c","ack_policy":"explicit"}]"#,
+    r#"428["consumer.fetch",{"stream":"FZ","consumer":"c","batch":2,"no_wait":true}]"#,
+    r#"429["ack",{"stream":"FZ","consumer":"c","seq":1}]"#,
+    r#"4510["stream.info",{"name":"FZ"}]"#,
+    r#"451-11["pub",{"subject":"fz.b","data":{"_placeholder":true,"num":0}}]"#,
+    r#"40/control,{"token":"nope"}"#,
+    r#"43[{"ok":true}]"#,
+];
+
+/// A probe that needs an answer: `ping` with an ack id no mutated packet
+/// in the corpus uses.
+const PROBE_ID: u64 = 987_654;
+
+/// Sends mutated packets over a WebSocket session of Engine.IO `eio`,
+/// then a probe. The broker must close the connection or answer the
+/// probe, unless a packet left the namespace (PROTOCOL.md §2: events for a
+/// namespace the socket has not joined are ignored).
+fn drive_ws_packets(
+    addr: &str,
+    eio: u8,
+    rng: &mut fuzz_support::Rng,
+) -> Result<&'static str, String> {
+    let mut raw = Raw::open_eio(addr, eio)?;
+    if eio == 4 {
+        raw.send_text("40")?;
+    }
+    // v4: the CONNECT answer; v3: the broker's own `40`.
+    match raw.recv(Instant::now() + WAIT)? {
+        Inbound::Packet(p) if p.kind == b'0' => {}
+        other => {
+            return Err(format!(
+                "EIO={eio}: no CONNECT: {}",
+                clip(format!("{other:?}"))
+            ))
+        }
+    }
+    let corpus: Vec<Vec<u8>> = PACKETS.iter().map(|p| p.as_bytes().to_vec()).collect();
+    let mut sent = Vec::new();
+    for _ in 0..1 + rng.below(4) {
+        let mut p = rng.pick(&corpus).clone();
+        if rng.one_in(2) {
+            fuzz_support::mutate_rounds(rng, &corpus, &mut p, 80_000, 1);
+        } else {
+            fuzz_support::mutate(rng, &corpus, &mut p, 80_000);
+        }
+        let text = String::from_utf8_lossy(&p).into_owned();
+        let binary = rng.one_in(8);
+        let sent_ok = if binary {
+            raw.send(Message::binary(p))
+        } else {
+            raw.send_text(&text)
+        };
+        if sent_ok.is_err() {
+            break; // closed by the broker already
+        }
+        sent.push(text);
+    }
+    let left_namespace = sent
+        .iter()
+        .any(|t| t.starts_with("41") || t.starts_with('1'));
+    if raw
+        .send_text(&format!("42{PROBE_ID}[\"ping\",{{}}]"))
+        .is_err()
+    {
+        return Ok("closed");
+    }
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match raw.recv(deadline)? {
+            Inbound::Closed(_) => return Ok("closed"),
+            Inbound::Packet(p) if p.kind == b'3' && p.id == Some(PROBE_ID) => {
+                return Ok("probe answered")
+            }
+            Inbound::Packet(_) | Inbound::Other(_) => {}
+            Inbound::TimedOut if left_namespace => return Ok("namespace left"),
+            Inbound::TimedOut => {
+                return Err(format!(
+                    "EIO={eio}: neither closed nor answered the probe within {WAIT:?} after {}",
+                    clip(format!("{sent:?}"))
+                ))
+            }
+        }
+    }
+}
+
+/// A masked client frame.
+fn masked_frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+    let mask = [0x37, 0xfa, 0x21, 0x3d];
+    let mut out = vec![(if fin { 0x80 } else { 0 }) | opcode];
+    let n = payload.len();
+    if n < 126 {
+        out.push(0x80 | n as u8);
+    } else {
+        out.push(0x80 | 126);
+        out.extend_from_slice(&(n as u16).to_be_bytes());
+    }
+    out.extend_from_slice(&mask);
+    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    out
+}
+
+/// Writes mutated WebSocket frames raw on a joined connection, then ends
+/// the stream: the broker must close the connection.
+fn drive_ws_frames(addr: &str, rng: &mut fuzz_support::Rng) -> Result<&'static str, String> {
+    let mut raw = Raw::client(addr)?;
+    raw.ws.flush().map_err(|e| format!("flush: {e}"))?;
+    let mut frames = vec![
+        masked_frame(true, 1, PACKETS[0].as_bytes()),
+        masked_frame(false, 1, b"42[\"pub\","),
+        masked_frame(true, 0, b"{\"subject\":\"fz\"}]"),
+        masked_frame(true, 9, b"hi"),
+        masked_frame(true, 2, &[1, 2, 3]),
+        masked_frame(true, 8, &1000u16.to_be_bytes()),
+    ];
+    let joined: Vec<u8> = frames.concat();
+    frames.push(joined);
+    let mut bytes = rng.pick(&frames).clone();
+    fuzz_support::mutate(rng, &frames, &mut bytes, 80_000);
+    let stream = raw.ws.get_mut();
+    let _ = stream.write_all(&bytes);
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    read_to_close(stream, WAIT).map(|_| "closed")
+}
+
+/// Reads until the peer closes; Err if it is still open at the deadline.
+fn read_to_close(stream: &mut TcpStream, within: Duration) -> Result<Vec<u8>, String> {
+    let deadline = Instant::now() + within;
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "still open {within:?} after the client's end of stream; read {} bytes: {}",
+                got.len(),
+                clip(String::from_utf8_lossy(&got).into_owned())
+            ));
+        }
+        let _ = stream.set_read_timeout(Some(left.max(Duration::from_millis(1))));
+        match stream.read(&mut chunk) {
+            Ok(0) => return Ok(got),
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
+            Err(e) if is_timeout(&e) || e.kind() == ErrorKind::Interrupted => {}
+            // A reset is a close too.
+            Err(_) => return Ok(got),
+        }
+    }
+}
+
+/// One raw HTTP exchange: the bytes, end of stream, everything answered.
+fn http_exchange(addr: &str, request: &[u8]) -> Result<Vec<u8>, String> {
+    let mut stream = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    stream
+        .set_write_timeout(Some(WAIT))
+        .map_err(|e| format!("write timeout: {e}"))?;
+    // The broker may close before reading it all (a head too large).
+    let _ = stream.write_all(request);
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    read_to_close(&mut stream, WAIT)
+}
+
+/// The status of an HTTP answer, `None` for no answer at all; Err for
+/// bytes that are not an HTTP/1.1 answer.
+fn http_status(answer: &[u8]) -> Result<Option<u16>, String> {
+    if answer.is_empty() {
+        return Ok(None);
+    }
+    let text = String::from_utf8_lossy(answer);
+    text.strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .map(Some)
+        .ok_or_else(|| format!("not an HTTP answer: {}", clip(text.into_owned())))
+}
+
+/// The sid of a polling handshake's answer, if it is one.
+fn handshake_sid(answer: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(answer);
+    let (_, body) = text.split_once("\r\n\r\n")?;
+    let json = &body[body.find("0{")? + 1..];
+    let end = json.find('}')? + 1;
+    let v: Value = serde_json::from_str(&json[..end]).ok()?;
+    v.get("sid")?.as_str().map(str::to_string)
+}
+
+/// Ends a polling session (Engine.IO close packet) so it does not linger.
+fn close_polling(addr: &str, eio: u8, sid: &str) -> Result<(), String> {
+    let body = if eio == 3 { "1:1" } else { "1" };
+    let req = format!(
+        "POST /socket.io/?EIO={eio}&transport=polling&sid={sid} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let answer = http_exchange(addr, req.as_bytes())?;
+    match http_status(&answer)? {
+        Some(200 | 400) => Ok(()),
+        other => Err(format!("closing polling session {sid}: status {other:?}")),
+    }
+}
+
+/// Mutated HTTP requests (handshakes on both transports and versions,
+/// POSTs, plain GETs): an HTTP answer or a close, never a hang.
+fn drive_http(addr: &str, rng: &mut fuzz_support::Rng) -> Result<String, String> {
+    let reqs: Vec<Vec<u8>> = [
+        "GET /socket.io/?EIO=4&transport=polling HTTP/1.1\r\nHost: x\r\n\r\n".to_string(),
+        "GET /socket.io/?EIO=3&transport=polling&b64=1 HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n".to_string(),
+        "GET /socket.io/?EIO=4&transport=websocket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".to_string(),
+        "GET /socket.io/?EIO=3&transport=websocket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".to_string(),
+        "POST /socket.io/?EIO=4&transport=polling&sid=nosuch HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n40".to_string(),
+        "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".to_string(),
+        "GET /metrics HTTP/1.0\r\n\r\n".to_string(),
+    ]
+    .into_iter()
+    .map(String::into_bytes)
+    .collect();
+    let mut req = rng.pick(&reqs).clone();
+    fuzz_support::mutate(rng, &reqs, &mut req, 80_000);
+    let answer = http_exchange(addr, &req)?;
+    let status = http_status(&answer).map_err(|e| {
+        format!(
+            "request {}: {e}",
+            clip(String::from_utf8_lossy(&req).into_owned())
+        )
+    })?;
+    if status == Some(200) {
+        if let Some(sid) = handshake_sid(&answer) {
+            let eio = if String::from_utf8_lossy(&req).contains("EIO=3") {
+                3
+            } else {
+                4
+            };
+            close_polling(addr, eio, &sid)?;
+        }
+    }
+    Ok(match status {
+        None => "closed unanswered".into(),
+        Some(code) => code.to_string(),
+    })
+}
+
+/// A polling session of Engine.IO `eio` that POSTs a mutated payload: 200
+/// or 400 (the session closed), then the session is closed.
+fn drive_polling(addr: &str, eio: u8, rng: &mut fuzz_support::Rng) -> Result<&'static str, String> {
+    let hs = format!("GET /socket.io/?EIO={eio}&transport=polling HTTP/1.1\r\nHost: x\r\n\r\n");
+    let answer = http_exchange(addr, hs.as_bytes())?;
+    let sid = handshake_sid(&answer).ok_or_else(|| {
+        format!(
+            "EIO={eio} handshake: {}",
+            clip(String::from_utf8_lossy(&answer).into_owned())
+        )
+    })?;
+    let payloads: Vec<Vec<u8>> = [&PACKETS[..4], &PACKETS[4..8], &PACKETS[8..]]
+        .iter()
+        .map(|group| {
+            let mut out = Vec::new();
+            if eio == 4 {
+                gombus::net::polling::push_text(&mut out, eio, b"40", &[]);
+            }
+            for p in group.iter() {
+                gombus::net::polling::push_text(&mut out, eio, p.as_bytes(), &[]);
+            }
+            gombus::net::polling::push_binary(&mut out, eio, &[1, 2, 3]);
+            out
+        })
+        .collect();
+    let mut body = rng.pick(&payloads).clone();
+    fuzz_support::mutate(rng, &payloads, &mut body, 80_000);
+    let mut req = format!(
+        "POST /socket.io/?EIO={eio}&transport=polling&sid={sid} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain;charset=UTF-8\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&body);
+    let answer = http_exchange(addr, &req)?;
+    let status = match http_status(&answer)? {
+        Some(200) => "200",
+        Some(400) => "400",
+        Some(413) => "413",
+        other => {
+            return Err(format!(
+                "EIO={eio} POST of {}: status {other:?}",
+                clip(String::from_utf8_lossy(&body).into_owned())
+            ))
+        }
+    };
+    close_polling(addr, eio, &sid)?;
+    Ok(status)
+}
+
+/// Open descriptors of a process.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// Bound on the broker's RSS growth over the driver's run: each hostile
+/// connection is closed or finished before the next, so what stays is
+/// allocator slack, a few streams and the metrics; an unbounded buffer
+/// fed by 80 KB inputs would pass it within seconds.
+const DRIVER_RSS_GROWTH_MAX_KB: u64 = 32 * 1024;
+/// Descriptors the broker may hold over its count before the run, once
+/// every hostile connection is gone (the stream files the mutated
+/// `stream.create` packets may have opened).
+const DRIVER_FDS_EXTRA_MAX: usize = 16;
+
+#[test]
+fn seeded_hostile_driver_never_hurts_others() {
+    let seed = driver_seed();
+    let secs = driver_secs();
+    let broker = common::Broker::start(&[&format!("-control-token={CONTROL_TOKEN}")]);
+    let addr = broker.addr.to_string();
+    let mut good = Raw::client(&addr).unwrap_or_else(|e| panic!("well-behaved client: {e}"));
+    let good_sid =
+        subscribe(&mut good, "good.>").unwrap_or_else(|e| panic!("well-behaved client: {e}"));
+    let mut control = Raw::connect(&addr, "/control", Some(json!({ "token": CONTROL_TOKEN })))
+        .unwrap_or_else(|e| panic!("control client: {e}"));
+    let fds_start = fd_count(broker.pid());
+    let rss_start_kb = broker.rss_kb();
+    let mut rss_max_kb = rss_start_kb;
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let mut failures = Vec::new();
+    let mut outcomes = std::collections::BTreeMap::<String, u32>::new();
+    let mut round: u64 = 0;
+    let mut last_control = Instant::now();
+    while Instant::now() < deadline && failures.len() < 5 {
+        let mut rng = fuzz_support::Rng::new(seed ^ round.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let kind = rng.below(6);
+        let (name, result) = match kind {
+            0 => (
+                "ws EIO=4 packets",
+                drive_ws_packets(&addr, 4, &mut rng).map(String::from),
+            ),
+            1 => (
+                "ws EIO=3 packets",
+                drive_ws_packets(&addr, 3, &mut rng).map(String::from),
+            ),
+            2 => (
+                "ws frames",
+                drive_ws_frames(&addr, &mut rng).map(String::from),
+            ),
+            3 => ("http requests", drive_http(&addr, &mut rng)),
+            4 => (
+                "polling EIO=4 payload",
+                drive_polling(&addr, 4, &mut rng).map(String::from),
+            ),
+            _ => (
+                "polling EIO=3 payload",
+                drive_polling(&addr, 3, &mut rng).map(String::from),
+            ),
+        };
+        match result {
+            Ok(how) => *outcomes.entry(format!("{name}: {how}")).or_default() += 1,
+            Err(e) => failures.push(format!(
+                "round {round} ({name}; replay: ABUSE_FUZZ_SEED={seed}): {e}"
+            )),
+        }
+        if let Err(e) = check_good_client(&mut good, &good_sid) {
+            failures.push(format!(
+                "round {round}: the well-behaved client was hurt: {e}"
+            ));
+            break;
+        }
+        rss_max_kb = rss_max_kb.max(broker.rss_kb());
+        // The control client answers the broker's heartbeat as it reads.
+        if last_control.elapsed() > Duration::from_secs(5) {
+            let info = control.request("server.info", json!({}));
+            if let Err(e) = info.and_then(|i| expect_ok(&i, "server.info")) {
+                failures.push(format!("round {round}: the control client was hurt: {e}"));
+                break;
+            }
+            last_control = Instant::now();
+        }
+        round += 1;
+    }
+    eprintln!(
+        "hostile driver: seed {seed}, {round} rounds in {secs}s; RSS {rss_start_kb} -> max {rss_max_kb} KiB"
+    );
+    for (what, n) in &outcomes {
+        eprintln!("  {what}: {n}");
+    }
+    if let Err(e) = check_no_leaked_connections(&mut control) {
+        failures.push(e);
+    }
+    // Closed connections free their descriptors as the loop learns of it.
+    let fd_deadline = Instant::now() + WAIT;
+    let mut fds = fd_count(broker.pid());
+    while fds > fds_start + DRIVER_FDS_EXTRA_MAX && Instant::now() < fd_deadline {
+        // A round trip lets the loop run before the next count.
+        let info = control.request("server.info", json!({}));
+        if let Err(e) = info.and_then(|i| expect_ok(&i, "server.info")) {
+            failures.push(format!("control client: {e}"));
+            break;
+        }
+        fds = fd_count(broker.pid());
+    }
+    if fds > fds_start + DRIVER_FDS_EXTRA_MAX {
+        failures.push(format!(
+            "the broker holds {fds} descriptors, {fds_start} before the run (bound +{DRIVER_FDS_EXTRA_MAX})"
+        ));
+    }
+    let growth = rss_max_kb.saturating_sub(rss_start_kb);
+    if growth > DRIVER_RSS_GROWTH_MAX_KB {
+        failures.push(format!(
+            "broker RSS grew by {growth} KiB (bound {DRIVER_RSS_GROWTH_MAX_KB} KiB)"
+        ));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failure(s) (seed {seed}):\n{}\nbroker log:\n{}",
+        failures.len(),
+        failures.join("\n"),
+        broker.recent_log()
     );
 }

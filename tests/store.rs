@@ -575,6 +575,29 @@ fn a_log_cuts_its_suffix_across_segments_and_compacts_its_prefix() {
     assert_eq!(s.append("t3", None, b"x", true, 1).unwrap(), 40);
 }
 
+/// A snapshot far ahead of the log moves the next seq by 2^40; reopening
+/// replays the Floor record and the message after it without holding the
+/// skipped seqs in memory (one entry each would be terabytes).
+#[test]
+fn compaction_far_past_the_end_reopens() {
+    let dir = TempDir::new("far-floor");
+    let opts = small(1 << 20);
+    let mut s = open(&dir.0, &opts);
+    for i in 1..=5u64 {
+        s.append("f", None, &payload(i), false, i).unwrap();
+    }
+    let far = 1u64 << 40;
+    assert_eq!(s.remove_below(far).unwrap(), 5);
+    assert_eq!(s.append("f", None, b"after", false, 9).unwrap(), far);
+    s.flush().unwrap();
+    drop(s);
+    let s = open(&dir.0, &opts);
+    let st = s.state();
+    assert_eq!((st.messages, st.first_seq, st.last_seq), (1, far, far));
+    assert_eq!(s.get(far).unwrap().unwrap().data, b"after");
+    assert_eq!(s.get(3).unwrap(), None);
+}
+
 #[test]
 fn a_torn_head_of_a_fresh_segment_is_rewritten() {
     let dir = TempDir::new("torn-head");

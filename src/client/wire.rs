@@ -426,3 +426,152 @@ mod tests {
         assert_ne!(a, b);
     }
 }
+
+// The seeded mutation engine of the integration fuzz targets, shared so
+// that these crate-private decoders are fuzzed the same way.
+#[cfg(test)]
+#[path = "../../tests/fuzz_support/mod.rs"]
+mod fuzz_support;
+
+/// Seeded fuzzing of the client's decoders (no panic, bounded output,
+/// round trips); see `tests/fuzz.rs` for the knobs.
+#[cfg(test)]
+mod fuzz {
+    use super::fuzz_support::{assert_clean, fnv1a, run};
+    use super::*;
+
+    fn server_frame(out: &mut Vec<u8>, fin: bool, opcode: u8, payload: &[u8]) {
+        out.push((if fin { 0x80 } else { 0 }) | opcode);
+        let n = payload.len();
+        if n < 126 {
+            out.push(n as u8);
+        } else {
+            out.push(126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        out.extend_from_slice(payload);
+    }
+
+    /// Every message the decoder yields for `chunks`, or the error.
+    fn decode_all(chunks: &[&[u8]], max: usize) -> Result<Vec<WsMessage>, String> {
+        let mut d = FrameDecoder::new(max);
+        let mut got = Vec::new();
+        for c in chunks {
+            d.push(c);
+            while let Some(m) = d.next().map_err(|e| e.0)? {
+                got.push(m);
+            }
+        }
+        Ok(got)
+    }
+
+    #[test]
+    fn client_frames() {
+        let mut a = Vec::new();
+        server_frame(&mut a, true, 1, br#"0{"sid":"x","pingInterval":25000}"#);
+        server_frame(&mut a, true, 9, b"p");
+        server_frame(&mut a, false, 2, &[1, 2, 3]);
+        server_frame(&mut a, true, 0, &[4; 200]);
+        server_frame(&mut a, true, 8, &1000u16.to_be_bytes());
+        let mut b = Vec::new();
+        encode_frame(&mut b, text_opcode(), b"42[\"msg\",{}]", [9, 8, 7, 6]);
+        const MAX: usize = 1024;
+        let out = run("client_frames", &[a, b], 4096, 256, &mut |input| {
+            let whole = decode_all(&[input], MAX);
+            let cut = fnv1a(input) as usize % (input.len() + 1);
+            let split = decode_all(&[&input[..cut], &input[cut..]], MAX);
+            if let Ok(msgs) = &whole {
+                for m in msgs {
+                    let n = match m {
+                        WsMessage::Text(t) => t.len(),
+                        WsMessage::Binary(b) | WsMessage::Ping(b) => b.len(),
+                        WsMessage::Pong | WsMessage::Close => 0,
+                    };
+                    if n > MAX {
+                        return Err(format!("a {n}-byte message passed the {MAX} bound"));
+                    }
+                }
+            }
+            if whole != split {
+                return Err(format!("cut at {cut}: {whole:?} vs {split:?}"));
+            }
+            Ok(())
+        });
+        assert_clean("client_frames", &out);
+    }
+
+    #[test]
+    fn client_upgrade_response() {
+        let key = "dGhlIHNhbXBsZSBub25jZQ==";
+        let accept = tungstenite::handshake::derive_accept_key(key.as_bytes());
+        let ok = format!(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+        );
+        let mut ok = ok.into_bytes();
+        ok.extend_from_slice(&[0x81, 0x02, b'4', b'0']);
+        let refused = "HTTP/1.1 400 Bad Request\r\nContent-Length: 2\r\n\r\n{}".to_string();
+        let corpus = vec![ok, refused.into_bytes()];
+        let out = run(
+            "client_upgrade_response",
+            &corpus,
+            20_000,
+            256,
+            &mut |input| match check_upgrade_response(input, &accept) {
+                Ok(Some(n)) if n > input.len() => {
+                    Err(format!("head of {n} bytes in {}", input.len()))
+                }
+                _ => Ok(()),
+            },
+        );
+        assert_clean("client_upgrade_response", &out);
+    }
+
+    #[test]
+    fn client_packets() {
+        let corpus: Vec<Vec<u8>> = [
+            r#"0{"sid":"abc","upgrades":[],"pingInterval":25000,"pingTimeout":20000,"maxPayload":1000000}"#,
+            "2",
+            "40{\"sid\":\"s\"}",
+            "42[\"msg\",{\"subject\":\"a\",\"data\":1}]",
+            "4312[{\"ok\":true}]",
+            "451-[\"msg\",{\"data\":{\"_placeholder\":true,\"num\":0}}]",
+            "462-/control,7[{\"_placeholder\":true,\"num\":1}]",
+            "44/control,{\"message\":\"unauthorized\"}",
+        ]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect();
+        let out = run("client_packets", &corpus, 8192, 256, &mut |input| {
+            let text = String::from_utf8_lossy(input);
+            let packet = match parse_eio(&text) {
+                Ok(EioPacket::Open(json)) => {
+                    let _ = parse_open(json);
+                    return Ok(());
+                }
+                Ok(EioPacket::Message(m)) => m,
+                _ => return Ok(()),
+            };
+            let Ok(p) = parse_sio(packet) else {
+                return Ok(());
+            };
+            if p.attachments > ATTACHMENTS_MAX {
+                return Err(format!("{} attachments", p.attachments));
+            }
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(p.payload) {
+                let _ = placeholder_num(&v);
+            }
+            // Re-encoded, the packet reads back the same (a payload is JSON,
+            // so it never starts with the `/` of a namespace).
+            if p.payload.starts_with('/') {
+                return Ok(());
+            }
+            let again = encode_sio(p.kind, p.attachments, p.namespace, p.ack_id, p.payload);
+            let back = again.strip_prefix('4').map(parse_sio);
+            match back {
+                Some(Ok(b)) if b == p => Ok(()),
+                other => Err(format!("{p:?} came back as {other:?}")),
+            }
+        });
+        assert_clean("client_packets", &out);
+    }
+}

@@ -264,7 +264,11 @@ impl DurableLog {
                 );
                 return Err(self.corrupt(&self.log_path, at as u64, why));
             }
-            expect = Some(e.index + 1);
+            let Some(after) = e.index.checked_add(1) else {
+                let why = "entry index at the end of the range";
+                return Err(self.corrupt(&self.log_path, at as u64, why));
+            };
+            expect = Some(after);
             self.index.push((e.index, e.term, at as u64));
             at = next;
         }

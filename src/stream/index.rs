@@ -240,7 +240,11 @@ fn in_order(s: &Summary) -> bool {
         if m.seq < next {
             return false;
         }
-        next = m.seq + 1;
+        // No message is ever stored at u64::MAX: nothing could follow it.
+        let Some(after) = m.seq.checked_add(1) else {
+            return false;
+        };
+        next = after;
     }
     ops.all(|p| {
         let ok = p.after >= placed && p.after as usize <= s.msgs.len();

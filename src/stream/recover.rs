@@ -44,6 +44,13 @@ struct Pending {
     index: usize,
 }
 
+/// The smallest framed message record: head, fixed fields, a 1-byte
+/// subject.
+const MSG_RECORD_BYTES_MIN: u64 = (record::HEAD_BYTES + segment::MSG_FIXED_BYTES + 1) as u64;
+
+/// Why a message whose seq skips too far (or reaches u64::MAX) is refused.
+const SKIP_TOO_LONG: &str = "sequence beyond what the segments could have held";
+
 pub(super) fn load(store: &mut Store, names: &[u64]) -> Result<Recovery, StoreError> {
     let dir = store.dir().to_path_buf();
     let io = |path: &Path| {
@@ -54,6 +61,13 @@ pub(super) fn load(store: &mut Store, names: &[u64]) -> Result<Recovery, StoreEr
     if names.is_empty() {
         return create(store, &dir);
     }
+    // Seqs skip only over messages whose records were cut, each of which
+    // took at least `MSG_RECORD_BYTES_MIN` bytes of some segment file.
+    let gap_max = names
+        .iter()
+        .map(|&f| fs::metadata(dir.join(segment::file_name(f))).map_or(0, |m| m.len()))
+        .sum::<u64>()
+        / MSG_RECORD_BYTES_MIN;
     let mut pending: Vec<Pending> = Vec::new();
     let mut marked: Vec<bool> = Vec::new();
     let mut last_tail = Vec::new();
@@ -73,14 +87,14 @@ pub(super) fn load(store: &mut Store, names: &[u64]) -> Result<Recovery, StoreEr
         };
         store.push_segment(first, path.clone(), file);
         if let Some(sum) = trusted {
-            apply_index(store, &sum);
+            apply_index(store, &sum, gap_max).map_err(|off| corrupt(&path, off, SKIP_TOO_LONG))?;
             marked.push(sum.synced > 0);
             report.from_index += 1;
             continue;
         }
         let buf = fs::read(&path).map_err(io(&path))?;
         let mut builder = (!last).then(Builder::default);
-        let scan = scan(store, first, &buf, &path, builder.as_mut())?;
+        let scan = scan(store, first, &buf, &path, builder.as_mut(), gap_max)?;
         marked.push(scan.synced > 0);
         let Some(bad) = scan.bad else {
             if last {
@@ -199,6 +213,7 @@ fn scan(
     buf: &[u8],
     path: &Path,
     mut idx: Option<&mut Builder>,
+    gap_max: u64,
 ) -> Result<Scan, StoreError> {
     let mut at = 0;
     let mut synced = 0;
@@ -242,7 +257,9 @@ fn scan(
                     return Err(corrupt(path, offset, "sequence goes back"));
                 }
                 let len = (next - at) as u64;
-                store.index_msg(m.seq, offset, len, m.subject, m.time_ms);
+                if !store.index_msg(m.seq, offset, len, m.subject, m.time_ms, gap_max) {
+                    return Err(corrupt(path, offset, SKIP_TOO_LONG));
+                }
             }
             Rec::Remove(seqs) => {
                 for s in seqs.iter() {
@@ -351,8 +368,10 @@ fn trusted_index(path: &Path, seg: &File, first: u64, next_seq: u64) -> Option<S
 }
 
 /// Loads a sealed segment from its index, in the segment's own order
-/// ([`index::decode`] checked that the seqs follow the store's rules).
-fn apply_index(store: &mut Store, sum: &Summary) {
+/// ([`index::decode`] checked that the seqs follow the store's rules);
+/// `Err` with the segment offset of a message whose seq skips further
+/// than `gap_max`.
+fn apply_index(store: &mut Store, sum: &Summary, gap_max: u64) -> Result<(), u64> {
     store.set_next_seq(sum.first_seq);
     let mut ops = sum.ops.iter().peekable();
     for (i, m) in sum.msgs.iter().enumerate() {
@@ -360,17 +379,15 @@ fn apply_index(store: &mut Store, sum: &Summary) {
             apply_op(store, p.op);
         }
         let subject = &sum.subjects[m.subj as usize];
-        store.index_msg(
-            m.seq,
-            u64::from(m.off),
-            u64::from(m.len),
-            subject,
-            m.time_ms,
-        );
+        let off = u64::from(m.off);
+        if !store.index_msg(m.seq, off, u64::from(m.len), subject, m.time_ms, gap_max) {
+            return Err(off);
+        }
     }
     for p in ops {
         apply_op(store, p.op);
     }
+    Ok(())
 }
 
 fn apply_op(store: &mut Store, op: Op) {

@@ -468,7 +468,8 @@ impl Store {
                 binary,
             },
         );
-        self.index_msg(seq, off, len as u64, subject, time_ms);
+        let indexed = self.index_msg(seq, off, len as u64, subject, time_ms, 0);
+        debug_assert!(indexed, "an append takes the next seq");
         self.write_if_full()?;
         Ok(seq)
     }
@@ -845,13 +846,36 @@ impl Store {
         Ok((owned, seg))
     }
 
-    /// Indexes a message record of the active segment.
-    pub(super) fn index_msg(&mut self, seq: u64, off: u64, len: u64, subject: &str, time_ms: u64) {
+    /// Indexes a message record of the active segment. Seqs skip ahead
+    /// where messages were lost to a cut (or past a floor): removed
+    /// entries at the front are dropped first, then at most `gap_max`
+    /// missing seqs are held as dead entries. A longer skip is refused
+    /// (false): filling it would take memory in proportion to a number
+    /// read from disk rather than to the data there. So is u64::MAX,
+    /// which leaves no next seq.
+    #[must_use]
+    pub(super) fn index_msg(
+        &mut self,
+        seq: u64,
+        off: u64,
+        len: u64,
+        subject: &str,
+        time_ms: u64,
+        gap_max: u64,
+    ) -> bool {
         debug_assert!(seq >= self.next_seq);
+        while self.entries.front().is_some_and(|e| e.subj == DEAD) {
+            self.entries.pop_front();
+            self.base += 1;
+        }
         if self.entries.is_empty() {
             self.base = seq;
         }
-        while self.base + (self.entries.len() as u64) < seq {
+        let gap = seq.saturating_sub(self.entries_end());
+        if gap > gap_max || seq == u64::MAX {
+            return false;
+        }
+        for _ in 0..gap {
             self.entries.push_back(DEAD_ROW);
         }
         let subj = self.subjects.add(subject, seq);
@@ -867,6 +891,12 @@ impl Store {
         if let Some(s) = self.segs.back_mut() {
             s.live += 1;
         }
+        true
+    }
+
+    /// One past the last seq `entries` covers.
+    fn entries_end(&self) -> u64 {
+        self.base + self.entries.len() as u64
     }
 
     /// Marks `seq` removed in memory; false if it was not live.
@@ -887,7 +917,7 @@ impl Store {
     /// Every live message below `seq` is gone; the seqs go on from at
     /// least `seq`.
     pub(super) fn floor(&mut self, seq: u64) {
-        let end = seq.min(self.next_seq);
+        let end = seq.min(self.next_seq).min(self.entries_end());
         let mut s = self.base;
         while s < end {
             self.unindex(s);
@@ -901,7 +931,7 @@ impl Store {
         if seq >= self.next_seq {
             return;
         }
-        for s in seq.max(self.base)..self.next_seq {
+        for s in seq.max(self.base)..self.next_seq.min(self.entries_end()) {
             self.unindex(s);
         }
         let keep = usize::try_from(seq.saturating_sub(self.base)).unwrap_or(usize::MAX);
