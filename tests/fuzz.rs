@@ -29,7 +29,8 @@ use gombus::cluster::{forward, raft_log};
 use gombus::net::{http, polling, ws};
 use gombus::protocol::stream_messages as sm;
 use gombus::protocol::{engineio, messages, socketio};
-use gombus::stream::{index, record, segment};
+use gombus::storage::record;
+use gombus::stream::{index, segment};
 
 // ---------------------------------------------------------------------------
 // Allocation accounting: live bytes on this thread since `measure` began.
@@ -347,6 +348,10 @@ fn engineio_packet() {
             let Ok(p) = engineio::decode(&t) else {
                 return Ok(());
             };
+            if let engineio::Packet::Open(json) = &p {
+                // The client reads the server's open packet with this.
+                let _ = engineio::decode_open(json);
+            }
             let again = match &p {
                 engineio::Packet::Open(s) => format!("0{s}"),
                 engineio::Packet::Close => "1".into(),
@@ -547,11 +552,11 @@ fn event_args() {
         let t = text(input);
         within(bound(input), || {
             if let Ok(p) = messages::event_arg::<messages::Pub>(&t) {
-                let _ = gombus::broker::subject::validate_subject(&p.subject);
+                let _ = gombus::protocol::subject::validate_subject(&p.subject);
                 let _ = messages::check_headers(p.headers);
             }
             if let Ok(s) = messages::event_arg::<messages::Sub>(&t) {
-                let _ = gombus::broker::subject::validate_pattern(&s.subject);
+                let _ = gombus::protocol::subject::validate_pattern(&s.subject);
                 let _ = s.sid.map(messages::SidValue::into_string);
             }
             if let Ok(u) = messages::event_arg::<messages::Unsub>(&t) {
