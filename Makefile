@@ -44,12 +44,15 @@ test-deps:
 
 fmt:
 	$(CARGO) fmt
+	$(CARGO) fmt --manifest-path bench/Cargo.toml
 
 fmt-check:
 	$(CARGO) fmt --check
+	$(CARGO) fmt --check --manifest-path bench/Cargo.toml
 
 clippy:
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked --all-targets --manifest-path bench/Cargo.toml -- -D warnings
 
 # Every test: formatting, lints, then unit, integration (against the
 # release binary in bin/), interop (real Socket.IO clients), abuse and
