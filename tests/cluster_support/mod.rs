@@ -313,6 +313,16 @@ impl Cluster {
         self.procs[i].is_some()
     }
 
+    /// True while node `i` is stopped by [`Cluster::pause`].
+    pub fn is_paused(&self, i: usize) -> bool {
+        self.procs[i].as_ref().is_some_and(|p| p.stopped)
+    }
+
+    /// Node `i`'s `-data` directory.
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        self.root.join(IDS[i])
+    }
+
     /// A messaging (`/`) client of node `i`.
     pub fn client(&self, i: usize) -> Client {
         Client::connect(&self.http[i])
