@@ -320,7 +320,10 @@ impl Cluster {
 
     /// Node `i`'s `-data` directory.
     pub fn data_dir(&self, i: usize) -> PathBuf {
-        self.root.join(IDS[i])
+        match self.launch {
+            Launch::Plain => self.root.join(IDS[i]),
+            Launch::UrlLines => self.root.join("data").join(IDS[i]),
+        }
     }
 
     /// A messaging (`/`) client of node `i`.
