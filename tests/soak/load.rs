@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use gombus::client::{Client, Options, Reconnect};
+use gombus::client::{Client, Error, Options, Reconnect};
 use serde_json::json;
 
 use crate::cluster_support::IDS;
@@ -257,7 +257,7 @@ impl Ctx {
 }
 
 /// A client of node `i` that reconnects to it after a drop.
-fn reconnecting(ctx: &Ctx, i: usize) -> Result<Client, gombus::client::Error> {
+fn reconnecting(ctx: &Ctx, i: usize) -> Result<Client, Error> {
     let opts = Options {
         reconnect: Some(Reconnect {
             initial: Duration::from_millis(50),
@@ -381,8 +381,10 @@ fn core_subscriber(ctx: &Ctx, j: usize) {
     ctx.listening.fetch_add(1, Ordering::Relaxed);
     let mut last: [Option<(u64, Instant)>; 3] = [None; 3];
     while ctx.running() {
-        let Ok(m) = sub.recv_timeout(Duration::from_millis(200)) else {
-            continue;
+        let m = match sub.recv_timeout(Duration::from_millis(200)) {
+            Ok(m) => m,
+            Err(Error::Timeout) => continue,
+            Err(e) => return ctx.violation(format!("core subscription on {} ended: {e}", IDS[j])),
         };
         let (Some(p), Some(n)) = (m.data["p"].as_u64(), m.data["n"].as_u64()) else {
             ctx.violation(format!(
@@ -449,8 +451,10 @@ fn responder(ctx: &Ctx, i: usize) {
     };
     ctx.listening.fetch_add(1, Ordering::Relaxed);
     while ctx.running() {
-        let Ok(m) = sub.recv_timeout(Duration::from_millis(200)) else {
-            continue;
+        let m = match sub.recv_timeout(Duration::from_millis(200)) {
+            Ok(m) => m,
+            Err(Error::Timeout) => continue,
+            Err(e) => return ctx.violation(format!("queue subscription on {} ended: {e}", IDS[i])),
         };
         let id = m.data["id"].as_u64().unwrap_or(0);
         let first = ctx

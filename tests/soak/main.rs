@@ -224,7 +224,12 @@ impl Soak {
                 self.wait(frozen);
             }
             Kind::Restart => {
-                self.cluster.terminate(node, TERM_WAIT);
+                if !self.cluster.terminate(node, TERM_WAIT) {
+                    self.ctx.violation(format!(
+                        "{} did not exit within {TERM_WAIT:?} of SIGTERM (killed)",
+                        IDS[node]
+                    ));
+                }
             }
         }
         let out_for = out.elapsed();

@@ -112,7 +112,8 @@ pub fn memory_svg(samples: &[Sample], span: Duration) -> String {
         .max()
         .unwrap_or(1024)
         .max(1024);
-    let top_mib = (max_kb as f64 / 1024.0 * 1.1).ceil().max(1.0);
+    // A multiple of 4, so the four grid steps are whole MiB.
+    let top_mib = ((max_kb as f64 / 1024.0 * 1.1) / 4.0).ceil().max(1.0) * 4.0;
     let secs = span.as_secs_f64().max(1.0);
     let x = |t: Duration| left + t.as_secs_f64() / secs * (w - left - right);
     let y = |kb: u64| h - bottom - (kb as f64 / 1024.0) / top_mib * (h - bottom - top);
@@ -143,7 +144,7 @@ pub fn memory_svg(samples: &[Sample], span: Duration) -> String {
         let t = Duration::from_secs_f64(secs * k as f64 / 4.0);
         let _ = writeln!(
             svg,
-            r#"<text x="{}" y="{}" text-anchor="middle">{:.0}</text>"#,
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">{:.0}</text>"#,
             x(t),
             h - bottom + 16.0,
             t.as_secs_f64()
