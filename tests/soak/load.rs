@@ -555,6 +555,9 @@ fn stream_consumer(ctx: &Ctx, s: usize) {
             let id = m.data["id"].as_u64();
             let mut c = spec.check.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(&at_ack) = c.ok_acked.get(&m.seq) {
+                // Cursors are replicated in batches, so an ack in the last
+                // one before the owner fails may be delivered again (at
+                // least once, docs/PROTOCOL.md section 9).
                 if ctx.faults.epoch(spec.owner) > at_ack {
                     ctx.counters
                         .bump("stream redeliveries of {ok}-acked after an owner fault", 1);

@@ -9,7 +9,7 @@
 //! `cargo test --test soak` runs it for 60 s (part of `make test`);
 //! `make soak DURATION=30m SEED=…` for longer. Knobs (environment):
 //! `SOAK_DURATION` (`90`, `90s`, `5m`, `1h`), `SOAK_SEED`,
-//! `SOAK_REPORT_DIR`, `SOAK_RECOVERY_MAX` (seconds, default 15).
+//! `SOAK_REPORT_DIR`, `SOAK_RECOVERY_MAX` (seconds, default 10).
 
 #[path = "../cluster_support/mod.rs"]
 mod cluster_support;
@@ -101,7 +101,7 @@ impl Config {
         let recovery_max = Duration::from_secs(
             var("SOAK_RECOVERY_MAX")
                 .and_then(|s| s.parse().ok())
-                .unwrap_or(15),
+                .unwrap_or(10),
         );
         Config {
             duration,
