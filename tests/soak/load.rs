@@ -21,7 +21,7 @@ use crate::cluster_support::IDS;
 use crate::faults::{FaultLog, Rng};
 
 /// How long a client waits for any ack.
-const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause between two publishes of one core publisher (about 20/s each).
 const CORE_PACE: Duration = Duration::from_millis(50);
 /// Pause between two stream publishes of one publisher.
