@@ -8,7 +8,7 @@ RUSTFLAGS_STATIC := -C target-feature=+crt-static
 BIN := bin/broker
 CLI := bin/gombus
 
-.PHONY: all build run cluster test test-deps fmt fmt-check clippy bench bench-cluster conformance clean sim fuzz
+.PHONY: all build run cluster test test-deps fmt fmt-check clippy bench bench-cluster conformance clean sim fuzz soak
 
 all: build
 
@@ -74,6 +74,18 @@ sim:
 SECS ?= 600
 fuzz:
 	SECS=$(SECS) scripts/fuzz.sh
+
+# Chaos soak: a three-node loopback cluster under a mixed load while a
+# seeded schedule kills, freezes and restarts one node at a time (see
+# tests/soak/). `make soak DURATION=30m SEED=42`; the report (report.md,
+# memory.svg) goes to data/soak/<time>/. A failure prints its seed and the
+# command that replays it. `make test` runs it for 60 s.
+DURATION ?= 30m
+SEED ?=
+soak: build
+	GOMBUS_BIN=$(CURDIR)/$(BIN) SOAK_DURATION=$(DURATION) SOAK_SEED=$(SEED) \
+	  SOAK_REPORT_DIR=$(CURDIR)/data/soak/$$(date -u +%Y%m%dT%H%M%SZ) \
+	  $(CARGO) test --locked --test soak chaos_soak -- --nocapture
 
 # The conformance fixture for the official Engine.IO/Socket.IO suites.
 conformance:

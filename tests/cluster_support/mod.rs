@@ -313,6 +313,19 @@ impl Cluster {
         self.procs[i].is_some()
     }
 
+    /// True while node `i` is stopped by [`Cluster::pause`].
+    pub fn is_paused(&self, i: usize) -> bool {
+        self.procs[i].as_ref().is_some_and(|p| p.stopped)
+    }
+
+    /// Node `i`'s `-data` directory.
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        match self.launch {
+            Launch::Plain => self.root.join(IDS[i]),
+            Launch::UrlLines => self.root.join("data").join(IDS[i]),
+        }
+    }
+
     /// A messaging (`/`) client of node `i`.
     pub fn client(&self, i: usize) -> Client {
         Client::connect(&self.http[i])
