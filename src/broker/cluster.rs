@@ -242,6 +242,15 @@ impl Cluster {
         self.term
     }
 
+    /// The Raft thread's view as it is now (the loop's copy in `view` may
+    /// be up to `VIEW_EVERY` old).
+    pub fn fresh_view(&self) -> Option<View> {
+        self.raft
+            .as_ref()
+            .map(RaftNode::view)
+            .or_else(|| self.view.clone())
+    }
+
     /// The link that reaches `node`, if it is up.
     fn link_to(&self, node: u64) -> Option<usize> {
         self.link_node.iter().position(|n| *n == Some(node))

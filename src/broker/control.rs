@@ -122,7 +122,10 @@ impl Broker {
                 "peers": [{"id": self.cfg.node_id, "state": "leader", "match_index": 0}],
             });
         };
-        let view = c.view.clone();
+        // Read fresh rather than the loop's copy (up to VIEW_EVERY old), so
+        // that term and commit index are never older than the leader the
+        // Raft thread has already reported.
+        let view = c.fresh_view();
         let leader = c.leader();
         let peers: Vec<Value> = (1..=c.names.len() as u64)
             .map(|id| {
