@@ -57,6 +57,14 @@ pub struct Splice {
     bytes: Shared,
 }
 
+/// The shared pieces of one connection's queue, in order, and their bytes
+/// not yet written.
+#[derive(Default)]
+pub struct Splices {
+    list: Vec<Splice>,
+    bytes: usize,
+}
+
 /// How long a lagging receiver may pause the connections that write to it.
 pub const LAG_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -83,11 +91,10 @@ pub struct Conn {
     /// Queued outbound bytes; `out[out_pos..]` is not yet written.
     pub out: Vec<u8>,
     pub out_pos: usize,
-    /// Shared pieces queued between the owned bytes, in order (WebSocket
-    /// sessions only: a polling payload is one owned body).
-    shared: Vec<Splice>,
-    /// Bytes of `shared` not yet written.
-    shared_bytes: usize,
+    /// Shared pieces queued between the owned bytes (WebSocket sessions
+    /// only: a polling payload is one owned body); boxed, and dropped once
+    /// written, so a connection that holds none pays one pointer.
+    shared: Option<Box<Splices>>,
     pub dirty: bool,
     pub decoder: ws::Decoder,
     pub heartbeat: Option<Heartbeat>,
@@ -150,8 +157,7 @@ impl Conn {
             inbuf: Vec::new(),
             out: Vec::new(),
             out_pos: 0,
-            shared: Vec::new(),
-            shared_bytes: 0,
+            shared: None,
             dirty: false,
             decoder: ws::Decoder::default(),
             heartbeat: None,
@@ -191,14 +197,16 @@ impl Conn {
     }
 
     pub fn pending_out(&self) -> usize {
-        self.out.len() - self.out_pos + self.shared_bytes
+        self.out.len() - self.out_pos + self.shared.as_ref().map_or(0, |q| q.bytes)
     }
 
     /// Queues `bytes` by reference after what is queued so far.
     fn push_shared(&mut self, bytes: &Shared) {
-        self.shared_bytes += bytes.len();
-        self.shared.push(Splice {
-            at: self.out.len(),
+        let at = self.out.len();
+        let q = self.shared.get_or_insert_with(Box::default);
+        q.bytes += bytes.len();
+        q.list.push(Splice {
+            at,
             pos: 0,
             bytes: Arc::clone(bytes),
         });
@@ -209,8 +217,7 @@ impl Conn {
     pub fn abort(&mut self) -> bool {
         self.out = Vec::new();
         self.out_pos = 0;
-        self.shared = Vec::new();
-        self.shared_bytes = 0;
+        self.shared = None;
         let was_open = self.state != State::Closing;
         self.state = State::Closing;
         was_open
@@ -229,55 +236,72 @@ impl Conn {
     /// [`Conn::flush`] to any writer: owned bytes with `write`, shared
     /// pieces between them gathered into one `write_vectored`.
     fn write_queued(&mut self, stream: &mut impl std::io::Write) -> std::io::Result<usize> {
+        let mut none = Splices::default();
+        let mut boxed = self.shared.take();
+        let result = self.write_with(stream, boxed.as_deref_mut().unwrap_or(&mut none));
+        self.shared = boxed.filter(|q| !q.list.is_empty());
+        result
+    }
+
+    /// The loop of [`Conn::write_queued`], with the splices taken out.
+    fn write_with(
+        &mut self,
+        stream: &mut impl std::io::Write,
+        q: &mut Splices,
+    ) -> std::io::Result<usize> {
         let mut written = 0;
         // Splices before `next` are written.
         let mut next = 0;
-        while self.out_pos < self.out.len() || next < self.shared.len() {
-            let result = if next == self.shared.len() {
+        let mut result = Ok(());
+        while self.out_pos < self.out.len() || next < q.list.len() {
+            let wrote = if next == q.list.len() {
                 stream.write(&self.out[self.out_pos..])
             } else {
                 let mut iov = [IoSlice::new(&[]); IOVECS_MAX];
-                let n = gather(&self.out, self.out_pos, &self.shared[next..], &mut iov);
+                let n = gather(&self.out, self.out_pos, &q.list[next..], &mut iov);
                 stream.write_vectored(&iov[..n])
             };
-            match result {
-                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            match wrote {
+                Ok(0) => {
+                    result = Err(std::io::ErrorKind::WriteZero.into());
+                    break;
+                }
                 Ok(n) => {
-                    next += self.advance(next, n);
+                    next += self.advance(q, next, n);
                     written += n;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
             }
         }
-        self.shared.drain(..next);
-        if self.out_pos == self.out.len() && self.shared.is_empty() {
+        q.list.drain(..next);
+        if self.out_pos == self.out.len() && q.list.is_empty() {
             self.out_pos = 0;
             if self.out.capacity() > BUFFER_KEEP_BYTES_MAX {
                 self.out = Vec::new();
             } else {
                 self.out.clear();
             }
-            if self.shared.capacity() > SPLICES_KEEP_MAX {
-                self.shared = Vec::new();
-            }
         } else if self.out_pos > self.out.len() / 2 {
             self.out.drain(..self.out_pos);
-            for s in &mut self.shared {
+            for s in &mut q.list {
                 s.at -= self.out_pos;
             }
             self.out_pos = 0;
         }
-        Ok(written)
+        result.map(|()| written)
     }
 
     /// Marks `n` more bytes written, from `out_pos` and splice `next` on;
     /// returns how many splices that finished.
-    fn advance(&mut self, next: usize, mut n: usize) -> usize {
+    fn advance(&mut self, q: &mut Splices, next: usize, mut n: usize) -> usize {
         let mut done = 0;
         loop {
-            let splice = self.shared.get_mut(next + done);
+            let splice = q.list.get_mut(next + done);
             let owned_end = splice.as_ref().map_or(self.out.len(), |s| s.at);
             let owned = owned_end - self.out_pos;
             if n <= owned {
@@ -292,19 +316,16 @@ impl Conn {
             let left = s.bytes.len() - s.pos;
             if n < left {
                 s.pos += n;
-                self.shared_bytes -= n;
+                q.bytes -= n;
                 return done;
             }
             n -= left;
-            self.shared_bytes -= left;
+            q.bytes -= left;
             s.pos = s.bytes.len();
             done += 1;
         }
     }
 }
-
-/// A splice list this long is released when it empties.
-const SPLICES_KEEP_MAX: usize = 1024;
 
 /// Fills `iov` with what is queued from `out_pos` on, owned bytes and
 /// splices in order; returns the slices used.
@@ -685,7 +706,7 @@ mod tests {
                     assert!(rounds < 1000, "no progress: {plan:?} chunk {chunk}");
                 }
                 assert_eq!(w.got, expect, "{plan:?} chunk {chunk}");
-                assert!(c.shared.is_empty() && c.out.is_empty() && c.out_pos == 0);
+                assert!(c.shared.is_none() && c.out.is_empty() && c.out_pos == 0);
             }
         }
     }
