@@ -1,7 +1,8 @@
 //! The [`Broker`]: the `net::Handler` that turns Socket.IO packets into
-//! subscriptions, publishes, requests and acks. A delivery is encoded once
-//! (the part after the subscriber's sid) and copied into each subscriber's
-//! outbound buffer; nothing is allocated per subscriber.
+//! subscriptions, publishes, requests and acks. A delivery is encoded once:
+//! the part after the subscriber's sid is shared by every subscriber's
+//! outbound queue (one allocation per publish, written with `writev`), and
+//! only the frame header, packet head and sid are copied per subscriber.
 
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,7 @@ use super::streams::{Incoming, Streams};
 use super::subs::{Command, SubKey};
 use crate::cluster::forward::Forwarded;
 use crate::cluster::fsm::{Cmd, Fsm};
-use crate::net::{ConnId, Handler, Io, Payload, Request, Response};
+use crate::net::{ConnId, Handler, Io, Payload, Request, Response, Shared};
 use crate::protocol::errors::{ok_body, raw_text, ApiError, Code, OK_BODY};
 use crate::protocol::messages::{self, event_arg, ArgError, Pub, Sub, Unsub};
 use crate::protocol::socketio::{self, Kind, Packet};
@@ -692,6 +693,7 @@ impl Broker {
         let out = Out {
             head: &out_parts,
             tail: &tail,
+            shared: share(&tail, local.len() + m.groups.len()),
             attachments,
         };
         let mut sent = 0;
@@ -772,6 +774,7 @@ impl Broker {
         let out = Out {
             head: &head,
             tail: &tail,
+            shared: share(&tail, keys.len()),
             attachments,
         };
         let mut sent = 0;
@@ -837,7 +840,11 @@ impl Broker {
             return false;
         };
         let conn = s.conn;
-        if !io.send_text(conn, &[out.head, s.sid_json.as_bytes(), out.tail]) {
+        let queued = match &out.shared {
+            Some(tail) => io.send_text_shared(conn, &[out.head, s.sid_json.as_bytes()], tail),
+            None => io.send_text(conn, &[out.head, s.sid_json.as_bytes(), out.tail]),
+        };
+        if !queued {
             return false;
         }
         for a in out.attachments {
@@ -891,7 +898,24 @@ fn no_session() -> ApiError {
 struct Out<'a> {
     head: &'a [u8],
     tail: &'a [u8],
+    /// `tail` as one allocation the subscribers' queues hold by reference,
+    /// when it goes to more than one.
+    shared: Option<Shared>,
     attachments: &'a [Vec<u8>],
+}
+
+/// A tail shorter than this is copied to each subscriber: the shared copy
+/// costs an allocation per publish and an atomic count per subscriber,
+/// which measured no cheaper than copying a 128-byte message to four
+/// subscribers (a 2 KiB one took 45 % less broker CPU per delivery
+/// shared). A queued reference (32 bytes) is then also small next to the
+/// bytes `-max-pending` counts for it.
+const SHARE_BYTES_MIN: usize = 512;
+
+/// The shared copy of a delivery's tail for `targets` subscribers, when
+/// sharing saves copies (one subscriber, or a short tail, is copied).
+pub(super) fn share(tail: &[u8], targets: usize) -> Option<Shared> {
+    (targets > 1 && tail.len() >= SHARE_BYTES_MIN).then(|| Shared::from(tail))
 }
 
 /// Acks a waiting request with the reply published to its inbox.

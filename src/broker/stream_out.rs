@@ -157,6 +157,8 @@ pub(super) fn push_one(
         tail.extend_from_slice(
             format!(",\"seq\":{},\"delivered\":{}}}]", d.seq, d.deliveries).as_bytes(),
         );
+        // Several local subscribers hold one copy of the tail.
+        let shared = super::dispatch::share(&tail, targets.len());
         for t in targets {
             let key = match t {
                 Target::Local(key) => key,
@@ -196,7 +198,11 @@ pub(super) fn push_one(
             } else {
                 b"2[\"msg\",{\"sid\":"
             };
-            if io.send_text(conn, &[head, s.sid_json.as_bytes(), &tail]) && m.binary {
+            let queued = match &shared {
+                Some(tail) => io.send_text_shared(conn, &[head, s.sid_json.as_bytes()], tail),
+                None => io.send_text(conn, &[head, s.sid_json.as_bytes(), &tail]),
+            };
+            if queued && m.binary {
                 io.send_binary(conn, &m.data);
             }
             if let Some(end) = subs.delivered(key) {

@@ -9,7 +9,8 @@
 //! sees one [`ConnId`] per Engine.IO session whatever its transport; an
 //! upgrade moves the probe's socket into the session's slot.
 
-use std::io::Write as _;
+use std::io::IoSlice;
+use std::sync::Arc;
 use std::time::Instant;
 
 use mio::net::TcpStream;
@@ -40,6 +41,30 @@ pub enum State {
 /// hold no memory.
 pub const BUFFER_KEEP_BYTES_MAX: usize = 64 * 1024;
 
+/// Bytes several connections queue by reference (the shared part of one
+/// delivery), written from where they are with `writev`. An `Arc`, so the
+/// event loop stays `Send` (a fixture runs it on a thread of its own).
+pub type Shared = Arc<[u8]>;
+
+/// Slices handed to one `writev` at most (Linux's `IOV_MAX` is 1024).
+const IOVECS_MAX: usize = 512;
+
+/// A shared piece queued at byte `at` of a connection's owned bytes
+/// (before whatever was queued after it); `pos` bytes of it are written.
+pub struct Splice {
+    at: usize,
+    pos: usize,
+    bytes: Shared,
+}
+
+/// The shared pieces of one connection's queue, in order, and their bytes
+/// not yet written.
+#[derive(Default)]
+pub struct Splices {
+    list: Vec<Splice>,
+    bytes: usize,
+}
+
 /// How long a lagging receiver may pause the connections that write to it.
 pub const LAG_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -66,6 +91,10 @@ pub struct Conn {
     /// Queued outbound bytes; `out[out_pos..]` is not yet written.
     pub out: Vec<u8>,
     pub out_pos: usize,
+    /// Shared pieces queued between the owned bytes (WebSocket sessions
+    /// only: a polling payload is one owned body); boxed, and dropped once
+    /// written, so a connection that holds none pays one pointer.
+    shared: Option<Box<Splices>>,
     pub dirty: bool,
     pub decoder: ws::Decoder,
     pub heartbeat: Option<Heartbeat>,
@@ -128,6 +157,7 @@ impl Conn {
             inbuf: Vec::new(),
             out: Vec::new(),
             out_pos: 0,
+            shared: None,
             dirty: false,
             decoder: ws::Decoder::default(),
             heartbeat: None,
@@ -167,7 +197,19 @@ impl Conn {
     }
 
     pub fn pending_out(&self) -> usize {
-        self.out.len() - self.out_pos
+        self.out.len() - self.out_pos + self.shared.as_ref().map_or(0, |q| q.bytes)
+    }
+
+    /// Queues `bytes` by reference after what is queued so far.
+    fn push_shared(&mut self, bytes: &Shared) {
+        let at = self.out.len();
+        let q = self.shared.get_or_insert_with(Box::default);
+        q.bytes += bytes.len();
+        q.list.push(Splice {
+            at,
+            pos: 0,
+            bytes: Arc::clone(bytes),
+        });
     }
 
     /// Drops what is queued and marks the connection closing; true if it
@@ -175,6 +217,7 @@ impl Conn {
     pub fn abort(&mut self) -> bool {
         self.out = Vec::new();
         self.out_pos = 0;
+        self.shared = None;
         let was_open = self.state != State::Closing;
         self.state = State::Closing;
         was_open
@@ -182,23 +225,61 @@ impl Conn {
 
     /// Writes queued bytes until done or WouldBlock; returns bytes written.
     pub fn flush(&mut self) -> std::io::Result<usize> {
-        let Some(stream) = self.stream.as_mut() else {
+        let Some(mut stream) = self.stream.take() else {
             return Ok(0);
         };
+        let result = self.write_queued(&mut stream);
+        self.stream = Some(stream);
+        result
+    }
+
+    /// [`Conn::flush`] to any writer: owned bytes with `write`, shared
+    /// pieces between them gathered into one `write_vectored`.
+    fn write_queued(&mut self, stream: &mut impl std::io::Write) -> std::io::Result<usize> {
+        let mut none = Splices::default();
+        let mut boxed = self.shared.take();
+        let result = self.write_with(stream, boxed.as_deref_mut().unwrap_or(&mut none));
+        self.shared = boxed.filter(|q| !q.list.is_empty());
+        result
+    }
+
+    /// The loop of [`Conn::write_queued`], with the splices taken out.
+    fn write_with(
+        &mut self,
+        stream: &mut impl std::io::Write,
+        q: &mut Splices,
+    ) -> std::io::Result<usize> {
         let mut written = 0;
-        while self.out_pos < self.out.len() {
-            match stream.write(&self.out[self.out_pos..]) {
-                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+        // Splices before `next` are written.
+        let mut next = 0;
+        let mut result = Ok(());
+        while self.out_pos < self.out.len() || next < q.list.len() {
+            let wrote = if next == q.list.len() {
+                stream.write(&self.out[self.out_pos..])
+            } else {
+                let mut iov = [IoSlice::new(&[]); IOVECS_MAX];
+                let n = gather(&self.out, self.out_pos, &q.list[next..], &mut iov);
+                stream.write_vectored(&iov[..n])
+            };
+            match wrote {
+                Ok(0) => {
+                    result = Err(std::io::ErrorKind::WriteZero.into());
+                    break;
+                }
                 Ok(n) => {
-                    self.out_pos += n;
+                    next += self.advance(q, next, n);
                     written += n;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
             }
         }
-        if self.out_pos == self.out.len() {
+        q.list.drain(..next);
+        if self.out_pos == self.out.len() && q.list.is_empty() {
             self.out_pos = 0;
             if self.out.capacity() > BUFFER_KEEP_BYTES_MAX {
                 self.out = Vec::new();
@@ -207,10 +288,71 @@ impl Conn {
             }
         } else if self.out_pos > self.out.len() / 2 {
             self.out.drain(..self.out_pos);
+            for s in &mut q.list {
+                s.at -= self.out_pos;
+            }
             self.out_pos = 0;
         }
-        Ok(written)
+        result.map(|()| written)
     }
+
+    /// Marks `n` more bytes written, from `out_pos` and splice `next` on;
+    /// returns how many splices that finished.
+    fn advance(&mut self, q: &mut Splices, next: usize, mut n: usize) -> usize {
+        let mut done = 0;
+        loop {
+            let splice = q.list.get_mut(next + done);
+            let owned_end = splice.as_ref().map_or(self.out.len(), |s| s.at);
+            let owned = owned_end - self.out_pos;
+            if n <= owned {
+                self.out_pos += n;
+                return done;
+            }
+            n -= owned;
+            self.out_pos = owned_end;
+            let Some(s) = splice else {
+                return done;
+            };
+            let left = s.bytes.len() - s.pos;
+            if n < left {
+                s.pos += n;
+                q.bytes -= n;
+                return done;
+            }
+            n -= left;
+            q.bytes -= left;
+            s.pos = s.bytes.len();
+            done += 1;
+        }
+    }
+}
+
+/// Fills `iov` with what is queued from `out_pos` on, owned bytes and
+/// splices in order; returns the slices used.
+fn gather<'a>(
+    out: &'a [u8],
+    mut out_pos: usize,
+    shared: &'a [Splice],
+    iov: &mut [IoSlice<'a>],
+) -> usize {
+    let mut n = 0;
+    for s in shared {
+        if n + 2 > iov.len() {
+            return n;
+        }
+        if s.at > out_pos {
+            iov[n] = IoSlice::new(&out[out_pos..s.at]);
+            n += 1;
+            out_pos = s.at;
+        }
+        iov[n] = IoSlice::new(&s.bytes[s.pos..]);
+        n += 1;
+    }
+    if out_pos < out.len() && n < iov.len() {
+        iov[n] = IoSlice::new(&out[out_pos..]);
+        n += 1;
+    }
+    n
 }
 
 /// A deadline in the loop's timer heap.
@@ -266,6 +408,32 @@ impl Io<'_> {
     /// Queues an Engine.IO message packet (`4` + the parts) as one text frame.
     pub fn send_text(&mut self, conn: ConnId, parts: &[&[u8]]) -> bool {
         self.queue_frame(conn, ws::TEXT, b"4", parts)
+    }
+
+    /// Queues an Engine.IO message packet (`4` + `parts` + `shared`) as one
+    /// text frame, holding `shared` by reference on a WebSocket (a polling
+    /// payload copies it). Counted and bounded exactly as [`Io::send_text`].
+    pub fn send_text_shared(&mut self, conn: ConnId, parts: &[&[u8]], shared: &Shared) -> bool {
+        let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>() + shared.len();
+        let Some(c) = self.writable(conn, len + 10) else {
+            return false;
+        };
+        let before = c.pending_out();
+        if c.state == State::Polling {
+            polling::push_text(&mut c.out, c.eio, b"4", &[parts, &[&shared[..]]].concat());
+        } else {
+            ws::write_header(&mut c.out, ws::TEXT, len);
+            c.out.push(b'4');
+            for p in parts {
+                c.out.extend_from_slice(p);
+            }
+            c.push_shared(shared);
+        }
+        let added = c.pending_out() - before;
+        c.held_out += added;
+        *self.out_bytes += added;
+        self.mark_dirty(conn);
+        true
     }
 
     /// Queues a binary Engine.IO message (a Socket.IO attachment).
@@ -455,5 +623,122 @@ impl Io<'_> {
                 serial: c.serial,
             }));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A socket that takes at most `chunk` bytes per call and refuses
+    /// every third call with WouldBlock.
+    struct Trickle {
+        got: Vec<u8>,
+        chunk: usize,
+        calls: usize,
+    }
+
+    impl std::io::Write for Trickle {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.write_vectored(&[IoSlice::new(b)])
+        }
+        fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+            self.calls += 1;
+            if self.calls.is_multiple_of(3) {
+                return Err(std::io::ErrorKind::WouldBlock.into());
+            }
+            let mut left = self.chunk;
+            for b in bufs {
+                let n = b.len().min(left);
+                self.got.extend_from_slice(&b[..n]);
+                left -= n;
+            }
+            Ok(self.chunk - left)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Queues owned and shared pieces as `plan` says (`true`: the shared
+    /// piece); returns the bytes expected on the wire.
+    fn queue(c: &mut Conn, plan: &[bool], shared: &Shared) -> Vec<u8> {
+        let mut expect = Vec::new();
+        for (i, &is_shared) in plan.iter().enumerate() {
+            if is_shared {
+                c.push_shared(shared);
+                expect.extend_from_slice(shared);
+            } else {
+                let owned = format!("<{i}>");
+                c.out.extend_from_slice(owned.as_bytes());
+                expect.extend_from_slice(owned.as_bytes());
+            }
+        }
+        expect
+    }
+
+    #[test]
+    fn shared_pieces_go_out_in_order_whatever_the_partial_writes() {
+        let shared: Shared = Arc::from(&b"SHARED-PIECE"[..]);
+        let plans: [&[bool]; 5] = [
+            &[false, true, true, false, true],
+            &[true, true, true],
+            &[true, false],
+            &[false, false, true, false],
+            &[true, false, true, false, true, false],
+        ];
+        for plan in plans {
+            for chunk in 1..=20 {
+                let mut c = Conn::slot(1);
+                let expect = queue(&mut c, plan, &shared);
+                assert_eq!(c.pending_out(), expect.len());
+                let mut w = Trickle {
+                    got: Vec::new(),
+                    chunk,
+                    calls: 0,
+                };
+                let mut rounds = 0;
+                while c.pending_out() > 0 {
+                    let before = c.pending_out();
+                    let n = c.write_queued(&mut w).unwrap();
+                    assert_eq!(before - c.pending_out(), n);
+                    rounds += 1;
+                    assert!(rounds < 1000, "no progress: {plan:?} chunk {chunk}");
+                }
+                assert_eq!(w.got, expect, "{plan:?} chunk {chunk}");
+                assert!(c.shared.is_none() && c.out.is_empty() && c.out_pos == 0);
+            }
+        }
+    }
+
+    #[test]
+    fn queueing_after_a_partial_write_keeps_the_order() {
+        let shared: Shared = Arc::from(&b"0123456789"[..]);
+        let mut c = Conn::slot(1);
+        let mut expect = queue(&mut c, &[false, true, false, true], &shared);
+        let mut w = Trickle {
+            got: Vec::new(),
+            chunk: 7,
+            calls: 0,
+        };
+        c.write_queued(&mut w).unwrap();
+        assert!(c.pending_out() > 0);
+        // More bytes arrive while the rest waits (after a compaction).
+        expect.extend(queue(&mut c, &[true, false, true], &shared));
+        while c.pending_out() > 0 {
+            c.write_queued(&mut w).unwrap();
+        }
+        assert_eq!(w.got, expect);
+    }
+
+    #[test]
+    fn abort_drops_shared_pieces_too() {
+        let shared: Shared = Arc::from(&b"abc"[..]);
+        let mut c = Conn::slot(1);
+        queue(&mut c, &[false, true], &shared);
+        assert_eq!(Arc::strong_count(&shared), 2);
+        c.abort();
+        assert_eq!(c.pending_out(), 0);
+        assert_eq!(Arc::strong_count(&shared), 1);
     }
 }

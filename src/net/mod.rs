@@ -23,7 +23,7 @@ pub mod ws;
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use conn::{ConnId, Io, NetStats};
+pub use conn::{ConnId, Io, NetStats, Shared};
 pub use http::{Request, Response};
 
 /// An Engine.IO message from a client.
