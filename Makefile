@@ -138,7 +138,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)
 DIST := gombus-$(VERSION)-x86_64-linux
 DIST_OUT ?= $(CURDIR)
 UNITS := gombus.service gombus@.service
-DOCS := README.md docs/DESIGN.md docs/OPERATIONS.md docs/PROTOCOL.md
+DOCS := README.md $(wildcard docs/*.md)
 # Fills in the paths the units and their comments name.
 UNIT_PATHS = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
 	-e 's|@DOCDIR@|$(DOCDIR)|g'

@@ -127,7 +127,13 @@ fn make_install_puts_a_working_broker_and_hardened_units_in_destdir() {
     for bin in [&broker, &cli] {
         assert_eq!(mode(bin), 0o755, "{}", bin.display());
     }
-    for doc in ["README.md", "OPERATIONS.md", "PROTOCOL.md", "DESIGN.md"] {
+    for doc in [
+        "README.md",
+        "OPERATIONS.md",
+        "PROTOCOL.md",
+        "DESIGN.md",
+        "PERFORMANCE.md",
+    ] {
         assert!(
             root.join("usr/share/doc/gombus").join(doc).is_file(),
             "{doc}"

@@ -425,8 +425,15 @@ impl Broker {
 
     /// A change made by the broker itself (no client waits for it).
     pub(crate) fn submit_internal(&mut self, io: &mut Io<'_>, cmd: Cmd) {
-        if let Err(e) = self.submit(io, cmd, None) {
-            crate::log_warn!("control change refused: {}", e.message);
+        match self.submit(io, cmd, None) {
+            // What it would end is gone already (a socket's own unsub or
+            // close came first): nothing is wrong, and a client must not
+            // be able to fill the log with it.
+            Err(e) if e.code == Code::NotFound => {
+                crate::log_debug!("control change not needed: {}", e.message)
+            }
+            Err(e) => crate::log_warn!("control change refused: {}", e.message),
+            Ok(_) => {}
         }
     }
 
