@@ -43,9 +43,6 @@ const EXCEPTIONS: &[(&str, &str)] = &[
     // The control-state machine (cluster/fsm.rs) applies changes to the
     // broker's own subscription table and group modes.
     ("cluster", "broker"),
-    // HMAC tags are compared with the broker's constant-time token_eq
-    // (broker/session.rs), which belongs in crypto.
-    ("crypto", "broker"),
 ];
 
 /// The top-level modules named by `crate::` paths in `text`, comments left

@@ -7,9 +7,9 @@
 use serde_json::{json, Map, Value};
 
 use super::history::Counters;
-use super::session::token_eq;
 use super::streams::StreamSummary;
 use super::Broker;
+use crate::crypto::token_eq;
 use crate::net::{Io, Request, Response};
 use crate::protocol::errors::Code;
 

@@ -45,30 +45,9 @@ impl Session {
     }
 }
 
-/// Compares secrets in time that does not depend on where they differ.
-pub fn token_eq(given: &[u8], expected: &[u8]) -> bool {
-    // Walk all of `expected` whatever `given` holds; a length mismatch is
-    // folded into the same accumulator.
-    let mut diff = u8::from(given.len() != expected.len());
-    for (i, &e) in expected.iter().enumerate() {
-        diff |= given.get(i).copied().unwrap_or(!e) ^ e;
-    }
-    diff == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn token_comparison() {
-        assert!(token_eq(b"secret", b"secret"));
-        assert!(!token_eq(b"secreT", b"secret"));
-        assert!(!token_eq(b"secret1", b"secret"));
-        assert!(!token_eq(b"secre", b"secret"));
-        assert!(!token_eq(b"", b"secret"));
-        assert!(token_eq(b"", b""));
-    }
 
     #[test]
     fn assigned_sids_skip_taken_ones() {

@@ -64,7 +64,7 @@ pub fn mac(key: &[u8], data: &[u8]) -> [u8; TAG_BYTES] {
 /// Whether `given` is the tag `expected`, compared in time that does not
 /// depend on where they differ.
 pub fn verify(given: &[u8], expected: &[u8; TAG_BYTES]) -> bool {
-    crate::broker::session::token_eq(given, expected)
+    super::token_eq(given, expected)
 }
 
 #[cfg(test)]
