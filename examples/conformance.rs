@@ -31,7 +31,7 @@ use std::time::Duration;
 
 pub use gombus::net::server::Settings;
 use gombus::net::server::{Server, IN_BYTES_MAX, POLLING_SESSIONS_MAX};
-use gombus::net::{ConnId, Handler, Io, Payload, Request, Response};
+use gombus::port::{ConnId, Handler, Payload, Request, Response, Sink};
 use gombus::protocol::socketio::{self, Kind, Packet, Reassembly};
 use serde_json::value::RawValue;
 
@@ -160,7 +160,7 @@ impl Fixture {
         self.sessions.get_mut(conn)?.as_mut()
     }
 
-    fn on_text(&mut self, io: &mut Io<'_>, conn: ConnId, text: &str) {
+    fn on_text(&mut self, io: &mut dyn Sink, conn: ConnId, text: &str) {
         let Some(session) = self.session(conn) else {
             return;
         };
@@ -178,7 +178,7 @@ impl Fixture {
         self.on_packet(io, conn, &packet, &[]);
     }
 
-    fn on_binary(&mut self, io: &mut Io<'_>, conn: ConnId, bytes: &[u8]) {
+    fn on_binary(&mut self, io: &mut dyn Sink, conn: ConnId, bytes: &[u8]) {
         let Some(session) = self.session(conn) else {
             return;
         };
@@ -194,7 +194,7 @@ impl Fixture {
     }
 
     /// Sends the `auth` emit if it is still waiting.
-    fn send_auth_due(&mut self, io: &mut Io<'_>, conn: ConnId) {
+    fn send_auth_due(&mut self, io: &mut dyn Sink, conn: ConnId) {
         if let Some(emit) = self.session(conn).and_then(|s| s.auth_due.take()) {
             io.send_text(conn, &[&emit]);
         }
@@ -202,7 +202,7 @@ impl Fixture {
 
     fn on_packet(
         &mut self,
-        io: &mut Io<'_>,
+        io: &mut dyn Sink,
         conn: ConnId,
         p: &Packet<'_>,
         attachments: &[Vec<u8>],
@@ -225,7 +225,7 @@ impl Fixture {
 
     /// CONNECT: answer with a sid, then emit `auth` with the payload
     /// (Socket.IO v5 test suite, "connect").
-    fn connect(&mut self, io: &mut Io<'_>, conn: ConnId, p: &Packet<'_>) {
+    fn connect(&mut self, io: &mut dyn Sink, conn: ConnId, p: &Packet<'_>) {
         if p.nsp != NSP_ROOT && p.nsp != NSP_CUSTOM {
             let head = socketio::encode(Kind::ConnectError, 0, p.nsp, None, "");
             io.send_text(conn, &[&head, br#"{"message":"Invalid namespace"}"#]);
@@ -256,7 +256,7 @@ impl Fixture {
 
     /// EVENT / BINARY_EVENT: `message` comes back as `message-back`,
     /// `message-with-ack` is acked with its arguments.
-    fn event(&mut self, io: &mut Io<'_>, conn: ConnId, p: &Packet<'_>, attachments: &[Vec<u8>]) {
+    fn event(&mut self, io: &mut dyn Sink, conn: ConnId, p: &Packet<'_>, attachments: &[Vec<u8>]) {
         let Ok(ev) = socketio::parse_event(p.data) else {
             return io.close(conn);
         };
@@ -314,11 +314,11 @@ impl Handler for Fixture {
         }
     }
 
-    fn http(&mut self, _io: &mut Io<'_>, _req: &Request) -> Response {
+    fn http(&mut self, _io: &mut dyn Sink, _req: &Request) -> Response {
         Response::json(404, r#"{"error":"not found"}"#)
     }
 
-    fn opened(&mut self, io: &mut Io<'_>, conn: ConnId, endpoint: u8) {
+    fn opened(&mut self, io: &mut dyn Sink, conn: ConnId, endpoint: u8) {
         if self.sessions.len() <= conn {
             self.sessions.resize_with(conn + 1, || None);
         }
@@ -333,7 +333,7 @@ impl Handler for Fixture {
         }
     }
 
-    fn message(&mut self, io: &mut Io<'_>, conn: ConnId, payload: Payload<'_>) {
+    fn message(&mut self, io: &mut dyn Sink, conn: ConnId, payload: Payload<'_>) {
         let Some(session) = self.session(conn) else {
             return;
         };
@@ -349,13 +349,13 @@ impl Handler for Fixture {
         }
     }
 
-    fn closed(&mut self, _io: &mut Io<'_>, conn: ConnId) {
+    fn closed(&mut self, _io: &mut dyn Sink, conn: ConnId) {
         if let Some(slot) = self.sessions.get_mut(conn) {
             *slot = None;
         }
     }
 
-    fn timer(&mut self, io: &mut Io<'_>, conn: ConnId) {
+    fn timer(&mut self, io: &mut dyn Sink, conn: ConnId) {
         self.send_auth_due(io, conn);
         // The connect timeout: no namespace joined in time.
         if self.session(conn).is_some_and(|s| s.awaiting_connect) {
@@ -363,7 +363,7 @@ impl Handler for Fixture {
         }
     }
 
-    fn tick(&mut self, _io: &mut Io<'_>) {}
+    fn tick(&mut self, _io: &mut dyn Sink) {}
 
     fn next_deadline(&self) -> Option<std::time::Instant> {
         None

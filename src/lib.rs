@@ -5,6 +5,8 @@
 //! - [`log`]: one line per event on stderr, filtered by `-log-level`.
 //! - [`net`]: the mio event loop, the hand-rolled HTTP/1.1 layer, WebSocket
 //!   framing over tungstenite's frame codec, bounded outbound buffers, timers.
+//! - [`port`]: the interface between the loop and the broker core: the
+//!   events a `Handler` gets and the `Sink` its actions go into.
 //! - [`protocol`]: pure codecs for Engine.IO v4 and Socket.IO v5 packets, the
 //!   contract's request types, error codes and subject rules.
 //! - [`broker`]: the subscription index, queue groups, request/reply,
@@ -30,6 +32,7 @@ pub mod config;
 pub mod crypto;
 pub mod log;
 pub mod net;
+pub mod port;
 pub mod protocol;
 pub mod rand;
 pub mod storage;

@@ -60,6 +60,12 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Err(e) = server.attach() {
+        // Without its helper threads (a cluster member's Raft group) the
+        // node cannot serve.
+        log_error!("{e}");
+        return ExitCode::from(1);
+    }
     signal::stop_on_terminate(server.stopper());
     log_info!("config {}", cfg.summary());
     match server.local_addr() {

@@ -24,7 +24,7 @@ use crate::cluster::fsm::{Change, Cmd};
 use crate::cluster::link::{CallError, LinkEvent, LinkOut, Links};
 use crate::cluster::node::{FromRaft, NodeConfig, RaftNode, ToRaft, View};
 use crate::cluster::raft::Role;
-use crate::net::{ConnId, Io};
+use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::socketio::{self, Kind};
 use crate::protocol::subject;
@@ -348,14 +348,14 @@ impl Cluster {
 }
 
 /// The answer to a Socket.IO event, written as an ACK.
-pub(crate) fn send_ack(io: &mut Io<'_>, conn: ConnId, nsp: &str, ack_id: u64, body: &str) {
+pub(crate) fn send_ack(sink: &mut dyn Sink, conn: ConnId, nsp: &str, ack_id: u64, body: &str) {
     let head = socketio::encode(Kind::Ack, 0, nsp, Some(ack_id), "");
-    io.send_text(conn, &[&head, body.as_bytes()]);
+    sink.send_text(conn, &[&head, body.as_bytes()]);
 }
 
 /// Relays an answer (its first argument's JSON text and attachments) as
 /// an ACK.
-fn relay_ack(io: &mut Io<'_>, conn: ConnId, ack_id: u64, value: &str, attachments: &[Vec<u8>]) {
+fn relay_ack(sink: &mut dyn Sink, conn: ConnId, ack_id: u64, value: &str, attachments: &[Vec<u8>]) {
     let kind = if attachments.is_empty() {
         Kind::Ack
     } else {
@@ -364,9 +364,9 @@ fn relay_ack(io: &mut Io<'_>, conn: ConnId, ack_id: u64, value: &str, attachment
     let mut head = Vec::with_capacity(24);
     socketio::write_header(&mut head, kind, attachments.len(), NSP_ROOT, Some(ack_id));
     let body = format!("[{value}]");
-    if io.send_text(conn, &[&head, body.as_bytes()]) {
+    if sink.send_text(conn, &[&head, body.as_bytes()]) {
         for a in attachments {
-            io.send_binary(conn, a);
+            sink.send_binary(conn, a);
         }
     }
 }
@@ -381,13 +381,13 @@ impl Broker {
     /// reply, if any, is sent when the change comes back applied).
     pub(crate) fn submit(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         cmd: Cmd,
         reply: Option<Reply>,
     ) -> Result<Option<String>, ApiError> {
         let Some(c) = self.cluster.as_mut() else {
             self.fsm.apply(&cmd)?;
-            self.after_apply(io, &cmd);
+            self.after_apply(sink, &cmd);
             return Ok(reply.map(|r| r.ok_body));
         };
         if reply.is_some() && c.waiters.len() >= WAITERS_MAX {
@@ -408,7 +408,7 @@ impl Broker {
         } else {
             INTERNAL_WAIT
         };
-        let now = io.now();
+        let now = sink.now();
         c.waiters.insert(
             op,
             Waiter {
@@ -424,8 +424,8 @@ impl Broker {
     }
 
     /// A change made by the broker itself (no client waits for it).
-    pub(crate) fn submit_internal(&mut self, io: &mut Io<'_>, cmd: Cmd) {
-        match self.submit(io, cmd, None) {
+    pub(crate) fn submit_internal(&mut self, sink: &mut dyn Sink, cmd: Cmd) {
+        match self.submit(sink, cmd, None) {
             // What it would end is gone already (a socket's own unsub or
             // close came first): nothing is wrong, and a client must not
             // be able to fill the log with it.
@@ -487,7 +487,7 @@ impl Broker {
     }
 
     /// Whatever follows an applied change on this node.
-    fn after_apply(&mut self, io: &mut Io<'_>, cmd: &Cmd) {
+    fn after_apply(&mut self, sink: &mut dyn Sink, cmd: &Cmd) {
         match cmd {
             Cmd::Subs(Command::RemoveNode { node, boot })
                 if *node == self.fsm.subs.me()
@@ -500,7 +500,7 @@ impl Broker {
                 );
                 for (conn, s) in self.sessions.iter().enumerate() {
                     if s.as_ref().is_some_and(|s| s.root) {
-                        io.close(conn);
+                        sink.close(conn);
                     }
                 }
             }
@@ -512,7 +512,7 @@ impl Broker {
                     // the streams it holds.
                     c.caught_up = true;
                     crate::log_info!("caught up with the cluster");
-                    self.announce_streams(io);
+                    self.announce_streams(sink);
                 }
             }
             Cmd::Meta(_) => {
@@ -525,14 +525,14 @@ impl Broker {
     }
 
     /// Drains what the Raft thread and the links reported.
-    pub(crate) fn cluster_woken(&mut self, io: &mut Io<'_>) {
+    pub(crate) fn cluster_woken(&mut self, sink: &mut dyn Sink) {
         while let Some(msg) = self
             .cluster
             .as_ref()
             .and_then(|c| c.raft.as_ref())
             .and_then(RaftNode::try_recv)
         {
-            self.on_raft(io, msg);
+            self.on_raft(sink, msg);
         }
         while let Some(ev) = self
             .cluster
@@ -540,11 +540,11 @@ impl Broker {
             .and_then(|c| c.links.as_ref())
             .and_then(Links::try_recv)
         {
-            self.on_link(io, ev);
+            self.on_link(sink, ev);
         }
     }
 
-    fn on_raft(&mut self, io: &mut Io<'_>, msg: FromRaft) {
+    fn on_raft(&mut self, sink: &mut dyn Sink, msg: FromRaft) {
         match msg {
             FromRaft::Restore { index, data } => {
                 if let Err(e) = self.fsm.restore(&data) {
@@ -571,11 +571,11 @@ impl Broker {
                 let result = self.fsm.apply_entry(&entry);
                 self.fsm.applied = index;
                 if result.as_ref().is_err_and(|e| e.stale) {
-                    self.stale_entry(io, entry);
+                    self.stale_entry(sink, entry);
                     return;
                 }
                 let result = result.map_err(|e| e.error);
-                self.after_apply(io, &entry.cmd);
+                self.after_apply(sink, &entry.cmd);
                 let me = self.fsm.subs.me();
                 if entry.node != me {
                     return;
@@ -588,8 +588,8 @@ impl Broker {
                     return;
                 };
                 match (w.reply, result) {
-                    (Some(r), Ok(())) => send_ack(io, r.conn, r.nsp, r.ack_id, &r.ok_body),
-                    (Some(r), Err(e)) => self.refuse(io, &r, &e),
+                    (Some(r), Ok(())) => send_ack(sink, r.conn, r.nsp, r.ack_id, &r.ok_body),
+                    (Some(r), Err(e)) => self.refuse(sink, &r, &e),
                     (None, _) => {}
                 }
             }
@@ -603,7 +603,7 @@ impl Broker {
                             Ok(index) => format!("[{{\"ok\":true,\"index\":{index}}}]"),
                             Err(e) => ApiError::new(Code::Unavailable, e.to_string()).ack_body(),
                         };
-                        send_ack(io, conn, "/control", ack_id, &body);
+                        send_ack(sink, conn, "/control", ack_id, &body);
                     }
                 } else if result.is_err() {
                     if let Some(w) = c.waiters.get_mut(&tag) {
@@ -633,10 +633,10 @@ impl Broker {
                     // it again (applying twice is harmless, see below).
                     for w in c.waiters.values_mut() {
                         w.stage = Stage::Waiting;
-                        w.next_try = io.now();
+                        w.next_try = sink.now();
                     }
                 }
-                self.retry_waiters(io.now());
+                self.retry_waiters(sink.now());
             }
             FromRaft::WantSnapshot => {
                 let data = self.fsm.snapshot();
@@ -648,7 +648,7 @@ impl Broker {
         }
     }
 
-    fn on_link(&mut self, io: &mut Io<'_>, ev: LinkEvent) {
+    fn on_link(&mut self, sink: &mut dyn Sink, ev: LinkEvent) {
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
@@ -669,7 +669,7 @@ impl Broker {
                     c.down_since.remove(&n);
                     c.removing.remove(&n);
                 }
-                self.retry_waiters(io.now());
+                self.retry_waiters(sink.now());
             }
             LinkEvent::Down { link } => {
                 if let Some(slot) = c.link_node.get_mut(link) {
@@ -678,7 +678,7 @@ impl Broker {
             }
             LinkEvent::Answer { tag, result } => {
                 if tag & TAG_RELAY != 0 {
-                    self.relay_answered(io, tag, result);
+                    self.relay_answered(sink, tag, result);
                     return;
                 }
                 let ok = result.as_ref().is_ok_and(|(text, _)| {
@@ -724,7 +724,7 @@ impl Broker {
     /// was applied (it was lost with a leader and offered again): it is
     /// not applied, so that it cannot undo what came after it. Its client
     /// is told to try again; the broker's own changes are made anew.
-    fn stale_entry(&mut self, io: &mut Io<'_>, entry: Change) {
+    fn stale_entry(&mut self, sink: &mut dyn Sink, entry: Change) {
         if entry.node != self.fsm.subs.me() {
             return;
         }
@@ -741,27 +741,27 @@ impl Broker {
                     Code::Unavailable,
                     "the change was lost with a leader; try again",
                 );
-                self.refuse(io, &r, &e);
+                self.refuse(sink, &r, &e);
             }
-            None => self.submit_internal(io, entry.cmd),
+            None => self.submit_internal(sink, entry.cmd),
         }
     }
 
     /// Answers the client of a change with an error.
-    fn refuse(&mut self, io: &mut Io<'_>, r: &Reply, e: &ApiError) {
+    fn refuse(&mut self, sink: &mut dyn Sink, r: &Reply, e: &ApiError) {
         self.metrics.count_error(e.code);
-        send_ack(io, r.conn, r.nsp, r.ack_id, &e.ack_body());
+        send_ack(sink, r.conn, r.nsp, r.ack_id, &e.ack_body());
     }
 
     /// Once per loop turn: send the forward batches, retry or expire
     /// waiting changes, announce this node, and (on the leader) give up
     /// on nodes that stay unreachable.
-    pub(crate) fn cluster_tick(&mut self, io: &mut Io<'_>) {
+    pub(crate) fn cluster_tick(&mut self, sink: &mut dyn Sink) {
         let ended = std::mem::take(&mut self.fsm.subs.ended);
         for cmd in ended {
-            self.submit_internal(io, Cmd::Subs(cmd));
+            self.submit_internal(sink, Cmd::Subs(cmd));
         }
-        let now = io.now();
+        let now = sink.now();
         let me = self.fsm.subs.me();
         let Some(c) = self.cluster.as_mut() else {
             return;
@@ -782,22 +782,22 @@ impl Broker {
         if c.leader.is_some() && !c.up_proposed {
             c.up_proposed = true;
             let boot = c.boot;
-            self.submit_internal(io, Cmd::Subs(Command::NodeUp { node: me, boot }));
+            self.submit_internal(sink, Cmd::Subs(Command::NodeUp { node: me, boot }));
         }
         self.retry_waiters(now);
-        self.expire_waiters(io, now);
+        self.expire_waiters(sink, now);
         if let Some(c) = self.cluster.as_mut() {
             // The Raft thread's view, every VIEW_EVERY rather than every
             // turn of a busy loop.
             if c.next_view <= now {
                 c.next_view = now + VIEW_EVERY;
                 c.view = c.raft.as_ref().map(RaftNode::view);
-                self.watch_nodes(io, now);
+                self.watch_nodes(sink, now);
             }
         }
     }
 
-    fn expire_waiters(&mut self, io: &mut Io<'_>, now: Instant) {
+    fn expire_waiters(&mut self, sink: &mut dyn Sink, now: Instant) {
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
@@ -818,7 +818,7 @@ impl Broker {
                         Code::Unavailable,
                         "no cluster leader reachable; the change was not made",
                     );
-                    self.refuse(io, &r, &e);
+                    self.refuse(sink, &r, &e);
                 }
                 None => crate::log_warn!("a control change could not reach a leader in time"),
             }
@@ -827,7 +827,7 @@ impl Broker {
 
     /// The leader declares gone the nodes whose link and Raft connection
     /// stay down, removing their subscriptions.
-    fn watch_nodes(&mut self, io: &mut Io<'_>, now: Instant) {
+    fn watch_nodes(&mut self, sink: &mut dyn Sink, now: Instant) {
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
@@ -871,7 +871,7 @@ impl Broker {
                 // Only the life the cluster knows of: a node that already
                 // restarted keeps its new subscriptions.
                 let boot = self.fsm.boots.get(&node).copied();
-                self.submit_internal(io, Cmd::Subs(Command::RemoveNode { node, boot }));
+                self.submit_internal(sink, Cmd::Subs(Command::RemoveNode { node, boot }));
             }
         }
     }
@@ -928,7 +928,7 @@ impl Broker {
     /// sockets.
     pub(crate) fn cluster_forward(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         attachments: &[Vec<u8>],
     ) -> Result<Option<String>, ApiError> {
         if self.cluster.is_none() {
@@ -942,7 +942,7 @@ impl Broker {
             .ok_or_else(|| ApiError::new(Code::BadRequest, "cluster.forward needs its batch"))?;
         let msgs = forward::decode(batch).map_err(|e| ApiError::new(Code::BadRequest, e))?;
         for m in &msgs {
-            self.deliver_forwarded(io, m);
+            self.deliver_forwarded(sink, m);
         }
         Ok(Some(crate::protocol::errors::OK_BODY.to_string()))
     }
@@ -1059,7 +1059,7 @@ impl Broker {
 
     fn relay_answered(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         tag: u64,
         result: Result<(String, Vec<Vec<u8>>), CallError>,
     ) {
@@ -1084,7 +1084,7 @@ impl Broker {
                         name(a).cmp(&name(b))
                     });
                     let body = json!([{"ok": true, "streams": g.streams}]).to_string();
-                    send_ack(io, g.conn, NSP_ROOT, g.ack_id, &body);
+                    send_ack(sink, g.conn, NSP_ROOT, g.ack_id, &body);
                 }
             }
             return;
@@ -1096,10 +1096,10 @@ impl Broker {
             return;
         };
         match result {
-            Ok((text, attachments)) => relay_ack(io, r.conn, ack_id, &text, &attachments),
+            Ok((text, attachments)) => relay_ack(sink, r.conn, ack_id, &text, &attachments),
             Err(e) => {
                 self.metrics.count_error(Code::Unavailable);
-                relay_ack(io, r.conn, ack_id, &call_error_value(&e), &[]);
+                relay_ack(sink, r.conn, ack_id, &call_error_value(&e), &[]);
             }
         }
     }
@@ -1108,11 +1108,11 @@ impl Broker {
     /// broadcast subscribers when `plain`, and to the group members the
     /// sender picked (or, if one is gone, another local member of its
     /// group).
-    fn deliver_forwarded(&mut self, io: &mut Io<'_>, m: &Forwarded<'_>) {
+    fn deliver_forwarded(&mut self, sink: &mut dyn Sink, m: &Forwarded<'_>) {
         if self.requests.may_be_inbox(m.subject) {
             if let Some(pending) = self.requests.take(m.subject) {
                 super::dispatch::answer_request(
-                    io,
+                    sink,
                     &pending,
                     m.subject,
                     m.data,
@@ -1167,7 +1167,7 @@ impl Broker {
             return;
         }
         let size = m.data.len() + m.headers.map_or(0, str::len);
-        self.deliver_to(io, &targets, m, size);
+        self.deliver_to(sink, &targets, m, size);
     }
 
     /// Queues the push deliveries a stream made for other nodes'

@@ -12,7 +12,7 @@ use super::subs::Command;
 use super::Broker;
 use crate::cluster::fsm::Cmd;
 use crate::cluster::raft::Role;
-use crate::net::{ConnId, Io};
+use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_body, ok_with, ApiError, Code};
 use crate::protocol::messages::{parse_arg, GroupSet};
 
@@ -21,7 +21,7 @@ impl Broker {
     /// the ack is sent later (a change waiting for the cluster).
     pub(crate) fn control_event(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         conn: ConnId,
         ack_id: Option<u64>,
         name: &str,
@@ -41,14 +41,14 @@ impl Broker {
                 format!("{name} is for cluster members: it needs the cluster token"),
             )),
             "cluster.command" => self.cluster_command(conn, ack_id, arg),
-            "cluster.forward" => self.cluster_forward(io, attachments),
-            other => self.control_query(io, conn, ack_id, other, arg),
+            "cluster.forward" => self.cluster_forward(sink, attachments),
+            other => self.control_query(sink, conn, ack_id, other, arg),
         }
     }
 
     fn control_query(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         conn: ConnId,
         ack_id: Option<u64>,
         name: &str,
@@ -74,7 +74,7 @@ impl Broker {
                     ack_id,
                     ok_body: ok_body(""),
                 });
-                return self.submit(io, cmd, reply);
+                return self.submit(sink, cmd, reply);
             }
             "group.list" => {
                 let groups: Vec<_> = self
@@ -90,8 +90,8 @@ impl Broker {
                 let mut info = json!({
                     "node_id": self.cfg.node_id,
                     "version": env!("CARGO_PKG_VERSION"),
-                    "uptime_ms": io.now().saturating_duration_since(self.started).as_millis() as u64,
-                    "connections": io.stats().sessions_open,
+                    "uptime_ms": sink.now().saturating_duration_since(self.started).as_millis() as u64,
+                    "connections": sink.stats().sessions_open,
                     "subscriptions": self.fsm.subs.len(),
                     "streams": self.streams.len(),
                 });

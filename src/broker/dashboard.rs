@@ -10,7 +10,7 @@ use super::history::Counters;
 use super::streams::StreamSummary;
 use super::Broker;
 use crate::crypto::token_eq;
-use crate::net::{Io, Request, Response};
+use crate::port::{Request, Response, Sink};
 use crate::protocol::errors::Code;
 
 /// The page, compiled into the binary.
@@ -18,7 +18,11 @@ const PAGE: &str = include_str!("dashboard/index.html");
 
 impl Broker {
     /// Answers `/`, `/index.html` and `/api/info`; `None` for other paths.
-    pub(crate) fn dashboard_http(&mut self, io: &mut Io<'_>, req: &Request) -> Option<Response> {
+    pub(crate) fn dashboard_http(
+        &mut self,
+        sink: &mut dyn Sink,
+        req: &Request,
+    ) -> Option<Response> {
         let page = matches!(req.path.as_str(), "/" | "/index.html");
         if !page && req.path != "/api/info" {
             return None;
@@ -40,7 +44,7 @@ impl Broker {
         let mut r = if page {
             Response::new(200, "text/html; charset=utf-8", PAGE)
         } else {
-            Response::json(200, self.api_info(io).to_string())
+            Response::json(200, self.api_info(sink).to_string())
         };
         r.headers.push(("Cache-Control".into(), "no-store".into()));
         Some(r)
@@ -59,10 +63,10 @@ impl Broker {
     }
 
     /// Samples the traffic counters once a second (called every turn).
-    pub(crate) fn sample_history(&mut self, io: &Io<'_>) {
+    pub(crate) fn sample_history(&mut self, sink: &dyn Sink) {
         let m = &self.metrics;
         self.history.sample(
-            io.now(),
+            sink.now(),
             Counters {
                 msgs_in: m.msgs_in,
                 msgs_out: m.msgs_out,
@@ -73,9 +77,9 @@ impl Broker {
     }
 
     /// The overview behind the dashboard, as JSON.
-    pub fn api_info(&mut self, io: &mut Io<'_>) -> Value {
+    pub fn api_info(&mut self, sink: &mut dyn Sink) -> Value {
         let streams = self.streams_overview();
-        let net = io.stats();
+        let net = sink.stats();
         let now = self.history.current();
         let history: Vec<Value> = self
             .history
@@ -89,7 +93,7 @@ impl Broker {
         json!({
             "node_id": self.cfg.node_id,
             "version": env!("CARGO_PKG_VERSION"),
-            "uptime_ms": io.now().saturating_duration_since(self.started).as_millis() as u64,
+            "uptime_ms": sink.now().saturating_duration_since(self.started).as_millis() as u64,
             "connections": net.sessions_open,
             "tcp_connections": net.connections_open,
             "connections_total": net.connections_total,

@@ -1,4 +1,4 @@
-//! The [`Broker`]: the `net::Handler` that turns Socket.IO packets into
+//! The [`Broker`]: the port's `Handler` that turns Socket.IO packets into
 //! subscriptions, publishes, requests and acks. A delivery is encoded once:
 //! the part after the subscriber's sid is shared by every subscriber's
 //! outbound queue (one allocation per publish, written with `writev`), and
@@ -19,7 +19,7 @@ use super::subs::{Command, SubKey};
 use crate::cluster::forward::Forwarded;
 use crate::cluster::fsm::{Cmd, Fsm};
 use crate::crypto::token_eq;
-use crate::net::{ConnId, Handler, Io, Payload, Request, Response, Shared};
+use crate::port::{ConnId, Handler, Payload, Request, Response, Shared, Sink};
 use crate::protocol::errors::{ok_body, raw_text, ApiError, Code, OK_BODY};
 use crate::protocol::messages::{self, event_arg, ArgError, Pub, Sub, Unsub};
 use crate::protocol::socketio::{self, Kind, Packet};
@@ -135,26 +135,26 @@ impl Broker {
         format!("{:016x}", crate::rand::splitmix64(&mut self.rng))
     }
 
-    fn on_text(&mut self, io: &mut Io<'_>, conn: ConnId, text: &str) {
+    fn on_text(&mut self, sink: &mut dyn Sink, conn: ConnId, text: &str) {
         let Some(session) = self.session(conn) else {
             return;
         };
         if session.attachments.pending() {
             // Text while attachments are awaited breaks the packet format.
-            return io.close(conn);
+            return sink.close(conn);
         }
         let packet = match socketio::decode(text) {
             Ok(p) => p,
-            Err(_) => return io.close(conn),
+            Err(_) => return sink.close(conn),
         };
         if packet.kind.is_binary() && packet.attachments > 0 {
             session.attachments.start(text, packet.attachments);
             return;
         }
-        self.on_packet(io, conn, &packet, &[]);
+        self.on_packet(sink, conn, &packet, &[]);
     }
 
-    fn on_binary(&mut self, io: &mut Io<'_>, conn: ConnId, bytes: &[u8]) {
+    fn on_binary(&mut self, sink: &mut dyn Sink, conn: ConnId, bytes: &[u8]) {
         let bytes_max = self.cfg.max_payload + ENVELOPE_BYTES;
         let Some(session) = self.session(conn) else {
             return;
@@ -162,35 +162,35 @@ impl Broker {
         match session.attachments.push(bytes, bytes_max) {
             Ok(None) => {}
             Ok(Some((text, parts))) => match socketio::decode(&text) {
-                Ok(packet) => self.on_packet(io, conn, &packet, &parts),
-                Err(_) => io.close(conn),
+                Ok(packet) => self.on_packet(sink, conn, &packet, &parts),
+                Err(_) => sink.close(conn),
             },
-            Err(_) => io.close(conn),
+            Err(_) => sink.close(conn),
         }
     }
 
     fn on_packet(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         conn: ConnId,
         p: &Packet<'_>,
         attachments: &[Vec<u8>],
     ) {
         match p.kind {
-            Kind::Connect => self.connect(io, conn, p),
-            Kind::Disconnect => self.leave(io, conn, p.nsp),
-            Kind::Event | Kind::BinaryEvent => self.event(io, conn, p, attachments),
+            Kind::Connect => self.connect(sink, conn, p),
+            Kind::Disconnect => self.leave(sink, conn, p.nsp),
+            Kind::Event | Kind::BinaryEvent => self.event(sink, conn, p, attachments),
             // The broker asks clients for no acks; stray ones are ignored.
             Kind::Ack | Kind::BinaryAck => {}
-            Kind::ConnectError => io.close(conn),
+            Kind::ConnectError => sink.close(conn),
         }
     }
 
-    fn connect(&mut self, io: &mut Io<'_>, conn: ConnId, p: &Packet<'_>) {
+    fn connect(&mut self, sink: &mut dyn Sink, conn: ConnId, p: &Packet<'_>) {
         // Engine.IO v3 clients (Socket.IO v4) send their auth as a query
         // on the namespace: `0/control?token=…,`.
         let legacy_query = match p.nsp.split_once('?') {
-            Some((nsp, query)) if io.eio(conn) == 3 => Some((nsp, query)),
+            Some((nsp, query)) if sink.eio(conn) == 3 => Some((nsp, query)),
             _ => None,
         };
         let p = &Packet {
@@ -206,7 +206,7 @@ impl Broker {
             other => {
                 let body = br#"{"message":"Invalid namespace"}"#;
                 let head = socketio::encode(Kind::ConnectError, 0, other, None, "");
-                io.send_text(conn, &[&head, body]);
+                sink.send_text(conn, &[&head, body]);
                 return;
             }
         };
@@ -225,7 +225,7 @@ impl Broker {
         let admitted = holds(&token) || (peer && cluster.is_some());
         if !admitted {
             let head = socketio::encode(Kind::ConnectError, 0, p.nsp, None, "");
-            io.send_text(conn, &[&head, br#"{"message":"unauthorized"}"#]);
+            sink.send_text(conn, &[&head, br#"{"message":"unauthorized"}"#]);
             return;
         }
         let id = self.random_id();
@@ -239,7 +239,7 @@ impl Broker {
                 // socket: everything the old one held goes first, exactly
                 // as when it leaves (docs/PROTOCOL.md §2).
                 crate::log_debug!("conn {conn} joined / again: replacing its socket");
-                self.end_root_socket(io, conn);
+                self.end_root_socket(sink, conn);
             }
             self.join_root(conn);
         } else {
@@ -249,18 +249,18 @@ impl Broker {
         crate::log_debug!("conn {conn} joined {}", p.nsp);
         let body = format!("{{\"sid\":\"{id}\"}}");
         let head = socketio::encode(Kind::Connect, 0, p.nsp, None, "");
-        io.send_text(conn, &[&head, body.as_bytes()]);
-        io.set_timer(conn, None);
+        sink.send_text(conn, &[&head, body.as_bytes()]);
+        sink.set_timer(conn, None);
     }
 
-    fn leave(&mut self, io: &mut Io<'_>, conn: ConnId, nsp: &str) {
+    fn leave(&mut self, sink: &mut dyn Sink, conn: ConnId, nsp: &str) {
         let Some(session) = self.session(conn) else {
             return;
         };
         match nsp {
             NSP_ROOT if session.root => {
                 session.root = false;
-                self.end_root_socket(io, conn);
+                self.end_root_socket(sink, conn);
             }
             NSP_CONTROL => session.control = false,
             _ => {}
@@ -287,7 +287,7 @@ impl Broker {
     /// again): its waiting requests, stream acks and fetches, relayed
     /// answers and subscriptions go, so nothing meant for it can reach a
     /// later socket on the same connection or slot.
-    fn end_root_socket(&mut self, io: &mut Io<'_>, conn: ConnId) {
+    fn end_root_socket(&mut self, sink: &mut dyn Sink, conn: ConnId) {
         self.requests.drop_conn(conn);
         self.streams.closed(conn);
         if let Some(c) = self.cluster.as_mut() {
@@ -302,27 +302,33 @@ impl Broker {
         });
         self.fsm.subs.detach_local(owner.conn);
         if subscribed || self.fsm.subs.has_owner(owner) {
-            self.submit_internal(io, Cmd::Subs(Command::RemoveConn { owner }));
+            self.submit_internal(sink, Cmd::Subs(Command::RemoveConn { owner }));
         }
     }
 
-    fn event(&mut self, io: &mut Io<'_>, conn: ConnId, p: &Packet<'_>, attachments: &[Vec<u8>]) {
+    fn event(
+        &mut self,
+        sink: &mut dyn Sink,
+        conn: ConnId,
+        p: &Packet<'_>,
+        attachments: &[Vec<u8>],
+    ) {
         let Some(name) = socketio::event_name(p.data) else {
-            return io.close(conn);
+            return sink.close(conn);
         };
         if p.attachments > 0 && !socketio::placeholders_valid(p.data, p.attachments) {
-            return io.close(conn);
+            return sink.close(conn);
         }
         let Some(session) = self.session(conn) else {
             return;
         };
         let (root, control) = (session.root, session.control);
         let result = match p.nsp {
-            NSP_ROOT if root => self.root_event(io, conn, &name, p.data, p.id, attachments),
+            NSP_ROOT if root => self.root_event(sink, conn, &name, p.data, p.id, attachments),
             NSP_CONTROL if control => match socketio::parse_event(p.data) {
                 Ok(ev) => self
                     .control_event(
-                        io,
+                        sink,
                         conn,
                         p.id,
                         &ev.name,
@@ -341,7 +347,7 @@ impl Broker {
             Ok(Answer::Ok) => None,
             Ok(Answer::Now(body)) => Some(body),
             Ok(Answer::Later) => return,
-            Err(ArgError::Malformed) => return io.close(conn),
+            Err(ArgError::Malformed) => return sink.close(conn),
             Err(ArgError::Api(e)) => {
                 self.metrics.count_error(e.code);
                 Some(e.ack_body())
@@ -351,13 +357,13 @@ impl Broker {
         let body = body.as_deref().unwrap_or(OK_BODY);
         self.ack_head.clear();
         socketio::write_header(&mut self.ack_head, Kind::Ack, 0, p.nsp, Some(id));
-        io.send_text(conn, &[&self.ack_head, body.as_bytes()]);
+        sink.send_text(conn, &[&self.ack_head, body.as_bytes()]);
     }
 
     /// A `/` event; `data` is the whole event array, read in one pass.
     fn root_event(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         conn: ConnId,
         name: &str,
         data: &str,
@@ -367,14 +373,14 @@ impl Broker {
         match name {
             "pub" => {
                 let p: Pub = event_arg(data)?;
-                match self.publish(io, conn, ack_id, &p, attachments)? {
+                match self.publish(sink, conn, ack_id, &p, attachments)? {
                     true => Ok(Answer::Later),
                     false => Ok(Answer::Ok),
                 }
             }
             "sub" => {
                 let s: Sub = event_arg(data)?;
-                Ok(self.subscribe(io, conn, ack_id, s)?)
+                Ok(self.subscribe(sink, conn, ack_id, s)?)
             }
             "unsub" => {
                 let u: Unsub = event_arg(data)?;
@@ -398,12 +404,12 @@ impl Broker {
                     ok_body: OK_BODY.to_string(),
                 });
                 Ok(self
-                    .submit(io, cmd, reply)?
+                    .submit(sink, cmd, reply)?
                     .map_or(Answer::Later, Answer::Now))
             }
             "request" => {
                 let r: messages::Request = event_arg(data)?;
-                Ok(self.request(io, conn, &r, ack_id, attachments)?)
+                Ok(self.request(sink, conn, &r, ack_id, attachments)?)
             }
             "ping" => {
                 socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
@@ -413,11 +419,11 @@ impl Broker {
                 let ev = socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
                 let arg = ev.args.first().copied();
                 if let Some(r) =
-                    self.clustered_stream_event(io, conn, other, arg, ack_id, attachments)
+                    self.clustered_stream_event(sink, conn, other, arg, ack_id, attachments)
                 {
                     return Ok(r?.map_or(Answer::Later, Answer::Now));
                 }
-                if let Some(r) = self.streams.event(io, conn, other, arg, ack_id) {
+                if let Some(r) = self.streams.event(sink, conn, other, arg, ack_id) {
                     return Ok(r?.map_or(Answer::Later, Answer::Now));
                 }
                 Err(ArgError::Api(ApiError::new(
@@ -430,7 +436,7 @@ impl Broker {
 
     fn subscribe(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         conn: ConnId,
         ack_id: Option<u64>,
         s: Sub<'_>,
@@ -471,7 +477,7 @@ impl Broker {
             ok_body: ok_body(&format!("\"sid\":{sid_json}")),
         });
         Ok(self
-            .submit(io, cmd, reply)?
+            .submit(sink, cmd, reply)?
             .map_or(Answer::Later, Answer::Now))
     }
 
@@ -505,7 +511,7 @@ impl Broker {
     /// held until the message is stored.
     fn publish(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         conn: ConnId,
         ack_id: Option<u64>,
         p: &Pub<'_>,
@@ -550,13 +556,14 @@ impl Broker {
                 headers,
                 attachment: super::streams::stream_attachment(data, attachments)?,
             };
-            self.streams.publish(stream, conn, ack_id, msg, io.now())?;
+            self.streams
+                .publish(stream, conn, ack_id, msg, sink.now())?;
         }
         self.metrics.msgs_in += 1;
         self.metrics.bytes_in += size as u64;
         if self.requests.may_be_inbox(&p.subject) {
             if let Some(pending) = self.requests.take(&p.subject) {
-                answer_request(io, &pending, &p.subject, data, headers, attachments);
+                answer_request(sink, &pending, &p.subject, data, headers, attachments);
             }
         } else if let Some(c) = self.cluster.as_mut() {
             // A reply to a request made on another node goes straight there.
@@ -577,7 +584,7 @@ impl Broker {
             }
         }
         self.deliver(
-            io,
+            sink,
             &p.subject,
             data,
             p.reply.as_deref(),
@@ -590,7 +597,7 @@ impl Broker {
 
     fn request(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         conn: ConnId,
         r: &messages::Request<'_>,
         ack_id: Option<u64>,
@@ -616,7 +623,7 @@ impl Broker {
                     .map_or(REQUEST_TIMEOUT_DEFAULT, Duration::from_millis)
                     .clamp(Duration::from_millis(1), REQUEST_TIMEOUT_MAX);
                 self.requests
-                    .open(conn, ack_id, io.now() + timeout)
+                    .open(conn, ack_id, sink.now() + timeout)
                     .ok_or_else(|| {
                         ApiError::new(Code::Limit, "too many requests waiting on this socket")
                     })?
@@ -626,7 +633,7 @@ impl Broker {
         self.metrics.bytes_in += size as u64;
         let headers = r.headers.map(RawValue::get).filter(|h| *h != "null");
         let sent = self.deliver(
-            io,
+            sink,
             &r.subject,
             data,
             Some(&inbox),
@@ -649,7 +656,7 @@ impl Broker {
     #[allow(clippy::too_many_arguments)]
     fn deliver(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         subject: &str,
         data: &str,
         reply: Option<&str>,
@@ -699,7 +706,7 @@ impl Broker {
         };
         let mut sent = 0;
         for &key in &local {
-            sent += usize::from(self.send_to(io, key, &out));
+            sent += usize::from(self.send_to(sink, key, &out));
         }
         for g in &m.groups {
             if self.fsm.subs.group_mode(&g.queue) == GroupMode::Broadcast {
@@ -716,7 +723,7 @@ impl Broker {
                 };
                 let node = s.owner.node;
                 if node == me {
-                    if self.send_to(io, key, &out) {
+                    if self.send_to(sink, key, &out) {
                         sent += 1;
                         break;
                     }
@@ -763,7 +770,7 @@ impl Broker {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn deliver_to(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         keys: &[SubKey],
         m: &Forwarded<'_>,
         size: usize,
@@ -780,7 +787,7 @@ impl Broker {
         };
         let mut sent = 0;
         for &key in keys {
-            sent += usize::from(self.send_to(io, key, &out));
+            sent += usize::from(self.send_to(sink, key, &out));
         }
         self.tail = tail;
         self.metrics.msgs_out += sent as u64;
@@ -836,20 +843,20 @@ impl Broker {
         head
     }
 
-    fn send_to(&mut self, io: &mut Io<'_>, key: SubKey, out: &Out<'_>) -> bool {
+    fn send_to(&mut self, sink: &mut dyn Sink, key: SubKey, out: &Out<'_>) -> bool {
         let Some(s) = self.fsm.subs.target(key) else {
             return false;
         };
         let conn = s.conn;
         let queued = match &out.shared {
-            Some(tail) => io.send_text_shared(conn, &[out.head, s.sid_json.as_bytes()], tail),
-            None => io.send_text(conn, &[out.head, s.sid_json.as_bytes(), out.tail]),
+            Some(tail) => sink.send_text_shared(conn, &[out.head, s.sid_json.as_bytes()], tail),
+            None => sink.send_text(conn, &[out.head, s.sid_json.as_bytes(), out.tail]),
         };
         if !queued {
             return false;
         }
         for a in out.attachments {
-            io.send_binary(conn, a);
+            sink.send_binary(conn, a);
         }
         if let Some(end) = self.fsm.subs.delivered(key) {
             // Applied (or proposed) at the end of the turn, through the
@@ -921,7 +928,7 @@ pub(super) fn share(tail: &[u8], targets: usize) -> Option<Shared> {
 
 /// Acks a waiting request with the reply published to its inbox.
 pub(crate) fn answer_request(
-    io: &mut Io<'_>,
+    sink: &mut dyn Sink,
     p: &Pending,
     inbox: &str,
     data: &str,
@@ -945,9 +952,9 @@ pub(crate) fn answer_request(
         body.extend_from_slice(h.as_bytes());
     }
     body.extend_from_slice(b"}]");
-    if io.send_text(p.conn, &[&head, &body]) {
+    if sink.send_text(p.conn, &[&head, &body]) {
         for a in attachments {
-            io.send_binary(p.conn, a);
+            sink.send_binary(p.conn, a);
         }
     }
 }
@@ -1025,8 +1032,8 @@ impl Handler for Broker {
         (path == "/socket.io/" || path == "/socket.io").then_some(0)
     }
 
-    fn http(&mut self, io: &mut Io<'_>, req: &Request) -> Response {
-        if let Some(r) = self.dashboard_http(io, req) {
+    fn http(&mut self, sink: &mut dyn Sink, req: &Request) -> Response {
+        if let Some(r) = self.dashboard_http(sink, req) {
             return r;
         }
         let known = matches!(req.path.as_str(), "/healthz" | "/metrics");
@@ -1043,14 +1050,14 @@ impl Handler for Broker {
                 _ => Response::json(200, r#"{"status":"ok"}"#),
             },
             "/metrics" => {
-                let uptime = io
+                let uptime = sink
                     .now()
                     .saturating_duration_since(self.started)
                     .as_secs_f64();
                 let families = self.metric_families();
                 let mut body =
                     self.metrics
-                        .render_all(io.stats(), self.fsm.subs.len(), uptime, &families);
+                        .render_all(sink.stats(), self.fsm.subs.len(), uptime, &families);
                 self.streams.render_metrics(&mut body);
                 Response::new(200, "text/plain; version=0.0.4; charset=utf-8", body)
             }
@@ -1058,38 +1065,38 @@ impl Handler for Broker {
         }
     }
 
-    fn opened(&mut self, io: &mut Io<'_>, conn: ConnId, _endpoint: u8) {
+    fn opened(&mut self, sink: &mut dyn Sink, conn: ConnId, _endpoint: u8) {
         if self.sessions.len() <= conn {
             self.sessions.resize_with(conn + 1, || None);
         }
         self.sessions[conn] = Some(Session::default());
-        io.set_timer(conn, Some(io.now() + self.cfg.connect_timeout));
-        if io.eio(conn) == 3 {
+        sink.set_timer(conn, Some(sink.now() + self.cfg.connect_timeout));
+        if sink.eio(conn) == 3 {
             // Socket.IO v4 (Engine.IO v3 clients) joins `/` without a
             // CONNECT and without auth data, so `-auth-token` refuses it.
             if self.cfg.auth_token.is_some() {
-                io.send_text(conn, &[br#"4"unauthorized""#]);
+                sink.send_text(conn, &[br#"4"unauthorized""#]);
                 return;
             }
             if let Some(session) = self.session(conn) {
                 session.root = true;
             }
             self.join_root(conn);
-            io.send_text(conn, &[b"0"]);
-            io.set_timer(conn, None);
+            sink.send_text(conn, &[b"0"]);
+            sink.set_timer(conn, None);
         }
     }
 
-    fn message(&mut self, io: &mut Io<'_>, conn: ConnId, payload: Payload<'_>) {
+    fn message(&mut self, sink: &mut dyn Sink, conn: ConnId, payload: Payload<'_>) {
         match payload {
-            Payload::Text(t) => self.on_text(io, conn, t),
-            Payload::Binary(b) => self.on_binary(io, conn, b),
+            Payload::Text(t) => self.on_text(sink, conn, t),
+            Payload::Binary(b) => self.on_binary(sink, conn, b),
         }
     }
 
-    fn closed(&mut self, io: &mut Io<'_>, conn: ConnId) {
+    fn closed(&mut self, sink: &mut dyn Sink, conn: ConnId) {
         crate::log_debug!("conn {conn} closed");
-        self.end_root_socket(io, conn);
+        self.end_root_socket(sink, conn);
         if let Some(c) = self.cluster.as_mut() {
             c.forget_conn(conn);
         }
@@ -1098,15 +1105,15 @@ impl Handler for Broker {
         }
     }
 
-    fn timer(&mut self, io: &mut Io<'_>, conn: ConnId) {
+    fn timer(&mut self, sink: &mut dyn Sink, conn: ConnId) {
         // The connect timeout: no namespace joined in time.
         if self.session(conn).is_some_and(|s| !s.joined_any()) {
-            io.close(conn);
+            sink.close(conn);
         }
     }
 
-    fn tick(&mut self, io: &mut Io<'_>) {
-        self.sample_history(io);
+    fn tick(&mut self, sink: &mut dyn Sink) {
+        self.sample_history(sink);
         if let Some(c) = &self.cluster {
             self.remote_push.reachable.clear();
             self.remote_push
@@ -1114,18 +1121,18 @@ impl Handler for Broker {
                 .extend((1..=c.names.len() as u64).filter(|&n| n != c.me && c.reachable(n)));
         }
         self.streams
-            .tick(io, &mut self.fsm.subs, &mut self.remote_push);
+            .tick(sink, &mut self.fsm.subs, &mut self.remote_push);
         self.forward_pushes();
-        self.cluster_tick(io);
-        self.replicate_cursors(io);
+        self.cluster_tick(sink);
+        self.replicate_cursors(sink);
         if self.requests.is_empty() {
             return;
         }
-        for p in self.requests.expired(io.now()) {
+        for p in self.requests.expired(sink.now()) {
             let e = ApiError::new(Code::Timeout, "no reply in time");
             self.metrics.count_error(Code::Timeout);
             let head = socketio::encode(Kind::Ack, 0, "/", Some(p.ack_id), "");
-            io.send_text(p.conn, &[&head, e.ack_body().as_bytes()]);
+            sink.send_text(p.conn, &[&head, e.ack_body().as_bytes()]);
         }
     }
 
@@ -1144,25 +1151,24 @@ impl Handler for Broker {
         Some(next)
     }
 
-    fn shutdown(&mut self, io: &mut Io<'_>) {
-        self.shut_down(io);
+    fn shutdown(&mut self, sink: &mut dyn Sink) {
+        self.shut_down(sink);
     }
 
-    fn attach(&mut self, waker: std::sync::Arc<mio::Waker>) {
+    fn attach(&mut self, waker: std::sync::Arc<mio::Waker>) -> Result<(), String> {
         self.streams.attach(std::sync::Arc::clone(&waker));
         let tokens = (self.cfg.cluster_token.clone(), self.cfg.auth_token.clone());
         if let Some(c) = self.cluster.as_mut() {
-            if let Err(e) = c.start(waker, tokens.0, tokens.1) {
-                // Without its Raft group the node cannot serve as a member.
-                crate::log_error!("cannot start cluster mode: {e}");
-                std::process::exit(1);
-            }
+            // Without its Raft group the node cannot serve as a member.
+            c.start(waker, tokens.0, tokens.1)
+                .map_err(|e| format!("cannot start cluster mode: {e}"))?;
         }
+        Ok(())
     }
 
-    fn woken(&mut self, io: &mut Io<'_>) {
-        self.streams.woken(io);
-        self.cluster_woken(io);
+    fn woken(&mut self, sink: &mut dyn Sink) {
+        self.streams.woken(sink);
+        self.cluster_woken(sink);
     }
 }
 

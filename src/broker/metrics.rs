@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use super::streams::StreamSummary;
 use super::Broker;
 use crate::cluster::raft_transport::TransportStats;
-use crate::net::NetStats;
+use crate::port::NetStats;
 use crate::protocol::errors::Code;
 
 /// One metric family: name, type, help and its samples (label set, value).

@@ -1,4 +1,6 @@
-//! The broker proper, above the transport: subjects and the subscription
+//! The broker core, above the transport and without I/O: it sees the
+//! event loop only through `crate::port` (events in, actions into a
+//! `Sink`), so it runs in-process in tests. Subjects and the subscription
 //! index, the subscription table with its one `apply` path, queue groups,
 //! request/reply inboxes, the control namespace and metrics.
 //!
@@ -6,8 +8,8 @@
 //! - [`subs`]: subscriptions and [`subs::Command`], applied in one place.
 //! - [`groups`]: queue-group rules (loadbalance / broadcast).
 //! - [`session`]: one client's Socket.IO state (namespaces, attachments).
-//! - [`dispatch`]: the [`Broker`], a `net::Handler`: events in, deliveries
-//!   and acks out.
+//! - [`dispatch`]: the [`Broker`], the port's `Handler`: events in,
+//!   deliveries and acks out into the caller's `Sink`.
 //! - [`requests`]: request/reply inboxes and their timeouts.
 //! - [`control`]: `/control` events.
 //! - [`cluster`]: cluster mode: changes through Raft, forwarding to peer

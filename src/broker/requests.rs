@@ -6,7 +6,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
-use crate::net::ConnId;
+use crate::port::ConnId;
 
 /// Longest wait a client may ask for.
 pub const REQUEST_TIMEOUT_MAX: Duration = Duration::from_secs(300);

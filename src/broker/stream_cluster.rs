@@ -16,7 +16,7 @@ use super::cluster::{Reply, PROPOSE_WAIT};
 use super::session::NSP_ROOT;
 use super::Broker;
 use crate::cluster::fsm::{Cmd, Cursor, CursorPos, MetaCommand};
-use crate::net::{ConnId, Io};
+use crate::port::{ConnId, Sink};
 use crate::protocol::errors::ApiError;
 
 /// How often an owner replicates the cursors that moved.
@@ -49,7 +49,7 @@ impl Broker {
     /// it as a single node does.
     pub(crate) fn clustered_stream_event(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         conn: ConnId,
         event: &str,
         arg: Option<&RawValue>,
@@ -60,7 +60,7 @@ impl Broker {
         let me = cluster.me;
         if event == "stream.list" {
             let from_peer = arg.is_some_and(|a| a.get().contains("\"local\":true"));
-            let local = self.streams.event(io, conn, event, arg, ack_id)?;
+            let local = self.streams.event(sink, conn, event, arg, ack_id)?;
             if from_peer {
                 return Some(local);
             }
@@ -108,7 +108,7 @@ impl Broker {
             event,
             "stream.create" | "stream.delete" | "consumer.create" | "consumer.delete"
         );
-        let local = self.streams.event(io, conn, event, arg, ack_id)?;
+        let local = self.streams.event(sink, conn, event, arg, ack_id)?;
         if !meta {
             return Some(local);
         }
@@ -143,13 +143,13 @@ impl Broker {
             ack_id,
             ok_body: body,
         });
-        Some(self.submit(io, Cmd::Meta(cmd), reply))
+        Some(self.submit(sink, Cmd::Meta(cmd), reply))
     }
 
     /// Once a leader is known after start: tells the cluster about the
     /// streams and consumers this node holds that it does not know of
     /// (streams made before cluster mode, or whose record was lost).
-    pub(crate) fn announce_streams(&mut self, io: &mut Io<'_>) {
+    pub(crate) fn announce_streams(&mut self, sink: &mut dyn Sink) {
         let Some(me) = self.cluster.as_ref().map(|c| c.me) else {
             return;
         };
@@ -163,7 +163,7 @@ impl Broker {
                 }
                 Some(m) if m.config == config => {}
                 _ => self.submit_internal(
-                    io,
+                    sink,
                     Cmd::Meta(MetaCommand::StreamPut {
                         name: name.clone(),
                         owner: me,
@@ -180,7 +180,7 @@ impl Broker {
                     .is_some_and(|c| c.config == config);
                 if !known {
                     self.submit_internal(
-                        io,
+                        sink,
                         Cmd::Meta(MetaCommand::ConsumerPut {
                             stream: name.clone(),
                             name: consumer,
@@ -194,11 +194,11 @@ impl Broker {
 
     /// On the owner, every [`CURSOR_EVERY`]: one `Cursors` change per
     /// stream whose consumers moved.
-    pub(crate) fn replicate_cursors(&mut self, io: &mut Io<'_>) {
+    pub(crate) fn replicate_cursors(&mut self, sink: &mut dyn Sink) {
         if self.cluster.is_none() {
             return;
         }
-        let now = io.now();
+        let now = sink.now();
         if self.cursor_log.next.is_some_and(|n| n > now) {
             return;
         }
@@ -222,7 +222,7 @@ impl Broker {
             });
         }
         for (stream, cursors) in moved {
-            self.submit_internal(io, Cmd::Meta(MetaCommand::Cursors { stream, cursors }));
+            self.submit_internal(sink, Cmd::Meta(MetaCommand::Cursors { stream, cursors }));
         }
     }
 }

@@ -15,7 +15,7 @@ use super::streams::{
     after_events, ConsumerSummary, OpenStream, FETCH_BYTES_MAX, PUSH_PER_TURN_MAX,
 };
 use super::subs::SubTable;
-use crate::net::{ConnId, Io};
+use crate::port::{ConnId, Sink};
 use crate::protocol::socketio::{self, Kind};
 use crate::protocol::stream_messages::AckPolicy;
 use crate::stream::stream::{Msg, Stream};
@@ -76,7 +76,7 @@ impl RemotePush {
 /// Push deliveries of one stream's push consumers; true if one of them
 /// stopped at its per-turn cap with more to send.
 pub(super) fn push_slot(
-    io: &mut Io<'_>,
+    sink: &mut dyn Sink,
     subs: &mut SubTable,
     remote: &mut RemotePush,
     slot: &mut OpenStream,
@@ -102,14 +102,14 @@ pub(super) fn push_slot(
         .collect();
     let mut more = false;
     for name in names {
-        more |= push_one(io, subs, remote, slot, &name, now, pick);
+        more |= push_one(sink, subs, remote, slot, &name, now, pick);
     }
     more
 }
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn push_one(
-    io: &mut Io<'_>,
+    sink: &mut dyn Sink,
     subs: &mut SubTable,
     remote: &mut RemotePush,
     slot: &mut OpenStream,
@@ -199,11 +199,11 @@ pub(super) fn push_one(
                 b"2[\"msg\",{\"sid\":"
             };
             let queued = match &shared {
-                Some(tail) => io.send_text_shared(conn, &[head, s.sid_json.as_bytes()], tail),
-                None => io.send_text(conn, &[head, s.sid_json.as_bytes(), &tail]),
+                Some(tail) => sink.send_text_shared(conn, &[head, s.sid_json.as_bytes()], tail),
+                None => sink.send_text(conn, &[head, s.sid_json.as_bytes(), &tail]),
             };
             if queued && m.binary {
-                io.send_binary(conn, &m.data);
+                sink.send_binary(conn, &m.data);
             }
             if let Some(end) = subs.delivered(key) {
                 subs.ended.push(end);
@@ -374,7 +374,7 @@ pub(super) fn message_body(seq: u64, m: &Msg) -> (String, Vec<Vec<u8>>) {
 /// Sends the ack `ack_id` with `body`: an ACK, or a BINARY_ACK followed
 /// by `attachments` in binary frames when there are any.
 pub(super) fn send_ack(
-    io: &mut Io<'_>,
+    sink: &mut dyn Sink,
     head: &mut Vec<u8>,
     conn: ConnId,
     ack_id: u64,
@@ -388,9 +388,9 @@ pub(super) fn send_ack(
     };
     head.clear();
     socketio::write_header(head, kind, attachments.len(), "/", Some(ack_id));
-    if io.send_text(conn, &[head, body]) {
+    if sink.send_text(conn, &[head, body]) {
         for a in attachments {
-            io.send_binary(conn, a);
+            sink.send_binary(conn, a);
         }
     }
 }

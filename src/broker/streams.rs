@@ -27,7 +27,7 @@ use super::stream_out::{
 };
 use super::sublist::Sublist;
 use super::subs::SubTable;
-use crate::net::{ConnId, Io};
+use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_with, ApiError, Code, OK_BODY};
 use crate::protocol::socketio::{self, Kind};
 use crate::protocol::stream_messages::{
@@ -603,7 +603,7 @@ impl Streams {
     /// out later (held for a write, or a waiting fetch).
     pub fn event(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         conn: ConnId,
         name: &str,
         arg: Option<&serde_json::value::RawValue>,
@@ -636,20 +636,20 @@ impl Streams {
                 format!("streams are unavailable: {why}"),
             )));
         }
-        let now = io.now();
+        let now = sink.now();
         let v = |r: Result<Option<Value>, ApiError>| r.map(|b| b.map(ok_with));
         let r = match name {
             "stream.create" => v(self.stream_create(parse_obj(arg)).map(Some)),
             "stream.info" => v(parse_arg::<NameReq>(arg).and_then(|r| self.stream_info(&r.name))),
             "stream.list" => v(self.stream_list()),
             "stream.delete" => {
-                v(parse_arg::<NameReq>(arg).and_then(|r| self.stream_delete(io, &r.name)))
+                v(parse_arg::<NameReq>(arg).and_then(|r| self.stream_delete(sink, &r.name)))
             }
             "stream.purge" => parse_arg::<PurgeReq>(arg)
                 .and_then(|r| self.stream_purge(conn, ack_id, r, now))
                 .map(|()| None),
             "stream.get" => {
-                parse_arg::<GetReq>(arg).and_then(|r| self.stream_get(io, conn, ack_id, r))
+                parse_arg::<GetReq>(arg).and_then(|r| self.stream_get(sink, conn, ack_id, r))
             }
             "consumer.create" => {
                 v(parse_arg::<ConsumerCreate>(arg).and_then(|r| self.consumer_create(r)))
@@ -662,9 +662,9 @@ impl Streams {
                 v(parse_arg::<StreamReq>(arg).and_then(|r| self.consumer_list(&r.stream)))
             }
             "consumer.delete" => v(parse_arg::<ConsumerReq>(arg)
-                .and_then(|r| self.consumer_delete(io, &r.stream, &r.name))),
+                .and_then(|r| self.consumer_delete(sink, &r.stream, &r.name))),
             "consumer.fetch" => {
-                parse_arg::<FetchReq>(arg).and_then(|r| self.fetch(io, conn, ack_id, r, now))
+                parse_arg::<FetchReq>(arg).and_then(|r| self.fetch(sink, conn, ack_id, r, now))
             }
             _ => parse_arg::<AckReq>(arg)
                 .and_then(|r| self.ack_event(conn, ack_id, name, r, now))
@@ -778,7 +778,11 @@ impl Streams {
         Ok(Some(json!({ "streams": list })))
     }
 
-    fn stream_delete(&mut self, io: &mut Io<'_>, name: &str) -> Result<Option<Value>, ApiError> {
+    fn stream_delete(
+        &mut self,
+        sink: &mut dyn Sink,
+        name: &str,
+    ) -> Result<Option<Value>, ApiError> {
         if self.broken.contains_key(name) {
             return Err(self
                 .slot(name)
@@ -805,7 +809,7 @@ impl Streams {
         }
         // Acks waiting on the deleted stream's files have nothing left to
         // wait for: they are answered now, and so are fetches waiting on it.
-        self.end_waits(io, |w| &*w.stream == name);
+        self.end_waits(sink, |w| &*w.stream == name);
         let mut now = Vec::new();
         self.held.retain_mut(|(_, h)| {
             let gone = &*h.stream == name;
@@ -822,7 +826,7 @@ impl Streams {
             !gone
         });
         for h in now {
-            self.answer(io, &h, None);
+            self.answer(sink, &h, None);
         }
         Ok(Some(json!({})))
     }
@@ -859,7 +863,7 @@ impl Streams {
     /// binary `data` is answered here, as a BINARY_ACK (then `None`).
     fn stream_get(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         conn: ConnId,
         ack_id: Option<u64>,
         r: GetReq,
@@ -882,7 +886,7 @@ impl Streams {
         }
         if let Some(ack_id) = ack_id {
             send_ack(
-                io,
+                sink,
                 &mut self.head,
                 conn,
                 ack_id,
@@ -976,7 +980,7 @@ impl Streams {
 
     fn consumer_delete(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         stream: &str,
         name: &str,
     ) -> Result<Option<Value>, ApiError> {
@@ -1002,13 +1006,13 @@ impl Streams {
         }
         slot.touched = true;
         let stream_name = Rc::clone(&slot.name);
-        self.end_waits(io, |w| w.stream == stream_name && w.consumer == name);
+        self.end_waits(sink, |w| w.stream == stream_name && w.consumer == name);
         Ok(Some(json!({})))
     }
 
     /// Answers the waiting fetches that `gone` picks with `not_found`:
     /// their consumer or stream was deleted.
-    fn end_waits(&mut self, io: &mut Io<'_>, gone: impl Fn(&Wait) -> bool) {
+    fn end_waits(&mut self, sink: &mut dyn Sink, gone: impl Fn(&Wait) -> bool) {
         let mut i = 0;
         while i < self.waits.len() {
             if !gone(&self.waits[i]) {
@@ -1023,13 +1027,13 @@ impl Streams {
             );
             self.head.clear();
             socketio::write_header(&mut self.head, Kind::Ack, 0, "/", Some(w.ack_id));
-            io.send_text(w.conn, &[&self.head, e.ack_body().as_bytes()]);
+            sink.send_text(w.conn, &[&self.head, e.ack_body().as_bytes()]);
         }
     }
 
     fn fetch(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         conn: ConnId,
         ack_id: Option<u64>,
         r: FetchReq,
@@ -1090,7 +1094,7 @@ impl Streams {
             }
             // Binary messages: a BINARY_ACK, sent here.
             send_ack(
-                io,
+                sink,
                 &mut self.head,
                 conn,
                 ack_id,
@@ -1173,14 +1177,14 @@ impl Streams {
     /// release of every ack that write made true.
     pub fn tick(
         &mut self,
-        io: &mut Io<'_>,
+        sink: &mut dyn Sink,
         subs: &mut SubTable,
         remote: &mut super::stream_out::RemotePush,
     ) {
         if self.down.is_some() {
             return;
         }
-        let now = io.now();
+        let now = sink.now();
         self.wall = WallClock::read(now);
         let now_ms = self.wall.ms_at(now);
         let sweep = subs.len() != self.last_subs || now >= self.next_sweep;
@@ -1195,12 +1199,12 @@ impl Streams {
                 continue;
             }
             maintain(slot, now, now_ms);
-            more |= push_slot(io, subs, remote, slot, now, &mut self.pick);
+            more |= push_slot(sink, subs, remote, slot, now, &mut self.pick);
             plan_slot(slot, now, now_ms);
         }
-        self.serve_waits(io, now);
+        self.serve_waits(sink, now);
         self.flush_all(now, now_ms);
-        self.release(io);
+        self.release(sink);
         self.plan(now, more);
     }
 
@@ -1235,8 +1239,8 @@ impl Streams {
     }
 
     /// The fsync thread finished a round: release what it covered.
-    pub fn woken(&mut self, io: &mut Io<'_>) {
-        self.release(io);
+    pub fn woken(&mut self, sink: &mut dyn Sink) {
+        self.release(sink);
     }
 
     /// The broker is stopping (before any client is told): writes what
@@ -1249,13 +1253,13 @@ impl Streams {
     /// the round goes on (the fsync thread finishes it when the syncer is
     /// dropped), but their publishers are never told.
     /// An fsync failure answers them with `internal` instead.
-    pub fn shutdown(&mut self, io: &mut Io<'_>, within: Duration) {
+    pub fn shutdown(&mut self, sink: &mut dyn Sink, within: Duration) {
         if self.root.is_none() {
             return;
         }
         let t0 = Instant::now();
         if self.down.is_none() {
-            let now = io.now();
+            let now = sink.now();
             self.flush_all(now, self.wall.ms_at(now));
         }
         let synced = self
@@ -1263,7 +1267,7 @@ impl Streams {
             .as_ref()
             .map_or(Ok(true), |s| s.sync_now(within));
         let held = self.held.len();
-        self.release(io);
+        self.release(sink);
         let sent = held - self.held.len();
         let ms = t0.elapsed().as_millis();
         match synced {
@@ -1330,7 +1334,7 @@ impl Streams {
         self.held.extend(self.unflushed.drain(..).map(|h| (t, h)));
     }
 
-    fn release(&mut self, io: &mut Io<'_>) {
+    fn release(&mut self, sink: &mut dyn Sink) {
         let failure = self.syncer.as_ref().and_then(|s| s.failure());
         let failure = failure.or_else(|| self.down.clone());
         while let Some((t, _)) = self.held.front() {
@@ -1343,13 +1347,13 @@ impl Streams {
                 break;
             };
             let error = if covered { None } else { failure.as_deref() };
-            self.answer(io, &h, error);
+            self.answer(sink, &h, error);
         }
     }
 
     /// Sends one held ack: its reply, or `internal` when what it confirms
     /// could not be made durable.
-    fn answer(&mut self, io: &mut Io<'_>, h: &Held, error: Option<&str>) {
+    fn answer(&mut self, sink: &mut dyn Sink, h: &Held, error: Option<&str>) {
         self.body.clear();
         match (error, &h.reply) {
             (Some(f), _) => {
@@ -1371,10 +1375,10 @@ impl Streams {
         }
         self.head.clear();
         socketio::write_header(&mut self.head, Kind::Ack, 0, "/", Some(h.ack_id));
-        io.send_text(h.conn, &[&self.head, &self.body]);
+        sink.send_text(h.conn, &[&self.head, &self.body]);
     }
 
-    fn serve_waits(&mut self, io: &mut Io<'_>, now: Instant) {
+    fn serve_waits(&mut self, sink: &mut dyn Sink, now: Instant) {
         if self.waits.is_empty() {
             return;
         }
@@ -1410,7 +1414,7 @@ impl Streams {
             let w = self.waits.remove(i);
             let text = fetch_body(&body);
             send_ack(
-                io,
+                sink,
                 &mut self.head,
                 w.conn,
                 w.ack_id,

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::groups::{GroupMode, Groups};
 use super::sublist::{Match, Sublist};
-use crate::net::ConnId;
+use crate::port::ConnId;
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::subject;
 

@@ -1,5 +1,6 @@
-//! One connection's state and buffers, and [`Io`]: the handle through which
-//! a handler queues Engine.IO packets onto connections. Every connection
+//! One connection's state and buffers, and [`Io`]: the loop's
+//! [`Sink`], through which a handler queues Engine.IO packets onto
+//! connections. Every connection
 //! writes through a bounded outbound buffer; past the bound it is closed as
 //! a slow consumer, so a client that stops reading cannot grow memory.
 //!
@@ -20,8 +21,8 @@ use super::ws;
 use crate::protocol::engineio::Heartbeat;
 use tungstenite::protocol::frame::coding::OpCode;
 
-/// Index of a connection in the loop's slab.
-pub type ConnId = usize;
+use crate::port::Sink;
+pub use crate::port::{ConnId, NetStats, Shared};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
@@ -40,11 +41,6 @@ pub enum State {
 /// A buffer this large is released when it empties, so idle connections
 /// hold no memory.
 pub const BUFFER_KEEP_BYTES_MAX: usize = 64 * 1024;
-
-/// Bytes several connections queue by reference (the shared part of one
-/// delivery), written from where they are with `writev`. An `Arc`, so the
-/// event loop stays `Send` (a fixture runs it on a thread of its own).
-pub type Shared = Arc<[u8]>;
 
 /// Slices handed to one `writev` at most (Linux's `IOV_MAX` is 1024).
 const IOVECS_MAX: usize = 512;
@@ -67,20 +63,6 @@ pub struct Splices {
 
 /// How long a lagging receiver may pause the connections that write to it.
 pub const LAG_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Counters the loop keeps; the handler reports them in metrics.
-#[derive(Debug, Default, Clone)]
-pub struct NetStats {
-    pub connections_open: u64,
-    pub connections_total: u64,
-    pub sessions_open: u64,
-    pub slow_consumers: u64,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-    pub http_requests: u64,
-    /// Sessions currently on the long-polling transport.
-    pub polling_sessions: u64,
-}
 
 pub struct Conn {
     /// `None` for a long-polling session.
@@ -623,6 +605,48 @@ impl Io<'_> {
                 serial: c.serial,
             }));
         }
+    }
+}
+
+/// The loop's sink: a handler's actions go straight into the connections'
+/// outbound buffers.
+impl Sink for Io<'_> {
+    fn now(&self) -> Instant {
+        Io::now(self)
+    }
+
+    fn stats(&self) -> &NetStats {
+        Io::stats(self)
+    }
+
+    fn is_open(&self, conn: ConnId) -> bool {
+        Io::is_open(self, conn)
+    }
+
+    fn eio(&self, conn: ConnId) -> u8 {
+        Io::eio(self, conn)
+    }
+
+    #[inline]
+    fn send_text(&mut self, conn: ConnId, parts: &[&[u8]]) -> bool {
+        Io::send_text(self, conn, parts)
+    }
+
+    #[inline]
+    fn send_text_shared(&mut self, conn: ConnId, parts: &[&[u8]], shared: &Shared) -> bool {
+        Io::send_text_shared(self, conn, parts, shared)
+    }
+
+    fn send_binary(&mut self, conn: ConnId, bytes: &[u8]) -> bool {
+        Io::send_binary(self, conn, bytes)
+    }
+
+    fn close(&mut self, conn: ConnId) {
+        Io::close(self, conn)
+    }
+
+    fn set_timer(&mut self, conn: ConnId, at: Option<Instant>) {
+        Io::set_timer(self, conn, at)
     }
 }
 

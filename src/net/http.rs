@@ -7,31 +7,10 @@ pub const HEAD_BYTES_MAX: usize = 8 * 1024;
 /// The most headers a request may carry.
 pub const HEADERS_MAX: usize = 64;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
-    pub method: String,
-    pub path: String,
-    pub query: String,
-    pub headers: Vec<(String, String)>,
-    /// The minor version of `HTTP/1.x`.
-    pub minor: u8,
-}
+pub use crate::port::{Request, Response};
 
+/// What the loop reads from a request head (the type is the port's).
 impl Request {
-    /// The first header named `name` (case-insensitive).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Whether a comma-separated header holds `token` (case-insensitive).
-    pub fn header_has_token(&self, name: &str, token: &str) -> bool {
-        self.header(name)
-            .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-    }
-
     /// Whether the connection may carry another request after the answer
     /// (HTTP/1.1 unless `Connection: close`; HTTP/1.0 only when asked).
     pub fn keep_alive(&self) -> bool {
@@ -59,14 +38,6 @@ impl Request {
             return Err(HttpError::BadRequest);
         }
         v.parse::<usize>().map_err(|_| HttpError::PayloadTooLarge)
-    }
-
-    /// A query parameter's raw value.
-    pub fn query_param(&self, key: &str) -> Option<&str> {
-        self.query.split('&').find_map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (k == key).then_some(v)
-        })
     }
 }
 
@@ -168,33 +139,9 @@ fn find_head_end(buf: &[u8]) -> Option<usize> {
     buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
 }
 
-/// A complete response; the connection closes after it unless upgraded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Response {
-    pub status: u16,
-    pub content_type: &'static str,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
+/// Encoding a response (the type is the port's); the connection closes
+/// after it unless kept alive or upgraded.
 impl Response {
-    pub fn new(status: u16, content_type: &'static str, body: impl Into<Vec<u8>>) -> Response {
-        Response {
-            status,
-            content_type,
-            headers: Vec::new(),
-            body: body.into(),
-        }
-    }
-
-    pub fn json(status: u16, body: impl Into<Vec<u8>>) -> Response {
-        Response::new(status, "application/json", body)
-    }
-
-    pub fn text(status: u16, body: impl Into<Vec<u8>>) -> Response {
-        Response::new(status, "text/plain; charset=utf-8", body)
-    }
-
     /// The status line, headers and body as bytes; the connection closes
     /// after it.
     pub fn encode(&self) -> Vec<u8> {

@@ -104,6 +104,8 @@ pub struct Server<H: Handler> {
     waker: Arc<Waker>,
     stop: Arc<AtomicBool>,
     trimmer: super::trim::Trimmer,
+    /// Whether the handler got the waker ([`Server::attach`]).
+    attached: bool,
 }
 
 /// Asks a running [`Server`] to shut down; cheap to clone, usable from
@@ -201,8 +203,6 @@ impl<H: Handler> Server<H> {
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        let mut handler = handler;
-        handler.attach(Arc::clone(&waker));
         let shell = Shell {
             conns: Vec::new(),
             free: Vec::new(),
@@ -236,7 +236,19 @@ impl<H: Handler> Server<H> {
             waker,
             stop: Arc::new(AtomicBool::new(false)),
             trimmer: super::trim::Trimmer::new(Instant::now()),
+            attached: false,
         })
+    }
+
+    /// Gives the handler the loop's waker ([`Handler::attach`]: it starts
+    /// its helper threads), once; an error is the handler's reason it
+    /// cannot serve. [`Server::run`] attaches first if this was not called.
+    pub fn attach(&mut self) -> Result<(), String> {
+        if !self.attached {
+            self.attached = true;
+            self.handler.attach(Arc::clone(&self.waker))?;
+        }
+        Ok(())
     }
 
     /// A handle that makes [`Server::run`] shut down (SIGTERM, tests).
@@ -254,6 +266,7 @@ impl<H: Handler> Server<H> {
     /// Runs the loop until a [`Stopper`] asks it to stop (then it shuts
     /// down cleanly and returns `Ok`) or the poller itself fails.
     pub fn run(&mut self) -> io::Result<()> {
+        self.attach().map_err(io::Error::other)?;
         let mut events = Events::with_capacity(1024);
         loop {
             let timeout = self.poll_timeout();
