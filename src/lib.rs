@@ -12,6 +12,8 @@
 //! - [`broker`]: the subscription index, queue groups, request/reply,
 //!   the control namespace, metrics; every state change goes through one
 //!   `apply` path.
+//! - [`routing`]: who receives what: the subscription index and table,
+//!   queue-group rules; used by the broker and the control-state machine.
 //! - [`storage`]: record framing, atomic state files and the fsync thread,
 //!   under streams and the Raft log alike.
 //! - [`stream`]: streams and consumers over an append-only segment store.
@@ -35,5 +37,6 @@ pub mod net;
 pub mod port;
 pub mod protocol;
 pub mod rand;
+pub mod routing;
 pub mod storage;
 pub mod stream;

@@ -17,6 +17,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("protocol", &["rand"]),
     ("config", &["storage"]),
     ("log", &["config"]),
+    ("routing", &["rand", "port", "protocol", "log"]),
     ("stream", &["rand", "storage", "protocol", "config", "log"]),
     ("net", &["rand", "port", "protocol", "config", "log"]),
     ("client", &["rand", "protocol"]),
@@ -24,24 +25,22 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "cluster",
         &[
-            "rand", "storage", "crypto", "protocol", "config", "log", "client",
+            "rand", "storage", "crypto", "protocol", "config", "log", "routing", "client",
         ],
     ),
     (
         "broker",
         &[
-            "rand", "storage", "crypto", "port", "protocol", "config", "log", "stream", "cluster",
+            "rand", "storage", "crypto", "port", "protocol", "config", "log", "routing", "stream",
+            "cluster",
         ],
     ),
 ];
 
-/// Imports that break the rules today and are known. Each is a whole
-/// module pair, so a new pair still fails.
-const EXCEPTIONS: &[(&str, &str)] = &[
-    // The control-state machine (cluster/fsm.rs) applies changes to the
-    // broker's own subscription table and group modes.
-    ("cluster", "broker"),
-];
+/// Imports that break the rules and are known, as whole module pairs (a
+/// new pair still fails). None today; the mechanism stays for a crossing
+/// that must land before its fix.
+const EXCEPTIONS: &[(&str, &str)] = &[];
 
 /// The top-level modules named by `crate::` paths in `text`, comments left
 /// out. `crate::log_warn!` and friends are `log`'s macros.
@@ -220,6 +219,13 @@ fn a_crossing_is_reported() {
         violations("broker", "use crate::net::Io;").unwrap(),
         ["net"]
     );
+    assert_eq!(
+        violations("cluster", "use crate::broker::Broker;").unwrap(),
+        ["broker"]
+    );
+    assert!(violations("cluster", "use crate::routing::subs::SubTable;")
+        .unwrap()
+        .is_empty());
     assert!(violations("broker", "use crate::port::{Handler, Sink};")
         .unwrap()
         .is_empty());

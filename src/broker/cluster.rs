@@ -14,10 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::groups::GroupMode;
 use super::session::NSP_ROOT;
-use super::sublist::Sublist;
-use super::subs::{Command, SubKey};
 use super::Broker;
 use crate::cluster::forward::{self, Forwarded};
 use crate::cluster::fsm::{Change, Cmd};
@@ -28,6 +25,9 @@ use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::socketio::{self, Kind};
 use crate::protocol::subject;
+use crate::routing::groups::GroupMode;
+use crate::routing::sublist::Sublist;
+use crate::routing::subs::{Command, SubKey};
 
 /// How long a client's change may wait for a leader before it is refused
 /// with `unavailable` (the contract allows 5 s).
@@ -1205,8 +1205,8 @@ impl Broker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::subs::Owner;
     use crate::cluster::fsm::Fsm;
+    use crate::routing::subs::Owner;
 
     #[test]
     fn applying_a_change_twice_changes_nothing() {

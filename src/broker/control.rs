@@ -6,15 +6,15 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::cluster::Reply;
-use super::groups::GroupMode;
 use super::session::NSP_CONTROL;
-use super::subs::Command;
 use super::Broker;
 use crate::cluster::fsm::Cmd;
 use crate::cluster::raft::Role;
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_body, ok_with, ApiError, Code};
 use crate::protocol::messages::{parse_arg, GroupSet};
+use crate::routing::groups::GroupMode;
+use crate::routing::subs::Command;
 
 impl Broker {
     /// Answers one `/control` event: the ack body as text, or `None` when
@@ -63,7 +63,7 @@ impl Broker {
                         "mode must be \"loadbalance\" or \"broadcast\"",
                     )
                 })?;
-                super::subs::check_queue(&req.queue)?;
+                crate::routing::subs::check_queue(&req.queue)?;
                 let cmd = Cmd::Subs(Command::GroupSet {
                     queue: req.queue,
                     mode,

@@ -9,13 +9,11 @@ use std::time::{Duration, Instant};
 use serde_json::value::RawValue;
 
 use super::cluster::{Cluster, ClusterSettings, Reply};
-use super::groups::GroupMode;
 use super::history::History;
 use super::metrics::Metrics;
 use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
 use super::session::{Session, NSP_CONTROL, NSP_ROOT};
 use super::streams::{Incoming, Streams};
-use super::subs::{Command, SubKey};
 use crate::cluster::forward::Forwarded;
 use crate::cluster::fsm::{Cmd, Fsm};
 use crate::crypto::token_eq;
@@ -24,6 +22,8 @@ use crate::protocol::errors::{ok_body, raw_text, ApiError, Code, OK_BODY};
 use crate::protocol::messages::{self, event_arg, ArgError, Pub, Sub, Unsub};
 use crate::protocol::socketio::{self, Kind, Packet};
 use crate::protocol::subject;
+use crate::routing::groups::GroupMode;
+use crate::routing::subs::{Command, SubKey};
 
 /// Room the open packet's maxPayload leaves above `-max-payload` for the
 /// event envelope, so an oversized `data` gets an ack instead of a close.
@@ -278,7 +278,7 @@ impl Broker {
     }
 
     /// The owner this socket's subscriptions are made under.
-    fn owner(&self, conn: ConnId) -> Option<super::subs::Owner> {
+    fn owner(&self, conn: ConnId) -> Option<crate::routing::subs::Owner> {
         let serial = self.sessions.get(conn)?.as_ref()?.serial;
         (serial != 0).then(|| self.fsm.subs.local_owner(serial))
     }

@@ -1,12 +1,10 @@
 //! The broker core, above the transport and without I/O: it sees the
 //! event loop only through `crate::port` (events in, actions into a
-//! `Sink`), so it runs in-process in tests. Subjects and the subscription
-//! index, the subscription table with its one `apply` path, queue groups,
-//! request/reply inboxes, the control namespace and metrics.
+//! `Sink`), so it runs in-process in tests. Deliveries by the
+//! subscription table (`crate::routing`, changed through the one `apply`
+//! path of `cluster/fsm.rs`), request/reply inboxes, streams, cluster
+//! mode's glue, the control namespace and metrics.
 //!
-//! - [`sublist`]: the token trie with a bounded match cache.
-//! - [`subs`]: subscriptions and [`subs::Command`], applied in one place.
-//! - [`groups`]: queue-group rules (loadbalance / broadcast).
 //! - [`session`]: one client's Socket.IO state (namespaces, attachments).
 //! - [`dispatch`]: the [`Broker`], the port's `Handler`: events in,
 //!   deliveries and acks out into the caller's `Sink`.
@@ -28,7 +26,6 @@ pub mod cluster;
 pub mod control;
 pub mod dashboard;
 pub mod dispatch;
-pub mod groups;
 pub mod history;
 pub mod lifecycle;
 pub mod metrics;
@@ -37,7 +34,5 @@ pub mod session;
 pub mod stream_cluster;
 pub mod stream_out;
 pub mod streams;
-pub mod sublist;
-pub mod subs;
 
 pub use dispatch::{Broker, BrokerConfig};

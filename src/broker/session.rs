@@ -20,7 +20,7 @@ pub struct Session {
     pub attachments: Reassembly,
     /// Counter for server-assigned subscription sids.
     pub next_sid: u64,
-    /// This socket's serial in `/` (see [`super::subs::Owner`]); a new one
+    /// This socket's serial in `/` (see [`crate::routing::subs::Owner`]); a new one
     /// each time it joins, 0 while it is not in `/`.
     pub serial: u64,
     /// A subscribe was made under `serial` (it may still be on its way

@@ -10,14 +10,14 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use super::groups::GroupMode;
 use super::streams::{
     after_events, ConsumerSummary, OpenStream, FETCH_BYTES_MAX, PUSH_PER_TURN_MAX,
 };
-use super::subs::SubTable;
 use crate::port::{ConnId, Sink};
 use crate::protocol::socketio::{self, Kind};
 use crate::protocol::stream_messages::AckPolicy;
+use crate::routing::groups::GroupMode;
+use crate::routing::subs::SubTable;
 use crate::stream::stream::{Msg, Stream};
 
 /// In a cluster: the nodes push deliveries can reach now, and the

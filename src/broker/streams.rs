@@ -25,8 +25,6 @@ use serde_json::{json, Value};
 use super::stream_out::{
     consumer_json, fetch_body, message_body, push_slot, push_str, send_ack, stream_json, take_batch,
 };
-use super::sublist::Sublist;
-use super::subs::SubTable;
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_with, ApiError, Code, OK_BODY};
 use crate::protocol::socketio::{self, Kind};
@@ -34,6 +32,8 @@ use crate::protocol::stream_messages::{
     self as sm, AckReq, ConsumerConfig, ConsumerCreate, ConsumerReq, DeliverPolicy, FetchReq,
     GetReq, NameReq, PurgeReq, Retention, StreamConfig, StreamReq,
 };
+use crate::routing::sublist::Sublist;
+use crate::routing::subs::SubTable;
 use crate::storage::sync::{FileKey, SyncPolicy, Syncer, Ticket};
 use crate::stream::consumer::{Consumer, Event};
 use crate::stream::meta::{ConsumerSnap, MetaLog, Snapshot};

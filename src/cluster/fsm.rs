@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::broker::subs::{Command, Owner, SubTable};
 use crate::protocol::errors::{ApiError, Code};
+use crate::routing::subs::{Command, Owner, SubTable};
 
 /// Most streams the registry records (the broker's own cap is lower).
 pub const STREAMS_MAX: usize = 10_000;
@@ -134,7 +134,7 @@ pub struct Fsm {
 struct Image {
     applied: u64,
     subs: Vec<SubImage>,
-    groups: Vec<(String, crate::broker::groups::GroupMode)>,
+    groups: Vec<(String, crate::routing::groups::GroupMode)>,
     streams: BTreeMap<String, StreamMeta>,
     #[serde(default)]
     boots: BTreeMap<u64, u64>,
@@ -350,7 +350,7 @@ impl Fsm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::groups::GroupMode;
+    use crate::routing::groups::GroupMode;
 
     fn sub(node: u64, conn: u64, sid: &str, pattern: &str) -> Cmd {
         Cmd::Subs(Command::Subscribe {

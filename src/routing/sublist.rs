@@ -11,7 +11,7 @@
 //! patterns that could match it, never on the total number of subscriptions.
 //!
 //! Patterns and subjects are validated by the caller (see
-//! [`super::subject`]); this module trusts them.
+//! [`crate::protocol::subject`]); this module trusts them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
