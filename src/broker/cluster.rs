@@ -315,6 +315,14 @@ impl Cluster {
         forward::push(self.batches.entry(node).or_default(), m);
     }
 
+    /// The forward batches of this turn, per node in the order they
+    /// filled: what the turn sends toward each peer.
+    pub fn take_batches(&mut self) -> Vec<(u64, Vec<u8>)> {
+        let mut batches = std::mem::take(&mut self.full_batches);
+        batches.extend(std::mem::take(&mut self.batches));
+        batches
+    }
+
     /// Which node owns the stream capturing `subject`, if another does.
     pub fn remote_capture(&mut self, fsm: &crate::cluster::fsm::Fsm, subject: &str) -> Option<u64> {
         if self.capture_dirty {
@@ -766,9 +774,7 @@ impl Broker {
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
-        let mut batches = std::mem::take(&mut c.full_batches);
-        batches.extend(std::mem::take(&mut c.batches));
-        for (node, batch) in batches {
+        for (node, batch) in c.take_batches() {
             let sent = c
                 .link_to(node)
                 .is_some_and(|l| c.links.as_ref().is_some_and(|ls| ls.forward(l, batch)));
@@ -1202,6 +1208,36 @@ impl Broker {
 /// Keeps `c` usable when an entry is applied twice (a change resent after
 /// a leader change): subscribing with a sid already taken is refused and
 /// removals are idempotent, so a repeat changes nothing.
+/// Raft's and the links' part, played by in-process tests of the core:
+/// what the core handed to Raft, and the events Raft and the links would
+/// bring back.
+#[cfg(test)]
+impl Broker {
+    /// The changes this node is waiting to see committed, oldest first.
+    pub(crate) fn proposals(&self) -> Vec<Change> {
+        self.cluster.as_ref().map_or(Vec::new(), |c| {
+            c.waiters
+                .values()
+                .filter_map(|w| Change::decode(&w.data).ok())
+                .collect()
+        })
+    }
+
+    /// Raft committed `change` at `index`: the event the Raft thread
+    /// reports through the waker.
+    pub(crate) fn raft_applied(&mut self, sink: &mut dyn Sink, index: u64, change: &Change) {
+        let data = change.encode();
+        self.on_raft(sink, FromRaft::Apply { index, data });
+    }
+
+    /// The peer link `link` now reaches `node` (`None`: it is down).
+    pub(crate) fn set_link(&mut self, link: usize, node: Option<u64>) {
+        if let Some(c) = self.cluster.as_mut() {
+            c.link_node[link] = node;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

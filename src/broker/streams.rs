@@ -7,7 +7,8 @@
 //! Writes are batched per loop turn: events of one turn queue records,
 //! [`Streams::tick`] writes every touched file once and only then lets
 //! the turn's acks go (at once after write(2), or when the fsync round
-//! covering them reports through the loop's waker, [`Streams::woken`]).
+//! covering them reports through the loop's waker, [`Streams::woken`]:
+//! under `-sync=always` that event is the only one that releases them).
 //!
 //! Bounds: [`STREAMS_MAX`] streams, [`CONSUMERS_PER_STREAM_MAX`] consumers
 //! per stream, [`WAITS_PER_CONN_MAX`] waiting fetches per connection,
@@ -171,6 +172,11 @@ pub struct Streams {
     held: VecDeque<(Ticket, Held)>,
     /// The highest ticket handed out so far.
     ticket: Ticket,
+    /// The last fsync round the loop has heard of ([`Streams::woken`]):
+    /// held acks are released only up to it, so an ack goes out on the
+    /// event that reports its fsync, never on a read of the thread's
+    /// progress in between.
+    synced: Ticket,
     waits: Vec<Wait>,
     head: Vec<u8>,
     body: Vec<u8>,
@@ -293,6 +299,7 @@ impl Streams {
             unflushed: Vec::new(),
             held: VecDeque::new(),
             ticket: 0,
+            synced: 0,
             waits: Vec::new(),
             head: Vec::with_capacity(32),
             body: Vec::with_capacity(256),
@@ -1238,9 +1245,18 @@ impl Streams {
         self.next_at = at;
     }
 
-    /// The fsync thread finished a round: release what it covered.
+    /// The fsync thread finished a round (it calls the loop's waker after
+    /// each): release what it covered.
     pub fn woken(&mut self, sink: &mut dyn Sink) {
+        self.hear_syncer();
         self.release(sink);
+    }
+
+    /// Takes in the fsync rounds completed so far.
+    fn hear_syncer(&mut self) {
+        if let Some(s) = &self.syncer {
+            self.synced = self.synced.max(s.done());
+        }
     }
 
     /// The broker is stopping (before any client is told): writes what
@@ -1267,6 +1283,7 @@ impl Streams {
             .as_ref()
             .map_or(Ok(true), |s| s.sync_now(within));
         let held = self.held.len();
+        self.hear_syncer();
         self.release(sink);
         let sent = held - self.held.len();
         let ms = t0.elapsed().as_millis();
@@ -1338,8 +1355,7 @@ impl Streams {
         let failure = self.syncer.as_ref().and_then(|s| s.failure());
         let failure = failure.or_else(|| self.down.clone());
         while let Some((t, _)) = self.held.front() {
-            let covered =
-                !self.policy.acks_wait() || self.syncer.as_ref().is_none_or(|s| s.covered(*t));
+            let covered = !self.policy.acks_wait() || self.syncer.is_none() || *t <= self.synced;
             if !covered && failure.is_none() {
                 break;
             }
