@@ -36,3 +36,6 @@ pub mod stream_out;
 pub mod streams;
 
 pub use dispatch::{Broker, BrokerConfig};
+
+#[cfg(test)]
+mod tests;
