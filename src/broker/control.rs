@@ -6,6 +6,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::cluster::Reply;
+use super::events::{self, Route};
 use super::session::NSP_CONTROL;
 use super::Broker;
 use crate::cluster::fsm::Cmd;
@@ -33,16 +34,17 @@ impl Broker {
             .get(conn)
             .and_then(Option::as_ref)
             .is_some_and(|s| s.peer);
-        match name {
+        let route = events::find(NSP_CONTROL, name).map(|e| e.route);
+        match route {
             // Node-to-node events: only for connections that presented
             // the cluster token (docs/PROTOCOL.md, "Node-to-node trust").
-            "cluster.command" | "cluster.forward" if !peer => Err(ApiError::new(
+            Some(Route::ClusterCommand | Route::ClusterForward) if !peer => Err(ApiError::new(
                 Code::Unauthorized,
                 format!("{name} is for cluster members: it needs the cluster token"),
             )),
-            "cluster.command" => self.cluster_command(conn, ack_id, arg),
-            "cluster.forward" => self.cluster_forward(sink, attachments),
-            other => self.control_query(sink, conn, ack_id, other, arg),
+            Some(Route::ClusterCommand) => self.cluster_command(conn, ack_id, arg),
+            Some(Route::ClusterForward) => self.cluster_forward(sink, attachments),
+            other => self.control_query(sink, conn, ack_id, other, name, arg),
         }
     }
 
@@ -51,11 +53,12 @@ impl Broker {
         sink: &mut dyn Sink,
         conn: ConnId,
         ack_id: Option<u64>,
+        route: Option<Route>,
         name: &str,
         arg: Option<&RawValue>,
     ) -> Result<Option<String>, ApiError> {
-        let answer = match name {
-            "group.set" => {
+        let answer = match route {
+            Some(Route::GroupSet) => {
                 let req: GroupSet = parse_arg(arg)?;
                 let mode = GroupMode::parse(&req.mode).ok_or_else(|| {
                     ApiError::new(
@@ -76,7 +79,7 @@ impl Broker {
                 });
                 return self.submit(sink, cmd, reply);
             }
-            "group.list" => {
+            Some(Route::GroupList) => {
                 let groups: Vec<_> = self
                     .fsm
                     .subs
@@ -86,7 +89,7 @@ impl Broker {
                     .collect();
                 Ok(ok_with(json!({ "groups": groups })))
             }
-            "server.info" => {
+            Some(Route::ServerInfo) => {
                 let mut info = json!({
                     "node_id": self.cfg.node_id,
                     "version": env!("CARGO_PKG_VERSION"),
@@ -100,11 +103,8 @@ impl Broker {
                 }
                 Ok(ok_with(info))
             }
-            "cluster.status" => Ok(ok_with(self.cluster_status())),
-            other => Err(ApiError::new(
-                Code::BadRequest,
-                format!("unknown event {other:?} on /control"),
-            )),
+            Some(Route::ClusterStatus) => Ok(ok_with(self.cluster_status())),
+            _ => Err(events::unknown(NSP_CONTROL, name)),
         };
         answer.map(Some)
     }

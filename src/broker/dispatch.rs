@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::value::RawValue;
 
 use super::cluster::{Cluster, ClusterSettings, Reply};
+use super::events::{self, Route};
 use super::history::History;
 use super::metrics::Metrics;
 use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
@@ -370,19 +371,20 @@ impl Broker {
         ack_id: Option<u64>,
         attachments: &[Vec<u8>],
     ) -> Result<Answer, ArgError> {
-        match name {
-            "pub" => {
+        let route = events::find(NSP_ROOT, name).map(|e| e.route);
+        match route {
+            Some(Route::Pub) => {
                 let p: Pub = event_arg(data)?;
                 match self.publish(sink, conn, ack_id, &p, attachments)? {
                     true => Ok(Answer::Later),
                     false => Ok(Answer::Ok),
                 }
             }
-            "sub" => {
+            Some(Route::Sub) => {
                 let s: Sub = event_arg(data)?;
                 Ok(self.subscribe(sink, conn, ack_id, s)?)
             }
-            "unsub" => {
+            Some(Route::Unsub) => {
                 let u: Unsub = event_arg(data)?;
                 let sid = u.sid.into_string();
                 let owner = self.owner(conn).ok_or_else(no_session)?;
@@ -407,29 +409,27 @@ impl Broker {
                     .submit(sink, cmd, reply)?
                     .map_or(Answer::Later, Answer::Now))
             }
-            "request" => {
+            Some(Route::Request) => {
                 let r: messages::Request = event_arg(data)?;
                 Ok(self.request(sink, conn, &r, ack_id, attachments)?)
             }
-            "ping" => {
+            Some(Route::Ping) => {
                 socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
                 Ok(Answer::Ok)
             }
             other => {
                 let ev = socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
                 let arg = ev.args.first().copied();
+                let Some(Route::Stream(op)) = other else {
+                    return Err(ArgError::Api(events::unknown(NSP_ROOT, name)));
+                };
                 if let Some(r) =
-                    self.clustered_stream_event(sink, conn, other, arg, ack_id, attachments)
+                    self.clustered_stream_event(sink, conn, op, name, arg, ack_id, attachments)
                 {
                     return Ok(r?.map_or(Answer::Later, Answer::Now));
                 }
-                if let Some(r) = self.streams.event(sink, conn, other, arg, ack_id) {
-                    return Ok(r?.map_or(Answer::Later, Answer::Now));
-                }
-                Err(ArgError::Api(ApiError::new(
-                    Code::BadRequest,
-                    format!("unknown event {other:?}"),
-                )))
+                let r = self.streams.event(sink, conn, op, name, arg, ack_id);
+                Ok(r?.map_or(Answer::Later, Answer::Now))
             }
         }
     }

@@ -8,6 +8,8 @@
 //! - [`session`]: one client's Socket.IO state (namespaces, attachments).
 //! - [`dispatch`]: the [`Broker`], the port's `Handler`: events in,
 //!   deliveries and acks out into the caller's `Sink`.
+//! - [`events`]: the one table of events: name, namespace, argument
+//!   type, handler; unknown names are answered from it.
 //! - [`requests`]: request/reply inboxes and their timeouts.
 //! - [`control`]: `/control` events.
 //! - [`cluster`]: cluster mode: changes through Raft, forwarding to peer
@@ -26,6 +28,7 @@ pub mod cluster;
 pub mod control;
 pub mod dashboard;
 pub mod dispatch;
+pub mod events;
 pub mod history;
 pub mod lifecycle;
 pub mod metrics;

@@ -13,6 +13,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::cluster::{Reply, PROPOSE_WAIT};
+use super::events::StreamOp;
 use super::session::NSP_ROOT;
 use super::Broker;
 use crate::cluster::fsm::{Cmd, Cursor, CursorPos, MetaCommand};
@@ -22,19 +23,6 @@ use crate::protocol::errors::ApiError;
 /// How often an owner replicates the cursors that moved.
 pub const CURSOR_EVERY: Duration = Duration::from_millis(100);
 
-/// The stream events, and whether the stream is named by `name` (the
-/// `stream.*` events) or by `stream` (the rest).
-fn names_stream_by(event: &str) -> Option<&'static str> {
-    match event {
-        "stream.create" | "stream.info" | "stream.delete" | "stream.purge" | "stream.get" => {
-            Some("name")
-        }
-        "consumer.create" | "consumer.info" | "consumer.list" | "consumer.delete"
-        | "consumer.fetch" | "ack" | "nak" | "term" | "wip" => Some("stream"),
-        _ => None,
-    }
-}
-
 /// Cursors last replicated, per (stream, consumer).
 #[derive(Debug, Default)]
 pub(crate) struct CursorLog {
@@ -43,14 +31,16 @@ pub(crate) struct CursorLog {
 }
 
 impl Broker {
-    /// A stream event in cluster mode: relayed to the owning node,
-    /// gathered (`stream.list`), or handled here and its metadata change
-    /// replicated. `None`: not in a cluster or not a stream event, handle
-    /// it as a single node does.
+    /// A stream event (`op`, named `event`) in cluster mode: relayed to
+    /// the owning node, gathered (`stream.list`), or handled here and its
+    /// metadata change replicated. `None`: not in a cluster, handle it as
+    /// a single node does.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn clustered_stream_event(
         &mut self,
         sink: &mut dyn Sink,
         conn: ConnId,
+        op: StreamOp,
         event: &str,
         arg: Option<&RawValue>,
         ack_id: Option<u64>,
@@ -58,9 +48,9 @@ impl Broker {
     ) -> Option<Result<Option<String>, ApiError>> {
         let cluster = self.cluster.as_ref()?;
         let me = cluster.me;
-        if event == "stream.list" {
+        if op == StreamOp::StreamList {
             let from_peer = arg.is_some_and(|a| a.get().contains("\"local\":true"));
-            let local = self.streams.event(sink, conn, event, arg, ack_id)?;
+            let local = self.streams.event(sink, conn, op, event, arg, ack_id);
             if from_peer {
                 return Some(local);
             }
@@ -73,7 +63,7 @@ impl Broker {
             };
             return Some(self.gather_stream_list(conn, ack_id, streams));
         }
-        let field = names_stream_by(event)?;
+        let field = op.names_stream_by()?;
         let argv = arg
             .and_then(|a| serde_json::from_str::<Value>(a.get()).ok())
             .unwrap_or(Value::Null);
@@ -81,7 +71,7 @@ impl Broker {
         let name = text_of(field);
         let owner = name.as_deref().and_then(|n| self.fsm.stream_owner(n));
         if let Some(owner) = owner.filter(|&o| o != me) {
-            let timeout = if event == "consumer.fetch" {
+            let timeout = if op == StreamOp::ConsumerFetch {
                 let expires = argv
                     .get("expires_ms")
                     .and_then(Value::as_u64)
@@ -104,12 +94,8 @@ impl Broker {
         }
         // Ours (or unknown to the cluster): handle here, then replicate
         // what the cluster must know.
-        let meta = matches!(
-            event,
-            "stream.create" | "stream.delete" | "consumer.create" | "consumer.delete"
-        );
-        let local = self.streams.event(sink, conn, event, arg, ack_id)?;
-        if !meta {
+        let local = self.streams.event(sink, conn, op, event, arg, ack_id);
+        if !op.changes_meta() {
             return Some(local);
         }
         let body = match local {

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
+use super::events::StreamOp;
 use super::stream_out::{
     consumer_json, fetch_body, message_body, push_slot, push_str, send_ack, stream_json, take_batch,
 };
@@ -605,79 +606,62 @@ impl Streams {
         Ok(())
     }
 
-    /// A stream event (`stream.*`, `consumer.*`, `ack`, `nak`, `term`,
-    /// `wip`); `None` if `name` is not one. `Ok(None)` means the ack goes
-    /// out later (held for a write, or a waiting fetch).
+    /// A stream event (`op`, named `name`; see `events.rs`). `Ok(None)`
+    /// means the ack goes out later (held for a write, or a waiting
+    /// fetch).
     pub fn event(
         &mut self,
         sink: &mut dyn Sink,
         conn: ConnId,
+        op: StreamOp,
         name: &str,
         arg: Option<&serde_json::value::RawValue>,
         ack_id: Option<u64>,
-    ) -> Option<Result<Option<String>, ApiError>> {
-        let known = matches!(
-            name,
-            "stream.create"
-                | "stream.info"
-                | "stream.list"
-                | "stream.delete"
-                | "stream.purge"
-                | "stream.get"
-                | "consumer.create"
-                | "consumer.info"
-                | "consumer.list"
-                | "consumer.delete"
-                | "consumer.fetch"
-                | "ack"
-                | "nak"
-                | "term"
-                | "wip"
-        );
-        if !known {
-            return None;
-        }
+    ) -> Result<Option<String>, ApiError> {
         if let Some(why) = &self.down {
-            return Some(Err(ApiError::new(
+            return Err(ApiError::new(
                 Code::Unavailable,
                 format!("streams are unavailable: {why}"),
-            )));
+            ));
         }
         let now = sink.now();
         let v = |r: Result<Option<Value>, ApiError>| r.map(|b| b.map(ok_with));
-        let r = match name {
-            "stream.create" => v(self.stream_create(parse_obj(arg)).map(Some)),
-            "stream.info" => v(parse_arg::<NameReq>(arg).and_then(|r| self.stream_info(&r.name))),
-            "stream.list" => v(self.stream_list()),
-            "stream.delete" => {
+        match op {
+            StreamOp::StreamCreate => v(self.stream_create(parse_obj(arg)).map(Some)),
+            StreamOp::StreamInfo => {
+                v(parse_arg::<NameReq>(arg).and_then(|r| self.stream_info(&r.name)))
+            }
+            StreamOp::StreamList => v(self.stream_list()),
+            StreamOp::StreamDelete => {
                 v(parse_arg::<NameReq>(arg).and_then(|r| self.stream_delete(sink, &r.name)))
             }
-            "stream.purge" => parse_arg::<PurgeReq>(arg)
+            StreamOp::StreamPurge => parse_arg::<PurgeReq>(arg)
                 .and_then(|r| self.stream_purge(conn, ack_id, r, now))
                 .map(|()| None),
-            "stream.get" => {
+            StreamOp::StreamGet => {
                 parse_arg::<GetReq>(arg).and_then(|r| self.stream_get(sink, conn, ack_id, r))
             }
-            "consumer.create" => {
+            StreamOp::ConsumerCreate => {
                 v(parse_arg::<ConsumerCreate>(arg).and_then(|r| self.consumer_create(r)))
             }
-            "consumer.info" => {
+            StreamOp::ConsumerInfo => {
                 v(parse_arg::<ConsumerReq>(arg)
                     .and_then(|r| self.consumer_info(&r.stream, &r.name)))
             }
-            "consumer.list" => {
+            StreamOp::ConsumerList => {
                 v(parse_arg::<StreamReq>(arg).and_then(|r| self.consumer_list(&r.stream)))
             }
-            "consumer.delete" => v(parse_arg::<ConsumerReq>(arg)
+            StreamOp::ConsumerDelete => v(parse_arg::<ConsumerReq>(arg)
                 .and_then(|r| self.consumer_delete(sink, &r.stream, &r.name))),
-            "consumer.fetch" => {
+            StreamOp::ConsumerFetch => {
                 parse_arg::<FetchReq>(arg).and_then(|r| self.fetch(sink, conn, ack_id, r, now))
             }
-            _ => parse_arg::<AckReq>(arg)
-                .and_then(|r| self.ack_event(conn, ack_id, name, r, now))
-                .map(|()| None),
-        };
-        Some(r)
+            StreamOp::Ack | StreamOp::Nak | StreamOp::Term | StreamOp::Wip => {
+                parse_arg::<AckReq>(arg)
+                    .and_then(|r| self.ack_event(conn, ack_id, name, r, now))
+                    .map(|()| None)
+            }
+        }
     }
 
     // ---- streams ---------------------------------------------------------

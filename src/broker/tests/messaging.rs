@@ -317,3 +317,35 @@ fn a_session_that_joins_nothing_in_time_is_closed() {
     core.text(2, "9junk");
     assert_eq!(core.take(), [Action::Close(2)]);
 }
+
+#[test]
+fn unknown_events_are_answered_from_the_event_table() {
+    let mut core = Core::new();
+    core.join(1);
+    core.text(1, r#"25["nope",{}]"#);
+    assert_eq!(
+        core.sent(1),
+        [r#"35[{"ok":false,"error":{"code":"bad_request","message":"unknown event \"nope\""}}]"#]
+    );
+    // A `/` event is unknown on /control, and the other way round.
+    core.text(1, "0/control,");
+    core.sent(1);
+    core.text(1, r#"2/control,6["pub",{"subject":"a"}]"#);
+    assert_eq!(
+        core.sent(1),
+        [
+            r#"3/control,6[{"ok":false,"error":{"code":"bad_request","message":"unknown event \"pub\" on /control"}}]"#
+        ]
+    );
+    core.text(1, r#"27["group.list",{}]"#);
+    assert_eq!(
+        core.sent(1),
+        [
+            r#"37[{"ok":false,"error":{"code":"bad_request","message":"unknown event \"group.list\""}}]"#
+        ]
+    );
+    // A packet that is not a whole event array closes the connection.
+    core.assert_quiet();
+    core.text(1, r#"28["nope""#);
+    assert_eq!(core.take(), [Action::Close(1)]);
+}
