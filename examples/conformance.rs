@@ -32,7 +32,7 @@ use std::time::Duration;
 pub use gombus::net::server::Settings;
 use gombus::net::server::{Server, IN_BYTES_MAX, POLLING_SESSIONS_MAX};
 use gombus::port::{ConnId, Handler, Payload, Request, Response, Sink};
-use gombus::protocol::socketio::{self, Kind, Packet, Reassembly};
+use gombus::protocol::socketio::{self, Packet, PacketType, Reassembly};
 use serde_json::value::RawValue;
 
 /// The values the suites expect (their `PING_INTERVAL`, `PING_TIMEOUT`,
@@ -209,17 +209,17 @@ impl Fixture {
     ) {
         self.send_auth_due(io, conn);
         match p.kind {
-            Kind::Connect => self.connect(io, conn, p),
-            Kind::Disconnect => {
+            PacketType::Connect => self.connect(io, conn, p),
+            PacketType::Disconnect => {
                 if let Some(session) = self.session(conn) {
                     session.set_joined(p.nsp, false);
                 }
             }
-            Kind::Event | Kind::BinaryEvent => self.event(io, conn, p, attachments),
+            PacketType::Event | PacketType::BinaryEvent => self.event(io, conn, p, attachments),
             // The fixture asks for no acks; stray ones are ignored.
-            Kind::Ack | Kind::BinaryAck => {}
+            PacketType::Ack | PacketType::BinaryAck => {}
             // Only servers send CONNECT_ERROR.
-            Kind::ConnectError => io.close(conn),
+            PacketType::ConnectError => io.close(conn),
         }
     }
 
@@ -227,7 +227,7 @@ impl Fixture {
     /// (Socket.IO v5 test suite, "connect").
     fn connect(&mut self, io: &mut dyn Sink, conn: ConnId, p: &Packet<'_>) {
         if p.nsp != NSP_ROOT && p.nsp != NSP_CUSTOM {
-            let head = socketio::encode(Kind::ConnectError, 0, p.nsp, None, "");
+            let head = socketio::encode(PacketType::ConnectError, 0, p.nsp, None, "");
             io.send_text(conn, &[&head, br#"{"message":"Invalid namespace"}"#]);
             return;
         }
@@ -245,11 +245,11 @@ impl Fixture {
         };
         session.set_joined(p.nsp, true);
         session.awaiting_connect = false;
-        let mut emit = socketio::encode(Kind::Event, 0, p.nsp, None, "[\"auth\",");
+        let mut emit = socketio::encode(PacketType::Event, 0, p.nsp, None, "[\"auth\",");
         emit.extend_from_slice(auth.as_bytes());
         emit.push(b']');
         session.auth_due = Some(emit);
-        let head = socketio::encode(Kind::Connect, 0, p.nsp, None, "");
+        let head = socketio::encode(PacketType::Connect, 0, p.nsp, None, "");
         io.send_text(conn, &[&head, sid.as_bytes()]);
         io.set_timer(conn, Some(io.now() + AUTH_EMIT_DELAY));
     }
@@ -273,9 +273,9 @@ impl Fixture {
         match (&*ev.name, p.id) {
             ("message", _) => {
                 let kind = if binary {
-                    Kind::BinaryEvent
+                    PacketType::BinaryEvent
                 } else {
-                    Kind::Event
+                    PacketType::Event
                 };
                 socketio::write_header(&mut head, kind, attachments.len(), p.nsp, None);
                 head.extend_from_slice(b"[\"message-back\"");
@@ -284,7 +284,11 @@ impl Fixture {
                 }
             }
             ("message-with-ack", Some(id)) => {
-                let kind = if binary { Kind::BinaryAck } else { Kind::Ack };
+                let kind = if binary {
+                    PacketType::BinaryAck
+                } else {
+                    PacketType::Ack
+                };
                 socketio::write_header(&mut head, kind, attachments.len(), p.nsp, Some(id));
                 head.push(b'[');
             }

@@ -259,7 +259,7 @@ fn invalid(msg: impl Into<String>) -> ConfigError {
 
 /// How a flag takes its value.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+enum FlagForm {
     /// Needs a value: `-flag=v` or `-flag v`.
     Value,
     /// Boolean: `-flag`, `-flag=true`, `-flag=false`.
@@ -278,7 +278,7 @@ struct FlagSpec {
     /// Default as shown in the usage text; empty means "unset".
     default: &'static str,
     help: &'static str,
-    kind: Kind,
+    form: FlagForm,
 }
 
 const fn value(
@@ -292,7 +292,7 @@ const fn value(
         hint,
         default,
         help,
-        kind: Kind::Value,
+        form: FlagForm::Value,
     }
 }
 
@@ -302,7 +302,7 @@ const fn boolean(name: &'static str, default: &'static str, help: &'static str) 
         hint: "",
         default,
         help,
-        kind: Kind::Bool,
+        form: FlagForm::Bool,
     }
 }
 
@@ -429,14 +429,14 @@ const FLAGS: &[FlagSpec] = &[
         hint: "",
         default: "",
         help: "print the version and exit",
-        kind: Kind::Version,
+        form: FlagForm::Version,
     },
     FlagSpec {
         name: "help",
         hint: "",
         default: "",
         help: "show this help and exit",
-        kind: Kind::Help,
+        form: FlagForm::Help,
     },
 ];
 
@@ -445,7 +445,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn find_flag(name: &str) -> Option<&'static FlagSpec> {
     if name == "h" {
-        return FLAGS.iter().find(|f| f.kind == Kind::Help);
+        return FLAGS.iter().find(|f| f.form == FlagForm::Help);
     }
     FLAGS.iter().find(|f| f.name == name)
 }
@@ -453,11 +453,11 @@ fn find_flag(name: &str) -> Option<&'static FlagSpec> {
 /// The full help text: every flag with its default and one line of help.
 pub fn usage() -> String {
     let left = |f: &FlagSpec| -> String {
-        match f.kind {
-            Kind::Value => format!("-{} {}", f.name, f.hint),
-            Kind::Bool => format!("-{}[=bool]", f.name),
-            Kind::Help => format!("-h, -{}", f.name),
-            Kind::Version => format!("-{}", f.name),
+        match f.form {
+            FlagForm::Value => format!("-{} {}", f.name, f.hint),
+            FlagForm::Bool => format!("-{}[=bool]", f.name),
+            FlagForm::Help => format!("-h, -{}", f.name),
+            FlagForm::Version => format!("-{}", f.name),
         }
     };
     let width = FLAGS.iter().map(|f| left(f).len()).max().unwrap_or(0);
@@ -475,8 +475,8 @@ pub fn usage() -> String {
          Flags:\n",
     );
     for f in FLAGS {
-        let default = match (f.kind, f.default) {
-            (Kind::Help | Kind::Version, _) => String::new(),
+        let default = match (f.form, f.default) {
+            (FlagForm::Help | FlagForm::Version, _) => String::new(),
             (_, "") => " (default: unset)".to_string(),
             (_, d) => format!(" (default: {d})"),
         };
@@ -500,17 +500,17 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, ConfigEr
     let mut opts = getopts::Options::new();
     opts.long_only(true);
     for f in FLAGS {
-        match f.kind {
-            Kind::Value => {
+        match f.form {
+            FlagForm::Value => {
                 opts.optopt("", f.name, f.help, f.hint);
             }
-            Kind::Bool => {
+            FlagForm::Bool => {
                 opts.optflagopt("", f.name, f.help, "bool");
             }
-            Kind::Help => {
+            FlagForm::Help => {
                 opts.optflag("h", f.name, f.help);
             }
-            Kind::Version => {
+            FlagForm::Version => {
                 opts.optflag("", f.name, f.help);
             }
         }
@@ -638,7 +638,7 @@ where
     let mut all = Vec::new();
     for f in FLAGS
         .iter()
-        .filter(|f| matches!(f.kind, Kind::Value | Kind::Bool))
+        .filter(|f| matches!(f.form, FlagForm::Value | FlagForm::Bool))
     {
         if given.contains(f.name) {
             continue;
@@ -681,7 +681,7 @@ fn check_missing_values(args: &[String]) -> Result<(), ConfigError> {
         if arg.contains('=') {
             continue;
         }
-        let takes_value = find_flag(name).is_some_and(|f| f.kind == Kind::Value);
+        let takes_value = find_flag(name).is_some_and(|f| f.form == FlagForm::Value);
         if !takes_value {
             continue;
         }
@@ -1902,7 +1902,7 @@ mod tests {
         let file = include_str!("../dist/systemd/gombus.env");
         for f in FLAGS
             .iter()
-            .filter(|f| matches!(f.kind, Kind::Value | Kind::Bool))
+            .filter(|f| matches!(f.form, FlagForm::Value | FlagForm::Bool))
         {
             let var = env_var_name(f.name);
             assert!(

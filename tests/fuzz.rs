@@ -708,7 +708,7 @@ fn raft_message() {
 #[test]
 fn forward_batch() {
     let msgs = vec![
-        forward::Forwarded {
+        forward::PeerMessage {
             subject: "orders.eu",
             reply: Some("_INBOX.x"),
             data: "{\"a\":1}",
@@ -718,7 +718,7 @@ fn forward_batch() {
             plain: true,
             picks: vec![(7, "s1"), (u64::MAX, "")],
         },
-        forward::Forwarded {
+        forward::PeerMessage {
             subject: "a",
             reply: None,
             data: "null",

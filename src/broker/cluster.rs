@@ -16,14 +16,14 @@ use serde_json::{json, Value};
 
 use super::session::NSP_ROOT;
 use super::Broker;
-use crate::cluster::forward::{self, Forwarded};
+use crate::cluster::forward::{self, PeerMessage};
 use crate::cluster::fsm::{Change, Cmd};
 use crate::cluster::link::{CallError, LinkEvent, LinkOut, Links};
 use crate::cluster::node::{FromRaft, NodeConfig, RaftNode, ToRaft, View};
 use crate::cluster::raft::Role;
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ApiError, Code};
-use crate::protocol::socketio::{self, Kind};
+use crate::protocol::socketio::{self, PacketType};
 use crate::protocol::subject;
 use crate::routing::groups::GroupMode;
 use crate::routing::sublist::Sublist;
@@ -63,7 +63,7 @@ pub struct ClusterSettings {
 
 /// Who gets the answer to a change once it is applied.
 #[derive(Debug, Clone)]
-pub(crate) struct Reply {
+pub(crate) struct ChangeAck {
     pub conn: ConnId,
     pub nsp: &'static str,
     pub ack_id: u64,
@@ -81,7 +81,7 @@ enum Stage {
 
 struct Waiter {
     data: Vec<u8>,
-    reply: Option<Reply>,
+    reply: Option<ChangeAck>,
     deadline: Instant,
     stage: Stage,
     next_try: Instant,
@@ -306,7 +306,7 @@ impl Cluster {
 
     /// Appends a message to the batch for `node`; a batch that reached
     /// the link's event size is closed and a new one begun.
-    pub fn queue_forward(&mut self, node: u64, m: &Forwarded<'_>) {
+    pub fn queue_forward(&mut self, node: u64, m: &PeerMessage<'_>) {
         let open = self.batches.entry(node).or_default();
         if open.len() >= crate::cluster::link::EMIT_BYTES_MAX {
             let full = std::mem::take(open);
@@ -357,7 +357,7 @@ impl Cluster {
 
 /// The answer to a Socket.IO event, written as an ACK.
 pub(crate) fn send_ack(sink: &mut dyn Sink, conn: ConnId, nsp: &str, ack_id: u64, body: &str) {
-    let head = socketio::encode(Kind::Ack, 0, nsp, Some(ack_id), "");
+    let head = socketio::encode(PacketType::Ack, 0, nsp, Some(ack_id), "");
     sink.send_text(conn, &[&head, body.as_bytes()]);
 }
 
@@ -365,9 +365,9 @@ pub(crate) fn send_ack(sink: &mut dyn Sink, conn: ConnId, nsp: &str, ack_id: u64
 /// an ACK.
 fn relay_ack(sink: &mut dyn Sink, conn: ConnId, ack_id: u64, value: &str, attachments: &[Vec<u8>]) {
     let kind = if attachments.is_empty() {
-        Kind::Ack
+        PacketType::Ack
     } else {
-        Kind::BinaryAck
+        PacketType::BinaryAck
     };
     let mut head = Vec::with_capacity(24);
     socketio::write_header(&mut head, kind, attachments.len(), NSP_ROOT, Some(ack_id));
@@ -391,7 +391,7 @@ impl Broker {
         &mut self,
         sink: &mut dyn Sink,
         cmd: Cmd,
-        reply: Option<Reply>,
+        reply: Option<ChangeAck>,
     ) -> Result<Option<String>, ApiError> {
         let Some(c) = self.cluster.as_mut() else {
             self.fsm.apply(&cmd)?;
@@ -756,7 +756,7 @@ impl Broker {
     }
 
     /// Answers the client of a change with an error.
-    fn refuse(&mut self, sink: &mut dyn Sink, r: &Reply, e: &ApiError) {
+    fn refuse(&mut self, sink: &mut dyn Sink, r: &ChangeAck, e: &ApiError) {
         self.metrics.count_error(e.code);
         send_ack(sink, r.conn, r.nsp, r.ack_id, &e.ack_body());
     }
@@ -1114,7 +1114,7 @@ impl Broker {
     /// broadcast subscribers when `plain`, and to the group members the
     /// sender picked (or, if one is gone, another local member of its
     /// group).
-    fn deliver_forwarded(&mut self, sink: &mut dyn Sink, m: &Forwarded<'_>) {
+    fn deliver_forwarded(&mut self, sink: &mut dyn Sink, m: &PeerMessage<'_>) {
         if self.requests.may_be_inbox(m.subject) {
             if let Some(pending) = self.requests.take(m.subject) {
                 super::dispatch::answer_request(
@@ -1189,7 +1189,7 @@ impl Broker {
         for p in &out {
             c.queue_forward(
                 p.node,
-                &Forwarded {
+                &PeerMessage {
                     subject: &p.subject,
                     reply: None,
                     data: &p.data,

@@ -5,7 +5,7 @@
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::cluster::Reply;
+use super::cluster::ChangeAck;
 use super::events::{self, Route};
 use super::session::NSP_CONTROL;
 use super::Broker;
@@ -71,7 +71,7 @@ impl Broker {
                     queue: req.queue,
                     mode,
                 });
-                let reply = ack_id.map(|ack_id| Reply {
+                let reply = ack_id.map(|ack_id| ChangeAck {
                     conn,
                     nsp: NSP_CONTROL,
                     ack_id,

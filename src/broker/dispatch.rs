@@ -8,20 +8,20 @@ use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
 
-use super::cluster::{Cluster, ClusterSettings, Reply};
+use super::cluster::{ChangeAck, Cluster, ClusterSettings};
 use super::events::{self, Route};
 use super::history::History;
 use super::metrics::Metrics;
 use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
 use super::session::{Session, NSP_CONTROL, NSP_ROOT};
 use super::streams::{Incoming, Streams};
-use crate::cluster::forward::Forwarded;
+use crate::cluster::forward::PeerMessage;
 use crate::cluster::fsm::{Cmd, Fsm};
 use crate::crypto::token_eq;
 use crate::port::{ConnId, Handler, Payload, Request, Response, Shared, Sink};
 use crate::protocol::errors::{ok_body, raw_text, ApiError, Code, OK_BODY};
 use crate::protocol::messages::{self, event_arg, ArgError, Pub, Sub, Unsub};
-use crate::protocol::socketio::{self, Kind, Packet};
+use crate::protocol::socketio::{self, Packet, PacketType};
 use crate::protocol::subject;
 use crate::routing::groups::GroupMode;
 use crate::routing::subs::{Command, SubKey};
@@ -178,12 +178,12 @@ impl Broker {
         attachments: &[Vec<u8>],
     ) {
         match p.kind {
-            Kind::Connect => self.connect(sink, conn, p),
-            Kind::Disconnect => self.leave(sink, conn, p.nsp),
-            Kind::Event | Kind::BinaryEvent => self.event(sink, conn, p, attachments),
+            PacketType::Connect => self.connect(sink, conn, p),
+            PacketType::Disconnect => self.leave(sink, conn, p.nsp),
+            PacketType::Event | PacketType::BinaryEvent => self.event(sink, conn, p, attachments),
             // The broker asks clients for no acks; stray ones are ignored.
-            Kind::Ack | Kind::BinaryAck => {}
-            Kind::ConnectError => sink.close(conn),
+            PacketType::Ack | PacketType::BinaryAck => {}
+            PacketType::ConnectError => sink.close(conn),
         }
     }
 
@@ -206,7 +206,7 @@ impl Broker {
             ),
             other => {
                 let body = br#"{"message":"Invalid namespace"}"#;
-                let head = socketio::encode(Kind::ConnectError, 0, other, None, "");
+                let head = socketio::encode(PacketType::ConnectError, 0, other, None, "");
                 sink.send_text(conn, &[&head, body]);
                 return;
             }
@@ -225,7 +225,7 @@ impl Broker {
         let peer = p.nsp == NSP_CONTROL && holds(&cluster);
         let admitted = holds(&token) || (peer && cluster.is_some());
         if !admitted {
-            let head = socketio::encode(Kind::ConnectError, 0, p.nsp, None, "");
+            let head = socketio::encode(PacketType::ConnectError, 0, p.nsp, None, "");
             sink.send_text(conn, &[&head, br#"{"message":"unauthorized"}"#]);
             return;
         }
@@ -249,7 +249,7 @@ impl Broker {
         }
         crate::log_debug!("conn {conn} joined {}", p.nsp);
         let body = format!("{{\"sid\":\"{id}\"}}");
-        let head = socketio::encode(Kind::Connect, 0, p.nsp, None, "");
+        let head = socketio::encode(PacketType::Connect, 0, p.nsp, None, "");
         sink.send_text(conn, &[&head, body.as_bytes()]);
         sink.set_timer(conn, None);
     }
@@ -357,7 +357,7 @@ impl Broker {
         let Some(id) = p.id else { return };
         let body = body.as_deref().unwrap_or(OK_BODY);
         self.ack_head.clear();
-        socketio::write_header(&mut self.ack_head, Kind::Ack, 0, p.nsp, Some(id));
+        socketio::write_header(&mut self.ack_head, PacketType::Ack, 0, p.nsp, Some(id));
         sink.send_text(conn, &[&self.ack_head, body.as_bytes()]);
     }
 
@@ -399,7 +399,7 @@ impl Broker {
                     sid,
                     after: u.after,
                 });
-                let reply = ack_id.map(|ack_id| Reply {
+                let reply = ack_id.map(|ack_id| ChangeAck {
                     conn,
                     nsp: NSP_ROOT,
                     ack_id,
@@ -470,7 +470,7 @@ impl Broker {
             queue,
             max: s.max,
         });
-        let reply = ack_id.map(|ack_id| Reply {
+        let reply = ack_id.map(|ack_id| ChangeAck {
             conn,
             nsp: NSP_ROOT,
             ack_id,
@@ -570,7 +570,7 @@ impl Broker {
             if let Some(node) = c.inbox_node(&p.subject) {
                 c.queue_forward(
                     node,
-                    &Forwarded {
+                    &PeerMessage {
                         subject: &p.subject,
                         reply: p.reply.as_deref(),
                         data,
@@ -744,7 +744,7 @@ impl Broker {
                 for (node, plain, picks) in &remote {
                     c.queue_forward(
                         *node,
-                        &Forwarded {
+                        &PeerMessage {
                             subject,
                             reply,
                             data,
@@ -772,7 +772,7 @@ impl Broker {
         &mut self,
         sink: &mut dyn Sink,
         keys: &[SubKey],
-        m: &Forwarded<'_>,
+        m: &PeerMessage<'_>,
         size: usize,
     ) -> usize {
         let attachments = &m.attachments;
@@ -813,7 +813,7 @@ impl Broker {
             let mut binary_head = Vec::new();
             socketio::write_header(
                 &mut binary_head,
-                Kind::BinaryEvent,
+                PacketType::BinaryEvent,
                 attachments.len(),
                 "/",
                 None,
@@ -936,9 +936,9 @@ pub(crate) fn answer_request(
     attachments: &[Vec<u8>],
 ) {
     let kind = if attachments.is_empty() {
-        Kind::Ack
+        PacketType::Ack
     } else {
-        Kind::BinaryAck
+        PacketType::BinaryAck
     };
     let mut head = Vec::with_capacity(24);
     socketio::write_header(&mut head, kind, attachments.len(), "/", Some(p.ack_id));
@@ -1131,7 +1131,7 @@ impl Handler for Broker {
         for p in self.requests.expired(sink.now()) {
             let e = ApiError::new(Code::Timeout, "no reply in time");
             self.metrics.count_error(Code::Timeout);
-            let head = socketio::encode(Kind::Ack, 0, "/", Some(p.ack_id), "");
+            let head = socketio::encode(PacketType::Ack, 0, "/", Some(p.ack_id), "");
             sink.send_text(p.conn, &[&head, e.ack_body().as_bytes()]);
         }
     }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::cluster::{Reply, PROPOSE_WAIT};
+use super::cluster::{ChangeAck, PROPOSE_WAIT};
 use super::events::StreamOp;
 use super::session::NSP_ROOT;
 use super::Broker;
@@ -123,7 +123,7 @@ impl Broker {
                 name: text_of("name").unwrap_or_default(),
             },
         };
-        let reply = ack_id.map(|ack_id| Reply {
+        let reply = ack_id.map(|ack_id| ChangeAck {
             conn,
             nsp: NSP_ROOT,
             ack_id,

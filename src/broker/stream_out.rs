@@ -14,7 +14,7 @@ use super::streams::{
     after_events, ConsumerSummary, OpenStream, FETCH_BYTES_MAX, PUSH_PER_TURN_MAX,
 };
 use crate::port::{ConnId, Sink};
-use crate::protocol::socketio::{self, Kind};
+use crate::protocol::socketio::{self, PacketType};
 use crate::protocol::stream_messages::AckPolicy;
 use crate::routing::groups::GroupMode;
 use crate::routing::subs::SubTable;
@@ -382,9 +382,9 @@ pub(super) fn send_ack(
     attachments: &[Vec<u8>],
 ) {
     let kind = if attachments.is_empty() {
-        Kind::Ack
+        PacketType::Ack
     } else {
-        Kind::BinaryAck
+        PacketType::BinaryAck
     };
     head.clear();
     socketio::write_header(head, kind, attachments.len(), "/", Some(ack_id));

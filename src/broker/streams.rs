@@ -29,7 +29,7 @@ use super::stream_out::{
 };
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_with, ApiError, Code, OK_BODY};
-use crate::protocol::socketio::{self, Kind};
+use crate::protocol::socketio::{self, PacketType};
 use crate::protocol::stream_messages::{
     self as sm, AckReq, ConsumerConfig, ConsumerCreate, ConsumerReq, DeliverPolicy, FetchReq,
     GetReq, NameReq, PurgeReq, Retention, StreamConfig, StreamReq,
@@ -1017,7 +1017,7 @@ impl Streams {
                 format!("{}: deleted while the fetch waited", e.message),
             );
             self.head.clear();
-            socketio::write_header(&mut self.head, Kind::Ack, 0, "/", Some(w.ack_id));
+            socketio::write_header(&mut self.head, PacketType::Ack, 0, "/", Some(w.ack_id));
             sink.send_text(w.conn, &[&self.head, e.ack_body().as_bytes()]);
         }
     }
@@ -1374,7 +1374,7 @@ impl Streams {
             }
         }
         self.head.clear();
-        socketio::write_header(&mut self.head, Kind::Ack, 0, "/", Some(h.ack_id));
+        socketio::write_header(&mut self.head, PacketType::Ack, 0, "/", Some(h.ack_id));
         sink.send_text(h.conn, &[&self.head, &self.body]);
     }
 

@@ -13,7 +13,7 @@ use tungstenite::protocol::frame::coding::OpCode;
 use super::wire::{self, FrameDecoder, MaskRng, WsMessage};
 use super::{Error, Options, MESSAGE_BYTES_MAX};
 use crate::protocol::engineio::{self, Opened};
-use crate::protocol::socketio::{self, Kind, ATTACHMENTS_FROM_SERVER_MAX};
+use crate::protocol::socketio::{self, PacketType, ATTACHMENTS_FROM_SERVER_MAX};
 
 /// A connection that finished its handshake.
 pub(crate) struct Dialed {
@@ -159,7 +159,8 @@ impl Handshake {
             Some(token) => json!({ "token": token }).to_string(),
             None => String::new(),
         };
-        let connect = socketio::encode_message(Kind::Connect, 0, &opts.namespace, None, &auth);
+        let connect =
+            socketio::encode_message(PacketType::Connect, 0, &opts.namespace, None, &auth);
         self.send(wire::text_opcode(), connect.as_bytes())?;
         loop {
             let text = self.next_text()?;
@@ -181,8 +182,8 @@ impl Handshake {
                 continue;
             }
             match sio.kind {
-                Kind::Connect => return Ok(()),
-                Kind::ConnectError => {
+                PacketType::Connect => return Ok(()),
+                PacketType::ConnectError => {
                     let message = serde_json::from_str::<Value>(sio.data)
                         .ok()
                         .and_then(|v| v.get("message").and_then(Value::as_str).map(String::from))

@@ -123,7 +123,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::protocol::socketio::{self, Kind};
+use crate::protocol::socketio::{self, PacketType};
 use inbox::{Empty, Inbox};
 pub use pending::PendingAck;
 use shared::{Phase, Shared, State, SubRoute};
@@ -809,8 +809,13 @@ impl Client {
         shared.changed.notify_all();
         let mut result = Ok(());
         if let Some(link) = link {
-            let text =
-                socketio::encode_message(Kind::Disconnect, 0, &shared.opts.namespace, None, "");
+            let text = socketio::encode_message(
+                PacketType::Disconnect,
+                0,
+                &shared.opts.namespace,
+                None,
+                "",
+            );
             let mut writer = link.writer();
             result = writer
                 .send_packet(&text, &[])

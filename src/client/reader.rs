@@ -13,11 +13,11 @@ use super::shared::{Link, ReceivedAck, Shared};
 use super::wire::{self, FrameDecoder, WsMessage};
 use super::{Message, CLOSE_NORMAL, READ_CHUNK_BYTES};
 use crate::protocol::engineio;
-use crate::protocol::socketio::{self, Kind, ATTACHMENTS_FROM_SERVER_MAX};
+use crate::protocol::socketio::{self, PacketType, ATTACHMENTS_FROM_SERVER_MAX};
 
 /// A binary packet whose attachments are still arriving.
 struct PartialBinary {
-    kind: Kind,
+    kind: PacketType,
     ack_id: Option<u64>,
     args: Value,
     raw: Option<String>,
@@ -141,13 +141,16 @@ impl<'a> Reader<'a> {
             return Ok(());
         }
         match packet.kind {
-            Kind::Disconnect => Err(stop("the server disconnected the namespace")),
-            Kind::ConnectError => Err(stop("the server refused the namespace")),
-            Kind::Connect => Ok(()),
-            Kind::Event | Kind::Ack | Kind::BinaryEvent | Kind::BinaryAck => {
+            PacketType::Disconnect => Err(stop("the server disconnected the namespace")),
+            PacketType::ConnectError => Err(stop("the server refused the namespace")),
+            PacketType::Connect => Ok(()),
+            PacketType::Event
+            | PacketType::Ack
+            | PacketType::BinaryEvent
+            | PacketType::BinaryAck => {
                 let args: Value = serde_json::from_str(packet.data)
                     .map_err(|e| stop(format!("bad packet arguments: {e}")))?;
-                let is_ack = matches!(packet.kind, Kind::Ack | Kind::BinaryAck);
+                let is_ack = matches!(packet.kind, PacketType::Ack | PacketType::BinaryAck);
                 let raw = if is_ack && self.shared.opts.raw_acks {
                     first_arg_text(packet.data)
                 } else {
@@ -195,7 +198,7 @@ impl<'a> Reader<'a> {
     /// Routes one complete packet that took `bytes` on the wire.
     fn dispatch(
         &self,
-        kind: Kind,
+        kind: PacketType,
         ack_id: Option<u64>,
         (args, raw): (Value, Option<String>),
         attachments: Vec<Vec<u8>>,
@@ -205,7 +208,7 @@ impl<'a> Reader<'a> {
             return;
         };
         match kind {
-            Kind::Ack | Kind::BinaryAck => {
+            PacketType::Ack | PacketType::BinaryAck => {
                 let Some(id) = ack_id else { return };
                 let value = if args.is_empty() {
                     Value::Null
@@ -221,7 +224,7 @@ impl<'a> Reader<'a> {
                     },
                 );
             }
-            Kind::Event | Kind::BinaryEvent => {
+            PacketType::Event | PacketType::BinaryEvent => {
                 if args.first().and_then(Value::as_str) != Some("msg") || args.len() < 2 {
                     return;
                 }

@@ -19,7 +19,7 @@ use tungstenite::protocol::frame::coding::OpCode;
 use super::inbox::Inbox;
 use super::wire::{self, MaskRng};
 use super::{Error, Event, Message, Options};
-use crate::protocol::socketio::{self, Kind};
+use crate::protocol::socketio::{self, PacketType};
 
 /// An ack as received: its single argument and any attachments.
 #[derive(Debug)]
@@ -332,9 +332,9 @@ impl Shared {
     ) -> Result<Option<AckSlot>, Error> {
         let _ = event;
         let kind = if attachments.is_empty() {
-            Kind::Event
+            PacketType::Event
         } else {
-            Kind::BinaryEvent
+            PacketType::BinaryEvent
         };
         let namespace = &self.opts.namespace;
         let mut state = self.state();
@@ -407,7 +407,7 @@ impl Shared {
     pub(super) fn hold(
         &self,
         mut state: MutexGuard<'_, State>,
-        kind: Kind,
+        kind: PacketType,
         attachments: &[Vec<u8>],
         payload: &str,
         mode: AckMode,

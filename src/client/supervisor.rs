@@ -16,7 +16,7 @@ use super::dial::{dial, Dialed};
 use super::reader::{ReadHalf, Reader};
 use super::shared::{Link, Phase, Shared, Waiter, Writer};
 use super::{sub_arg, Error, Event};
-use crate::protocol::socketio::{self, Kind};
+use crate::protocol::socketio::{self, PacketType};
 
 /// Splits a finished handshake into the write side callers share and the
 /// read side the background thread keeps.
@@ -146,7 +146,7 @@ fn resume(shared: &Shared, link: &Arc<Link>, announce: Event) -> Result<(), Erro
             .map(|(sid, arg)| {
                 let id = state.register(Waiter::Resub(sid));
                 let payload = json!(["sub", arg]).to_string();
-                socketio::encode_message(Kind::Event, 0, namespace, Some(id), &payload)
+                socketio::encode_message(PacketType::Event, 0, namespace, Some(id), &payload)
             })
             .collect()
     };

@@ -15,9 +15,10 @@ const REPLY: u8 = 2;
 const HEADERS: u8 = 4;
 const EXTRA: u8 = 8;
 
-/// One forwarded message, borrowing from its batch.
+/// One message for another node's subscribers (forwarded in a batch),
+/// borrowing from its batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Forwarded<'a> {
+pub struct PeerMessage<'a> {
     pub subject: &'a str,
     pub reply: Option<&'a str>,
     /// The message's `data` as JSON text.
@@ -46,7 +47,7 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
 }
 
 /// Appends one message to the batch in `out`.
-pub fn push(out: &mut Vec<u8>, m: &Forwarded<'_>) {
+pub fn push(out: &mut Vec<u8>, m: &PeerMessage<'_>) {
     start(out);
     let flags = (u8::from(m.plain) * PLAIN)
         | (u8::from(m.reply.is_some()) * REPLY)
@@ -125,7 +126,7 @@ impl<'a> Cursor<'a> {
 }
 
 /// Reads every message of a batch.
-pub fn decode(buf: &[u8]) -> Result<Vec<Forwarded<'_>>, String> {
+pub fn decode(buf: &[u8]) -> Result<Vec<PeerMessage<'_>>, String> {
     match buf.first() {
         Some(&BATCH_MAGIC) => {}
         Some(v) => return Err(format!("unknown batch version {v}")),
@@ -166,7 +167,7 @@ pub fn decode(buf: &[u8]) -> Result<Vec<Forwarded<'_>>, String> {
             let serial = c.u64()?;
             picks.push((serial, c.str()?));
         }
-        out.push(Forwarded {
+        out.push(PeerMessage {
             subject,
             reply,
             data,
@@ -184,9 +185,9 @@ pub fn decode(buf: &[u8]) -> Result<Vec<Forwarded<'_>>, String> {
 mod tests {
     use super::*;
 
-    fn sample() -> Vec<Forwarded<'static>> {
+    fn sample() -> Vec<PeerMessage<'static>> {
         vec![
-            Forwarded {
+            PeerMessage {
                 subject: "a.b",
                 reply: None,
                 data: r#"{"x":1}"#,
@@ -196,7 +197,7 @@ mod tests {
                 plain: true,
                 picks: vec![],
             },
-            Forwarded {
+            PeerMessage {
                 subject: "req",
                 reply: Some("_INBOX.n1.abc.7"),
                 data: r#"{"_placeholder":true,"num":0}"#,

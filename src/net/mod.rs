@@ -1,4 +1,5 @@
-//! The I/O shell: everything that touches sockets and clocks.
+//! The event loop and transports: everything that touches sockets and
+//! clocks.
 //!
 //! - [`server`]: the mio event loop (accept, read, write, timers) and the
 //!   Engine.IO session over WebSocket or HTTP long-polling, with the

@@ -98,7 +98,7 @@ pub struct Server<H: Handler> {
     listener: TcpListener,
     handler: H,
     settings: Settings,
-    shell: Shell,
+    table: ConnTable,
     scratch: Vec<u8>,
     sid_rng: u64,
     waker: Arc<Waker>,
@@ -125,13 +125,16 @@ impl Stopper {
     }
 }
 
-/// The loop's own state, apart from the handler so both can be borrowed.
-struct Shell {
+/// The loop's connections and their bookkeeping (queues, timers,
+/// counters), apart from the handler so both can be borrowed.
+struct ConnTable {
     conns: Vec<Option<Conn>>,
     free: Vec<ConnId>,
     dirty: Vec<ConnId>,
     closing: Vec<ConnId>,
-    again: Vec<ConnId>,
+    /// Connections that used up this turn's read budget: read again after
+    /// the other ready sockets, before the loop sleeps.
+    read_later: Vec<ConnId>,
     /// Connections whose reading is paused, and since when.
     stalled: Vec<ConnId>,
     /// When the earliest lagging receiver's grace ends.
@@ -167,7 +170,7 @@ struct Shell {
     http_ready: Vec<ConnId>,
 }
 
-impl Shell {
+impl ConnTable {
     fn io(&mut self, now: Instant) -> Io<'_> {
         Io {
             conns: &mut self.conns,
@@ -203,12 +206,12 @@ impl<H: Handler> Server<H> {
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        let shell = Shell {
+        let table = ConnTable {
             conns: Vec::new(),
             free: Vec::new(),
             dirty: Vec::new(),
             closing: Vec::new(),
-            again: Vec::new(),
+            read_later: Vec::new(),
             stalled: Vec::new(),
             stall_until: None,
             lagging: Vec::new(),
@@ -230,7 +233,7 @@ impl<H: Handler> Server<H> {
             listener,
             handler,
             settings,
-            shell,
+            table,
             scratch: vec![0; SCRATCH_BYTES],
             sid_rng: crate::rand::random_seed(),
             waker,
@@ -284,8 +287,8 @@ impl<H: Handler> Server<H> {
                 match ev.token() {
                     LISTENER => self.accept(now),
                     WAKER => {
-                        let Server { shell, handler, .. } = self;
-                        handler.woken(&mut shell.io(now));
+                        let Server { table, handler, .. } = self;
+                        handler.woken(&mut table.io(now));
                     }
                     Token(id) => {
                         let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
@@ -298,21 +301,21 @@ impl<H: Handler> Server<H> {
                     }
                 }
             }
-            let again = std::mem::take(&mut self.shell.again);
-            for id in again {
+            let read_later = std::mem::take(&mut self.table.read_later);
+            for id in read_later {
                 if !self.is_stalled(id) {
                     self.read(id, now);
                 }
             }
-            for id in std::mem::take(&mut self.shell.http_ready) {
+            for id in std::mem::take(&mut self.table.http_ready) {
                 self.process_http(id, now);
                 self.account_input(id, now);
             }
             self.fire_timers(now);
-            let Server { shell, handler, .. } = self;
-            handler.tick(&mut shell.io(now));
+            let Server { table, handler, .. } = self;
+            handler.tick(&mut table.io(now));
             self.flush_dirty(now);
-            if self.shell.out_bytes > self.settings.out_total_max {
+            if self.table.out_bytes > self.settings.out_total_max {
                 self.shed();
             }
             self.finish_closing(now);
@@ -336,8 +339,8 @@ impl<H: Handler> Server<H> {
         let now = Instant::now();
         let deadline = now + SHUTDOWN_DRAIN_MAX;
         {
-            let Server { shell, handler, .. } = self;
-            let mut io = shell.io(now);
+            let Server { table, handler, .. } = self;
+            let mut io = table.io(now);
             handler.shutdown(&mut io);
             for id in 0..io.conns.len() {
                 if matches!(&io.conns[id], Some(c) if c.session) {
@@ -348,7 +351,7 @@ impl<H: Handler> Server<H> {
         self.drain(deadline)?;
         self.finish_closing(Instant::now());
         {
-            let mut io = self.shell.io(Instant::now());
+            let mut io = self.table.io(Instant::now());
             for id in 0..io.conns.len() {
                 io.close(id);
             }
@@ -363,9 +366,9 @@ impl<H: Handler> Server<H> {
         let mut events = Events::with_capacity(256);
         loop {
             self.flush_dirty(Instant::now());
-            let waiting: Vec<ConnId> = (0..self.shell.conns.len())
+            let waiting: Vec<ConnId> = (0..self.table.conns.len())
                 .filter(|&id| {
-                    matches!(&self.shell.conns[id],
+                    matches!(&self.table.conns[id],
                         Some(c) if c.stream.is_some() && c.pending_out() > 0)
                 })
                 .collect();
@@ -391,17 +394,17 @@ impl<H: Handler> Server<H> {
     }
 
     fn is_stalled(&self, id: ConnId) -> bool {
-        matches!(self.shell.conns.get(id), Some(Some(c)) if c.stalled)
+        matches!(self.table.conns.get(id), Some(Some(c)) if c.stalled)
     }
 
     /// Pauses reading `id`: what it sent went to receivers that lag.
     fn stall(&mut self, id: ConnId) {
-        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+        let Some(Some(c)) = self.table.conns.get_mut(id) else {
             return;
         };
         if !c.stalled {
             c.stalled = true;
-            self.shell.stalled.push(id);
+            self.table.stalled.push(id);
         }
     }
 
@@ -409,9 +412,9 @@ impl<H: Handler> Server<H> {
     /// grace (a receiver stops lagging when its queue is back under half
     /// the stall mark, see `flush_dirty`).
     fn resume_stalled(&mut self, now: Instant) {
-        let conns = &self.shell.conns;
+        let conns = &self.table.conns;
         let mut grace_end: Option<Instant> = None;
-        self.shell.lagging.retain(|&id| {
+        self.table.lagging.retain(|&id| {
             let end = match conns.get(id) {
                 Some(Some(c)) => c.lag_since.map(|t| t + LAG_GRACE),
                 _ => None,
@@ -425,31 +428,31 @@ impl<H: Handler> Server<H> {
             }
         });
         // The loop wakes when the first grace ends, if nothing drains first.
-        self.shell.stall_until = grace_end;
-        if self.shell.stalled.is_empty() || !self.shell.lagging.is_empty() {
+        self.table.stall_until = grace_end;
+        if self.table.stalled.is_empty() || !self.table.lagging.is_empty() {
             return;
         }
-        for id in std::mem::take(&mut self.shell.stalled) {
-            if let Some(Some(c)) = self.shell.conns.get_mut(id) {
+        for id in std::mem::take(&mut self.table.stalled) {
+            if let Some(Some(c)) = self.table.conns.get_mut(id) {
                 c.stalled = false;
-                self.shell.again.push(id);
+                self.table.read_later.push(id);
             }
         }
     }
 
     fn poll_timeout(&self) -> Option<Duration> {
-        if !self.shell.again.is_empty()
-            || !self.shell.dirty.is_empty()
-            || !self.shell.http_ready.is_empty()
+        if !self.table.read_later.is_empty()
+            || !self.table.dirty.is_empty()
+            || !self.table.http_ready.is_empty()
         {
             return Some(Duration::ZERO);
         }
-        let stall_end = if self.shell.stalled.is_empty() {
+        let stall_end = if self.table.stalled.is_empty() {
             None
         } else {
-            self.shell.stall_until
+            self.table.stall_until
         };
-        let next_timer = self.shell.timers.peek().map(|Reverse(t)| t.at);
+        let next_timer = self.table.timers.peek().map(|Reverse(t)| t.at);
         let next_timer = match (next_timer, stall_end) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -466,9 +469,9 @@ impl<H: Handler> Server<H> {
             match self.listener.accept() {
                 Ok((mut stream, _)) => {
                     let _ = stream.set_nodelay(true);
-                    let id = self.shell.free.pop().unwrap_or_else(|| {
-                        self.shell.conns.push(None);
-                        self.shell.conns.len() - 1
+                    let id = self.table.free.pop().unwrap_or_else(|| {
+                        self.table.conns.push(None);
+                        self.table.conns.len() - 1
                     });
                     let interest = Interest::READABLE | Interest::WRITABLE;
                     if self
@@ -477,18 +480,18 @@ impl<H: Handler> Server<H> {
                         .register(&mut stream, Token(id), interest)
                         .is_err()
                     {
-                        self.shell.free.push(id);
+                        self.table.free.push(id);
                         continue;
                     }
-                    self.shell.serial += 1;
-                    let mut conn = Conn::new(stream, self.shell.serial);
+                    self.table.serial += 1;
+                    let mut conn = Conn::new(stream, self.table.serial);
                     // A connection that never sends a request head is dropped.
                     let at = now + self.idle_time();
                     conn.idle_until = Some(at);
-                    self.shell.conns[id] = Some(conn);
-                    self.shell.stats.connections_open += 1;
-                    self.shell.stats.connections_total += 1;
-                    self.shell.io(now).schedule(id, at);
+                    self.table.conns[id] = Some(conn);
+                    self.table.stats.connections_open += 1;
+                    self.table.stats.connections_total += 1;
+                    self.table.io(now).schedule(id, at);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -499,19 +502,19 @@ impl<H: Handler> Server<H> {
     }
 
     fn mark_dirty(&mut self, id: ConnId) {
-        if let Some(Some(c)) = self.shell.conns.get_mut(id) {
+        if let Some(Some(c)) = self.table.conns.get_mut(id) {
             if !c.dirty {
                 c.dirty = true;
-                self.shell.dirty.push(id);
+                self.table.dirty.push(id);
             }
         }
     }
 
     /// Reads what the socket has (up to the turn budget) and processes it.
     fn read(&mut self, id: ConnId, now: Instant) {
-        self.shell.pressure = false;
+        self.table.pressure = false;
         self.read_some(id, now);
-        if std::mem::take(&mut self.shell.pressure) {
+        if std::mem::take(&mut self.table.pressure) {
             self.stall(id);
         }
     }
@@ -519,7 +522,7 @@ impl<H: Handler> Server<H> {
     fn read_some(&mut self, id: ConnId, now: Instant) {
         let mut budget = READ_TURN_BYTES_MAX;
         loop {
-            let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+            let Some(Some(c)) = self.table.conns.get_mut(id) else {
                 return;
             };
             if c.state == State::Closing {
@@ -531,20 +534,20 @@ impl<H: Handler> Server<H> {
             match stream.read(&mut self.scratch) {
                 Ok(0) => return self.drop_peer(id, now),
                 Ok(n) => {
-                    self.shell.stats.bytes_in += n as u64;
+                    self.table.stats.bytes_in += n as u64;
                     self.ingest(id, n, now);
                     self.account_input(id, now);
-                    if self.shell.out_bytes > self.settings.out_total_max {
+                    if self.table.out_bytes > self.settings.out_total_max {
                         // What it sent filled queues past the budget.
                         self.shed();
                     }
-                    if self.shell.pressure {
+                    if self.table.pressure {
                         // Its messages went to a lagging receiver.
                         return;
                     }
                     budget = budget.saturating_sub(n);
                     if budget == 0 {
-                        self.shell.again.push(id);
+                        self.table.read_later.push(id);
                         return;
                     }
                 }
@@ -558,21 +561,21 @@ impl<H: Handler> Server<H> {
     /// Counts the input `id` holds into the loop's total; past the bound
     /// the connection is closed (a WebSocket with 1013, try again later).
     fn account_input(&mut self, id: ConnId, now: Instant) {
-        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+        let Some(Some(c)) = self.table.conns.get_mut(id) else {
             return;
         };
         let held = c.inbuf.len() + c.decoder.held();
-        self.shell.in_bytes = self.shell.in_bytes.saturating_sub(c.held_in) + held;
+        self.table.in_bytes = self.table.in_bytes.saturating_sub(c.held_in) + held;
         c.held_in = held;
-        if held == 0 || self.shell.in_bytes <= self.settings.in_bytes_max {
+        if held == 0 || self.table.in_bytes <= self.settings.in_bytes_max {
             return;
         }
         match c.state {
             State::Closing => {}
-            State::WebSocket => self.shell.io(now).close_with(id, 1013),
+            State::WebSocket => self.table.io(now).close_with(id, 1013),
             _ => {
                 if c.abort() {
-                    self.shell.closing.push(id);
+                    self.table.closing.push(id);
                 }
             }
         }
@@ -580,16 +583,16 @@ impl<H: Handler> Server<H> {
 
     /// The peer went away: its session ends without a goodbye.
     fn drop_peer(&mut self, id: ConnId, now: Instant) {
-        if let Some(Some(c)) = self.shell.conns.get_mut(id) {
+        if let Some(Some(c)) = self.table.conns.get_mut(id) {
             if c.abort() {
-                self.shell.closing.push(id);
+                self.table.closing.push(id);
             }
         }
         self.finish_closing(now);
     }
 
     fn ingest(&mut self, id: ConnId, n: usize, now: Instant) {
-        let state = match self.shell.conns.get(id) {
+        let state = match self.table.conns.get(id) {
             Some(Some(c)) => c.state,
             _ => return,
         };
@@ -602,7 +605,7 @@ impl<H: Handler> Server<H> {
     }
 
     fn ingest_http(&mut self, id: ConnId, n: usize, now: Instant) {
-        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+        let Some(Some(c)) = self.table.conns.get_mut(id) else {
             return;
         };
         // All of the read is kept (it is at most the scratch buffer): what
@@ -612,9 +615,9 @@ impl<H: Handler> Server<H> {
         // Requests wait unanswered only behind a held GET; past room for a
         // head and the largest body the client is cut, not buffered.
         let room = http::HEAD_BYTES_MAX + 1 + self.settings.message_bytes_max;
-        if let Some(Some(c)) = self.shell.conns.get_mut(id) {
+        if let Some(Some(c)) = self.table.conns.get_mut(id) {
             if c.state == State::Http && c.inbuf.len() > room && c.abort() {
-                self.shell.closing.push(id);
+                self.table.closing.push(id);
             }
         }
     }
@@ -623,7 +626,7 @@ impl<H: Handler> Server<H> {
     /// another while the connection stays open and holds no GET.
     fn process_http(&mut self, id: ConnId, now: Instant) {
         loop {
-            let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+            let Some(Some(c)) = self.table.conns.get_mut(id) else {
                 return;
             };
             if c.state != State::Http || c.link.is_some() {
@@ -648,7 +651,7 @@ impl<H: Handler> Server<H> {
                     c.inbuf.drain(..used);
                     c.keep_alive = req.keep_alive();
                     c.origin = req.header("Origin").map(Into::into);
-                    self.shell.stats.http_requests += 1;
+                    self.table.stats.http_requests += 1;
                     match req.body_len() {
                         Ok(0) => self.route(id, &req, &[], now),
                         Ok(len) if len <= self.settings.message_bytes_max => {
@@ -676,7 +679,7 @@ impl<H: Handler> Server<H> {
         if head_only {
             bytes.truncate(bytes.len() - resp.body.len());
         }
-        let mut io = self.shell.io(now);
+        let mut io = self.table.io(now);
         io.send_raw(id, &bytes);
         io.close(id);
     }
@@ -694,7 +697,7 @@ impl<H: Handler> Server<H> {
         let Some(allowed) = &self.settings.cors_origin else {
             return;
         };
-        let origin = match self.shell.conns.get(id) {
+        let origin = match self.table.conns.get(id) {
             Some(Some(c)) => c.origin.as_deref(),
             _ => None,
         };
@@ -714,8 +717,8 @@ impl<H: Handler> Server<H> {
 
     fn route(&mut self, id: ConnId, req: &Request, body: &[u8], now: Instant) {
         let Some(endpoint) = self.handler.endpoint(&req.path) else {
-            let Server { shell, handler, .. } = self;
-            let resp = handler.http(&mut shell.io(now), req);
+            let Server { table, handler, .. } = self;
+            let resp = handler.http(&mut table.io(now), req);
             return self.respond_to(id, &resp, req.method == "HEAD", now);
         };
         if req.method == "OPTIONS" && self.settings.cors_origin.is_some() {
@@ -742,7 +745,7 @@ impl<H: Handler> Server<H> {
         };
         match (hs.transport, hs.sid) {
             (Transport::Polling, None) if req.method == "GET" => {
-                if self.shell.stats.polling_sessions as usize >= self.settings.polling_sessions_max
+                if self.table.stats.polling_sessions as usize >= self.settings.polling_sessions_max
                     && !self.evict_unused(now)
                 {
                     let mut resp =
@@ -778,7 +781,7 @@ impl<H: Handler> Server<H> {
             (Transport::WebSocket, sid) => {
                 if sid
                     .as_deref()
-                    .is_some_and(|sid| !self.shell.sids.contains_key(sid))
+                    .is_some_and(|sid| !self.table.sids.contains_key(sid))
                 {
                     return self.refuse(id, HandshakeError::UnknownSid, now);
                 }
@@ -798,10 +801,10 @@ impl<H: Handler> Server<H> {
                     // A session that upgraded (or is upgrading) already:
                     // the WebSocket opens and is closed at once, as
                     // Engine.IO servers do.
-                    _ if self.shell.sids.contains_key(sid.as_str()) => {
+                    _ if self.table.sids.contains_key(sid.as_str()) => {
                         let mut bytes = http::upgrade_response(&ws::accept_key(&key));
                         ws::write_close(&mut bytes, 1000);
-                        let mut io = self.shell.io(now);
+                        let mut io = self.table.io(now);
                         io.send_raw(id, &bytes);
                         io.close(id);
                     }
@@ -827,22 +830,22 @@ impl<H: Handler> Server<H> {
 
     /// The polling session with Engine.IO sid `sid` on `endpoint`.
     fn polling_session(&self, sid: &str, endpoint: u8) -> Option<ConnId> {
-        let &id = self.shell.sids.get(sid)?;
-        match self.shell.conns.get(id) {
+        let &id = self.table.sids.get(sid)?;
+        match self.table.conns.get(id) {
             Some(Some(c)) if c.state == State::Polling && c.endpoint == endpoint => Some(id),
             _ => None,
         }
     }
 
     fn upgrading(&self, session: ConnId) -> bool {
-        match self.shell.conns.get(session) {
+        match self.table.conns.get(session) {
             Some(Some(c)) => c.polling.as_ref().is_some_and(|p| p.upgrading.is_some()),
             _ => false,
         }
     }
 
     fn mark_used(&mut self, session: ConnId) {
-        if let Some(Some(s)) = self.shell.conns.get_mut(session) {
+        if let Some(Some(s)) = self.table.conns.get_mut(session) {
             if let Some(p) = s.polling.as_mut() {
                 p.used = true;
             }
@@ -852,7 +855,7 @@ impl<H: Handler> Server<H> {
     /// Whether `(slot, serial)` is still a polling session never used
     /// since its handshake.
     fn is_unused(&self, (slot, serial): (ConnId, u64)) -> bool {
-        matches!(self.shell.conns.get(slot), Some(Some(c))
+        matches!(self.table.conns.get(slot), Some(Some(c))
             if c.serial == serial && c.state == State::Polling
                 && c.polling.as_ref().is_some_and(|p| !p.used))
     }
@@ -862,7 +865,7 @@ impl<H: Handler> Server<H> {
     /// opens sessions and abandons them cannot lock others out); false if
     /// every session is in use.
     fn evict_unused(&mut self, now: Instant) -> bool {
-        while let Some(entry) = self.shell.unused.pop_front() {
+        while let Some(entry) = self.table.unused.pop_front() {
             if self.is_unused(entry) {
                 self.close_polling(entry.0, b"1", now);
                 return true;
@@ -874,34 +877,34 @@ impl<H: Handler> Server<H> {
     /// Lists a new session for [`Server::evict_unused`], pruning the list
     /// when it holds many more entries than there are sessions.
     fn list_unused(&mut self, entry: (ConnId, u64)) {
-        self.shell.unused.push_back(entry);
-        let sessions = self.shell.stats.polling_sessions as usize;
-        if self.shell.unused.len() > 2 * sessions + 1024 {
-            let mut list = std::mem::take(&mut self.shell.unused);
+        self.table.unused.push_back(entry);
+        let sessions = self.table.stats.polling_sessions as usize;
+        if self.table.unused.len() > 2 * sessions + 1024 {
+            let mut list = std::mem::take(&mut self.table.unused);
             list.retain(|&e| self.is_unused(e));
-            self.shell.unused = list;
+            self.table.unused = list;
         }
     }
 
     /// A handshake GET: a new session whose open packet answers it.
     fn open_polling(&mut self, id: ConnId, endpoint: u8, eio: u8, now: Instant) {
         let sid = self.next_sid();
-        let slot = self.shell.free.pop().unwrap_or_else(|| {
-            self.shell.conns.push(None);
-            self.shell.conns.len() - 1
+        let slot = self.table.free.pop().unwrap_or_else(|| {
+            self.table.conns.push(None);
+            self.table.conns.len() - 1
         });
-        self.shell.serial += 1;
-        let mut conn = Conn::polling_session(self.shell.serial, eio, &sid);
+        self.table.serial += 1;
+        let mut conn = Conn::polling_session(self.table.serial, eio, &sid);
         conn.endpoint = endpoint;
         conn.session = true;
         let hb = self.heartbeat(eio, now);
         let deadline = hb.deadline();
         conn.heartbeat = Some(hb);
         let serial = conn.serial;
-        self.shell.conns[slot] = Some(conn);
-        self.shell.sids.insert(sid.as_str().into(), slot);
-        self.shell.stats.sessions_open += 1;
-        self.shell.stats.polling_sessions += 1;
+        self.table.conns[slot] = Some(conn);
+        self.table.sids.insert(sid.as_str().into(), slot);
+        self.table.stats.sessions_open += 1;
+        self.table.stats.polling_sessions += 1;
         self.list_unused((slot, serial));
         let open = OpenInfo {
             sid: &sid,
@@ -911,8 +914,8 @@ impl<H: Handler> Server<H> {
             max_payload: self.settings.message_bytes_max,
         }
         .encode();
-        let Server { shell, handler, .. } = self;
-        let mut io = shell.io(now);
+        let Server { table, handler, .. } = self;
+        let mut io = table.io(now);
         io.send_engine(slot, open.as_bytes());
         io.arm_heartbeat(slot, deadline);
         handler.opened(&mut io, slot, endpoint);
@@ -927,7 +930,7 @@ impl<H: Handler> Server<H> {
         let Some(serial) = self.serial_of(id) else {
             return;
         };
-        let Some(Some(s)) = self.shell.conns.get_mut(session) else {
+        let Some(Some(s)) = self.table.conns.get_mut(session) else {
             return;
         };
         let s_serial = s.serial;
@@ -945,7 +948,7 @@ impl<H: Handler> Server<H> {
             return self.answer_http(id, Response::new(200, PAYLOAD_TYPE, body), now);
         }
         p.get = Some((id, serial));
-        if let Some(Some(c)) = self.shell.conns.get_mut(id) {
+        if let Some(Some(c)) = self.table.conns.get_mut(id) {
             c.link = Some((session, s_serial));
         }
         if pending {
@@ -956,7 +959,7 @@ impl<H: Handler> Server<H> {
     /// A POST of packets to a polling session; answered `ok` once they were
     /// handled. A malformed payload is refused and ends the session.
     fn poll_post(&mut self, session: ConnId, id: ConnId, body: &[u8], now: Instant) {
-        let eio = match self.shell.conns.get(session) {
+        let eio = match self.table.conns.get(session) {
             Some(Some(c)) => c.eio,
             _ => return,
         };
@@ -973,11 +976,11 @@ impl<H: Handler> Server<H> {
         });
         let (Ok(items), true) = (polling::packets(body, eio), valid) else {
             self.refuse(id, HandshakeError::BadRequest, now);
-            return self.shell.io(now).close(session);
+            return self.table.io(now).close(session);
         };
         for item in items.flatten() {
-            let Server { shell, handler, .. } = self;
-            let mut io = shell.io(now);
+            let Server { table, handler, .. } = self;
+            let mut io = table.io(now);
             if !io.is_open(session) {
                 break;
             }
@@ -999,7 +1002,7 @@ impl<H: Handler> Server<H> {
     /// Notes a polling session the client is closing while no GET is held,
     /// so that its GET still in flight gets the `6` noop, not an error.
     fn remember_closed(&mut self, session: ConnId, now: Instant) {
-        let Some(Some(c)) = self.shell.conns.get(session) else {
+        let Some(Some(c)) = self.table.conns.get(session) else {
             return;
         };
         let (Some(sid), Some(p)) = (c.sid.as_ref(), c.polling.as_ref()) else {
@@ -1009,7 +1012,7 @@ impl<H: Handler> Server<H> {
             return;
         }
         let entry = (sid.clone(), c.endpoint, c.eio, now + self.idle_time());
-        let closed = &mut self.shell.closed_sids;
+        let closed = &mut self.table.closed_sids;
         while closed.len() >= CLOSED_SIDS_MAX || closed.front().is_some_and(|e| e.3 <= now) {
             closed.pop_front();
         }
@@ -1018,7 +1021,7 @@ impl<H: Handler> Server<H> {
 
     /// The eio of a session the client closed, if `sid` is one (once).
     fn take_closed_sid(&mut self, sid: &str, endpoint: u8, now: Instant) -> Option<u8> {
-        let closed = &mut self.shell.closed_sids;
+        let closed = &mut self.table.closed_sids;
         let i = closed
             .iter()
             .position(|e| &*e.0 == sid && e.1 == endpoint && e.3 > now)?;
@@ -1027,7 +1030,7 @@ impl<H: Handler> Server<H> {
 
     /// Ends a polling session now; its held GET (if any) gets `packet`.
     fn close_polling(&mut self, session: ConnId, packet: &[u8], now: Instant) {
-        let Some(Some(s)) = self.shell.conns.get_mut(session) else {
+        let Some(Some(s)) = self.table.conns.get_mut(session) else {
             return;
         };
         if s.state != State::Polling {
@@ -1037,17 +1040,17 @@ impl<H: Handler> Server<H> {
         s.out_pos = 0;
         polling::push_text(&mut s.out, s.eio, packet, &[]);
         self.answer_get(session, false, now);
-        if let Some(Some(s)) = self.shell.conns.get_mut(session) {
+        if let Some(Some(s)) = self.table.conns.get_mut(session) {
             s.out = Vec::new();
             s.state = State::Closing;
-            self.shell.closing.push(session);
+            self.table.closing.push(session);
         }
     }
 
     /// Answers a polling session's held GET with its queue (or, with
     /// `noop`, with a noop packet, leaving the queue for the upgrade).
     fn answer_get(&mut self, session: ConnId, noop: bool, now: Instant) {
-        let Some(Some(s)) = self.shell.conns.get_mut(session) else {
+        let Some(Some(s)) = self.table.conns.get_mut(session) else {
             return;
         };
         let eio = s.eio;
@@ -1065,7 +1068,7 @@ impl<H: Handler> Server<H> {
             s.out_pos = 0;
             out
         };
-        match self.shell.conns.get_mut(get) {
+        match self.table.conns.get_mut(get) {
             Some(Some(c)) if c.serial == serial && c.state == State::Http => c.link = None,
             _ => return,
         }
@@ -1077,30 +1080,30 @@ impl<H: Handler> Server<H> {
     fn answer_http(&mut self, id: ConnId, mut resp: Response, now: Instant) {
         self.cors(id, &mut resp);
         let idle_at = now + self.idle_time();
-        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+        let Some(Some(c)) = self.table.conns.get_mut(id) else {
             return;
         };
         let keep = c.keep_alive;
-        if c.pending_out() > self.shell.out_bytes_max {
+        if c.pending_out() > self.table.out_bytes_max {
             // Earlier answers (to pipelined requests) are not read: a slow
             // consumer, cut like a session's socket at the same bound.
             if c.abort() {
-                self.shell.closing.push(id);
+                self.table.closing.push(id);
             }
-            self.shell.stats.slow_consumers += 1;
+            self.table.stats.slow_consumers += 1;
             return;
         }
         resp.encode_into(keep, &mut c.out);
         match c.flush() {
-            Ok(written) => self.shell.stats.bytes_out += written as u64,
+            Ok(written) => self.table.stats.bytes_out += written as u64,
             Err(_) => {
                 if c.abort() {
-                    self.shell.closing.push(id);
+                    self.table.closing.push(id);
                 }
                 return;
             }
         }
-        let mut io = self.shell.io(now);
+        let mut io = self.table.io(now);
         if keep {
             // The connection's one timer (armed at accept) sees the new
             // deadline when it fires.
@@ -1114,7 +1117,7 @@ impl<H: Handler> Server<H> {
                 }
             }
             if pipelined {
-                self.shell.http_ready.push(id);
+                self.table.http_ready.push(id);
             }
         } else {
             io.close(id);
@@ -1122,7 +1125,7 @@ impl<H: Handler> Server<H> {
     }
 
     fn serial_of(&self, id: ConnId) -> Option<u64> {
-        match self.shell.conns.get(id) {
+        match self.table.conns.get(id) {
             Some(Some(c)) => Some(c.serial),
             _ => None,
         }
@@ -1135,7 +1138,7 @@ impl<H: Handler> Server<H> {
             return;
         };
         let idle_at = now + self.idle_time();
-        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+        let Some(Some(c)) = self.table.conns.get_mut(id) else {
             return;
         };
         c.state = State::Probe;
@@ -1163,12 +1166,12 @@ impl<H: Handler> Server<H> {
             Bad,
         }
         let Server {
-            shell,
+            table,
             scratch,
             settings,
             ..
         } = self;
-        let Some(Some(c)) = shell.conns.get_mut(id) else {
+        let Some(Some(c)) = table.conns.get_mut(id) else {
             return;
         };
         let mut held = std::mem::take(&mut c.inbuf);
@@ -1196,24 +1199,24 @@ impl<H: Handler> Server<H> {
                 held.drain(..used);
                 c.inbuf = held;
             }
-            Err(e) => return self.shell.io(now).close_with(id, e.close_code()),
+            Err(e) => return self.table.io(now).close_with(id, e.close_code()),
         }
         for step in steps {
             match step {
                 Step::Probe => self.probe_answered(id, now),
                 Step::Upgrade => return self.complete_upgrade(id, now),
-                Step::Bad => return self.shell.io(now).close_with(id, 1002),
+                Step::Bad => return self.table.io(now).close_with(id, 1002),
             }
         }
     }
 
     /// The probe's session, if it is still the polling session it was.
     fn probe_target(&self, probe: ConnId) -> Option<ConnId> {
-        let Some(Some(c)) = self.shell.conns.get(probe) else {
+        let Some(Some(c)) = self.table.conns.get(probe) else {
             return None;
         };
         let (session, serial) = c.link?;
-        match self.shell.conns.get(session) {
+        match self.table.conns.get(session) {
             Some(Some(s)) if s.serial == serial && s.state == State::Polling => Some(session),
             _ => None,
         }
@@ -1223,12 +1226,12 @@ impl<H: Handler> Server<H> {
         let mut frame = Vec::with_capacity(8);
         ws::write_header(&mut frame, ws::TEXT, 6);
         frame.extend_from_slice(b"3probe");
-        self.shell.io(now).send_reply(probe, &frame);
+        self.table.io(now).send_reply(probe, &frame);
         let Some(session) = self.probe_target(probe) else {
-            return self.shell.io(now).close(probe);
+            return self.table.io(now).close(probe);
         };
         let probe_serial = self.serial_of(probe).unwrap_or_default();
-        if let Some(Some(s)) = self.shell.conns.get_mut(session) {
+        if let Some(Some(s)) = self.table.conns.get_mut(session) {
             if let Some(p) = s.polling.as_mut() {
                 p.upgrading = Some((probe, probe_serial));
             }
@@ -1241,17 +1244,17 @@ impl<H: Handler> Server<H> {
     /// what was queued for polling leaves as WebSocket frames.
     fn complete_upgrade(&mut self, probe: ConnId, now: Instant) {
         let Some(session) = self.probe_target(probe) else {
-            return self.shell.io(now).close(probe);
+            return self.table.io(now).close(probe);
         };
         self.answer_get(session, true, now);
-        let Some(mut p) = self.shell.conns[probe].take() else {
+        let Some(mut p) = self.table.conns[probe].take() else {
             return;
         };
         // Its input and output move to the session's slot and are
         // counted there.
-        self.shell.in_bytes = self.shell.in_bytes.saturating_sub(p.held_in);
-        self.shell.out_bytes = self.shell.out_bytes.saturating_sub(p.held_out);
-        self.shell.free.push(probe);
+        self.table.in_bytes = self.table.in_bytes.saturating_sub(p.held_in);
+        self.table.out_bytes = self.table.out_bytes.saturating_sub(p.held_out);
+        self.table.free.push(probe);
         let Some(mut stream) = p.stream.take() else {
             return;
         };
@@ -1262,10 +1265,10 @@ impl<H: Handler> Server<H> {
             .register(&mut stream, Token(session), interest)
             .is_err()
         {
-            self.shell.stats.connections_open -= 1;
-            return self.shell.io(now).close(session);
+            self.table.stats.connections_open -= 1;
+            return self.table.io(now).close(session);
         }
-        let Some(Some(s)) = self.shell.conns.get_mut(session) else {
+        let Some(Some(s)) = self.table.conns.get_mut(session) else {
             return;
         };
         let queued = std::mem::take(&mut s.out);
@@ -1279,7 +1282,7 @@ impl<H: Handler> Server<H> {
         s.inbuf = std::mem::take(&mut p.inbuf);
         // What the probe had not written yet (its `3probe`) goes first.
         s.out.extend_from_slice(&p.out[p.out_pos..]);
-        self.shell.stats.polling_sessions -= 1;
+        self.table.stats.polling_sessions -= 1;
         let items = if queued.is_empty() {
             Vec::new()
         } else {
@@ -1315,16 +1318,16 @@ impl<H: Handler> Server<H> {
     /// forgotten and its held GET gets what was queued (the close packet).
     fn unlink(&mut self, id: ConnId, c: &mut Conn, now: Instant) {
         if let Some(sid) = c.sid.take() {
-            self.shell.sids.remove(&sid);
+            self.table.sids.remove(&sid);
         }
         if let Some(p) = c.polling.take() {
-            self.shell.stats.polling_sessions -= 1;
+            self.table.stats.polling_sessions -= 1;
             if let Some((get, serial)) = p.get {
                 let mut body = std::mem::take(&mut c.out);
                 if body.is_empty() {
                     polling::push_text(&mut body, p.eio, b"1", &[]);
                 }
-                match self.shell.conns.get_mut(get) {
+                match self.table.conns.get_mut(get) {
                     Some(Some(g)) if g.serial == serial && g.state == State::Http => {
                         g.link = None;
                         self.answer_http(get, Response::new(200, PAYLOAD_TYPE, body), now);
@@ -1334,7 +1337,7 @@ impl<H: Handler> Server<H> {
             }
         }
         if let Some((session, serial)) = c.link.take() {
-            if let Some(Some(s)) = self.shell.conns.get_mut(session) {
+            if let Some(Some(s)) = self.table.conns.get_mut(session) {
                 if s.serial == serial {
                     if let Some(p) = s.polling.as_mut() {
                         if p.get.is_some_and(|(g, gs)| g == id && gs == c.serial) {
@@ -1394,7 +1397,7 @@ impl<H: Handler> Server<H> {
             max_payload: self.settings.message_bytes_max,
         }
         .encode();
-        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+        let Some(Some(c)) = self.table.conns.get_mut(id) else {
             return;
         };
         c.state = State::WebSocket;
@@ -1410,14 +1413,14 @@ impl<H: Handler> Server<H> {
         }
         let hb = self.heartbeat(eio, now);
         let deadline = hb.deadline();
-        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+        let Some(Some(c)) = self.table.conns.get_mut(id) else {
             return;
         };
         c.heartbeat = Some(hb);
         let leftover = !c.inbuf.is_empty();
-        self.shell.stats.sessions_open += 1;
-        let Server { shell, handler, .. } = self;
-        let mut io = shell.io(now);
+        self.table.stats.sessions_open += 1;
+        let Server { table, handler, .. } = self;
+        let mut io = table.io(now);
         io.send_engine(id, open.as_bytes());
         io.arm_heartbeat(id, deadline);
         handler.opened(&mut io, id, endpoint);
@@ -1444,13 +1447,13 @@ impl<H: Handler> Server<H> {
     /// Decodes frames from the conn's held bytes plus `n` new scratch bytes.
     fn ingest_ws(&mut self, id: ConnId, n: usize, now: Instant) {
         let Server {
-            shell,
+            table,
             handler,
             scratch,
             settings,
             ..
         } = self;
-        let Some(Some(c)) = shell.conns.get_mut(id) else {
+        let Some(Some(c)) = table.conns.get_mut(id) else {
             return;
         };
         let mut decoder = std::mem::take(&mut c.decoder);
@@ -1464,7 +1467,7 @@ impl<H: Handler> Server<H> {
         } else {
             &mut held[..]
         };
-        let mut io = shell.io(now);
+        let mut io = table.io(now);
         let result = decoder.decode(buf, settings.message_bytes_max, &mut |ev| {
             on_ws_event(&mut io, handler, id, ev)
         });
@@ -1479,7 +1482,7 @@ impl<H: Handler> Server<H> {
                 Vec::new()
             }
         };
-        let Some(Some(c)) = shell.conns.get_mut(id) else {
+        let Some(Some(c)) = table.conns.get_mut(id) else {
             return;
         };
         c.decoder = decoder;
@@ -1494,12 +1497,12 @@ impl<H: Handler> Server<H> {
         // The poller sleeps in whole milliseconds: a deadline within that
         // granularity counts as due now rather than one wake-up later.
         let due = now + TIMER_GRANULARITY;
-        while let Some(Reverse(t)) = self.shell.timers.peek().copied() {
+        while let Some(Reverse(t)) = self.table.timers.peek().copied() {
             if t.at > due {
                 return;
             }
-            self.shell.timers.pop();
-            let Some(Some(c)) = self.shell.conns.get_mut(t.conn) else {
+            self.table.timers.pop();
+            let Some(Some(c)) = self.table.conns.get_mut(t.conn) else {
                 continue;
             };
             if c.serial != t.serial || c.state == State::Closing {
@@ -1516,7 +1519,7 @@ impl<H: Handler> Server<H> {
                     Some(at) if at > due => Some(at),
                     _ => None,
                 };
-                let mut io = self.shell.io(now);
+                let mut io = self.table.io(now);
                 match next {
                     Some(at) => io.schedule(t.conn, at),
                     None => io.close(t.conn),
@@ -1533,8 +1536,8 @@ impl<H: Handler> Server<H> {
             if app_due {
                 c.app_deadline = None;
             }
-            let Server { shell, handler, .. } = self;
-            let mut io = shell.io(now);
+            let Server { table, handler, .. } = self;
+            let mut io = table.io(now);
             match beat {
                 Beat::TimedOut => {
                     io.close(t.conn);
@@ -1557,20 +1560,20 @@ impl<H: Handler> Server<H> {
     /// Writes what dirty connections queued (a polling session's queue
     /// answers its held GET) and settles their outbound counts.
     fn flush_dirty(&mut self, now: Instant) {
-        let dirty = std::mem::take(&mut self.shell.dirty);
+        let dirty = std::mem::take(&mut self.table.dirty);
         for &id in &dirty {
             self.flush_one(id, now);
-            self.shell.settle_out(id);
+            self.table.settle_out(id);
         }
         let mut dirty = dirty;
         dirty.clear();
-        if self.shell.dirty.is_empty() {
-            self.shell.dirty = dirty;
+        if self.table.dirty.is_empty() {
+            self.table.dirty = dirty;
         }
     }
 
     fn flush_one(&mut self, id: ConnId, now: Instant) {
-        let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+        let Some(Some(c)) = self.table.conns.get_mut(id) else {
             return;
         };
         c.dirty = false;
@@ -1584,14 +1587,14 @@ impl<H: Handler> Server<H> {
         }
         match c.flush() {
             Ok(written) => {
-                self.shell.stats.bytes_out += written as u64;
-                if c.lag_since.is_some() && c.pending_out() <= self.shell.stall_bytes / 2 {
+                self.table.stats.bytes_out += written as u64;
+                if c.lag_since.is_some() && c.pending_out() <= self.table.stall_bytes / 2 {
                     c.lag_since = None;
                 }
             }
             Err(_) => {
                 if c.abort() {
-                    self.shell.closing.push(id);
+                    self.table.closing.push(id);
                 }
             }
         }
@@ -1612,10 +1615,10 @@ impl<H: Handler> Server<H> {
     /// are not cut again; they leave this turn). The choice is
     /// [`shed_order`]'s; the scan runs only when over budget.
     fn shed(&mut self) {
-        let shell = &mut self.shell;
+        let table = &mut self.table;
         let mut total = 0;
         let mut queues = Vec::new();
-        for (id, slot) in shell.conns.iter_mut().enumerate() {
+        for (id, slot) in table.conns.iter_mut().enumerate() {
             let Some(c) = slot else {
                 continue;
             };
@@ -1626,49 +1629,49 @@ impl<H: Handler> Server<H> {
                 queues.push((c.held_out, id));
             }
         }
-        shell.out_bytes = total;
+        table.out_bytes = total;
         let budget = self.settings.out_total_max;
         if total <= budget {
             return;
         }
         for (held, id) in shed_order(queues, total, budget) {
-            let Some(Some(c)) = shell.conns.get_mut(id) else {
+            let Some(Some(c)) = table.conns.get_mut(id) else {
                 continue;
             };
             if c.abort() {
-                shell.closing.push(id);
+                table.closing.push(id);
             }
             debug_assert_eq!(c.held_out, held);
-            shell.out_bytes -= c.held_out;
+            table.out_bytes -= c.held_out;
             c.held_out = 0;
-            shell.stats.slow_consumers += 1;
+            table.stats.slow_consumers += 1;
         }
     }
 
     /// Drops connections that are closing, after a last flush attempt.
     fn finish_closing(&mut self, now: Instant) {
-        while let Some(id) = self.shell.closing.pop() {
-            let Some(Some(c)) = self.shell.conns.get_mut(id) else {
+        while let Some(id) = self.table.closing.pop() {
+            let Some(Some(c)) = self.table.conns.get_mut(id) else {
                 continue;
             };
             let _ = c.flush();
-            let Some(mut c) = self.shell.conns[id].take() else {
+            let Some(mut c) = self.table.conns[id].take() else {
                 continue;
             };
-            self.shell.in_bytes = self.shell.in_bytes.saturating_sub(c.held_in);
-            self.shell.out_bytes = self.shell.out_bytes.saturating_sub(c.held_out);
+            self.table.in_bytes = self.table.in_bytes.saturating_sub(c.held_in);
+            self.table.out_bytes = self.table.out_bytes.saturating_sub(c.held_out);
             if let Some(stream) = c.stream.as_mut() {
                 let _ = stream.shutdown(std::net::Shutdown::Both);
                 let _ = self.poll.registry().deregister(stream);
-                self.shell.stats.connections_open -= 1;
+                self.table.stats.connections_open -= 1;
             }
-            self.shell.free.push(id);
+            self.table.free.push(id);
             self.trimmer.arm();
             self.unlink(id, &mut c, now);
             if c.session {
-                self.shell.stats.sessions_open -= 1;
-                let Server { shell, handler, .. } = self;
-                handler.closed(&mut shell.io(now), id);
+                self.table.stats.sessions_open -= 1;
+                let Server { table, handler, .. } = self;
+                handler.closed(&mut table.io(now), id);
             }
         }
     }

@@ -20,7 +20,7 @@ pub const ATTACHMENTS_MAX: usize = 64;
 pub const ATTACHMENTS_FROM_SERVER_MAX: usize = FETCH_BATCH_MAX as usize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub enum PacketType {
     Connect = 0,
     Disconnect = 1,
     Event = 2,
@@ -30,29 +30,29 @@ pub enum Kind {
     BinaryAck = 6,
 }
 
-impl Kind {
-    fn from_byte(b: u8) -> Option<Kind> {
+impl PacketType {
+    fn from_byte(b: u8) -> Option<PacketType> {
         Some(match b {
-            b'0' => Kind::Connect,
-            b'1' => Kind::Disconnect,
-            b'2' => Kind::Event,
-            b'3' => Kind::Ack,
-            b'4' => Kind::ConnectError,
-            b'5' => Kind::BinaryEvent,
-            b'6' => Kind::BinaryAck,
+            b'0' => PacketType::Connect,
+            b'1' => PacketType::Disconnect,
+            b'2' => PacketType::Event,
+            b'3' => PacketType::Ack,
+            b'4' => PacketType::ConnectError,
+            b'5' => PacketType::BinaryEvent,
+            b'6' => PacketType::BinaryAck,
             _ => return None,
         })
     }
 
     pub fn is_binary(self) -> bool {
-        matches!(self, Kind::BinaryEvent | Kind::BinaryAck)
+        matches!(self, PacketType::BinaryEvent | PacketType::BinaryAck)
     }
 }
 
 /// A decoded packet; `data` is the JSON text after the header (may be empty).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet<'a> {
-    pub kind: Kind,
+    pub kind: PacketType,
     pub attachments: usize,
     pub nsp: &'a str,
     pub id: Option<u64>,
@@ -95,7 +95,7 @@ pub fn decode_with(text: &str, attachments_max: usize) -> Result<Packet<'_>, Sio
     let b = text.as_bytes();
     let kind = b
         .first()
-        .and_then(|&c| Kind::from_byte(c))
+        .and_then(|&c| PacketType::from_byte(c))
         .ok_or(SioError::UnknownType)?;
     let mut i = 1;
     let mut attachments = 0;
@@ -138,13 +138,13 @@ pub fn decode_with(text: &str, attachments_max: usize) -> Result<Packet<'_>, Sio
     let data = &text[i..];
     let first = data.as_bytes().first().copied();
     let shape_ok = match kind {
-        Kind::Connect => first.is_none() || first == Some(b'{'),
-        Kind::Disconnect => first.is_none(),
-        Kind::Event | Kind::BinaryEvent => first == Some(b'['),
-        Kind::Ack | Kind::BinaryAck => first == Some(b'[') && id.is_some(),
-        Kind::ConnectError => first == Some(b'{'),
+        PacketType::Connect => first.is_none() || first == Some(b'{'),
+        PacketType::Disconnect => first.is_none(),
+        PacketType::Event | PacketType::BinaryEvent => first == Some(b'['),
+        PacketType::Ack | PacketType::BinaryAck => first == Some(b'[') && id.is_some(),
+        PacketType::ConnectError => first == Some(b'{'),
     };
-    if !shape_ok || (id.is_some() && matches!(kind, Kind::Connect | Kind::Disconnect)) {
+    if !shape_ok || (id.is_some() && matches!(kind, PacketType::Connect | PacketType::Disconnect)) {
         return Err(SioError::BadPayload);
     }
     Ok(Packet {
@@ -198,7 +198,13 @@ pub fn event_name(data: &str) -> Option<std::borrow::Cow<'_, str>> {
 }
 
 /// Appends a packet header: type, attachment count, namespace, ack id.
-pub fn write_header(out: &mut Vec<u8>, kind: Kind, attachments: usize, nsp: &str, id: Option<u64>) {
+pub fn write_header(
+    out: &mut Vec<u8>,
+    kind: PacketType,
+    attachments: usize,
+    nsp: &str,
+    id: Option<u64>,
+) {
     out.push(b'0' + kind as u8);
     if kind.is_binary() {
         push_decimal(out, attachments as u64);
@@ -229,7 +235,13 @@ pub fn push_decimal(out: &mut Vec<u8>, mut v: u64) {
 }
 
 /// A whole packet as a string: header then `data`.
-pub fn encode(kind: Kind, attachments: usize, nsp: &str, id: Option<u64>, data: &str) -> Vec<u8> {
+pub fn encode(
+    kind: PacketType,
+    attachments: usize,
+    nsp: &str,
+    id: Option<u64>,
+    data: &str,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(data.len() + nsp.len() + 8);
     write_header(&mut out, kind, attachments, nsp, id);
     out.extend_from_slice(data.as_bytes());
@@ -239,7 +251,7 @@ pub fn encode(kind: Kind, attachments: usize, nsp: &str, id: Option<u64>, data: 
 /// A whole packet inside an Engine.IO message (a leading `4`), as text: the
 /// form a client sends.
 pub fn encode_message(
-    kind: Kind,
+    kind: PacketType,
     attachments: usize,
     nsp: &str,
     id: Option<u64>,
@@ -342,7 +354,7 @@ mod tests {
     use super::*;
 
     fn pkt(
-        kind: Kind,
+        kind: PacketType,
         attachments: usize,
         nsp: &str,
         id: Option<u64>,
@@ -362,14 +374,14 @@ mod tests {
     #[test]
     fn decodes_spec_examples() {
         // Examples from the Socket.IO v5 protocol document.
-        assert_eq!(decode("0"), Ok(pkt(Kind::Connect, 0, "/", None, "")));
+        assert_eq!(decode("0"), Ok(pkt(PacketType::Connect, 0, "/", None, "")));
         assert_eq!(
             decode("0/admin,"),
-            Ok(pkt(Kind::Connect, 0, "/admin", None, ""))
+            Ok(pkt(PacketType::Connect, 0, "/admin", None, ""))
         );
         assert_eq!(
             decode(r#"0{"token":"123"}"#),
-            Ok(pkt(Kind::Connect, 0, "/", None, r#"{"token":"123"}"#))
+            Ok(pkt(PacketType::Connect, 0, "/", None, r#"{"token":"123"}"#))
         );
         assert_eq!(
             decode(r#"0/admin,{"sid":"oSO0OpakMV_3jnilAAAA"}"#).map(|p| p.nsp),
@@ -377,17 +389,20 @@ mod tests {
         );
         assert_eq!(
             decode("1/admin,"),
-            Ok(pkt(Kind::Disconnect, 0, "/admin", None, ""))
+            Ok(pkt(PacketType::Disconnect, 0, "/admin", None, ""))
         );
-        assert_eq!(decode("1"), Ok(pkt(Kind::Disconnect, 0, "/", None, "")));
+        assert_eq!(
+            decode("1"),
+            Ok(pkt(PacketType::Disconnect, 0, "/", None, ""))
+        );
         assert_eq!(
             decode(r#"2["hello",1]"#),
-            Ok(pkt(Kind::Event, 0, "/", None, r#"["hello",1]"#))
+            Ok(pkt(PacketType::Event, 0, "/", None, r#"["hello",1]"#))
         );
         assert_eq!(
             decode(r#"2/admin,456["project:delete",123]"#),
             Ok(pkt(
-                Kind::Event,
+                PacketType::Event,
                 0,
                 "/admin",
                 Some(456),
@@ -396,12 +411,12 @@ mod tests {
         );
         assert_eq!(
             decode("3/admin,456[]"),
-            Ok(pkt(Kind::Ack, 0, "/admin", Some(456), "[]"))
+            Ok(pkt(PacketType::Ack, 0, "/admin", Some(456), "[]"))
         );
         assert_eq!(
             decode(r#"4{"message":"Not authorized"}"#),
             Ok(pkt(
-                Kind::ConnectError,
+                PacketType::ConnectError,
                 0,
                 "/",
                 None,
@@ -411,7 +426,7 @@ mod tests {
         assert_eq!(
             decode(r#"51-["hello",{"_placeholder":true,"num":0}]"#),
             Ok(pkt(
-                Kind::BinaryEvent,
+                PacketType::BinaryEvent,
                 1,
                 "/",
                 None,
@@ -421,7 +436,7 @@ mod tests {
         assert_eq!(
             decode(r#"61-/admin,456[{"_placeholder":true,"num":0}]"#),
             Ok(pkt(
-                Kind::BinaryAck,
+                PacketType::BinaryAck,
                 1,
                 "/admin",
                 Some(456),
@@ -491,28 +506,28 @@ mod tests {
     #[test]
     fn encodes_headers() {
         assert_eq!(
-            encode(Kind::Connect, 0, "/", None, r#"{"sid":"x"}"#),
+            encode(PacketType::Connect, 0, "/", None, r#"{"sid":"x"}"#),
             br#"0{"sid":"x"}"#.to_vec()
         );
         assert_eq!(
-            encode(Kind::Connect, 0, "/control", None, r#"{"sid":"x"}"#),
+            encode(PacketType::Connect, 0, "/control", None, r#"{"sid":"x"}"#),
             br#"0/control,{"sid":"x"}"#.to_vec()
         );
         assert_eq!(
-            encode(Kind::Ack, 0, "/", Some(456), "[1]"),
+            encode(PacketType::Ack, 0, "/", Some(456), "[1]"),
             b"3456[1]".to_vec()
         );
         assert_eq!(
-            encode(Kind::Ack, 0, "/admin", Some(456), "[]"),
+            encode(PacketType::Ack, 0, "/admin", Some(456), "[]"),
             b"3/admin,456[]".to_vec()
         );
         assert_eq!(
-            encode(Kind::BinaryAck, 2, "/", Some(789), "[]"),
+            encode(PacketType::BinaryAck, 2, "/", Some(789), "[]"),
             b"62-789[]".to_vec()
         );
         assert_eq!(
             encode(
-                Kind::ConnectError,
+                PacketType::ConnectError,
                 0,
                 "/random",
                 None,
@@ -584,7 +599,7 @@ mod tests {
             let engine = crate::protocol::engineio::decode(&text);
             if let Ok(crate::protocol::engineio::Packet::Message(m)) = engine {
                 if let Ok(p) = decode(m) {
-                    if matches!(p.kind, Kind::Event | Kind::BinaryEvent) {
+                    if matches!(p.kind, PacketType::Event | PacketType::BinaryEvent) {
                         let _ = parse_event(p.data);
                     }
                     let _ = placeholders_valid(p.data, p.attachments);
@@ -600,23 +615,26 @@ mod tests {
         let p = read("0{\"sid\":\"x\"}");
         assert_eq!(
             (p.kind, p.nsp, p.id, p.data),
-            (Kind::Connect, "/", None, "{\"sid\":\"x\"}")
+            (PacketType::Connect, "/", None, "{\"sid\":\"x\"}")
         );
         let p = read("3/control,12[{\"ok\":true}]");
         assert_eq!(
             (p.kind, p.nsp, p.id, p.data),
-            (Kind::Ack, "/control", Some(12), "[{\"ok\":true}]")
+            (PacketType::Ack, "/control", Some(12), "[{\"ok\":true}]")
         );
         let p = read("52-/control,7[\"msg\"]");
         assert_eq!(
             (p.kind, p.attachments, p.nsp, p.id),
-            (Kind::BinaryEvent, 2, "/control", Some(7))
+            (PacketType::BinaryEvent, 2, "/control", Some(7))
         );
         let p = read("1/control");
-        assert_eq!((p.kind, p.nsp, p.data), (Kind::Disconnect, "/control", ""));
+        assert_eq!(
+            (p.kind, p.nsp, p.data),
+            (PacketType::Disconnect, "/control", "")
+        );
         assert_eq!(
             read("4{\"message\":\"unauthorized\"}").kind,
-            Kind::ConnectError
+            PacketType::ConnectError
         );
     }
 
@@ -629,7 +647,7 @@ mod tests {
         let p = decode_with(&full, ATTACHMENTS_FROM_SERVER_MAX).unwrap();
         assert_eq!(
             (p.kind, p.attachments, p.id),
-            (Kind::BinaryAck, 1000, Some(7))
+            (PacketType::BinaryAck, 1000, Some(7))
         );
         let over = format!("6{}-7[{{}}]", ATTACHMENTS_FROM_SERVER_MAX + 1);
         assert_eq!(
@@ -644,25 +662,31 @@ mod tests {
     /// Spec strings for the packets a client writes (with Engine.IO's `4`).
     #[test]
     fn client_packets_encode() {
-        assert_eq!(encode_message(Kind::Connect, 0, "/", None, ""), "40");
+        assert_eq!(encode_message(PacketType::Connect, 0, "/", None, ""), "40");
         assert_eq!(
-            encode_message(Kind::Connect, 0, "/control", None, "{\"token\":\"t\"}"),
+            encode_message(
+                PacketType::Connect,
+                0,
+                "/control",
+                None,
+                "{\"token\":\"t\"}"
+            ),
             "40/control,{\"token\":\"t\"}"
         );
         assert_eq!(
-            encode_message(Kind::Event, 0, "/", Some(5), "[\"ping\",{}]"),
+            encode_message(PacketType::Event, 0, "/", Some(5), "[\"ping\",{}]"),
             "425[\"ping\",{}]"
         );
         assert_eq!(
-            encode_message(Kind::BinaryEvent, 1, "/", Some(7), "[\"pub\"]"),
+            encode_message(PacketType::BinaryEvent, 1, "/", Some(7), "[\"pub\"]"),
             "451-7[\"pub\"]"
         );
         assert_eq!(
-            encode_message(Kind::BinaryEvent, 1, "/control", None, "[]"),
+            encode_message(PacketType::BinaryEvent, 1, "/control", None, "[]"),
             "451-/control,[]"
         );
         assert_eq!(
-            encode_message(Kind::Disconnect, 0, "/control", None, ""),
+            encode_message(PacketType::Disconnect, 0, "/control", None, ""),
             "41/control,"
         );
     }

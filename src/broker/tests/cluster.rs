@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use super::{config, msg, Core};
 use crate::broker::cluster::ClusterSettings;
 use crate::broker::Broker;
-use crate::cluster::forward::{self, Forwarded};
+use crate::cluster::forward::{self, PeerMessage};
 use crate::cluster::fsm::{Change, Cmd};
 use crate::cluster::node::NodeConfig;
 use crate::routing::subs::{Command, Owner};
@@ -89,7 +89,7 @@ fn forwards(core: &mut Core) -> Vec<(u64, Vec<String>)> {
 fn forwarded(subject: &str, data: &str, plain: bool, picks: Vec<(u64, &str)>) -> String {
     format!(
         "{:?}",
-        Forwarded {
+        PeerMessage {
             subject,
             reply: None,
             data,
@@ -194,7 +194,7 @@ fn a_peers_forward_batch_is_delivered_to_local_subscribers() {
     let mut batch = Vec::new();
     forward::push(
         &mut batch,
-        &Forwarded {
+        &PeerMessage {
             subject: "orders.new",
             reply: Some("_INBOX.n2.ab.1"),
             data: "7",
@@ -210,7 +210,7 @@ fn a_peers_forward_batch_is_delivered_to_local_subscribers() {
     let serial = core.broker.sessions[1].as_ref().unwrap().serial;
     forward::push(
         &mut batch,
-        &Forwarded {
+        &PeerMessage {
             subject: "job",
             reply: None,
             data: "8",
