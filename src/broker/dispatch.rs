@@ -45,6 +45,8 @@ pub struct BrokerConfig {
 pub struct Broker {
     pub(crate) cfg: BrokerConfig,
     pub(crate) started: Instant,
+    /// The time of the last loop turn (`tick`), which deadlines count from.
+    turn: Instant,
     pub(crate) sessions: Vec<Option<Session>>,
     /// The control state: subscriptions, group rules, stream metadata.
     pub(crate) fsm: Fsm,
@@ -90,6 +92,7 @@ impl Broker {
         Broker {
             cfg,
             started: Instant::now(),
+            turn: Instant::now(),
             sessions: Vec::new(),
             fsm: Fsm::new(1),
             requests,
@@ -1113,6 +1116,7 @@ impl Handler for Broker {
     }
 
     fn tick(&mut self, sink: &mut dyn Sink) {
+        self.turn = sink.now();
         self.sample_history(sink);
         if let Some(c) = &self.cluster {
             self.remote_push.reachable.clear();
@@ -1146,7 +1150,7 @@ impl Handler for Broker {
         }
         if self.cluster.is_some() {
             // Retries, expiries and the watch on peers run every 50 ms.
-            next = next.min(Instant::now() + Duration::from_millis(50));
+            next = next.min(self.turn + Duration::from_millis(50));
         }
         Some(next)
     }
