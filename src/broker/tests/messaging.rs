@@ -349,3 +349,29 @@ fn unknown_events_are_answered_from_the_event_table() {
     core.text(1, r#"28["nope""#);
     assert_eq!(core.take(), [Action::Close(1)]);
 }
+
+#[test]
+fn the_engine_io_endpoint_and_http_requests_are_answered() {
+    use crate::port::Request;
+    let mut core = Core::new();
+    assert_eq!(core.broker.endpoint("/socket.io/"), Some(0));
+    assert_eq!(core.broker.endpoint("/socket.io"), Some(0));
+    assert_eq!(core.broker.endpoint("/other/"), None);
+    let req = |method: &str, path: &str| Request {
+        method: method.into(),
+        path: path.into(),
+        query: String::new(),
+        headers: Vec::new(),
+        minor: 1,
+    };
+    let r = core.broker.http(&mut core.sink, &req("GET", "/healthz"));
+    assert_eq!((r.status, &r.body[..]), (200, &br#"{"status":"ok"}"#[..]));
+    let r = core.broker.http(&mut core.sink, &req("POST", "/metrics"));
+    assert_eq!(r.status, 405);
+    let r = core.broker.http(&mut core.sink, &req("GET", "/nowhere"));
+    assert_eq!(
+        (r.status, &r.body[..]),
+        (404, &br#"{"error":"not found"}"#[..])
+    );
+    core.assert_quiet();
+}
