@@ -9,9 +9,10 @@
 //!   events a `Handler` gets and the `Sink` its actions go into.
 //! - [`protocol`]: pure codecs for Engine.IO v4 and Socket.IO v5 packets, the
 //!   contract's request types, error codes and subject rules.
-//! - [`broker`]: the subscription index, queue groups, request/reply,
-//!   the control namespace, metrics; every state change goes through one
-//!   `apply` path.
+//! - [`broker`]: the broker core, which holds no socket (events in
+//!   through `port`, actions out into its sink): deliveries, request/reply,
+//!   streams' events, cluster mode's glue, the control namespace, metrics;
+//!   every subscription change goes through one `apply` path.
 //! - [`routing`]: who receives what: the subscription index and table,
 //!   queue-group rules; used by the broker and the control-state machine.
 //! - [`storage`]: record framing, atomic state files and the fsync thread,

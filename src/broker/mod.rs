@@ -1,6 +1,6 @@
-//! The broker core, above the transport and without I/O: it sees the
-//! event loop only through `crate::port` (events in, actions into a
-//! `Sink`), so it runs in-process in tests. Deliveries by the
+//! The broker core, above the transport: it sees the event loop only
+//! through `crate::port` (events in, actions into a `Sink`) and holds no
+//! socket, so it runs in-process in tests. Deliveries by the
 //! subscription table (`crate::routing`, changed through the one `apply`
 //! path of `cluster/fsm.rs`), request/reply inboxes, streams, cluster
 //! mode's glue, the control namespace and metrics.
