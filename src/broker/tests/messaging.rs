@@ -375,3 +375,61 @@ fn the_engine_io_endpoint_and_http_requests_are_answered() {
     );
     core.assert_quiet();
 }
+
+#[test]
+fn binary_data_is_delivered_as_a_binary_event_and_its_attachment() {
+    let mut core = Core::new();
+    core.join(1);
+    core.join(2);
+    core.sub(2, "s1", "orders.bin", None);
+    core.take();
+    core.text(
+        1,
+        r#"51-6["pub",{"subject":"orders.bin","data":{"_placeholder":true,"num":0}}]"#,
+    );
+    // Nothing until the attachment arrives.
+    core.assert_quiet();
+    core.binary(1, &[1, 2, 3]);
+    assert_eq!(
+        core.take(),
+        [
+            Action::Text {
+                conn: 2,
+                text: r#"51-["msg",{"sid":"s1","subject":"orders.bin","data":{"_placeholder":true,"num":0}}]"#
+                    .into(),
+                shared: false
+            },
+            Action::Binary {
+                conn: 2,
+                bytes: vec![1, 2, 3]
+            },
+            Action::Text {
+                conn: 1,
+                text: r#"36[{"ok":true}]"#.into(),
+                shared: false
+            },
+        ]
+    );
+}
+
+#[test]
+fn the_auth_token_guards_root_and_legacy_clients_join_it_at_open() {
+    let mut cfg = super::config();
+    cfg.auth_token = Some("t0k".into());
+    let mut core = Core::with(crate::broker::Broker::new(cfg));
+    core.open(1);
+    core.text(1, r#"0{"token":"wrong"}"#);
+    assert_eq!(core.sent(1), [r#"4{"message":"unauthorized"}"#]);
+    core.text(1, r#"0{"token":"t0k"}"#);
+    let got = core.sent(1);
+    assert!(got[0].starts_with(r#"0{"sid":""#), "{got:?}");
+    // An Engine.IO 3 client cannot present a token at open: refused.
+    core.open_with(2, 3, 1 << 20);
+    assert_eq!(core.sent(2), [r#"4"unauthorized""#]);
+
+    // Without a token, a v3 session is in `/` from the start.
+    let mut core = Core::new();
+    core.open_with(3, 3, 1 << 20);
+    assert_eq!(core.sent(3), ["0"]);
+    core.sub(3, "s", "x", None);
+}
