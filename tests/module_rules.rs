@@ -14,6 +14,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("storage", &[]),
     ("crypto", &[]),
     ("protocol", &["rand"]),
+    ("auth", &["rand", "crypto", "protocol"]),
     ("config", &["storage"]),
     ("log", &["config"]),
     ("stream", &["rand", "storage", "protocol", "config", "log"]),
@@ -29,7 +30,7 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "broker",
         &[
-            "rand", "storage", "crypto", "protocol", "config", "log", "stream", "cluster",
+            "rand", "storage", "crypto", "protocol", "auth", "config", "log", "stream", "cluster",
         ],
     ),
 ];

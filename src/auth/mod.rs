@@ -1,0 +1,16 @@
+//! Users and their rights (docs/PROTOCOL.md §12): the users file, the
+//! subject and stream rules, and the bookkeeping for answering requests.
+//! Pure but for [`users::read`], which reads the file; the broker passes
+//! the clock in.
+//!
+//! - [`users`]: the file's format, its strict parser, the token lookup.
+//! - [`rights`]: pattern coverage, subscribe cuts, stream rights and the
+//!   per-connection publish cache.
+//! - [`responses`]: the one answer each delivered request allows.
+
+pub mod responses;
+pub mod rights;
+pub mod users;
+
+pub use rights::{Cuts, PubCache, Rights, Rules, StreamNeed, SubDecision};
+pub use users::{User, Users, UsersError};
