@@ -69,6 +69,9 @@ pub struct Config {
     pub control_token: Option<String>,
     /// `-auth-token`: token protecting the `/` namespace; `None` when unset.
     pub auth_token: Option<String>,
+    /// `-users`: the users file naming each client's token and rights
+    /// (docs/PROTOCOL.md §12); `None` when unset.
+    pub users: Option<PathBuf>,
     /// `-cluster-token`: the secret cluster members share; `None` when
     /// unset (then [`Config::cluster_secret`] is `-control-token`).
     pub cluster_token: Option<String>,
@@ -211,6 +214,7 @@ impl Default for Config {
             data_dir: PathBuf::from("./data"),
             control_token: None,
             auth_token: None,
+            users: None,
             cluster_token: None,
             max_payload: DEFAULT_MAX_PAYLOAD,
             max_pending: DEFAULT_MAX_PENDING,
@@ -332,6 +336,12 @@ const FLAGS: &[FlagSpec] = &[
         "token",
         "",
         "token required by the \"/\" namespace",
+    ),
+    value(
+        "users",
+        "file",
+        "",
+        "JSON file of users, their tokens and rights on \"/\"; SIGHUP reloads it",
     ),
     value(
         "cluster-token",
@@ -553,6 +563,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, ConfigEr
     }
     cfg.control_token = get("control-token").filter(|v| !v.is_empty());
     cfg.auth_token = get("auth-token").filter(|v| !v.is_empty());
+    cfg.users = get("users").filter(|v| !v.is_empty()).map(PathBuf::from);
     cfg.cluster_token = get("cluster-token").filter(|v| !v.is_empty());
     if let Some(v) = get("max-payload") {
         cfg.max_payload = parse_size(&v).map_err(|e| flag_err("max-payload", e))?;
@@ -842,7 +853,7 @@ impl Config {
              max_payload={} max_pending={} max_pending_total={} ping_interval={} ping_timeout={} \
              connect_timeout={} allow_eio3={} cors_origin={} log_level={} \
              raft_addr={} raft_peers={} cluster={} bootstrap={} raft_log={} \
-             sync={} segment_size={}",
+             sync={} segment_size={} users={}",
             self.node_id,
             self.addr,
             self.data_dir.display(),
@@ -870,6 +881,9 @@ impl Config {
             self.raft_log,
             self.sync,
             format_size(self.segment_size),
+            self.users
+                .as_ref()
+                .map_or("unset".to_string(), |p| p.display().to_string()),
         )
     }
 }
