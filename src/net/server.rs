@@ -121,6 +121,11 @@ impl Stopper {
         self.stop.store(true, Ordering::Release);
         let _ = self.waker.wake();
     }
+
+    /// Wakes the loop without stopping it: the handler's `woken` runs.
+    pub fn wake(&self) {
+        let _ = self.waker.wake();
+    }
 }
 
 /// The loop's own state, apart from the handler so both can be borrowed.
