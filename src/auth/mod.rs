@@ -6,11 +6,14 @@
 //! - [`users`]: the file's format, its strict parser, the token lookup.
 //! - [`rights`]: pattern coverage, subscribe cuts, stream rights and the
 //!   per-connection publish cache.
+//! - [`conn`]: the rights one connection holds, with its caches.
 //! - [`responses`]: the one answer each delivered request allows.
 
+pub mod conn;
 pub mod responses;
 pub mod rights;
 pub mod users;
 
+pub use conn::ConnRights;
 pub use rights::{Cuts, PubCache, Rights, Rules, StreamNeed, SubDecision};
 pub use users::{User, Users, UsersError};

@@ -184,6 +184,17 @@ impl Rights {
         }
     }
 
+    /// No right at all: a connection on its way out after a reload.
+    pub fn none() -> Rights {
+        Rights {
+            publish: Rules::default(),
+            subscribe: Rules::default(),
+            allow_responses: false,
+            streams: StreamAccess::Names(Vec::new()),
+            stream_admin: false,
+        }
+    }
+
     /// May this stream event be used on stream `name`?
     pub fn may_stream(&self, name: &str, need: StreamNeed) -> bool {
         self.streams.allows(name) && (need == StreamNeed::Use || self.stream_admin)

@@ -34,6 +34,12 @@ impl User {
     pub fn holds(&self, token: &str) -> bool {
         crate::crypto::token_eq(token.as_bytes(), self.token.as_bytes())
     }
+
+    /// True when both hold the same token (a reload that changed a
+    /// user's token ends the connections made with the old one).
+    pub fn same_token(&self, other: &User) -> bool {
+        self.holds(&other.token)
+    }
 }
 
 /// Every user of a users file.
