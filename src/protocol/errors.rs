@@ -132,6 +132,7 @@ mod tests {
                 "exists",
                 "unauthorized",
                 "unavailable",
+                "forbidden",
                 "limit",
                 "internal"
             ]
