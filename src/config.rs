@@ -765,6 +765,13 @@ impl Config {
         if self.cluster_token.as_deref() == Some("") {
             return Err(invalid("-cluster-token: must not be empty"));
         }
+        if self.users.is_some() && !self.raft_peers.is_empty() && self.auth_token.is_none() {
+            // Nodes relay clients' events to each other on `/` with the
+            // -auth-token, a user with every right.
+            return Err(invalid(
+                "-users: cluster mode needs -auth-token too (the nodes' relays use it)",
+            ));
+        }
         if self.max_payload == 0 || self.max_payload > MAX_MAX_PAYLOAD {
             return Err(invalid(format!(
                 "-max-payload: {} is out of range (1B to 64MiB)",
