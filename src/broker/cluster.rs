@@ -1084,6 +1084,7 @@ impl Broker {
                         name(a).cmp(&name(b))
                     });
                     let body = json!([{"ok": true, "streams": g.streams}]).to_string();
+                    let body = self.filter_stream_list(g.conn, body);
                     send_ack(io, g.conn, NSP_ROOT, g.ack_id, &body);
                 }
             }

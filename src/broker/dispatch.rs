@@ -439,7 +439,13 @@ impl Broker {
                 if let Some(r) =
                     self.clustered_stream_event(io, conn, other, arg, ack_id, attachments)
                 {
-                    return Ok(r?.map_or(Answer::Later, Answer::Now));
+                    let r = match r? {
+                        Some(body) if other == "stream.list" => {
+                            Some(self.filter_stream_list(conn, body))
+                        }
+                        r => r,
+                    };
+                    return Ok(r.map_or(Answer::Later, Answer::Now));
                 }
                 if let Some(r) = self.streams.event(io, conn, other, arg, ack_id) {
                     let r = match r? {
