@@ -1128,13 +1128,23 @@ impl Handler for Broker {
         io.set_timer(conn, Some(io.now() + self.cfg.connect_timeout));
         if io.eio(conn) == 3 {
             // Socket.IO v4 (Engine.IO v3 clients) joins `/` without a
-            // CONNECT and without auth data, so `-auth-token` refuses it.
-            if self.cfg.auth_token.is_some() || self.access.users.is_some() {
-                io.send_text(conn, &[br#"4"unauthorized""#]);
-                return;
-            }
+            // CONNECT, so its token can only come in the handshake query
+            // (socket.io-client 2.x `query: {token}`).
+            let given = io
+                .legacy_token(conn)
+                .map(|t| query_param(&format!("token={t}"), "token").unwrap_or_default())
+                .unwrap_or_default();
+            let rights = match self.admit_root(&given) {
+                Admission::Refused => {
+                    io.send_text(conn, &[br#"4"unauthorized""#]);
+                    return;
+                }
+                Admission::All => None,
+                Admission::User(r) => Some(r),
+            };
             if let Some(session) = self.session(conn) {
                 session.root = true;
+                session.rights = rights;
             }
             self.join_root(conn);
             io.send_text(conn, &[b"0"]);
