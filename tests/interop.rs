@@ -368,3 +368,22 @@ fn node_socket_io_client_users_and_permissions() {
         );
     }
 }
+
+#[test]
+fn legacy_socket_io_client_2_names_its_user_in_the_handshake_query() {
+    let node_dir = repo_root().join("tests/interop/node2");
+    require(
+        &node_dir.join("node_modules/socket.io-client/package.json"),
+        "socket.io-client 2.x in tests/interop/node2/node_modules",
+    );
+    for mode in ["default", "polling"] {
+        run_checks_with(
+            Path::new("node"),
+            &node_dir.join("users.mjs"),
+            "socket.io-client 2.x users",
+            mode,
+            &["refused", "rights"],
+            &[&users_flag()],
+        );
+    }
+}
