@@ -6,8 +6,10 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 /// Bound on the reply subjects one connection may hold open at once; past
-/// it, expired ones go first, then the one that expires soonest.
-pub const RESPONSES_OPEN_MAX: usize = 4096;
+/// it, expired ones go first, then the one that expires soonest. With
+/// subjects of at most 256 bytes this keeps a socket's table under about
+/// 300 KiB even when other clients flood it with requests.
+pub const RESPONSES_OPEN_MAX: usize = 1024;
 
 #[derive(Debug, Default)]
 pub struct Responses {
