@@ -1555,6 +1555,25 @@ mod tests {
     }
 
     #[test]
+    fn users_flag_and_its_cluster_rule() {
+        let cfg = ok(&["-users=/etc/gombus/users.json"]);
+        assert_eq!(cfg.users, Some(PathBuf::from("/etc/gombus/users.json")));
+        assert!(cfg.summary().contains("users=/etc/gombus/users.json"));
+        assert_eq!(ok(&["-users="]).users, None);
+        let cluster = [
+            "-node-id=node-1",
+            "-raft-addr=127.0.0.1:7001",
+            "-raft-peers=node-1=127.0.0.1:7001,node-2=127.0.0.1:7002",
+            "-cluster=127.0.0.1:8002",
+            "-users=u.json",
+        ];
+        assert!(bad(&cluster).contains("-auth-token"));
+        let mut with_token = cluster.to_vec();
+        with_token.push("-auth-token=relay");
+        assert!(ok(&with_token).users.is_some());
+    }
+
+    #[test]
     fn raft_peers() {
         let cfg = ok(&[
             "-node-id=node-1",
