@@ -70,7 +70,7 @@ pub struct Config {
     /// `-auth-token`: token protecting the `/` namespace; `None` when unset.
     pub auth_token: Option<String>,
     /// `-users`: the users file naming each client's token and rights
-    /// (docs/PROTOCOL.md §12); `None` when unset.
+    /// (docs/PROTOCOL.md §11); `None` when unset.
     pub users: Option<PathBuf>,
     /// `-cluster-token`: the secret cluster members share; `None` when
     /// unset (then [`Config::cluster_secret`] is `-control-token`).

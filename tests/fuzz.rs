@@ -1215,7 +1215,7 @@ fn stream_meta_files() {
 }
 
 // ---------------------------------------------------------------------------
-// The users file (docs/PROTOCOL.md §12).
+// The users file (docs/PROTOCOL.md §11).
 
 /// Every input either parses into users whose rights answer without
 /// panicking, or is refused with a line inside the text; a duplicate-token

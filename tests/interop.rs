@@ -314,7 +314,7 @@ fn legacy_socket_io_client_2_on_polling_only() {
     legacy_node("polling");
 }
 
-/// The checks of py_users.py and node/users.mjs (docs/PROTOCOL.md §12):
+/// The checks of py_users.py and node/users.mjs (docs/PROTOCOL.md §11):
 /// admission by token, publish and subscribe rights with a deny cut, one
 /// answer per delivered request, stream rights and the filtered list.
 const USERS_CHECKS: [&str; 5] = [

@@ -1,4 +1,4 @@
-//! Users and permissions (docs/PROTOCOL.md §12) through the Rust client
+//! Users and permissions (docs/PROTOCOL.md §11) through the Rust client
 //! against a real broker: admission by token, publish and subscribe
 //! rights with deny cuts, one answer per delivered request, stream
 //! rights, `forbidden` counted in /metrics without tokens, and SIGHUP

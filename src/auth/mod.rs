@@ -1,4 +1,4 @@
-//! Users and their rights (docs/PROTOCOL.md §12): the users file, the
+//! Users and their rights (docs/PROTOCOL.md §11): the users file, the
 //! subject and stream rules, and the bookkeeping for answering requests.
 //! Pure but for [`users::read`], which reads the file; the broker passes
 //! the clock in.

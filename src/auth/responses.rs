@@ -1,4 +1,4 @@
-//! `allow_responses` bookkeeping for one connection (docs/PROTOCOL.md §12):
+//! `allow_responses` bookkeeping for one connection (docs/PROTOCOL.md §11):
 //! each request delivered to it opens one publish to its reply subject,
 //! good until the request's time runs out. The clock is passed in.
 

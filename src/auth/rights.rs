@@ -1,4 +1,4 @@
-//! What one user may do (docs/PROTOCOL.md §12): subject rules for publish
+//! What one user may do (docs/PROTOCOL.md §11): subject rules for publish
 //! and subscribe with pattern-against-pattern coverage, the deny patterns
 //! that cut into an allowed wildcard subscription, the stream rights, and
 //! a bounded per-connection cache of publish decisions.
@@ -408,9 +408,15 @@ mod tests {
         assert!(!c.allows(&r, "a.x"));
         assert!(!c.allows(&r, "a.x"), "a cached refusal stays a refusal");
         assert!(c.allows(&r, "a.y"));
-        assert!(!c.allows(&r, "a.x"), "the last subject is no shortcut for another");
+        assert!(
+            !c.allows(&r, "a.x"),
+            "the last subject is no shortcut for another"
+        );
         c.clear();
         assert!(c.is_empty());
-        assert!(!c.allows(&Rules::default(), "a.y"), "cleared, it decides again");
+        assert!(
+            !c.allows(&Rules::default(), "a.y"),
+            "cleared, it decides again"
+        );
     }
 }

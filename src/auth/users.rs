@@ -1,4 +1,4 @@
-//! The users file (`-users`, docs/PROTOCOL.md §12): its JSON form, parsed
+//! The users file (`-users`, docs/PROTOCOL.md §11): its JSON form, parsed
 //! strictly (unknown keys, bad patterns, empty or duplicate tokens and
 //! names are refused with the line they are on), and the token lookup a
 //! CONNECT makes, compared in constant time.

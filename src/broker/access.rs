@@ -1,5 +1,5 @@
 //! Users and rights on `/` as the broker applies them (docs/PROTOCOL.md
-//! §12): who a CONNECT is, the `forbidden` refusals and their counts, the
+//! §11): who a CONNECT is, the `forbidden` refusals and their counts, the
 //! delivery gate for subscriptions with cuts and for answers to requests,
 //! and the reload on SIGHUP. The rules themselves live in `crate::auth`.
 

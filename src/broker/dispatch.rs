@@ -66,7 +66,7 @@ pub struct Broker {
     targets: Vec<SubKey>,
     /// Push deliveries for other nodes' subscribers (cluster mode).
     pub(crate) remote_push: super::stream_out::RemotePush,
-    /// Users and their rights on `/` (docs/PROTOCOL.md §12).
+    /// Users and their rights on `/` (docs/PROTOCOL.md §11).
     pub(crate) access: super::access::Access,
     /// Until when the request being delivered may be answered.
     reply_until: Option<Instant>,

@@ -14,7 +14,7 @@ pub enum Code {
     Exists,
     Unauthorized,
     Unavailable,
-    /// The user's rights do not allow it (docs/PROTOCOL.md §12).
+    /// The user's rights do not allow it (docs/PROTOCOL.md §11).
     Forbidden,
     Limit,
     Internal,

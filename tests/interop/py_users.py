@@ -1,4 +1,4 @@
-"""Users and permissions (docs/PROTOCOL.md §12) through python-socketio.
+"""Users and permissions (docs/PROTOCOL.md §11) through python-socketio.
 
 Usage: python py_users.py URL CONTROL_TOKEN [MODE]
 

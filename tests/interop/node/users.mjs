@@ -1,4 +1,4 @@
-// Users and permissions (docs/PROTOCOL.md §12) with the unmodified
+// Users and permissions (docs/PROTOCOL.md §11) with the unmodified
 // socket.io-client 4.x.
 //
 // Usage: node users.mjs URL CONTROL_TOKEN [MODE]
