@@ -177,8 +177,12 @@ impl Broker {
         };
         let name = arg
             .and_then(|a| serde_json::from_str::<serde_json::Value>(a.get()).ok())
-            .and_then(|v| v.get(field)?.as_str().map(str::to_string))
-            .unwrap_or_default();
+            .and_then(|v| v.get(field)?.as_str().map(str::to_string));
+        let Some(name) = name else {
+            // No stream named: the event's own check answers bad_request,
+            // and it cannot reach any stream.
+            return Ok(());
+        };
         if r.may_stream(&name, need) {
             return Ok(());
         }
