@@ -69,6 +69,9 @@ pub struct Config {
     pub control_token: Option<String>,
     /// `-auth-token`: token protecting the `/` namespace; `None` when unset.
     pub auth_token: Option<String>,
+    /// `-users`: the users file naming each client's token and rights
+    /// (docs/PROTOCOL.md §11); `None` when unset.
+    pub users: Option<PathBuf>,
     /// `-cluster-token`: the secret cluster members share; `None` when
     /// unset (then [`Config::cluster_secret`] is `-control-token`).
     pub cluster_token: Option<String>,
@@ -211,6 +214,7 @@ impl Default for Config {
             data_dir: PathBuf::from("./data"),
             control_token: None,
             auth_token: None,
+            users: None,
             cluster_token: None,
             max_payload: DEFAULT_MAX_PAYLOAD,
             max_pending: DEFAULT_MAX_PENDING,
@@ -332,6 +336,12 @@ const FLAGS: &[FlagSpec] = &[
         "token",
         "",
         "token required by the \"/\" namespace",
+    ),
+    value(
+        "users",
+        "file",
+        "",
+        "JSON file of users, their tokens and rights on \"/\"; SIGHUP reloads it",
     ),
     value(
         "cluster-token",
@@ -553,6 +563,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, ConfigEr
     }
     cfg.control_token = get("control-token").filter(|v| !v.is_empty());
     cfg.auth_token = get("auth-token").filter(|v| !v.is_empty());
+    cfg.users = get("users").filter(|v| !v.is_empty()).map(PathBuf::from);
     cfg.cluster_token = get("cluster-token").filter(|v| !v.is_empty());
     if let Some(v) = get("max-payload") {
         cfg.max_payload = parse_size(&v).map_err(|e| flag_err("max-payload", e))?;
@@ -754,6 +765,13 @@ impl Config {
         if self.cluster_token.as_deref() == Some("") {
             return Err(invalid("-cluster-token: must not be empty"));
         }
+        if self.users.is_some() && !self.raft_peers.is_empty() && self.auth_token.is_none() {
+            // Nodes relay clients' events to each other on `/` with the
+            // -auth-token, a user with every right.
+            return Err(invalid(
+                "-users: cluster mode needs -auth-token too (the nodes' relays use it)",
+            ));
+        }
         if self.max_payload == 0 || self.max_payload > MAX_MAX_PAYLOAD {
             return Err(invalid(format!(
                 "-max-payload: {} is out of range (1B to 64MiB)",
@@ -842,7 +860,7 @@ impl Config {
              max_payload={} max_pending={} max_pending_total={} ping_interval={} ping_timeout={} \
              connect_timeout={} allow_eio3={} cors_origin={} log_level={} \
              raft_addr={} raft_peers={} cluster={} bootstrap={} raft_log={} \
-             sync={} segment_size={}",
+             sync={} segment_size={} users={}",
             self.node_id,
             self.addr,
             self.data_dir.display(),
@@ -870,6 +888,9 @@ impl Config {
             self.raft_log,
             self.sync,
             format_size(self.segment_size),
+            self.users
+                .as_ref()
+                .map_or("unset".to_string(), |p| p.display().to_string()),
         )
     }
 }
@@ -1531,6 +1552,25 @@ mod tests {
         assert!(bad(&["-node-id", &too_long]).contains("longer than 64"));
         assert!(bad(&["-node-id=node 1"]).contains("' '"));
         assert!(bad(&["-node-id=nödé"]).starts_with("-node-id: "));
+    }
+
+    #[test]
+    fn users_flag_and_its_cluster_rule() {
+        let cfg = ok(&["-users=/etc/gombus/users.json"]);
+        assert_eq!(cfg.users, Some(PathBuf::from("/etc/gombus/users.json")));
+        assert!(cfg.summary().contains("users=/etc/gombus/users.json"));
+        assert_eq!(ok(&["-users="]).users, None);
+        let cluster = [
+            "-node-id=node-1",
+            "-raft-addr=127.0.0.1:7001",
+            "-raft-peers=node-1=127.0.0.1:7001,node-2=127.0.0.1:7002",
+            "-cluster=127.0.0.1:8002",
+            "-users=u.json",
+        ];
+        assert!(bad(&cluster).contains("-auth-token"));
+        let mut with_token = cluster.to_vec();
+        with_token.push("-auth-token=relay");
+        assert!(ok(&with_token).users.is_some());
     }
 
     #[test]

@@ -26,7 +26,10 @@
 //!   storage and its node-to-node transport.
 //! - [`crypto`]: SHA-256, HMAC-SHA256 and OS randomness, for the proofs
 //!   cluster members exchange.
+//! - [`auth`]: the users file and each user's rights: which subjects it
+//!   may publish and subscribe to, which streams it may use.
 
+pub mod auth;
 pub mod broker;
 pub mod cli;
 pub mod client;

@@ -120,6 +120,12 @@ pub trait Sink {
     fn is_open(&self, conn: ConnId) -> bool;
     /// The Engine.IO version `conn` speaks (3 for legacy clients, else 4).
     fn eio(&self, conn: ConnId) -> u8;
+    /// The handshake query's `token` of an Engine.IO v3 session (still
+    /// percent-encoded): how socket.io-client 2.x names its user. `None`
+    /// for v4 sessions and sessions without one.
+    fn legacy_token(&self, _conn: ConnId) -> Option<&str> {
+        None
+    }
     /// Queues one Engine.IO message packet (`4` + the parts) to `conn`;
     /// false if it was not queued (closed, or closed now as a slow
     /// consumer).

@@ -673,3 +673,38 @@ fn bench_sub_server_connects_subscribers_there_and_keeps_counts_exact() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--sub-server"), "{}", stderr(&o));
 }
+
+/// `--token` names the user under `-users` (docs/PROTOCOL.md §11): a
+/// responder that may only answer requests serves `gombus req`, and a
+/// command outside a user's rights fails with `forbidden` and a hint.
+#[test]
+fn token_names_the_user_under_a_users_file() {
+    let users = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/users/users.json");
+    let b = Broker::start(&[&format!("-users={users}")]);
+    let s = b.addr.as_str();
+    let responder = Background::start(
+        &[
+            "-s",
+            s,
+            "--token",
+            "tok-service",
+            "reply",
+            "svc.cli",
+            "\"pong\"",
+            "--count",
+            "1",
+        ],
+        "answering requests on svc.cli",
+    );
+    let out = ok(&["-s", s, "--token", "tok-admin", "req", "svc.cli", "ping"]);
+    assert_eq!(out.trim(), "pong");
+    let (status, _) = responder.finish();
+    assert!(status.success());
+    let o = run(&["-s", s, "--token", "tok-service", "pub", "svc.cli", "1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("forbidden"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--token"), "{}", stderr(&o));
+    let o = run(&["-s", s, "pub", "svc.cli", "1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("unauthorized"), "{}", stderr(&o));
+}

@@ -1213,3 +1213,49 @@ fn stream_meta_files() {
     });
     assert_clean("stream_meta_files", &out);
 }
+
+// ---------------------------------------------------------------------------
+// The users file (docs/PROTOCOL.md §11).
+
+/// Every input either parses into users whose rights answer without
+/// panicking, or is refused with a line inside the text; a duplicate-token
+/// refusal never repeats the token (every token of the corpus starts with
+/// `tok-`, no user name does).
+#[test]
+fn users_file() {
+    let corpus = samples(&[
+        include_str!("users/users.json"),
+        r#"{"users":[{"name":"a","token":"tok-a","publish":{"allow":["a.*"],"deny":["a.b"]},"subscribe":{"allow":[">"],"deny":["x.>"]},"allow_responses":true,"streams":["*"],"stream_admin":true}]}"#,
+        r#"{"users":[]}"#,
+        "{\"users\": [\n {\"name\": \"a\", \"token\": \"tok-1\"},\n {\"name\": \"b\", \"token\": \"tok-2\", \"streams\": [\"S\"]}\n]}",
+    ]);
+    let out = run("users_file", &corpus, 8_000, 0, &mut |input| {
+        let t = text(input);
+        within(bound(input), || {
+            let lines = t.lines().count().max(1);
+            match gombus::auth::Users::parse(&t) {
+                Ok(users) => {
+                    for u in users.iter() {
+                        let r = &u.rights;
+                        let _ = r.publish.allows_subject("a.b");
+                        let _ = r.subscribe.decide_sub("a.>");
+                        ensure(users.find("\u{0}no such token").is_none(), || {
+                            "an odd token matched".into()
+                        })?;
+                    }
+                    Ok(())
+                }
+                Err(e) => {
+                    ensure(e.line >= 1 && e.line <= lines + 1, || {
+                        format!("line {} outside 1..={}", e.line, lines + 1)
+                    })?;
+                    let dup = e.message.contains("same token");
+                    ensure(!dup || !e.message.contains("tok-"), || {
+                        format!("a token was repeated: {e}")
+                    })
+                }
+            }
+        })
+    });
+    assert_clean("users_file", &out);
+}

@@ -145,6 +145,7 @@ fn help_lists_every_flag_and_bad_flags_exit_2() {
         "-data",
         "-control-token",
         "-auth-token",
+        "-users",
         "-max-payload",
         "-max-pending",
         "-ping-interval",

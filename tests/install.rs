@@ -145,6 +145,7 @@ fn make_install_puts_a_working_broker_and_hardened_units_in_destdir() {
     for var in [
         "GOMBUS_ADDR",
         "GOMBUS_CONTROL_TOKEN",
+        "GOMBUS_USERS",
         "GOMBUS_CLUSTER",
         "GOMBUS_SYNC",
     ] {

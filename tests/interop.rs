@@ -153,16 +153,31 @@ const LEGACY_CHECKS: [&str; 4] = ["connect", "control", "pubsub_wildcard", "requ
 
 /// `mode`: `websocket`, `default` or `polling` (see the scripts).
 fn run_checks(program: &Path, script: &Path, client: &str, mode: &str, checks: &[&str]) {
+    run_checks_with(program, script, client, mode, checks, &[]);
+}
+
+/// [`run_checks`] against a broker started with `extra` flags as well.
+fn run_checks_with(
+    program: &Path,
+    script: &Path,
+    client: &str,
+    mode: &str,
+    checks: &[&str],
+    extra: &[&str],
+) {
     require(script, "the interop script");
     // A short ping interval: python-engineio's polling client can lose its
     // own close packet (its write thread stops once `disconnect()` changes
     // the state, even with packets queued), and then waits for the next
     // ping to end its long poll. At the default 25 s that wait is a stalled
     // test; at 2 s it is a pause. Every check still runs as written.
-    let broker = common::Broker::start(&[
-        &format!("-control-token={CONTROL_TOKEN}"),
-        "-ping-interval=2s",
-    ]);
+    let mut args = vec![
+        format!("-control-token={CONTROL_TOKEN}"),
+        "-ping-interval=2s".to_string(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let broker = common::Broker::start(&args);
     let url = format!("http://{}", broker.addr);
     let child = Command::new(program)
         .arg(script)
@@ -297,4 +312,78 @@ fn legacy_socket_io_client_2_polls_then_upgrades_with_eio3() {
 #[test]
 fn legacy_socket_io_client_2_on_polling_only() {
     legacy_node("polling");
+}
+
+/// The checks of py_users.py and node/users.mjs (docs/PROTOCOL.md §11):
+/// admission by token, publish and subscribe rights with a deny cut, one
+/// answer per delivered request, stream rights and the filtered list.
+const USERS_CHECKS: [&str; 5] = [
+    "unauthorized",
+    "publish",
+    "subscribe",
+    "responses",
+    "streams",
+];
+
+fn users_flag() -> String {
+    format!(
+        "-users={}",
+        repo_root().join("tests/users/users.json").display()
+    )
+}
+
+#[test]
+fn python_socketio_users_and_permissions() {
+    let root = repo_root();
+    let python = root.join(".venv/bin/python");
+    require(&python, "the Python venv with python-socketio");
+    let script = root.join("tests/interop/py_users.py");
+    for mode in ["websocket", "default"] {
+        run_checks_with(
+            &python,
+            &script,
+            "python-socketio users",
+            mode,
+            &USERS_CHECKS,
+            &[&users_flag()],
+        );
+    }
+}
+
+#[test]
+fn node_socket_io_client_users_and_permissions() {
+    let node_dir = repo_root().join("tests/interop/node");
+    require(
+        &node_dir.join("node_modules/socket.io-client/package.json"),
+        "socket.io-client in tests/interop/node/node_modules",
+    );
+    for mode in ["websocket", "default"] {
+        run_checks_with(
+            Path::new("node"),
+            &node_dir.join("users.mjs"),
+            "socket.io-client users",
+            mode,
+            &USERS_CHECKS,
+            &[&users_flag()],
+        );
+    }
+}
+
+#[test]
+fn legacy_socket_io_client_2_names_its_user_in_the_handshake_query() {
+    let node_dir = repo_root().join("tests/interop/node2");
+    require(
+        &node_dir.join("node_modules/socket.io-client/package.json"),
+        "socket.io-client 2.x in tests/interop/node2/node_modules",
+    );
+    for mode in ["default", "polling"] {
+        run_checks_with(
+            Path::new("node"),
+            &node_dir.join("users.mjs"),
+            "socket.io-client 2.x users",
+            mode,
+            &["refused", "rights"],
+            &[&users_flag()],
+        );
+    }
 }

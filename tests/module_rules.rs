@@ -15,6 +15,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("crypto", &[]),
     ("port", &[]),
     ("protocol", &["rand"]),
+    ("auth", &["rand", "crypto", "protocol"]),
     ("config", &["storage"]),
     ("log", &["config"]),
     ("routing", &["rand", "port", "protocol", "log"]),
@@ -31,8 +32,8 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "broker",
         &[
-            "rand", "storage", "crypto", "port", "protocol", "config", "log", "routing", "stream",
-            "cluster",
+            "rand", "storage", "crypto", "port", "protocol", "auth", "config", "log", "routing",
+            "stream", "cluster",
         ],
     ),
 ];

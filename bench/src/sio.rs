@@ -86,7 +86,13 @@ impl Sio {
                 String::from_utf8_lossy(&open)
             )));
         }
-        c.text("40".to_string())?;
+        // GOMBUS_BENCH_TOKEN names a user of the broker's -users file (or
+        // its -auth-token): the CONNECT carries it as `{"token":…}`.
+        let connect = match std::env::var("GOMBUS_BENCH_TOKEN") {
+            Ok(t) if !t.is_empty() => format!("40{}", serde_json::json!({ "token": t })),
+            _ => "40".to_string(),
+        };
+        c.text(connect)?;
         c.flush()?;
         loop {
             let f = c.frame()?;

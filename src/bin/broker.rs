@@ -1,6 +1,7 @@
 //! The `broker` binary: flags (or their GOMBUS_* environment variables)
 //! -> Config -> a broker on one event loop (a cluster member when
-//! `-raft-peers` is given), stopped cleanly by SIGTERM or SIGINT.
+//! `-raft-peers` is given), stopped cleanly by SIGTERM or SIGINT; SIGHUP
+//! reloads the `-users` file.
 
 use std::process::ExitCode;
 
@@ -36,6 +37,11 @@ fn main() -> ExitCode {
         max_payload: cfg.max_payload,
         connect_timeout: cfg.connect_timeout,
     });
+    if let Err(e) = broker.load_users(cfg.users.clone()) {
+        eprintln!("broker: -users: {e}");
+        return ExitCode::from(2);
+    }
+    let reload = broker.reload_flag();
     if let Some(settings) = cluster_settings(&cfg) {
         broker.enable_cluster(settings);
     }
@@ -67,6 +73,7 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     signal::stop_on_terminate(server.stopper());
+    signal::flag_on_hangup(reload, server.stopper());
     log_info!("config {}", cfg.summary());
     match server.local_addr() {
         Ok(addr) => log_info!("listening on {addr}"),

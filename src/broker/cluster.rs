@@ -1090,6 +1090,7 @@ impl Broker {
                         name(a).cmp(&name(b))
                     });
                     let body = json!([{"ok": true, "streams": g.streams}]).to_string();
+                    let body = self.filter_stream_list(g.conn, body);
                     send_ack(sink, g.conn, NSP_ROOT, g.ack_id, &body);
                 }
             }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
 
+use super::access::Admission;
 use super::cluster::{ChangeAck, Cluster, ClusterSettings};
 use super::events::{self, Route};
 use super::history::History;
@@ -68,6 +69,10 @@ pub struct Broker {
     targets: Vec<SubKey>,
     /// Push deliveries for other nodes' subscribers (cluster mode).
     pub(crate) remote_push: super::stream_out::RemotePush,
+    /// Users and their rights on `/` (docs/PROTOCOL.md §11).
+    pub(crate) access: super::access::Access,
+    /// Until when the request being delivered may be answered.
+    reply_until: Option<Instant>,
     /// Consumer cursors last replicated (cluster mode).
     pub(crate) cursor_log: super::stream_cluster::CursorLog,
     rng: u64,
@@ -107,6 +112,8 @@ impl Broker {
             targets: Vec::new(),
             cursor_log: Default::default(),
             remote_push: Default::default(),
+            access: Default::default(),
+            reply_until: None,
             rng,
         }
     }
@@ -226,7 +233,19 @@ impl Broker {
         // On /control the cluster token also admits (a peer node's link),
         // and only it grants the node-to-node events.
         let peer = p.nsp == NSP_CONTROL && holds(&cluster);
-        let admitted = holds(&token) || (peer && cluster.is_some());
+        let mut rights = None;
+        let admitted = if p.nsp == NSP_ROOT {
+            match self.admit_root(&given()) {
+                Admission::Refused => false,
+                Admission::All => true,
+                Admission::User(r) => {
+                    rights = Some(r);
+                    true
+                }
+            }
+        } else {
+            holds(&token) || (peer && cluster.is_some())
+        };
         if !admitted {
             let head = socketio::encode(PacketType::ConnectError, 0, p.nsp, None, "");
             sink.send_text(conn, &[&head, br#"{"message":"unauthorized"}"#]);
@@ -246,6 +265,9 @@ impl Broker {
                 self.end_root_socket(sink, conn);
             }
             self.join_root(conn);
+            if let Some(s) = self.session(conn) {
+                s.rights = rights;
+            }
         } else {
             session.control = true;
             session.peer = peer;
@@ -292,6 +314,7 @@ impl Broker {
     /// answers and subscriptions go, so nothing meant for it can reach a
     /// later socket on the same connection or slot.
     fn end_root_socket(&mut self, sink: &mut dyn Sink, conn: ConnId) {
+        self.end_rights(conn);
         self.requests.drop_conn(conn);
         self.streams.closed(conn);
         if let Some(c) = self.cluster.as_mut() {
@@ -426,13 +449,25 @@ impl Broker {
                 let Some(Route::Stream(op)) = other else {
                     return Err(ArgError::Api(events::unknown(NSP_ROOT, name)));
                 };
+                self.check_stream(conn, name, arg)?;
                 if let Some(r) =
                     self.clustered_stream_event(sink, conn, op, name, arg, ack_id, attachments)
                 {
-                    return Ok(r?.map_or(Answer::Later, Answer::Now));
+                    let r = match r? {
+                        Some(body) if name == "stream.list" => {
+                            Some(self.filter_stream_list(conn, body))
+                        }
+                        r => r,
+                    };
+                    return Ok(r.map_or(Answer::Later, Answer::Now));
                 }
-                let r = self.streams.event(sink, conn, op, name, arg, ack_id);
-                Ok(r?.map_or(Answer::Later, Answer::Now))
+                let r = match self.streams.event(sink, conn, op, name, arg, ack_id)? {
+                    Some(body) if name == "stream.list" => {
+                        Some(self.filter_stream_list(conn, body))
+                    }
+                    r => r,
+                };
+                Ok(r.map_or(Answer::Later, Answer::Now))
             }
         }
     }
@@ -463,6 +498,7 @@ impl Broker {
         self.fsm
             .subs
             .check_subscribe(owner, &sid, &pattern, queue.as_deref())?;
+        self.check_subscribe(conn, &sid, &pattern)?;
         if let Some(s) = self.session(conn) {
             s.subscribed = true;
         }
@@ -526,6 +562,7 @@ impl Broker {
             subject::validate_subject(reply)
                 .map_err(|e| ApiError::new(Code::BadSubject, format!("reply: {e}")))?;
         }
+        self.check_publish(conn, "publish to", &p.subject, sink.now())?;
         let headers = p.headers.map(RawValue::get).filter(|h| *h != "null");
         let captured = self.streams.captures(&p.subject);
         if captured.is_none() {
@@ -608,6 +645,7 @@ impl Broker {
     ) -> Result<Answer, ApiError> {
         let data = raw_text(r.data);
         let size = self.check_message(&r.subject, data, r.headers, attachments)?;
+        self.check_publish(conn, "request", &r.subject, sink.now())?;
         self.metrics.requests += 1;
         let no_responders = || {
             ApiError::new(
@@ -615,6 +653,7 @@ impl Broker {
                 format!("no subscribers on {:?}", r.subject),
             )
         };
+        let mut until = sink.now() + REQUEST_TIMEOUT_DEFAULT;
         let inbox = match ack_id {
             // Fire and forget: the request is delivered, and replies to its
             // inbox reach nobody since no ack waits for them.
@@ -625,6 +664,7 @@ impl Broker {
                     .timeout_ms
                     .map_or(REQUEST_TIMEOUT_DEFAULT, Duration::from_millis)
                     .clamp(Duration::from_millis(1), REQUEST_TIMEOUT_MAX);
+                until = sink.now() + timeout;
                 self.requests
                     .open(conn, ack_id, sink.now() + timeout)
                     .ok_or_else(|| {
@@ -635,6 +675,7 @@ impl Broker {
         self.metrics.msgs_in += 1;
         self.metrics.bytes_in += size as u64;
         let headers = r.headers.map(RawValue::get).filter(|h| *h != "null");
+        self.reply_until = Some(until);
         let sent = self.deliver(
             sink,
             &r.subject,
@@ -644,6 +685,7 @@ impl Broker {
             attachments,
             size,
         );
+        self.reply_until = None;
         if sent == 0 && ack_id.is_some() {
             // Every match was a connection on its way out.
             self.requests.take(&inbox);
@@ -706,6 +748,8 @@ impl Broker {
             tail: &tail,
             shared: share(&tail, local.len() + m.groups.len()),
             attachments,
+            subject,
+            reply,
         };
         let mut sent = 0;
         for &key in &local {
@@ -787,6 +831,8 @@ impl Broker {
             tail: &tail,
             shared: share(&tail, keys.len()),
             attachments,
+            subject: m.subject,
+            reply: m.reply,
         };
         let mut sent = 0;
         for &key in keys {
@@ -851,6 +897,18 @@ impl Broker {
             return false;
         };
         let conn = s.conn;
+        // Rights are looked at only while some subscription has cuts, or
+        // for a request under a users file (the answer it allows).
+        let gated =
+            self.access.cut_sockets > 0 || (out.reply.is_some() && self.access.users.is_some());
+        if gated {
+            let now = sink.now();
+            let until = self.reply_until.unwrap_or(now + REQUEST_TIMEOUT_DEFAULT);
+            let sessions = &mut self.sessions;
+            if !super::access::gate(sessions, conn, &s.sid, out.subject, out.reply, until, now) {
+                return false;
+            }
+        }
         let queued = match &out.shared {
             Some(tail) => sink.send_text_shared(conn, &[out.head, s.sid_json.as_bytes()], tail),
             None => sink.send_text(conn, &[out.head, s.sid_json.as_bytes(), out.tail]),
@@ -913,6 +971,9 @@ struct Out<'a> {
     /// when it goes to more than one.
     shared: Option<Shared>,
     attachments: &'a [Vec<u8>],
+    /// The subject and reply subject, for the rights gate.
+    subject: &'a str,
+    reply: Option<&'a str>,
 }
 
 /// A tail shorter than this is copied to each subscriber: the shared copy
@@ -1076,13 +1137,23 @@ impl Handler for Broker {
         sink.set_timer(conn, Some(sink.now() + self.cfg.connect_timeout));
         if sink.eio(conn) == 3 {
             // Socket.IO v4 (Engine.IO v3 clients) joins `/` without a
-            // CONNECT and without auth data, so `-auth-token` refuses it.
-            if self.cfg.auth_token.is_some() {
-                sink.send_text(conn, &[br#"4"unauthorized""#]);
-                return;
-            }
+            // CONNECT, so its token can only come in the handshake query
+            // (socket.io-client 2.x `query: {token}`).
+            let given = sink
+                .legacy_token(conn)
+                .map(|t| query_param(&format!("token={t}"), "token").unwrap_or_default())
+                .unwrap_or_default();
+            let rights = match self.admit_root(&given) {
+                Admission::Refused => {
+                    sink.send_text(conn, &[br#"4"unauthorized""#]);
+                    return;
+                }
+                Admission::All => None,
+                Admission::User(r) => Some(r),
+            };
             if let Some(session) = self.session(conn) {
                 session.root = true;
+                session.rights = rights;
             }
             self.join_root(conn);
             sink.send_text(conn, &[b"0"]);
@@ -1171,6 +1242,7 @@ impl Handler for Broker {
     }
 
     fn woken(&mut self, sink: &mut dyn Sink) {
+        self.reload_if_asked(sink);
         self.streams.woken(sink);
         self.cluster_woken(sink);
     }

@@ -20,10 +20,13 @@
 //!   waits and acks held for their write.
 //! - [`stream_out`]: push deliveries, fetch answers and the JSON views of
 //!   streams, consumers and messages.
+//! - [`access`]: users and rights on `/`: admission, `forbidden`, the
+//!   delivery gate, reload on SIGHUP.
 //! - [`metrics`]: counters and `/metrics`, `/healthz`.
 //! - [`lifecycle`]: goodbyes to clients at shutdown.
 //! - [`history`]: per-second traffic samples (rates, the chart).
 //! - [`dashboard`]: the page at `/` and the JSON at `/api/info`.
+pub mod access;
 pub mod cluster;
 pub mod control;
 pub mod dashboard;

@@ -26,6 +26,8 @@ pub struct Session {
     /// A subscribe was made under `serial` (it may still be on its way
     /// through the cluster when the socket closes).
     pub subscribed: bool,
+    /// The user's rights while in `/`; `None` for every right.
+    pub rights: Option<Box<crate::auth::ConnRights>>,
 }
 
 impl Session {

@@ -23,6 +23,7 @@ impl Failure {
     pub fn call(what: &str, e: &ClientError) -> Failure {
         let hint = match e.code() {
             Some("unauthorized") => " (check --token / --control-token)",
+            Some("forbidden") => " (the user of --token does not have this right)",
             Some("bad_request") if e.to_string().contains("unknown event") => {
                 " (this server does not serve that feature)"
             }

@@ -97,6 +97,10 @@ pub struct Conn {
     pub stalled: bool,
     /// Engine.IO version of the session (4, or 3 for legacy clients).
     pub eio: u8,
+    /// The handshake query's `token` (still percent-encoded), kept for an
+    /// Engine.IO v3 session only: such a client joins `/` without a
+    /// CONNECT payload, so this is its only way to name its user.
+    pub legacy_token: Option<Box<str>>,
     /// A long-polling session's transport state.
     pub polling: Option<Box<Polling>>,
     /// The Engine.IO sid of a session that began on polling (the key an
@@ -151,6 +155,7 @@ impl Conn {
             lag_since: None,
             stalled: false,
             eio: 4,
+            legacy_token: None,
             polling: None,
             sid: None,
             link: None,
@@ -384,6 +389,15 @@ impl Io<'_> {
         match self.conns.get(conn) {
             Some(Some(c)) => c.eio,
             _ => 4,
+        }
+    }
+
+    /// The handshake query's `token` of an Engine.IO v3 session (still
+    /// percent-encoded); `None` for v4 sessions.
+    pub fn legacy_token(&self, conn: ConnId) -> Option<&str> {
+        match self.conns.get(conn) {
+            Some(Some(c)) => c.legacy_token.as_deref(),
+            _ => None,
         }
     }
 
@@ -625,6 +639,10 @@ impl Sink for Io<'_> {
 
     fn eio(&self, conn: ConnId) -> u8 {
         Io::eio(self, conn)
+    }
+
+    fn legacy_token(&self, conn: ConnId) -> Option<&str> {
+        Io::legacy_token(self, conn)
     }
 
     #[inline]

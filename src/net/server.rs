@@ -123,6 +123,11 @@ impl Stopper {
         self.stop.store(true, Ordering::Release);
         let _ = self.waker.wake();
     }
+
+    /// Wakes the loop without stopping it: the handler's `woken` runs.
+    pub fn wake(&self) {
+        let _ = self.waker.wake();
+    }
 }
 
 /// The loop's connections and their bookkeeping (queues, timers,
@@ -743,6 +748,10 @@ impl<H: Handler> Server<H> {
             Ok(hs) => hs,
             Err(e) => return self.refuse(id, e, now),
         };
+        let legacy_token = (hs.eio == 3)
+            .then(|| req.query_param("token"))
+            .flatten()
+            .map(Box::from);
         match (hs.transport, hs.sid) {
             (Transport::Polling, None) if req.method == "GET" => {
                 if self.table.stats.polling_sessions as usize >= self.settings.polling_sessions_max
@@ -753,7 +762,7 @@ impl<H: Handler> Server<H> {
                     self.cors(id, &mut resp);
                     return self.respond_to(id, &resp, false, now);
                 }
-                self.open_polling(id, endpoint, hs.eio, now)
+                self.open_polling(id, endpoint, hs.eio, legacy_token, now)
             }
             (Transport::Polling, None) => self.refuse(id, HandshakeError::BadHandshakeMethod, now),
             (Transport::Polling, Some(sid)) => {
@@ -791,7 +800,7 @@ impl<H: Handler> Server<H> {
                     Err(WsRefusal::Version) => return self.refuse_ws_version(id, now),
                 };
                 let Some(sid) = sid else {
-                    return self.upgrade(id, endpoint, hs.eio, &key, now);
+                    return self.upgrade(id, endpoint, hs.eio, legacy_token, &key, now);
                 };
                 match self.polling_session(&sid, endpoint) {
                     Some(session) if !self.upgrading(session) => {
@@ -887,7 +896,14 @@ impl<H: Handler> Server<H> {
     }
 
     /// A handshake GET: a new session whose open packet answers it.
-    fn open_polling(&mut self, id: ConnId, endpoint: u8, eio: u8, now: Instant) {
+    fn open_polling(
+        &mut self,
+        id: ConnId,
+        endpoint: u8,
+        eio: u8,
+        legacy_token: Option<Box<str>>,
+        now: Instant,
+    ) {
         let sid = self.next_sid();
         let slot = self.table.free.pop().unwrap_or_else(|| {
             self.table.conns.push(None);
@@ -895,6 +911,7 @@ impl<H: Handler> Server<H> {
         });
         self.table.serial += 1;
         let mut conn = Conn::polling_session(self.table.serial, eio, &sid);
+        conn.legacy_token = legacy_token;
         conn.endpoint = endpoint;
         conn.session = true;
         let hb = self.heartbeat(eio, now);
@@ -1387,7 +1404,15 @@ impl<H: Handler> Server<H> {
         self.respond_to(id, &resp, false, now);
     }
 
-    fn upgrade(&mut self, id: ConnId, endpoint: u8, eio: u8, key: &str, now: Instant) {
+    fn upgrade(
+        &mut self,
+        id: ConnId,
+        endpoint: u8,
+        eio: u8,
+        legacy_token: Option<Box<str>>,
+        key: &str,
+        now: Instant,
+    ) {
         let sid = self.next_sid();
         let open = OpenInfo {
             sid: &sid,
@@ -1404,6 +1429,7 @@ impl<H: Handler> Server<H> {
         c.endpoint = endpoint;
         c.session = true;
         c.eio = eio;
+        c.legacy_token = legacy_token;
         c.out
             .extend_from_slice(&http::upgrade_response(&ws::accept_key(key)));
         // The 101 leaves in a write of its own, as Engine.IO servers send

@@ -14,12 +14,14 @@ pub enum Code {
     Exists,
     Unauthorized,
     Unavailable,
+    /// The user's rights do not allow it (docs/PROTOCOL.md §11).
+    Forbidden,
     Limit,
     Internal,
 }
 
 impl Code {
-    pub const ALL: [Code; 11] = [
+    pub const ALL: [Code; 12] = [
         Code::BadRequest,
         Code::BadSubject,
         Code::PayloadTooLarge,
@@ -29,6 +31,7 @@ impl Code {
         Code::Exists,
         Code::Unauthorized,
         Code::Unavailable,
+        Code::Forbidden,
         Code::Limit,
         Code::Internal,
     ];
@@ -44,6 +47,7 @@ impl Code {
             Code::Exists => "exists",
             Code::Unauthorized => "unauthorized",
             Code::Unavailable => "unavailable",
+            Code::Forbidden => "forbidden",
             Code::Limit => "limit",
             Code::Internal => "internal",
         }
@@ -128,6 +132,7 @@ mod tests {
                 "exists",
                 "unauthorized",
                 "unavailable",
+                "forbidden",
                 "limit",
                 "internal"
             ]
