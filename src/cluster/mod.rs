@@ -6,6 +6,9 @@
 //! - [`raft`]: the pure consensus core: `tick`, `step`, `propose`,
 //!   `read_index` in; a [`raft::Ready`] of things to persist, send and
 //!   apply out. No sockets, files, threads or clocks.
+//! - [`raft_multi`]: many Raft groups (the control group and one per
+//!   replicated stream) on one node: one tick, routing by group id, and
+//!   heartbeats coalesced per node pair.
 //! - [`raft_log`]: where the log and the term/vote state live: the
 //!   [`raft_log::LogStore`] trait, an in-memory and a durable (record
 //!   framed, fsynced) implementation, and the crc-framed state file.
@@ -26,4 +29,5 @@ pub mod raft;
 pub mod raft_auth;
 pub mod raft_log;
 pub mod raft_msg;
+pub mod raft_multi;
 pub mod raft_transport;
