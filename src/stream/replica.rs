@@ -1049,7 +1049,9 @@ mod tests {
             let subject = ["a.b", "a.c", "a.long.subject.name"][(z >> 8) as usize % 3];
             let len = (z >> 16) as usize % 40;
             let data = format!("\"{}\"", "x".repeat(len));
-            let id = (z >> 24).is_multiple_of(3).then(|| format!("id{}", (z >> 32) % 20));
+            let id = (z >> 24)
+                .is_multiple_of(3)
+                .then(|| format!("id{}", (z >> 32) % 20));
             let headers = id.as_ref().map(|i| format!("{{\"Msg-Id\":\"{i}\"}}"));
             let want = r1.store(subject, data.as_bytes(), false, headers.as_deref(), now);
             let got = rep.apply(
