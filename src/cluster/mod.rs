@@ -16,6 +16,9 @@
 //!   crc32 framed, with reconnect backoff and bounded send queues.
 //! - [`raft_auth`]: the handshake by which every Raft connection proves
 //!   its ends hold the cluster secret.
+//! - [`placement`]: `replicas` on `stream.create`, the choice of a
+//!   replicated stream's nodes, and the placement the control state
+//!   records.
 //! - [`fsm`]: the control-state machine every replicated change goes
 //!   through, with its snapshots.
 //! - [`node`]: the Raft thread of a broker in cluster mode.
@@ -25,6 +28,7 @@ pub mod forward;
 pub mod fsm;
 pub mod link;
 pub mod node;
+pub mod placement;
 pub mod raft;
 pub mod raft_auth;
 pub mod raft_log;
