@@ -1,6 +1,5 @@
 //! Where a replicated stream lives: the `replicas` field of
-//! `stream.create` (docs/PROTOCOL.md section 10), the choice of its R
-//! nodes, and the [`Placement`] the control group records for it
+//! `stream.create`, the choice of its R nodes, and the [`Placement`] the control group records for it
 //! (`fsm::MetaCommand::StreamPlace`) so that every node knows the group
 //! id and members of every stream group.
 //!
