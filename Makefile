@@ -60,12 +60,14 @@ clippy:
 test: build test-deps fmt-check clippy
 	GOMBUS_BIN=$(CURDIR)/$(BIN) scripts/run-tests.sh
 
-# The Raft simulation over more seeds than `make test` runs (2000), in
-# release: `make sim SEEDS=100000`. A failure prints the command that
-# replays its seed.
+# The Raft simulations over more seeds than `make test` runs (2000 each),
+# in release: `make sim SEEDS=100000`. raft_sim is the control group
+# alone; stream_sim is replicated streams (the control group and stream
+# groups multiplexed on each node, with the stream state machine and
+# fsync modelled). A failure prints the command that replays its seed.
 SEEDS ?= 20000
 sim:
-	SIM_SEEDS=$(SEEDS) $(CARGO) test --release --locked --test raft_sim -- --nocapture
+	SIM_SEEDS=$(SEEDS) $(CARGO) test --release --locked --test raft_sim --test stream_sim -- --nocapture
 
 # Every fuzz target (tests/fuzz.rs and the client's decoders) for SECS
 # seconds in all, optimised with overflow checks on, under a fresh seed

@@ -40,6 +40,7 @@ fn raft_id(i: usize) -> u64 {
 /// the transport frames every message (record: length, crc32, body).
 fn forged_heartbeat(from: usize, to: usize) -> Vec<u8> {
     let m = Message {
+        group: 0,
         from: raft_id(from),
         to: raft_id(to),
         term: 1000,

@@ -24,7 +24,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use fuzz_support::{assert_clean, run};
-use gombus::cluster::raft_msg::{self, Body, Entry, EntryKind, HardState, Message, Snapshot};
+use gombus::cluster::raft_msg::{
+    self, Beat, BeatAck, Body, Entry, EntryKind, HardState, Message, Snapshot,
+};
 use gombus::cluster::{forward, raft_log};
 use gombus::net::{http, polling, ws};
 use gombus::protocol::stream_messages as sm;
@@ -657,15 +659,55 @@ fn raft_samples() -> Vec<Message> {
         },
         Body::ProposeResp { seq: 2, index: 8 },
     ];
-    bodies
-        .into_iter()
-        .map(|body| Message {
+    // The control group's messages, the same in a stream group (whose
+    // group id goes in front), and the coalesced heartbeats.
+    let mut out: Vec<Message> = Vec::new();
+    for group in [0, 42] {
+        out.extend(bodies.iter().cloned().map(|body| Message {
+            group,
             from: 1,
             to: 2,
             term: 3,
             body,
-        })
-        .collect()
+        }));
+    }
+    let beat = |group: u64, commit: u64| Beat {
+        group,
+        term: 3,
+        commit,
+        commit_term: 3,
+        read_seq: 0,
+    };
+    out.push(Message {
+        group: 0,
+        from: 1,
+        to: 2,
+        term: 0,
+        body: Body::Beats {
+            beats: vec![beat(1, 7), beat(300, 1 << 20)],
+        },
+    });
+    out.push(Message {
+        group: 0,
+        from: 2,
+        to: 1,
+        term: 0,
+        body: Body::BeatsResp {
+            acks: vec![
+                BeatAck {
+                    group: 1,
+                    term: 3,
+                    read_seq: 0,
+                },
+                BeatAck {
+                    group: 300,
+                    term: 3,
+                    read_seq: 9,
+                },
+            ],
+        },
+    });
+    out
 }
 
 #[test]

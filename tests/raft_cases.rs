@@ -227,6 +227,7 @@ fn votes_for_shorter_or_older_logs_are_refused() {
         let mut r = Raft::new(config(1, 3), hs(2), Snapshot::default(), log.clone());
         let _ = r.ready();
         r.step(Message {
+            group: 0,
             from: 2,
             to: 1,
             term: 3,
@@ -261,6 +262,7 @@ fn votes_for_shorter_or_older_logs_are_refused() {
     let _ = r.ready();
     for from in [2, 3] {
         r.step(Message {
+            group: 0,
             from,
             to: 1,
             term: 3,
@@ -348,6 +350,7 @@ fn conflicting_uncommitted_entries_are_overwritten() {
     let mut r = Raft::new(config(2, 3), hs(2), Snapshot::default(), log);
     let _ = r.ready();
     r.step(Message {
+        group: 0,
         from: 1,
         to: 2,
         term: 3,
@@ -383,6 +386,7 @@ fn conflicting_uncommitted_entries_are_overwritten() {
 
     // A stale, shorter Append does not cut what already matches.
     r.step(Message {
+        group: 0,
         from: 1,
         to: 2,
         term: 3,
@@ -464,6 +468,7 @@ fn a_vote_request_inside_the_lease_is_ignored() {
     net.elect(1);
     let term = net.node(1).term();
     net.node_mut(2).step(Message {
+        group: 0,
         from: 3,
         to: 2,
         term: term + 5,
@@ -611,6 +616,7 @@ fn a_node_that_lost_its_log_votes_only_after_catching_up() {
         "a non-voter never campaigns"
     );
     let vote_ask = Message {
+        group: 0,
         from: 2,
         to: 3,
         term: old.term + 1,
@@ -658,6 +664,7 @@ fn a_malformed_append_is_dropped() {
         vec![entry(u64::MAX, 2)],
     ] {
         r.step(Message {
+            group: 0,
             from: 1,
             to: 2,
             term: 2,

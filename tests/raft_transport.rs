@@ -49,6 +49,7 @@ fn cluster(n: u64, tune: impl Fn(&mut TransportConfig)) -> BTreeMap<NodeId, Tran
 
 fn append(from: NodeId, to: NodeId, n: u64, size: usize) -> Message {
     Message {
+        group: 0,
         from,
         to,
         term: 3,
@@ -98,6 +99,7 @@ fn messages_arrive_whole_and_in_order() {
         sent.push(m);
     }
     let hb = Message {
+        group: 0,
         from: 1,
         to: 3,
         term: 3,
@@ -438,6 +440,7 @@ fn a_raft_frame_without_a_handshake_is_refused_and_closed() {
     let addr = ts[&2].local_addr().unwrap();
     let mut s = TcpStream::connect(addr).unwrap();
     let m = Message {
+        group: 0,
         from: 1,
         to: 2,
         term: 1000,

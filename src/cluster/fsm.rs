@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::placement::{self, Placement};
 use crate::protocol::errors::{ApiError, Code};
 use crate::routing::subs::{Command, Owner, SubTable};
 
@@ -75,6 +76,13 @@ pub enum MetaCommand {
         stream: String,
         cursors: Vec<Cursor>,
     },
+    /// Stream `name` is replicated by Raft group `placement.group` on
+    /// `placement.replicas` (see `placement.rs`). Refused while another
+    /// stream holds that group id.
+    StreamPlace {
+        name: String,
+        placement: Placement,
+    },
 }
 
 /// Where a consumer stands: every stream sequence up to `ack_floor` is
@@ -106,6 +114,10 @@ pub struct StreamMeta {
     pub owner: u64,
     pub config: Value,
     pub consumers: BTreeMap<String, ConsumerMeta>,
+    /// A replicated stream's group and nodes (none: an R1 stream on
+    /// `owner`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -222,6 +234,7 @@ impl Fsm {
                         owner: *owner,
                         config: config.clone(),
                         consumers: BTreeMap::new(),
+                        placement: None,
                     },
                 );
                 Ok(())
@@ -268,7 +281,29 @@ impl Fsm {
                 }
                 Ok(())
             }
+            MetaCommand::StreamPlace { name, placement } => self.place(name, placement),
         }
+    }
+
+    fn place(&mut self, name: &str, p: &Placement) -> Result<(), ApiError> {
+        placement::check(p)?;
+        let taken = self.streams.iter().any(|(other, s)| {
+            other != name && s.placement.as_ref().is_some_and(|q| q.group == p.group)
+        });
+        let s = self.stream_mut(name)?;
+        if taken {
+            return Err(ApiError::new(
+                Code::Exists,
+                format!("group {} holds another stream", p.group),
+            ));
+        }
+        s.placement = Some(p.clone());
+        Ok(())
+    }
+
+    /// Where replicated stream `name` lives (none for an R1 stream).
+    pub fn stream_placement(&self, name: &str) -> Option<&Placement> {
+        self.streams.get(name)?.placement.as_ref()
     }
 
     fn stream_mut(&mut self, name: &str) -> Result<&mut StreamMeta, ApiError> {

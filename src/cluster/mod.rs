@@ -6,6 +6,9 @@
 //! - [`raft`]: the pure consensus core: `tick`, `step`, `propose`,
 //!   `read_index` in; a [`raft::Ready`] of things to persist, send and
 //!   apply out. No sockets, files, threads or clocks.
+//! - [`raft_multi`]: many Raft groups (the control group and one per
+//!   replicated stream) on one node: one tick, routing by group id, and
+//!   heartbeats coalesced per node pair.
 //! - [`raft_log`]: where the log and the term/vote state live: the
 //!   [`raft_log::LogStore`] trait, an in-memory and a durable (record
 //!   framed, fsynced) implementation, and the crc-framed state file.
@@ -13,6 +16,9 @@
 //!   crc32 framed, with reconnect backoff and bounded send queues.
 //! - [`raft_auth`]: the handshake by which every Raft connection proves
 //!   its ends hold the cluster secret.
+//! - [`placement`]: `replicas` on `stream.create`, the choice of a
+//!   replicated stream's nodes, and the placement the control state
+//!   records.
 //! - [`fsm`]: the control-state machine every replicated change goes
 //!   through, with its snapshots.
 //! - [`node`]: the Raft thread of a broker in cluster mode.
@@ -22,8 +28,10 @@ pub mod forward;
 pub mod fsm;
 pub mod link;
 pub mod node;
+pub mod placement;
 pub mod raft;
 pub mod raft_auth;
 pub mod raft_log;
 pub mod raft_msg;
+pub mod raft_multi;
 pub mod raft_transport;

@@ -16,7 +16,9 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 
-use super::raft_msg::{Body, Entry, EntryKind, HardState, Message, NodeId, Snapshot};
+use super::raft_msg::{
+    Body, Entry, EntryKind, GroupId, HardState, Message, NodeId, Snapshot, CONTROL_GROUP,
+};
 
 /// The tick the shells use, in milliseconds.
 pub const TICK_MS: u64 = 50;
@@ -33,6 +35,9 @@ const _: () = assert!(2 * ELECTION_TICKS as u64 * TICK_MS <= 800);
 /// Tunables of one node; [`Config::new`] gives the defaults.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The group this core replicates: its messages carry it, and it takes
+    /// only messages of its own group.
+    pub group: GroupId,
     pub id: NodeId,
     /// Every voting member, this node included.
     pub members: Vec<NodeId>,
@@ -65,6 +70,7 @@ impl Config {
     /// The defaults for node `id` of `members`.
     pub fn new(id: NodeId, members: Vec<NodeId>) -> Config {
         Config {
+            group: CONTROL_GROUP,
             id,
             members,
             election_ticks: ELECTION_TICKS,
@@ -709,7 +715,12 @@ impl Raft {
 
     /// Takes one message from another node.
     pub fn step(&mut self, m: Message) {
-        if m.to != self.cfg.id || !self.peers.contains(&m.from) {
+        if m.to != self.cfg.id || m.group != self.cfg.group || !self.peers.contains(&m.from) {
+            return;
+        }
+        if matches!(m.body, Body::Beats { .. } | Body::BeatsResp { .. }) {
+            // Node-level: the multiplexer splits them into per-group
+            // heartbeats before any core sees them.
             return;
         }
         if m.term > self.term {
@@ -812,6 +823,7 @@ impl Raft {
                 let at = (index > 0).then_some((index, m.term));
                 self.after.forwarded.push(ForwardOutcome { seq, at });
             }
+            Body::Beats { .. } | Body::BeatsResp { .. } => {}
         }
     }
 
@@ -848,6 +860,7 @@ impl Raft {
         let (last_index, last_term) = (self.log.last_index(), self.log.last_term());
         for p in self.peers.clone() {
             let m = Message {
+                group: self.cfg.group,
                 from: self.cfg.id,
                 to: p,
                 term: self.term + 1,
@@ -903,6 +916,7 @@ impl Raft {
             && up_to_date(last_term, last_index, my.0, my.1)
             && !self.in_lease();
         let m = Message {
+            group: self.cfg.group,
             from: self.cfg.id,
             to: from,
             // A grant speaks for the term the sender would campaign in.
@@ -1382,6 +1396,7 @@ impl Raft {
 
     fn send(&mut self, to: NodeId, body: Body) {
         self.after.messages.push(Message {
+            group: self.cfg.group,
             from: self.cfg.id,
             to,
             term: self.term,

@@ -375,6 +375,7 @@ mod tests {
     #[test]
     fn a_raft_frame_or_garbage_is_not_a_handshake() {
         let m = Message {
+            group: 0,
             from: 1,
             to: 2,
             term: 1000,

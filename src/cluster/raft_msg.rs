@@ -8,12 +8,27 @@
 //! before anything is allocated, so a corrupt or hostile frame is an error,
 //! never a panic or a huge allocation. Framing (length + crc32) is the
 //! caller's: [`crate::storage::record`].
+//!
+//! Many Raft groups share one connection (see `raft_multi`). A message of
+//! the control group (group 0) is encoded exactly as before groups
+//! existed; a message of any other group puts tag 12 and the group id in
+//! front of its body's tag. The coalesced heartbeats of all groups
+//! between two nodes ([`Body::Beats`], [`Body::BeatsResp`], tags 13 and
+//! 14) are node-level messages, always sent as group 0, whose per-group
+//! fields are LEB128 varints: an idle group costs a few bytes per beat.
 
 use std::fmt;
 
 /// A node's numeric id inside the Raft group. The shell maps `-node-id`
 /// names to these (the position in the sorted `-raft-peers` list, plus 1).
 pub type NodeId = u64;
+
+/// Which Raft group a message belongs to. The control group is 0; every
+/// replicated stream has a group of its own.
+pub type GroupId = u64;
+
+/// The group that replicates the cluster's control state.
+pub const CONTROL_GROUP: GroupId = 0;
 
 /// What an entry carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +72,9 @@ pub struct Snapshot {
 /// `PreVote`, the term it would campaign in).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
+    /// The group whose cores exchange it ([`CONTROL_GROUP`] for the
+    /// node-level [`Body::Beats`] and [`Body::BeatsResp`]).
+    pub group: GroupId,
     pub from: NodeId,
     pub to: NodeId,
     pub term: u64,
@@ -131,6 +149,34 @@ pub enum Body {
         seq: u64,
         index: u64,
     },
+    /// The heartbeats of every group the sender leads with the receiver as
+    /// a follower, gathered into one message per node pair and tick (the
+    /// message's own term is unused: each beat carries its group's).
+    Beats {
+        beats: Vec<Beat>,
+    },
+    /// The answers to heartbeats of many groups, gathered likewise.
+    BeatsResp {
+        acks: Vec<BeatAck>,
+    },
+}
+
+/// One group's [`Body::Heartbeat`] inside [`Body::Beats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Beat {
+    pub group: GroupId,
+    pub term: u64,
+    pub commit: u64,
+    pub commit_term: u64,
+    pub read_seq: u64,
+}
+
+/// One group's [`Body::HeartbeatResp`] inside [`Body::BeatsResp`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BeatAck {
+    pub group: GroupId,
+    pub term: u64,
+    pub read_seq: u64,
 }
 
 /// Why bytes are not a message (or an entry, or a snapshot).
@@ -171,6 +217,8 @@ impl Body {
             Body::Snapshot { .. } => "Snapshot",
             Body::Propose { .. } => "Propose",
             Body::ProposeResp { .. } => "ProposeResp",
+            Body::Beats { .. } => "Beats",
+            Body::BeatsResp { .. } => "BeatsResp",
         }
     }
 }
@@ -179,6 +227,16 @@ impl Body {
 
 fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_le_bytes());
+}
+
+/// LEB128: seven bits a byte, low bits first, the top bit set on every
+/// byte but the last.
+pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
 }
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
@@ -211,12 +269,29 @@ pub fn encode_hard_state(out: &mut Vec<u8>, h: &HardState) {
     put_u64(out, h.epoch);
 }
 
-/// Appends the encoding of `m` to `out`.
+/// Tag of a body that belongs to a group other than the control group.
+const TAG_GROUP: u8 = 12;
+
+/// Appends the encoding of `m` to `out`. A message of a group other than
+/// [`CONTROL_GROUP`] cannot carry [`Body::Beats`] or [`Body::BeatsResp`]
+/// (they are node-level; such a message would not decode).
 pub fn encode(out: &mut Vec<u8>, m: &Message) {
     put_u64(out, m.from);
     put_u64(out, m.to);
     put_u64(out, m.term);
-    match &m.body {
+    if m.group != CONTROL_GROUP {
+        debug_assert!(
+            !matches!(m.body, Body::Beats { .. } | Body::BeatsResp { .. }),
+            "beats are sent as group 0"
+        );
+        out.push(TAG_GROUP);
+        put_u64(out, m.group);
+    }
+    encode_body(out, &m.body);
+}
+
+fn encode_body(out: &mut Vec<u8>, body: &Body) {
+    match body {
         Body::PreVote {
             last_index,
             last_term,
@@ -300,6 +375,24 @@ pub fn encode(out: &mut Vec<u8>, m: &Message) {
             put_u64(out, *seq);
             put_u64(out, *index);
         }
+        Body::Beats { beats } => {
+            out.push(13);
+            put_varint(out, beats.len() as u64);
+            for b in beats {
+                for v in [b.group, b.term, b.commit, b.commit_term, b.read_seq] {
+                    put_varint(out, v);
+                }
+            }
+        }
+        Body::BeatsResp { acks } => {
+            out.push(14);
+            put_varint(out, acks.len() as u64);
+            for a in acks {
+                for v in [a.group, a.term, a.read_seq] {
+                    put_varint(out, v);
+                }
+            }
+        }
     }
 }
 
@@ -345,6 +438,39 @@ impl<'a> Reader<'a> {
             1 => Ok(true),
             t => Err(CodecError::Tag(self.at - 1, t)),
         }
+    }
+
+    /// A LEB128 varint in its shortest form: a longer spelling of the same
+    /// number (a last byte of 0) or one past 64 bits is refused, so the
+    /// encoding stays canonical.
+    fn varint(&mut self) -> Result<u64, CodecError> {
+        let mut v = 0u64;
+        for k in 0..10 {
+            let at = self.at;
+            let b = self.u8()?;
+            let bits = u64::from(b & 0x7f);
+            if k == 9 && b > 1 {
+                return Err(CodecError::Tag(at, b));
+            }
+            v |= bits << (7 * k);
+            if b & 0x80 == 0 {
+                if k > 0 && b == 0 {
+                    return Err(CodecError::Tag(at, b));
+                }
+                return Ok(v);
+            }
+        }
+        unreachable!("the tenth byte ends the varint or is refused")
+    }
+
+    /// A list length that the remaining bytes can hold at `min_each`
+    /// bytes an item.
+    fn count(&mut self, min_each: usize) -> Result<usize, CodecError> {
+        let n = self.varint()?;
+        if n > ((self.buf.len() - self.at) / min_each) as u64 {
+            return Err(CodecError::Short);
+        }
+        Ok(n as usize)
     }
 
     fn bytes(&mut self) -> Result<Vec<u8>, CodecError> {
@@ -458,6 +584,32 @@ impl<'a> Reader<'a> {
                 seq: self.u64()?,
                 index: self.u64()?,
             },
+            13 => {
+                let n = self.count(5)?;
+                let mut beats = Vec::with_capacity(n);
+                for _ in 0..n {
+                    beats.push(Beat {
+                        group: self.varint()?,
+                        term: self.varint()?,
+                        commit: self.varint()?,
+                        commit_term: self.varint()?,
+                        read_seq: self.varint()?,
+                    });
+                }
+                Body::Beats { beats }
+            }
+            14 => {
+                let n = self.count(3)?;
+                let mut acks = Vec::with_capacity(n);
+                for _ in 0..n {
+                    acks.push(BeatAck {
+                        group: self.varint()?,
+                        term: self.varint()?,
+                        read_seq: self.varint()?,
+                    });
+                }
+                Body::BeatsResp { acks }
+            }
             t => return Err(CodecError::Tag(tag_at, t)),
         })
     }
@@ -469,9 +621,24 @@ pub fn decode(buf: &[u8]) -> Result<Message, CodecError> {
     let from = r.u64()?;
     let to = r.u64()?;
     let term = r.u64()?;
+    let mut group = CONTROL_GROUP;
+    if r.buf.get(r.at) == Some(&TAG_GROUP) {
+        r.at += 1;
+        let at = r.at;
+        group = r.u64()?;
+        // Group 0 is spelled without the tag: one encoding per message.
+        if group == CONTROL_GROUP {
+            return Err(CodecError::Tag(at, 0));
+        }
+    }
+    let tag_at = r.at;
     let body = r.body()?;
+    if group != CONTROL_GROUP && matches!(body, Body::Beats { .. } | Body::BeatsResp { .. }) {
+        return Err(CodecError::Tag(tag_at, r.buf[tag_at]));
+    }
     r.finish()?;
     Ok(Message {
+        group,
         from,
         to,
         term,
@@ -538,15 +705,53 @@ mod tests {
             },
             Body::ProposeResp { seq: 5, index: 77 },
         ];
-        bodies
-            .into_iter()
-            .map(|body| Message {
+        let mut out: Vec<Message> = Vec::new();
+        for group in [CONTROL_GROUP, 7, u64::MAX] {
+            out.extend(bodies.iter().cloned().map(|body| Message {
+                group,
                 from: 1,
                 to: 2,
                 term: 3,
                 body,
-            })
-            .collect()
+            }));
+        }
+        for body in [
+            Body::Beats {
+                beats: vec![
+                    Beat {
+                        group: 1,
+                        term: 2,
+                        commit: 300,
+                        commit_term: 2,
+                        read_seq: 0,
+                    },
+                    Beat {
+                        group: u64::MAX,
+                        term: 1 << 40,
+                        commit: 127,
+                        commit_term: 128,
+                        read_seq: 16_384,
+                    },
+                ],
+            },
+            Body::Beats { beats: vec![] },
+            Body::BeatsResp {
+                acks: vec![BeatAck {
+                    group: 9,
+                    term: 4,
+                    read_seq: 1,
+                }],
+            },
+        ] {
+            out.push(Message {
+                group: CONTROL_GROUP,
+                from: 1,
+                to: 2,
+                term: 0,
+                body,
+            });
+        }
+        out
     }
 
     #[test]
@@ -578,6 +783,7 @@ mod tests {
     #[test]
     fn a_heartbeat_is_49_bytes() {
         let m = Message {
+            group: CONTROL_GROUP,
             from: 1,
             to: 2,
             term: 3,
@@ -595,6 +801,7 @@ mod tests {
     #[test]
     fn known_bytes_of_a_heartbeat_response() {
         let m = Message {
+            group: CONTROL_GROUP,
             from: 1,
             to: 2,
             term: 3,
@@ -609,6 +816,138 @@ mod tests {
         want.push(8);
         want.extend_from_slice(&4u64.to_le_bytes());
         assert_eq!(out, want);
+    }
+
+    #[test]
+    fn a_stream_group_message_is_the_control_encoding_with_its_group_in_front() {
+        let body = Body::HeartbeatResp { read_seq: 4 };
+        let mut control = Vec::new();
+        encode(
+            &mut control,
+            &Message {
+                group: CONTROL_GROUP,
+                from: 1,
+                to: 2,
+                term: 3,
+                body: body.clone(),
+            },
+        );
+        let mut grouped = Vec::new();
+        encode(
+            &mut grouped,
+            &Message {
+                group: 5,
+                from: 1,
+                to: 2,
+                term: 3,
+                body,
+            },
+        );
+        let mut want = control[..24].to_vec();
+        want.push(12);
+        want.extend_from_slice(&5u64.to_le_bytes());
+        want.extend_from_slice(&control[24..]);
+        assert_eq!(grouped, want);
+    }
+
+    #[test]
+    fn group_zero_spelled_with_the_group_tag_is_refused() {
+        let mut out = Vec::new();
+        for v in [1u64, 2, 3] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.push(12);
+        out.extend_from_slice(&0u64.to_le_bytes());
+        out.push(8);
+        out.extend_from_slice(&4u64.to_le_bytes());
+        assert_eq!(decode(&out), Err(CodecError::Tag(25, 0)));
+    }
+
+    #[test]
+    fn beats_inside_a_group_or_a_group_inside_a_group_are_refused() {
+        let mut head = Vec::new();
+        for v in [1u64, 2, 3] {
+            head.extend_from_slice(&v.to_le_bytes());
+        }
+        head.push(12);
+        head.extend_from_slice(&6u64.to_le_bytes());
+        let mut beats = head.clone();
+        beats.extend_from_slice(&[13, 0]);
+        assert_eq!(decode(&beats), Err(CodecError::Tag(33, 13)));
+        let mut nested = head.clone();
+        nested.push(12);
+        nested.extend_from_slice(&6u64.to_le_bytes());
+        nested.push(8);
+        nested.extend_from_slice(&4u64.to_le_bytes());
+        assert_eq!(decode(&nested), Err(CodecError::Tag(33, 12)));
+    }
+
+    #[test]
+    fn known_bytes_of_beats() {
+        let m = Message {
+            group: CONTROL_GROUP,
+            from: 1,
+            to: 2,
+            term: 0,
+            body: Body::Beats {
+                beats: vec![Beat {
+                    group: 3,
+                    term: 2,
+                    commit: 200,
+                    commit_term: 2,
+                    read_seq: 0,
+                }],
+            },
+        };
+        let mut out = Vec::new();
+        encode(&mut out, &m);
+        let mut want = Vec::new();
+        for v in [1u64, 2, 0] {
+            want.extend_from_slice(&v.to_le_bytes());
+        }
+        // Tag, count 1, then group 3, term 2, commit 200 (two bytes),
+        // commit term 2, read seq 0.
+        want.extend_from_slice(&[13, 1, 3, 2, 0xc8, 0x01, 2, 0]);
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn a_varint_in_a_longer_form_than_needed_is_refused() {
+        for (bytes, ok) in [
+            (&[0x00][..], Some(0)),
+            (&[0x7f][..], Some(127)),
+            (&[0x80, 0x01][..], Some(128)),
+            (&[0x80, 0x00][..], None),
+            (&[0xff; 9][..], None),
+            (
+                &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01][..],
+                Some(u64::MAX),
+            ),
+            (
+                &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02][..],
+                None,
+            ),
+        ] {
+            let mut r = Reader::new(bytes);
+            assert_eq!(r.varint().ok(), ok, "{bytes:02x?}");
+            if let Some(v) = ok {
+                let mut again = Vec::new();
+                put_varint(&mut again, v);
+                assert_eq!(again, bytes);
+            }
+        }
+    }
+
+    #[test]
+    fn a_huge_beat_count_is_refused_without_allocating() {
+        let mut out = Vec::new();
+        for v in [1u64, 2, 3] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.push(13);
+        put_varint(&mut out, u64::MAX);
+        out.extend_from_slice(&[0; 9]);
+        assert_eq!(decode(&out), Err(CodecError::Short));
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub struct Delivery {
     pub deliveries: u64,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Consumer {
     pub cfg: ConsumerConfig,
     /// Next stream sequence to look at for a first delivery.
@@ -124,6 +124,12 @@ impl Consumer {
     /// Whether `seq` was delivered and is not done with yet.
     pub fn is_pending(&self, seq: u64) -> bool {
         self.pending.contains_key(&seq)
+    }
+
+    /// How often `seq` has been delivered, while it awaits an ack (0 when
+    /// it does not).
+    pub fn deliveries(&self, seq: u64) -> u64 {
+        self.pending.get(&seq).map_or(0, |p| p.deliveries)
     }
 
     /// Whether this consumer is done with `seq` (delivered and acked).

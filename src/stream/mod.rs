@@ -12,12 +12,15 @@
 //!   redelivery schedule).
 //! - [`meta`]: stream and consumer configs and cursors on disk (snapshot +
 //!   event log).
+//! - [`replica`]: the state machine of a replicated stream: the entries
+//!   its Raft group carries and their deterministic apply, with snapshots.
 //! - [`stream`]: one stream's config, limits, dedup window and retention
 //!   over its segment store.
 pub mod consumer;
 pub mod index;
 pub mod meta;
 pub mod recover;
+pub mod replica;
 pub mod segment;
 pub mod store;
 #[allow(clippy::module_inception)] // stream::stream is one stream, as the layout asks.

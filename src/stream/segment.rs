@@ -95,6 +95,16 @@ impl std::fmt::Display for Malformed {
     }
 }
 
+/// The framed length [`put_msg`] gives a message: what it counts for
+/// in a stream's `bytes` and `max_bytes`.
+pub fn msg_record_bytes(subject: &str, headers: Option<&str>, data: &[u8]) -> u64 {
+    (record::HEAD_BYTES
+        + MSG_FIXED_BYTES
+        + subject.len()
+        + headers.map_or(0, |h| 4 + h.len())
+        + data.len()) as u64
+}
+
 /// Appends a whole framed Msg record to `out`; returns its framed length.
 /// The caller checks the subject length (≤ [`SUBJECT_BYTES_MAX`]).
 pub fn put_msg(out: &mut Vec<u8>, m: &MsgRef<'_>) -> usize {
@@ -257,7 +267,9 @@ mod tests {
             data: b"",
             binary: false,
         };
-        put_msg(&mut out, &plain);
+        let n_plain = put_msg(&mut out, &plain);
+        assert_eq!(msg_record_bytes(m.subject, m.headers, m.data), n as u64);
+        assert_eq!(msg_record_bytes("x", None, b""), n_plain as u64);
         put_remove(&mut out, &[7, 8]);
         put_floor(&mut out, 9);
         put_synced(&mut out, 40);

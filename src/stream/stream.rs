@@ -271,8 +271,7 @@ impl Stream {
         if self.cfg.duplicate_window_ms == 0 {
             return None;
         }
-        let map: HashMap<String, String> = serde_json::from_str(headers?).ok()?;
-        map.get(MSG_ID_HEADER).cloned()
+        msg_id_of(headers)
     }
 
     fn forget_ids(&mut self, now_ms: u64) {
@@ -419,8 +418,14 @@ impl Stream {
     }
 }
 
+/// The `Msg-Id` header of a message's raw JSON headers, if any.
+pub fn msg_id_of(headers: Option<&str>) -> Option<String> {
+    let map: HashMap<String, String> = serde_json::from_str(headers?).ok()?;
+    map.get(MSG_ID_HEADER).cloned()
+}
+
 /// The JSON text of `data` plus `headers`, in bytes.
-fn payload_size(data: &[u8], headers: Option<&str>) -> u64 {
+pub fn payload_size(data: &[u8], headers: Option<&str>) -> u64 {
     (data.len() + headers.map_or(0, str::len)) as u64
 }
 

@@ -1,0 +1,1224 @@
+//! The state machine of a replicated stream (`replicas` > 1): the entries
+//! its Raft group's log carries, their encoding, and a deterministic
+//! apply against an in-memory model of one stream, with snapshots.
+//!
+//! An entry is a batch of [`Op`]s, made by the stream's leader from what
+//! one loop turn brought in: publishes, consumer creation and deletion,
+//! deliveries (cursor moves), and batches of `ack`/`nak`/`term`/`wip`.
+//! Every replica applies the same entries in the same order with
+//! [`Replica::apply`], which is a function of the state and the entry
+//! alone (time comes from the entry, never from the replica's clock):
+//! the same [`Outcome`]s and the same state everywhere. Sequences follow
+//! from the log's order: the leader orders publishes by putting them in
+//! its log, apply numbers them, and a publisher is acked with the seq of
+//! the outcome once its entry is committed (held by a majority) and
+//! applied.
+//!
+//! The rules are R1's (`stream.rs`), over memory instead of segments:
+//! `max_msg_size`, the `Msg-Id` window (bounded by [`DEDUP_IDS_MAX`]),
+//! `max_msgs`/`max_bytes` with discard old or new, `max_age_ms` (through
+//! an [`Op::Expire`] made by the leader, carrying its clock), and the
+//! limits, work-queue and interest retention. Bytes count the segment
+//! record a message takes ([`msg_record_bytes`]), as R1's do. Consumers
+//! are R1's [`Consumer`] driven by its durable [`Event`]s; their
+//! redelivery timers are the leader's business and are not replicated.
+//!
+//! A delivery is an entry too, and the leader hands a message to a client
+//! only once that entry has applied and accepted it: a delivery of a
+//! sequence the consumer is done with (acked, termed) is refused by
+//! apply, so an ack answered `{ok}` (after its entry applied) can never be
+//! followed by a delivery of that sequence, whoever leads.
+//!
+//! [`Replica::snapshot`] encodes the whole state canonically (equal
+//! states give equal bytes), for a replica that falls behind the log's
+//! start and for comparing replicas.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use super::consumer::{Consumer, Event, Source};
+use super::segment::{msg_record_bytes, SUBJECT_BYTES_MAX};
+use super::stream::{
+    msg_id_of, payload_size, Member, Stored, CONSUMERS_PER_STREAM_MAX, DEDUP_IDS_MAX,
+    STREAM_BYTES_DEFAULT_MAX,
+};
+use crate::protocol::errors::{ApiError, Code};
+use crate::protocol::stream_messages::{
+    patterns_overlap, ConsumerConfig, DeliverPolicy, Discard, Retention, StreamConfig,
+};
+use crate::protocol::subject;
+
+/// A publish captured by the stream, as the leader received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Publish {
+    pub subject: String,
+    /// Raw JSON object text.
+    pub headers: Option<String>,
+    /// Raw JSON text, or an attachment's bytes when `binary`.
+    pub data: Vec<u8>,
+    pub binary: bool,
+    /// The leader's clock when it took the publish (ms since the epoch).
+    pub time_ms: u64,
+}
+
+/// What a client said about a delivered message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckKind {
+    Ack,
+    Nak,
+    Term,
+    Wip,
+}
+
+/// One operation of an entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Publish(Publish),
+    /// Drop messages past `max_age_ms` and forget `Msg-Id`s past the
+    /// window, as of the leader's clock.
+    Expire {
+        now_ms: u64,
+    },
+    /// `stream.purge`: every message, or those whose subject matches.
+    Purge {
+        filter: Option<String>,
+    },
+    /// One message removed (`stream.msg.delete`).
+    Remove {
+        seq: u64,
+    },
+    /// A consumer made from its config (JSON text, as the client sent it).
+    ConsumerCreate {
+        config: String,
+    },
+    ConsumerDelete {
+        name: String,
+    },
+    /// The leader is about to hand these sequences to the consumer (first
+    /// deliveries move its cursor; the others are redeliveries).
+    Deliver {
+        consumer: String,
+        seqs: Vec<u64>,
+    },
+    /// A turn's acks, naks, terms and wips on one consumer.
+    Acks {
+        consumer: String,
+        acks: Vec<(AckKind, u64)>,
+    },
+}
+
+/// What applying one [`Op`] gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Published(Result<Stored, ApiError>),
+    /// Expire, purge, remove: how many messages went.
+    Removed(Result<u64, ApiError>),
+    /// Consumer create and delete.
+    Consumer(Result<(), ApiError>),
+    /// The deliveries accepted, each with its delivery count; the leader
+    /// hands out exactly these.
+    Delivered(Vec<(u64, u64)>),
+    /// One answer per ack, in order.
+    Acked(Vec<Result<(), ApiError>>),
+}
+
+/// A stored message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredMsg {
+    pub subject: Box<str>,
+    pub headers: Option<Box<str>>,
+    pub data: Box<[u8]>,
+    pub binary: bool,
+    pub time_ms: u64,
+    /// What it counts for in `bytes`: its segment record.
+    pub bytes: u64,
+}
+
+/// Why bytes are not an entry or a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed(pub &'static str);
+
+impl fmt::Display for Malformed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "malformed stream entry: {}", self.0)
+    }
+}
+
+impl std::error::Error for Malformed {}
+
+/// One replica of a stream: messages, `Msg-Id` window and consumers.
+pub struct Replica {
+    cfg: StreamConfig,
+    msgs: BTreeMap<u64, StoredMsg>,
+    last_seq: u64,
+    bytes: u64,
+    dedup: BTreeMap<Box<str>, u64>,
+    dedup_order: VecDeque<(u64, Box<str>)>,
+    consumers: BTreeMap<String, Member>,
+}
+
+struct Msgs<'a>(&'a BTreeMap<u64, StoredMsg>, u64);
+
+impl Source for Msgs<'_> {
+    fn next_matching(&self, from: u64, filter: Option<&str>) -> Option<u64> {
+        self.0
+            .range(from..)
+            .find(|(_, m)| filter.is_none_or(|f| subject::matches(f, &m.subject)))
+            .map(|(&s, _)| s)
+    }
+    fn contains(&self, seq: u64) -> bool {
+        self.0.contains_key(&seq)
+    }
+    fn last_seq(&self) -> u64 {
+        self.1
+    }
+}
+
+fn internal(what: &str) -> ApiError {
+    ApiError::new(Code::Internal, what)
+}
+
+impl Replica {
+    /// An empty stream with a validated config.
+    pub fn new(cfg: StreamConfig) -> Replica {
+        Replica {
+            cfg,
+            msgs: BTreeMap::new(),
+            last_seq: 0,
+            bytes: 0,
+            dedup: BTreeMap::new(),
+            dedup_order: VecDeque::new(),
+            consumers: BTreeMap::new(),
+        }
+    }
+
+    pub fn config(&self) -> &StreamConfig {
+        &self.cfg
+    }
+
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// The first stored sequence (`last_seq + 1` when empty, as R1's).
+    pub fn first_seq(&self) -> u64 {
+        self.msgs
+            .keys()
+            .next()
+            .copied()
+            .unwrap_or(self.last_seq + 1)
+    }
+
+    pub fn messages(&self) -> u64 {
+        self.msgs.len() as u64
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn get(&self, seq: u64) -> Option<&StoredMsg> {
+        self.msgs.get(&seq)
+    }
+
+    /// Every stored message in seq order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &StoredMsg)> {
+        self.msgs.iter().map(|(&s, m)| (s, m))
+    }
+
+    pub fn consumer(&self, name: &str) -> Option<&Consumer> {
+        self.consumers.get(name).map(|m| &m.consumer)
+    }
+
+    pub fn consumer_mut(&mut self, name: &str) -> Option<&mut Consumer> {
+        self.consumers.get_mut(name).map(|m| &mut m.consumer)
+    }
+
+    /// What a leader would deliver next to `consumer`, without recording
+    /// it: redeliveries due first, then new messages, at most `max`. The
+    /// leader proposes them as an [`Op::Deliver`].
+    pub fn next_deliveries(&self, consumer: &str, max: usize, now: Instant) -> Vec<u64> {
+        let Some(m) = self.consumers.get(consumer) else {
+            return Vec::new();
+        };
+        let mut c = m.consumer.clone();
+        let src = Msgs(&self.msgs, self.last_seq);
+        let mut out = Vec::new();
+        let mut events = Vec::new();
+        while out.len() < max {
+            match c.next(now, &src, &mut events) {
+                Some(d) => out.push(d.seq),
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// Applies one entry's operations; `now` only sets the consumers'
+    /// local redelivery timers (which are not part of the replicated
+    /// state).
+    pub fn apply(&mut self, ops: &[Op], now: Instant) -> Vec<Outcome> {
+        ops.iter().map(|op| self.apply_op(op, now)).collect()
+    }
+
+    fn apply_op(&mut self, op: &Op, now: Instant) -> Outcome {
+        match op {
+            Op::Publish(p) => Outcome::Published(self.store(p)),
+            Op::Expire { now_ms } => Outcome::Removed(Ok(self.expire(*now_ms))),
+            Op::Purge { filter } => {
+                let gone: Vec<u64> = self
+                    .msgs
+                    .iter()
+                    .filter(|(_, m)| {
+                        filter
+                            .as_deref()
+                            .is_none_or(|f| subject::matches(f, &m.subject))
+                    })
+                    .map(|(&s, _)| s)
+                    .collect();
+                for &s in &gone {
+                    self.remove(s);
+                }
+                Outcome::Removed(Ok(gone.len() as u64))
+            }
+            Op::Remove { seq } => Outcome::Removed(Ok(u64::from(self.remove(*seq)))),
+            Op::ConsumerCreate { config } => Outcome::Consumer(self.create_consumer(config)),
+            Op::ConsumerDelete { name } => Outcome::Consumer(self.delete_consumer(name)),
+            Op::Deliver { consumer, seqs } => Outcome::Delivered(self.deliver(consumer, seqs, now)),
+            Op::Acks { consumer, acks } => Outcome::Acked(self.acks(consumer, acks, now)),
+        }
+    }
+
+    fn bytes_max(&self) -> u64 {
+        match self.cfg.max_bytes {
+            0 => STREAM_BYTES_DEFAULT_MAX,
+            n => n.min(STREAM_BYTES_DEFAULT_MAX),
+        }
+    }
+
+    /// R1's `Stream::store`, rule for rule.
+    fn store(&mut self, p: &Publish) -> Result<Stored, ApiError> {
+        let headers = p.headers.as_deref();
+        let payload = payload_size(&p.data, headers);
+        if self.cfg.max_msg_size > 0 && payload > self.cfg.max_msg_size {
+            return Err(ApiError::new(
+                Code::PayloadTooLarge,
+                format!(
+                    "message payload is {payload} bytes, stream {:?} takes at most {}",
+                    self.cfg.name, self.cfg.max_msg_size
+                ),
+            ));
+        }
+        let size = p.subject.len() as u64 + payload;
+        let id = (self.cfg.duplicate_window_ms > 0)
+            .then(|| msg_id_of(headers))
+            .flatten();
+        if let Some(id) = &id {
+            self.forget_ids(p.time_ms);
+            if let Some(&seq) = self.dedup.get(id.as_str()) {
+                return Ok(Stored::Duplicate(seq));
+            }
+        }
+        let full = (self.cfg.max_msgs > 0 && self.messages() >= self.cfg.max_msgs)
+            || self.bytes + size > self.bytes_max();
+        if full && self.cfg.discard == Discard::New {
+            return Err(ApiError::new(
+                Code::Limit,
+                format!("stream {:?} is full (discard new)", self.cfg.name),
+            ));
+        }
+        if size > self.bytes_max() {
+            return Err(ApiError::new(
+                Code::Limit,
+                format!(
+                    "message is larger than stream {:?}'s max_bytes",
+                    self.cfg.name
+                ),
+            ));
+        }
+        if p.subject.is_empty() || p.subject.len() > SUBJECT_BYTES_MAX {
+            return Err(internal("subject must be 1..=65535 bytes"));
+        }
+        let seq = self.last_seq + 1;
+        let bytes = msg_record_bytes(&p.subject, headers, &p.data);
+        self.msgs.insert(
+            seq,
+            StoredMsg {
+                subject: p.subject.as_str().into(),
+                headers: p.headers.as_deref().map(Into::into),
+                data: p.data.as_slice().into(),
+                binary: p.binary,
+                time_ms: p.time_ms,
+                bytes,
+            },
+        );
+        self.last_seq = seq;
+        self.bytes += bytes;
+        if let Some(id) = id {
+            self.remember(id.into_boxed_str(), seq, p.time_ms);
+        }
+        let mut removed = Vec::new();
+        if self.cfg.retention == Retention::Interest && !self.has_interest(&p.subject) {
+            self.remove(seq);
+            removed.push(seq);
+            return Ok(Stored::New { seq, removed });
+        }
+        loop {
+            let over = (self.cfg.max_msgs > 0 && self.messages() > self.cfg.max_msgs)
+                || self.bytes > self.bytes_max();
+            // The message just stored stays even if it alone is over.
+            if !over || self.messages() <= 1 {
+                break;
+            }
+            let first = self.first_seq();
+            self.remove(first);
+            removed.push(first);
+        }
+        Ok(Stored::New { seq, removed })
+    }
+
+    fn forget_ids(&mut self, now_ms: u64) {
+        let window = self.cfg.duplicate_window_ms;
+        while let Some((t, _)) = self.dedup_order.front() {
+            if t + window > now_ms {
+                break;
+            }
+            if let Some((_, id)) = self.dedup_order.pop_front() {
+                self.dedup.remove(&id);
+            }
+        }
+    }
+
+    fn remember(&mut self, id: Box<str>, seq: u64, time_ms: u64) {
+        if self.dedup_order.len() >= DEDUP_IDS_MAX {
+            if let Some((_, old)) = self.dedup_order.pop_front() {
+                self.dedup.remove(&old);
+            }
+        }
+        self.dedup.insert(id.clone(), seq);
+        self.dedup_order.push_back((time_ms, id));
+    }
+
+    fn has_interest(&self, subj: &str) -> bool {
+        self.consumers.values().any(|m| {
+            m.consumer
+                .cfg
+                .filter_subject
+                .as_deref()
+                .is_none_or(|f| subject::matches(f, subj))
+        })
+    }
+
+    /// Removes `seq` and every consumer's pending delivery of it.
+    fn remove(&mut self, seq: u64) -> bool {
+        let Some(m) = self.msgs.remove(&seq) else {
+            return false;
+        };
+        self.bytes -= m.bytes;
+        for member in self.consumers.values_mut() {
+            member.consumer.forget(seq);
+        }
+        true
+    }
+
+    fn expire(&mut self, now_ms: u64) -> u64 {
+        self.forget_ids(now_ms);
+        let mut n = 0;
+        if self.cfg.max_age_ms == 0 {
+            return 0;
+        }
+        while let Some((&first, m)) = self.msgs.iter().next() {
+            if m.time_ms + self.cfg.max_age_ms > now_ms {
+                break;
+            }
+            self.remove(first);
+            n += 1;
+        }
+        n
+    }
+
+    /// R1's `Stream::done_with`: whether an acked `seq` may go.
+    fn done_with(&self, seq: u64) -> bool {
+        match self.cfg.retention {
+            Retention::Limits => false,
+            Retention::Workqueue => true,
+            Retention::Interest => {
+                let Some(m) = self.msgs.get(&seq) else {
+                    return false;
+                };
+                self.consumers.values().all(|member| {
+                    let c = &member.consumer;
+                    let wants = member.since < seq
+                        && c.cfg
+                            .filter_subject
+                            .as_deref()
+                            .is_none_or(|f| subject::matches(f, &m.subject));
+                    !wants || c.has_acked(seq)
+                })
+            }
+        }
+    }
+
+    fn start_seq(&self, cfg: &ConsumerConfig) -> u64 {
+        match cfg.deliver_policy {
+            DeliverPolicy::All => 1,
+            DeliverPolicy::New => self.last_seq + 1,
+            DeliverPolicy::ByStartSeq => cfg.opt_start_seq.unwrap_or(1),
+            DeliverPolicy::Last => {
+                let filter = cfg.filter_subject.as_deref().unwrap_or(">");
+                self.msgs
+                    .iter()
+                    .rev()
+                    .find(|(_, m)| subject::matches(filter, &m.subject))
+                    .map_or(self.last_seq + 1, |(&s, _)| s)
+            }
+        }
+    }
+
+    fn create_consumer(&mut self, config: &str) -> Result<(), ApiError> {
+        let mut cfg: ConsumerConfig = serde_json::from_str(config)
+            .map_err(|e| ApiError::new(Code::BadRequest, format!("consumer config: {e}")))?;
+        cfg.validate()?;
+        if self.consumers.contains_key(&cfg.name) {
+            return Err(ApiError::new(
+                Code::Exists,
+                format!("consumer {:?} exists", cfg.name),
+            ));
+        }
+        if self.consumers.len() >= CONSUMERS_PER_STREAM_MAX {
+            return Err(ApiError::new(Code::Limit, "too many consumers"));
+        }
+        if self.cfg.retention == Retention::Workqueue {
+            let mine = cfg.filter_subject.as_deref().unwrap_or(">");
+            let clash = self.consumers.values().any(|m| {
+                let theirs = m.consumer.cfg.filter_subject.as_deref().unwrap_or(">");
+                patterns_overlap(mine, theirs)
+            });
+            if clash {
+                return Err(ApiError::new(
+                    Code::BadRequest,
+                    "a workqueue stream takes one consumer per subject (filters overlap)",
+                ));
+            }
+        }
+        let start = self.start_seq(&cfg);
+        let name = cfg.name.clone();
+        let since = self.last_seq;
+        self.consumers.insert(
+            name,
+            Member {
+                consumer: Consumer::new(cfg, start),
+                since,
+            },
+        );
+        Ok(())
+    }
+
+    fn delete_consumer(&mut self, name: &str) -> Result<(), ApiError> {
+        if self.consumers.remove(name).is_none() {
+            return Err(ApiError::new(
+                Code::NotFound,
+                format!("no consumer {name:?}"),
+            ));
+        }
+        if self.cfg.retention == Retention::Interest {
+            // A message only it was holding is done with now.
+            let done: Vec<u64> = self
+                .msgs
+                .keys()
+                .copied()
+                .filter(|&s| self.done_with(s))
+                .collect();
+            for s in done {
+                self.remove(s);
+            }
+        }
+        Ok(())
+    }
+
+    fn deliver(&mut self, consumer: &str, seqs: &[u64], now: Instant) -> Vec<(u64, u64)> {
+        let Some(member) = self.consumers.get_mut(consumer) else {
+            return Vec::new();
+        };
+        let c = &mut member.consumer;
+        let mut out = Vec::new();
+        for &seq in seqs {
+            let Some(m) = self.msgs.get(&seq) else {
+                continue;
+            };
+            let first = seq >= c.next_seq()
+                && c.cfg
+                    .filter_subject
+                    .as_deref()
+                    .is_none_or(|f| subject::matches(f, &m.subject));
+            if !first && !c.is_pending(seq) {
+                continue; // done with, or never this consumer's
+            }
+            c.replay(Event::Delivered(seq), now);
+            out.push((seq, c.deliveries(seq).max(1)));
+        }
+        out
+    }
+
+    fn acks(
+        &mut self,
+        consumer: &str,
+        acks: &[(AckKind, u64)],
+        now: Instant,
+    ) -> Vec<Result<(), ApiError>> {
+        let mut out = Vec::with_capacity(acks.len());
+        for &(kind, seq) in acks {
+            let Some(member) = self.consumers.get_mut(consumer) else {
+                out.push(Err(ApiError::new(
+                    Code::NotFound,
+                    format!("no consumer {consumer:?}"),
+                )));
+                continue;
+            };
+            let c = &mut member.consumer;
+            let mut events = Vec::new();
+            let r = match kind {
+                AckKind::Ack => c.ack(seq, &mut events),
+                AckKind::Term => c.term(seq, &mut events).map(|_| Vec::new()),
+                AckKind::Nak => c.nak(seq, Duration::ZERO, now).map(|_| Vec::new()),
+                AckKind::Wip => c.wip(seq, now).map(|_| Vec::new()),
+            };
+            match r {
+                Ok(done) => {
+                    for s in done {
+                        if self.done_with(s) {
+                            self.remove(s);
+                        }
+                    }
+                    out.push(Ok(()));
+                }
+                Err(e) => out.push(Err(e)),
+            }
+        }
+        out
+    }
+
+    // ---- snapshots ----
+
+    /// The whole state, canonically encoded: equal states, equal bytes.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut w = Vec::new();
+        w.push(SNAPSHOT_VERSION);
+        put_str(&mut w, &config_json(&self.cfg));
+        put_u64(&mut w, self.last_seq);
+        put_u64(&mut w, self.msgs.len() as u64);
+        for (&seq, m) in &self.msgs {
+            put_u64(&mut w, seq);
+            put_u64(&mut w, m.time_ms);
+            w.push(u8::from(m.binary));
+            put_str(&mut w, &m.subject);
+            put_opt_str(&mut w, m.headers.as_deref());
+            put_bytes(&mut w, &m.data);
+        }
+        put_u64(&mut w, self.dedup_order.len() as u64);
+        for (t, id) in &self.dedup_order {
+            put_u64(&mut w, *t);
+            put_u64(&mut w, self.dedup.get(id).copied().unwrap_or(0));
+            put_str(&mut w, id);
+        }
+        put_u64(&mut w, self.consumers.len() as u64);
+        for m in self.consumers.values() {
+            put_str(&mut w, &consumer_json(&m.consumer.cfg));
+            put_u64(&mut w, m.since);
+            let (next, cseq, pending) = m.consumer.snapshot();
+            put_u64(&mut w, next);
+            put_u64(&mut w, cseq);
+            put_u64(&mut w, pending.len() as u64);
+            for (s, d) in pending {
+                put_u64(&mut w, s);
+                put_u64(&mut w, d);
+            }
+        }
+        w
+    }
+
+    /// A replica from [`Replica::snapshot`]'s bytes; every pending
+    /// delivery is due for redelivery at `now`.
+    pub fn restore(bytes: &[u8], now: Instant) -> Result<Replica, Malformed> {
+        let mut r = Reader { buf: bytes, at: 0 };
+        if r.u8()? != SNAPSHOT_VERSION {
+            return Err(Malformed("snapshot version"));
+        }
+        let cfg: StreamConfig =
+            serde_json::from_str(&r.string()?).map_err(|_| Malformed("stream config"))?;
+        let mut rep = Replica::new(cfg);
+        rep.last_seq = r.u64()?;
+        let n = r.count(26)?;
+        for _ in 0..n {
+            let seq = r.u64()?;
+            let time_ms = r.u64()?;
+            let binary = r.bool()?;
+            let subject = r.string()?;
+            let headers = r.opt_string()?;
+            let data = r.bytes()?;
+            if seq > rep.last_seq || rep.msgs.keys().next_back().is_some_and(|&l| l >= seq) {
+                return Err(Malformed("message sequence out of order"));
+            }
+            let bytes = msg_record_bytes(&subject, headers.as_deref(), &data);
+            rep.bytes += bytes;
+            rep.msgs.insert(
+                seq,
+                StoredMsg {
+                    subject: subject.into(),
+                    headers: headers.map(Into::into),
+                    data: data.into(),
+                    binary,
+                    time_ms,
+                    bytes,
+                },
+            );
+        }
+        let n = r.count(20)?;
+        for _ in 0..n {
+            let t = r.u64()?;
+            let seq = r.u64()?;
+            let id: Box<str> = r.string()?.into();
+            rep.dedup.insert(id.clone(), seq);
+            rep.dedup_order.push_back((t, id));
+        }
+        let n = r.count(36)?;
+        for _ in 0..n {
+            let cfg: ConsumerConfig =
+                serde_json::from_str(&r.string()?).map_err(|_| Malformed("consumer config"))?;
+            let since = r.u64()?;
+            let next = r.u64()?;
+            let cseq = r.u64()?;
+            let k = r.count(16)?;
+            let mut pending = Vec::with_capacity(k);
+            for _ in 0..k {
+                pending.push((r.u64()?, r.u64()?));
+            }
+            let name = cfg.name.clone();
+            let mut consumer = Consumer::new(cfg, next);
+            consumer.restore(next, cseq, &pending, now);
+            rep.consumers.insert(name, Member { consumer, since });
+        }
+        if r.at != bytes.len() {
+            return Err(Malformed("bytes after the snapshot"));
+        }
+        Ok(rep)
+    }
+}
+
+const SNAPSHOT_VERSION: u8 = 1;
+
+fn config_json(cfg: &StreamConfig) -> String {
+    serde_json::to_string(cfg).unwrap_or_default()
+}
+
+fn consumer_json(cfg: &ConsumerConfig) -> String {
+    serde_json::to_string(cfg).unwrap_or_default()
+}
+
+// ---- entry encoding ----
+//
+// An entry: a version byte, then each op as a tag byte and its fields
+// (u64 little-endian, strings and byte strings with a u32 length, an
+// optional string as a 0/1 byte and the string), to the end.
+
+const ENTRY_VERSION: u8 = 1;
+
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    put_bytes(out, s.as_bytes());
+}
+
+fn put_opt_str(out: &mut Vec<u8>, s: Option<&str>) {
+    match s {
+        None => out.push(0),
+        Some(s) => {
+            out.push(1);
+            put_str(out, s);
+        }
+    }
+}
+
+/// The bytes of an entry holding `ops`.
+pub fn encode_entry(ops: &[Op]) -> Vec<u8> {
+    let mut out = vec![ENTRY_VERSION];
+    for op in ops {
+        match op {
+            Op::Publish(p) => {
+                out.push(1);
+                put_str(&mut out, &p.subject);
+                put_opt_str(&mut out, p.headers.as_deref());
+                put_bytes(&mut out, &p.data);
+                out.push(u8::from(p.binary));
+                put_u64(&mut out, p.time_ms);
+            }
+            Op::Expire { now_ms } => {
+                out.push(2);
+                put_u64(&mut out, *now_ms);
+            }
+            Op::Purge { filter } => {
+                out.push(3);
+                put_opt_str(&mut out, filter.as_deref());
+            }
+            Op::Remove { seq } => {
+                out.push(4);
+                put_u64(&mut out, *seq);
+            }
+            Op::ConsumerCreate { config } => {
+                out.push(5);
+                put_str(&mut out, config);
+            }
+            Op::ConsumerDelete { name } => {
+                out.push(6);
+                put_str(&mut out, name);
+            }
+            Op::Deliver { consumer, seqs } => {
+                out.push(7);
+                put_str(&mut out, consumer);
+                out.extend_from_slice(&(seqs.len() as u32).to_le_bytes());
+                for s in seqs {
+                    put_u64(&mut out, *s);
+                }
+            }
+            Op::Acks { consumer, acks } => {
+                out.push(8);
+                put_str(&mut out, consumer);
+                out.extend_from_slice(&(acks.len() as u32).to_le_bytes());
+                for (k, s) in acks {
+                    out.push(match k {
+                        AckKind::Ack => 0,
+                        AckKind::Nak => 1,
+                        AckKind::Term => 2,
+                        AckKind::Wip => 3,
+                    });
+                    put_u64(&mut out, *s);
+                }
+            }
+        }
+    }
+    out
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], Malformed> {
+        let end = self.at.checked_add(n).ok_or(Malformed("cut short"))?;
+        let s = self.buf.get(self.at..end).ok_or(Malformed("cut short"))?;
+        self.at = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, Malformed> {
+        Ok(self.take(1)?[0])
+    }
+    fn bool(&mut self) -> Result<bool, Malformed> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(Malformed("flag")),
+        }
+    }
+    fn u32(&mut self) -> Result<u32, Malformed> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, Malformed> {
+        let mut a = [0; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+    /// A u64 list length the remaining bytes can hold at `min_each` bytes
+    /// an item.
+    fn count(&mut self, min_each: usize) -> Result<usize, Malformed> {
+        let n = self.u64()?;
+        if n > ((self.buf.len() - self.at) / min_each) as u64 {
+            return Err(Malformed("count beyond the bytes"));
+        }
+        Ok(n as usize)
+    }
+    fn count32(&mut self, min_each: usize) -> Result<usize, Malformed> {
+        let n = self.u32()? as usize;
+        if n > (self.buf.len() - self.at) / min_each {
+            return Err(Malformed("count beyond the bytes"));
+        }
+        Ok(n)
+    }
+    fn bytes(&mut self) -> Result<Vec<u8>, Malformed> {
+        let n = self.u32()? as usize;
+        Ok(self.take(n)?.to_vec())
+    }
+    fn string(&mut self) -> Result<String, Malformed> {
+        String::from_utf8(self.bytes()?).map_err(|_| Malformed("text is not UTF-8"))
+    }
+    fn opt_string(&mut self) -> Result<Option<String>, Malformed> {
+        Ok(if self.bool()? {
+            Some(self.string()?)
+        } else {
+            None
+        })
+    }
+}
+
+/// The ops of an entry's bytes.
+pub fn decode_entry(buf: &[u8]) -> Result<Vec<Op>, Malformed> {
+    let mut r = Reader { buf, at: 0 };
+    if r.u8()? != ENTRY_VERSION {
+        return Err(Malformed("entry version"));
+    }
+    let mut ops = Vec::new();
+    while r.at < buf.len() {
+        ops.push(match r.u8()? {
+            1 => Op::Publish(Publish {
+                subject: r.string()?,
+                headers: r.opt_string()?,
+                data: r.bytes()?,
+                binary: r.bool()?,
+                time_ms: r.u64()?,
+            }),
+            2 => Op::Expire { now_ms: r.u64()? },
+            3 => Op::Purge {
+                filter: r.opt_string()?,
+            },
+            4 => Op::Remove { seq: r.u64()? },
+            5 => Op::ConsumerCreate {
+                config: r.string()?,
+            },
+            6 => Op::ConsumerDelete { name: r.string()? },
+            7 => {
+                let consumer = r.string()?;
+                let n = r.count32(8)?;
+                let mut seqs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    seqs.push(r.u64()?);
+                }
+                Op::Deliver { consumer, seqs }
+            }
+            8 => {
+                let consumer = r.string()?;
+                let n = r.count32(9)?;
+                let mut acks = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let kind = match r.u8()? {
+                        0 => AckKind::Ack,
+                        1 => AckKind::Nak,
+                        2 => AckKind::Term,
+                        3 => AckKind::Wip,
+                        _ => return Err(Malformed("ack kind")),
+                    };
+                    acks.push((kind, r.u64()?));
+                }
+                Op::Acks { consumer, acks }
+            }
+            _ => return Err(Malformed("op tag")),
+        });
+    }
+    Ok(ops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::stream_messages::read_config;
+    use crate::stream::store::Options;
+    use crate::stream::stream::Stream;
+
+    fn config(v: serde_json::Value) -> StreamConfig {
+        let serde_json::Value::Object(m) = v else {
+            panic!("object")
+        };
+        let mut c: StreamConfig = read_config(m).unwrap();
+        c.validate().unwrap();
+        c
+    }
+
+    fn temp_dir() -> std::path::PathBuf {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        std::env::temp_dir().join(format!(
+            "gombus-replica-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ))
+    }
+
+    fn publish(subject: &str, data: &str, id: Option<&str>, time_ms: u64) -> Op {
+        Op::Publish(Publish {
+            subject: subject.into(),
+            headers: id.map(|i| format!("{{\"Msg-Id\":\"{i}\"}}")),
+            data: data.as_bytes().to_vec(),
+            binary: false,
+            time_ms,
+        })
+    }
+
+    fn every_op() -> Vec<Op> {
+        vec![
+            publish("a.b", "{\"x\":1}", Some("m1"), 5),
+            Op::Publish(Publish {
+                subject: "a.c".into(),
+                headers: None,
+                data: vec![0, 159, 255],
+                binary: true,
+                time_ms: 6,
+            }),
+            Op::Expire { now_ms: 77 },
+            Op::Purge {
+                filter: Some("a.*".into()),
+            },
+            Op::Purge { filter: None },
+            Op::Remove { seq: 3 },
+            Op::ConsumerCreate {
+                config: r#"{"name":"c"}"#.into(),
+            },
+            Op::ConsumerDelete { name: "c".into() },
+            Op::Deliver {
+                consumer: "c".into(),
+                seqs: vec![1, 2, 9],
+            },
+            Op::Acks {
+                consumer: "c".into(),
+                acks: vec![
+                    (AckKind::Ack, 1),
+                    (AckKind::Nak, 2),
+                    (AckKind::Term, 3),
+                    (AckKind::Wip, 4),
+                ],
+            },
+        ]
+    }
+
+    #[test]
+    fn entries_round_trip_and_a_cut_op_is_an_error() {
+        let ops = every_op();
+        let bytes = encode_entry(&ops);
+        assert_eq!(decode_entry(&bytes), Ok(ops.clone()));
+        // Each op alone, cut anywhere inside it.
+        for op in &ops {
+            let one = encode_entry(std::slice::from_ref(op));
+            for cut in 0..one.len() {
+                let r = decode_entry(&one[..cut]);
+                if cut == 1 {
+                    assert_eq!(r, Ok(vec![]), "{op:?}");
+                } else {
+                    assert!(r.is_err(), "{op:?} cut at {cut}: {r:?}");
+                }
+            }
+        }
+        assert!(decode_entry(&[2]).is_err());
+        assert!(decode_entry(&[1, 99]).is_err());
+        // A count the bytes cannot hold is refused before allocating.
+        let mut huge = vec![1, 7];
+        put_str(&mut huge, "c");
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_entry(&huge).is_err());
+    }
+
+    /// Runs the same publishes through R1's stream (on disk) and through
+    /// the replica, comparing every outcome and the stored messages.
+    fn same_as_r1(cfg: serde_json::Value, seed: u64) {
+        let cfg = config(cfg);
+        let dir = temp_dir();
+        let mut r1 = Stream::open(cfg.clone(), &dir, Options::default(), 0).unwrap();
+        let mut rep = Replica::new(cfg.clone());
+        let mut rng = seed;
+        let mut now = 1_000;
+        for i in 0..300u64 {
+            let z = crate::rand::splitmix64(&mut rng);
+            now += z % 7;
+            if z.is_multiple_of(23) {
+                let a = r1.expire(now).unwrap();
+                let b = rep.apply(&[Op::Expire { now_ms: now }], Instant::now());
+                assert_eq!(
+                    b,
+                    vec![Outcome::Removed(Ok(a.len() as u64))],
+                    "expire at {i}"
+                );
+                continue;
+            }
+            let subject = ["a.b", "a.c", "a.long.subject.name"][(z >> 8) as usize % 3];
+            let len = (z >> 16) as usize % 40;
+            let data = format!("\"{}\"", "x".repeat(len));
+            let id = (z >> 24)
+                .is_multiple_of(3)
+                .then(|| format!("id{}", (z >> 32) % 20));
+            let headers = id.as_ref().map(|i| format!("{{\"Msg-Id\":\"{i}\"}}"));
+            let want = r1.store(subject, data.as_bytes(), false, headers.as_deref(), now);
+            let got = rep.apply(
+                &[publish(subject, &data, id.as_deref(), now)],
+                Instant::now(),
+            );
+            assert_eq!(got, vec![Outcome::Published(want)], "publish {i}");
+            let st = r1.state();
+            assert_eq!(
+                (st.messages, st.bytes, st.last_seq),
+                (rep.messages(), rep.bytes(), rep.last_seq()),
+                "state after publish {i}"
+            );
+        }
+        let seqs: Vec<u64> = rep.iter().map(|(s, _)| s).collect();
+        assert_eq!(r1.seqs(), seqs);
+        for (seq, m) in rep.iter() {
+            let theirs = r1.get(seq).unwrap().unwrap();
+            assert_eq!(
+                (&*theirs.subject, &*theirs.data, theirs.time_ms),
+                (&*m.subject, &*m.data, m.time_ms)
+            );
+        }
+        drop(r1);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn publishes_follow_r1_rule_for_rule() {
+        let cases = [
+            serde_json::json!({"name":"S","subjects":["a.>"]}),
+            serde_json::json!({"name":"S","subjects":["a.>"],"max_msgs":5}),
+            serde_json::json!({"name":"S","subjects":["a.>"],"max_msgs":5,"discard":"new"}),
+            serde_json::json!({"name":"S","subjects":["a.>"],"max_bytes":700}),
+            serde_json::json!({"name":"S","subjects":["a.>"],"max_bytes":700,"discard":"new"}),
+            serde_json::json!({"name":"S","subjects":["a.>"],"max_msg_size":30}),
+            serde_json::json!({"name":"S","subjects":["a.>"],"duplicate_window_ms":200}),
+            serde_json::json!({"name":"S","subjects":["a.>"],"max_age_ms":100,
+                               "duplicate_window_ms":50}),
+        ];
+        for (k, c) in cases.into_iter().enumerate() {
+            for seed in 0..3 {
+                same_as_r1(c.clone(), seed * 31 + k as u64);
+            }
+        }
+    }
+
+    fn deliver(rep: &mut Replica, seqs: &[u64]) -> Vec<(u64, u64)> {
+        let op = Op::Deliver {
+            consumer: "c".into(),
+            seqs: seqs.to_vec(),
+        };
+        match rep.apply(&[op], Instant::now()).pop() {
+            Some(Outcome::Delivered(d)) => d,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn ack(rep: &mut Replica, kind: AckKind, seq: u64) -> Result<(), ApiError> {
+        let op = Op::Acks {
+            consumer: "c".into(),
+            acks: vec![(kind, seq)],
+        };
+        match rep.apply(&[op], Instant::now()).pop() {
+            Some(Outcome::Acked(mut v)) => v.pop().unwrap(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn with_messages(cfg: serde_json::Value, n: u64) -> Replica {
+        let mut rep = Replica::new(config(cfg));
+        let create = Op::ConsumerCreate {
+            config: r#"{"name":"c"}"#.into(),
+        };
+        assert_eq!(
+            rep.apply(&[create], Instant::now()),
+            vec![Outcome::Consumer(Ok(()))]
+        );
+        let ops: Vec<Op> = (0..n)
+            .map(|i| publish("a.b", &i.to_string(), None, i))
+            .collect();
+        rep.apply(&ops, Instant::now());
+        rep
+    }
+
+    #[test]
+    fn an_acked_or_termed_message_is_never_delivered_again() {
+        let mut rep = with_messages(serde_json::json!({"name":"S","subjects":["a.>"]}), 4);
+        let now = Instant::now();
+        assert_eq!(rep.next_deliveries("c", 2, now), vec![1, 2]);
+        assert_eq!(deliver(&mut rep, &[1, 2]), vec![(1, 1), (2, 1)]);
+        assert_eq!(rep.next_deliveries("c", 2, now), vec![3, 4]);
+        assert_eq!(ack(&mut rep, AckKind::Ack, 1), Ok(()));
+        assert_eq!(ack(&mut rep, AckKind::Term, 2), Ok(()));
+        // A stale leader's delivery of them is refused by apply.
+        assert_eq!(deliver(&mut rep, &[1, 2]), vec![]);
+        // An ack of a sequence never delivered is not_found; again, ok.
+        assert_eq!(
+            ack(&mut rep, AckKind::Ack, 4).unwrap_err().code,
+            Code::NotFound
+        );
+        assert_eq!(ack(&mut rep, AckKind::Ack, 1), Ok(()));
+        // A nak'd one comes again, counted.
+        assert_eq!(deliver(&mut rep, &[3]), vec![(3, 1)]);
+        assert_eq!(ack(&mut rep, AckKind::Nak, 3), Ok(()));
+        assert_eq!(ack(&mut rep, AckKind::Wip, 3), Ok(()));
+        assert_eq!(rep.next_deliveries("c", 1, now), vec![3]);
+        assert_eq!(deliver(&mut rep, &[3]), vec![(3, 2)]);
+        // Limits retention keeps acked messages.
+        assert_eq!(rep.messages(), 4);
+    }
+
+    #[test]
+    fn work_queue_and_interest_retention_drop_what_is_done_with() {
+        let mut wq = with_messages(
+            serde_json::json!({"name":"S","subjects":["a.>"],"retention":"workqueue"}),
+            3,
+        );
+        deliver(&mut wq, &[1, 2]);
+        ack(&mut wq, AckKind::Ack, 1).unwrap();
+        assert_eq!(wq.iter().map(|(s, _)| s).collect::<Vec<_>>(), vec![2, 3]);
+        let mut interest = Replica::new(config(
+            serde_json::json!({"name":"S","subjects":["a.>"],"retention":"interest"}),
+        ));
+        let out = interest.apply(&[publish("a.b", "1", None, 0)], Instant::now());
+        assert_eq!(
+            out,
+            vec![Outcome::Published(Ok(Stored::New {
+                seq: 1,
+                removed: vec![1]
+            }))]
+        );
+    }
+
+    #[test]
+    fn a_snapshot_restores_the_same_state_and_apply_goes_on_alike() {
+        let cfg = serde_json::json!({"name":"S","subjects":["a.>"],"max_msgs":50,
+                                     "duplicate_window_ms":100000});
+        let mut a = with_messages(cfg, 30);
+        deliver(&mut a, &[1, 2, 3, 4]);
+        ack(&mut a, AckKind::Ack, 2).unwrap();
+        a.apply(&[publish("a.c", "\"x\"", Some("k"), 40)], Instant::now());
+        let snap = a.snapshot();
+        let mut b = Replica::restore(&snap, Instant::now()).unwrap();
+        assert_eq!(b.snapshot(), snap);
+        assert_eq!((b.bytes(), b.messages()), (a.bytes(), a.messages()));
+        let more = vec![
+            publish("a.c", "\"x\"", Some("k"), 41),
+            publish("a.b", "\"y\"", None, 42),
+            Op::Deliver {
+                consumer: "c".into(),
+                seqs: vec![1, 2, 5],
+            },
+            Op::Acks {
+                consumer: "c".into(),
+                acks: vec![(AckKind::Ack, 1), (AckKind::Ack, 5)],
+            },
+        ];
+        let now = Instant::now();
+        assert_eq!(a.apply(&more, now), b.apply(&more, now));
+        assert_eq!(a.snapshot(), b.snapshot());
+        // Cut or padded snapshots are refused.
+        for cut in [0, 1, snap.len() / 2, snap.len() - 1] {
+            assert!(Replica::restore(&snap[..cut], now).is_err(), "cut at {cut}");
+        }
+        let mut padded = snap.clone();
+        padded.push(0);
+        assert!(Replica::restore(&padded, now).is_err());
+    }
+}
