@@ -4,7 +4,16 @@
 //! send, committed entries to apply, finished reads and role changes.
 //!
 //! Pure: no sockets, files, threads or clocks. Given the same inputs and
-//! the same seed it makes the same decisions. Membership is fixed.
+//! the same seed it makes the same decisions.
+//!
+//! Membership is replicated state: a configuration entry in the log says
+//! which nodes are members and which of them vote, and a node uses the
+//! latest one in its log, committed or not (thesis §4.1). Changes add or
+//! remove one node at a time, with the rule from the Raft errata: a leader
+//! starts a change only once an entry of its own term is committed and no
+//! other change is in flight. A node joins as a non-voter and is promoted
+//! once it is current; a leader that removes itself hands leadership over
+//! (TimeoutNow, thesis §3.10) when the removal commits.
 //!
 //! Beyond the paper's basic algorithm it implements PreVote and
 //! CheckQuorum (thesis §9.6: a partitioned or rejoining node cannot depose
@@ -17,7 +26,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 
 use super::raft_msg::{
-    Body, Entry, EntryKind, GroupId, HardState, Message, NodeId, Snapshot, CONTROL_GROUP,
+    decode_membership, encode_membership, Body, Entry, EntryKind, GroupId, HardState, Member,
+    Membership, Message, NodeId, Snapshot, CONTROL_GROUP,
 };
 
 /// The tick the shells use, in milliseconds.
@@ -39,8 +49,15 @@ pub struct Config {
     /// only messages of its own group.
     pub group: GroupId,
     pub id: NodeId,
-    /// Every voting member, this node included.
+    /// Every voting member, this node included: the configuration a group
+    /// starts from while neither `membership` nor its log says otherwise.
     pub members: Vec<NodeId>,
+    /// The configuration stored with the snapshot the node starts from
+    /// ([`Raft::snapshot_config`] when it was stored); `None`: `members`.
+    pub membership: Option<Membership>,
+    /// A leader promotes a non-voter once its log is within this many
+    /// entries of the leader's last index.
+    pub catch_up_entries: u64,
     pub election_ticks: u32,
     pub heartbeat_ticks: u32,
     /// Most entries in one Append.
@@ -73,6 +90,8 @@ impl Config {
             group: CONTROL_GROUP,
             id,
             members,
+            membership: None,
+            catch_up_entries: 16,
             election_ticks: ELECTION_TICKS,
             heartbeat_ticks: HEARTBEAT_TICKS,
             append_entries_max: 256,
@@ -139,6 +158,60 @@ impl fmt::Display for ProposeError {
 }
 
 impl std::error::Error for ProposeError {}
+
+/// Why a membership change was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeError {
+    /// Changes are proposed to the leader; the leader, if known.
+    NotLeader(Option<NodeId>),
+    /// Another change is in flight, the leader has not committed an entry
+    /// of its term yet, or it is handing leadership over: try again later.
+    UnderWay,
+    /// The id is a member already.
+    Duplicate(NodeId),
+    /// The id is not a member.
+    Unknown(NodeId),
+    /// The change would leave the group without a voter.
+    LastVoter,
+}
+
+impl ChangeError {
+    /// The contract's error code for it (docs/PROTOCOL.md, "Errors").
+    pub fn code(&self) -> &'static str {
+        match self {
+            ChangeError::NotLeader(_) | ChangeError::UnderWay => "unavailable",
+            _ => "bad_request",
+        }
+    }
+}
+
+impl fmt::Display for ChangeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChangeError::NotLeader(l) => write!(f, "not leader (leader {l:?})"),
+            ChangeError::UnderWay => write!(f, "a membership change is under way"),
+            ChangeError::Duplicate(id) => write!(f, "node {id} is a member already"),
+            ChangeError::Unknown(id) => write!(f, "node {id} is not a member"),
+            ChangeError::LastVoter => write!(f, "the change would leave no voter"),
+        }
+    }
+}
+
+impl std::error::Error for ChangeError {}
+
+/// Where the membership change in flight is, as this node knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeState {
+    /// No change: a new one may start (at the leader, once it has
+    /// committed an entry of its term).
+    Idle,
+    /// The configuration entry at `index` is not committed yet.
+    Committing { index: u64 },
+    /// The non-voter is catching up; the leader promotes it when current.
+    CatchingUp(NodeId),
+    /// This leader removed itself and hands leadership to this node.
+    Transferring(NodeId),
+}
 
 /// Where a proposal went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,6 +411,23 @@ struct Progress {
     matched_at_heartbeat: u64,
 }
 
+impl Progress {
+    /// A follower whose position is unknown: probe from `next`.
+    fn new(next: u64) -> Progress {
+        Progress {
+            matched: 0,
+            next,
+            flow: Flow::Probe { paused: false },
+            inflight: VecDeque::new(),
+            active: true,
+            quiet: 0,
+            epoch: 0,
+            read_acked: 0,
+            matched_at_heartbeat: 0,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct PendingRead {
     ctx: u64,
@@ -348,7 +438,6 @@ struct PendingRead {
 /// One node's consensus state.
 pub struct Raft {
     cfg: Config,
-    peers: Vec<NodeId>,
     quorum: usize,
     term: u64,
     vote: Option<NodeId>,
@@ -365,6 +454,18 @@ pub struct Raft {
     rng: u64,
     votes: BTreeMap<NodeId, bool>,
     progress: BTreeMap<NodeId, Progress>,
+    /// The configuration in effect (the latest in the log) and the index
+    /// of its entry (the snapshot's index if it came with the snapshot).
+    conf: Membership,
+    conf_index: u64,
+    /// The voters of `conf`.
+    voters: Vec<NodeId>,
+    /// The configuration at the snapshot's index, if it differs from the
+    /// seed (`Config::members`).
+    snap_conf: Option<Membership>,
+    /// A leader that removed itself: the node it hands over to, and ticks
+    /// spent waiting for it to catch up.
+    transfer: Option<(NodeId, u32)>,
     term_start: u64,
     read_seq: u64,
     reads: VecDeque<PendingRead>,
@@ -389,17 +490,14 @@ impl Raft {
     /// A node restored from what its store loaded: hard state, the last
     /// snapshot (default: none) and the entries after it.
     pub fn new(cfg: Config, hs: HardState, snap: Snapshot, entries: Vec<Entry>) -> Raft {
+        // A node joining a running group starts with no members at all:
+        // it learns the configuration from the leader, and never campaigns
+        // before it has.
         assert!(
-            cfg.members.contains(&cfg.id),
+            cfg.membership.is_some() || cfg.members.is_empty() || cfg.members.contains(&cfg.id),
             "a node is one of the members"
         );
         assert!(cfg.heartbeat_ticks >= 1 && cfg.heartbeat_ticks < cfg.election_ticks);
-        let peers: Vec<NodeId> = cfg
-            .members
-            .iter()
-            .copied()
-            .filter(|&p| p != cfg.id)
-            .collect();
         let quorum = cfg.members.len() / 2 + 1;
         let mut log = Log {
             snap,
@@ -410,7 +508,6 @@ impl Raft {
         }
         let at = log.snap.index;
         let mut r = Raft {
-            peers,
             quorum,
             term: hs.term,
             vote: hs.vote,
@@ -428,6 +525,11 @@ impl Raft {
             rng: cfg.seed ^ 0x9e37_79b9_7f4a_7c15,
             votes: BTreeMap::new(),
             progress: BTreeMap::new(),
+            conf: Membership::default(),
+            conf_index: 0,
+            voters: Vec::new(),
+            snap_conf: cfg.membership.clone(),
+            transfer: None,
             term_start: 0,
             read_seq: 0,
             reads: VecDeque::new(),
@@ -442,6 +544,7 @@ impl Raft {
             cfg,
         };
         r.reset_timeout();
+        r.reload_conf();
         r
     }
 
@@ -504,7 +607,40 @@ impl Raft {
 
     /// Every voting member, this node included.
     pub fn members(&self) -> &[NodeId] {
-        &self.cfg.members
+        &self.voters
+    }
+
+    /// The configuration in effect: the latest in the log, committed or not.
+    pub fn configuration(&self) -> &Membership {
+        &self.conf
+    }
+
+    /// The index of the entry that set the configuration in effect.
+    pub fn configuration_index(&self) -> u64 {
+        self.conf_index
+    }
+
+    /// The configuration at the snapshot's index, to store with the
+    /// snapshot and hand back as [`Config::membership`] on restart
+    /// (`None`: the seed configuration).
+    pub fn snapshot_config(&self) -> Option<&Membership> {
+        self.snap_conf.as_ref()
+    }
+
+    /// The membership change in flight, as this node knows it.
+    pub fn change_state(&self) -> ChangeState {
+        if let Some((to, _)) = self.transfer {
+            return ChangeState::Transferring(to);
+        }
+        if self.conf_index > self.commit {
+            return ChangeState::Committing {
+                index: self.conf_index,
+            };
+        }
+        match self.conf.members.iter().find(|m| !m.voter) {
+            Some(m) => ChangeState::CatchingUp(m.id),
+            None => ChangeState::Idle,
+        }
     }
 
     /// A leader's view of how far each follower's log matches its own
@@ -565,9 +701,28 @@ impl Raft {
         self.elapsed += 1;
         if self.role == Role::Leader {
             self.tick_leader();
-        } else if self.voter && self.elapsed >= self.timeout {
+        } else if self.can_campaign() && self.elapsed >= self.timeout {
             self.campaign();
         }
+    }
+
+    /// Only a voter of the configuration in effect that holds what it may
+    /// have acknowledged campaigns: a non-voter or a removed node never does.
+    fn can_campaign(&self) -> bool {
+        self.voter && self.conf.is_voter(self.cfg.id)
+    }
+
+    /// 1 if this node counts for its own quorums, else 0.
+    fn self_votes(&self) -> usize {
+        usize::from(self.conf.is_voter(self.cfg.id))
+    }
+
+    /// How many voters other than this node satisfy `f`.
+    fn voters_where(&self, f: impl Fn(&Progress) -> bool) -> usize {
+        self.progress
+            .iter()
+            .filter(|(p, pr)| self.conf.is_voter(**p) && f(pr))
+            .count()
     }
 
     fn tick_leader(&mut self) {
@@ -582,19 +737,31 @@ impl Raft {
             self.heartbeat_elapsed = 0;
             self.broadcast_heartbeat();
         }
+        if let Some((to, waited)) = self.transfer {
+            // The successor did not catch up in time: step down anyway and
+            // let the remaining voters elect one.
+            if waited + 1 >= self.cfg.election_ticks {
+                let term = self.term;
+                self.become_follower(term, None);
+                return;
+            }
+            self.transfer = Some((to, waited + 1));
+        }
         if self.elapsed >= self.cfg.election_ticks {
             self.elapsed = 0;
             // CheckQuorum (thesis §6.2): a leader that has not heard from
-            // a majority within an election timeout steps down.
-            let active = 1 + self.progress.values().filter(|p| p.active).count();
+            // a majority of voters within an election timeout steps down.
+            let active = self.self_votes() + self.voters_where(|p| p.active);
             for pr in self.progress.values_mut() {
                 pr.active = false;
             }
             if active < self.quorum {
                 let term = self.term;
                 self.become_follower(term, None);
+                return;
             }
         }
+        self.after_commit();
     }
 
     /// Proposes a command.
@@ -614,7 +781,9 @@ impl Raft {
                 _ => Err(ProposeError::NotLeader(leader)),
             };
         }
-        if self.log.last_index() - self.commit >= self.cfg.uncommitted_max {
+        if self.log.last_index() - self.commit >= self.cfg.uncommitted_max
+            || self.transfer.is_some()
+        {
             return Err(ProposeError::Busy);
         }
         let index = self.append_local(EntryKind::Command, data);
@@ -623,6 +792,196 @@ impl Raft {
             index,
             term: self.term,
         })
+    }
+
+    /// Proposes adding `id` as a non-voter carrying `data` (the runtime's
+    /// addresses, opaque here). The leader replicates its log to it and
+    /// promotes it to voter, with a second configuration entry, once it is
+    /// current. Returns the index of the configuration entry.
+    pub fn propose_add(&mut self, id: NodeId, data: Vec<u8>) -> Result<u64, ChangeError> {
+        self.check_leader()?;
+        if self.conf.contains(id) {
+            return Err(ChangeError::Duplicate(id));
+        }
+        if !self.change_ready() || self.conf.members.iter().any(|m| !m.voter) {
+            return Err(ChangeError::UnderWay);
+        }
+        let mut conf = self.conf.clone();
+        conf.members.push(Member {
+            id,
+            voter: false,
+            data,
+        });
+        conf.members.sort_by_key(|m| m.id);
+        Ok(self.append_conf(&conf))
+    }
+
+    /// Proposes removing `id` (a voter, or a non-voter still catching up).
+    /// A leader that removes itself keeps leading, without counting
+    /// itself, until the removal commits, then hands over and steps down.
+    /// Returns the index of the configuration entry.
+    pub fn propose_remove(&mut self, id: NodeId) -> Result<u64, ChangeError> {
+        self.check_leader()?;
+        let Some(m) = self.conf.get(id) else {
+            return Err(ChangeError::Unknown(id));
+        };
+        if m.voter && self.voters.len() == 1 {
+            return Err(ChangeError::LastVoter);
+        }
+        let other_learner = self.conf.members.iter().any(|m| !m.voter && m.id != id);
+        if !self.change_ready() || other_learner {
+            return Err(ChangeError::UnderWay);
+        }
+        let mut conf = self.conf.clone();
+        conf.members.retain(|m| m.id != id);
+        Ok(self.append_conf(&conf))
+    }
+
+    fn check_leader(&self) -> Result<(), ChangeError> {
+        if self.role != Role::Leader {
+            let leader = self.leader.filter(|&l| l != self.cfg.id);
+            return Err(ChangeError::NotLeader(leader));
+        }
+        Ok(())
+    }
+
+    /// The errata rule: a leader starts a change only once an entry of its
+    /// own term is committed (so no change of an earlier leader can still
+    /// be pending in some log) and its last change is committed.
+    fn change_ready(&self) -> bool {
+        self.role == Role::Leader
+            && self.transfer.is_none()
+            && self.commit >= self.term_start
+            && self.conf_index <= self.commit
+            && self.conf.contains(self.cfg.id)
+    }
+
+    fn append_conf(&mut self, conf: &Membership) -> u64 {
+        let mut data = Vec::new();
+        encode_membership(&mut data, conf);
+        let index = self.append_local(EntryKind::Config, data);
+        self.broadcast_append();
+        self.after_commit();
+        index
+    }
+
+    /// Makes `conf` (set by the entry at `index`) the configuration in
+    /// effect; a leader starts replicating to new members at once.
+    fn set_conf(&mut self, conf: Membership, index: u64) {
+        self.voters = conf.voter_ids();
+        self.quorum = self.voters.len() / 2 + 1;
+        self.conf = conf;
+        self.conf_index = index;
+        if self.role == Role::Leader {
+            let next = self.log.last_index() + 1;
+            for id in self.conf.ids() {
+                if id != self.cfg.id && !self.progress.contains_key(&id) {
+                    self.progress.insert(id, Progress::new(next));
+                }
+            }
+        }
+    }
+
+    /// The configuration at or before `index` in the log (None: none of
+    /// the entries sets one, so it is the snapshot's).
+    fn conf_at(&self, index: u64) -> Option<Membership> {
+        let upto = usize::try_from(index.saturating_sub(self.log.snap.index)).unwrap_or(usize::MAX);
+        self.log
+            .entries
+            .iter()
+            .take(upto)
+            .rev()
+            .filter(|e| e.kind == EntryKind::Config)
+            .find_map(|e| decode_membership(&e.data).ok())
+    }
+
+    /// Sets the configuration from the log: its latest configuration
+    /// entry, else the snapshot's, else the seed.
+    fn reload_conf(&mut self) {
+        let found = self
+            .log
+            .entries
+            .iter()
+            .rev()
+            .filter(|e| e.kind == EntryKind::Config)
+            .find_map(|e| decode_membership(&e.data).ok().map(|c| (c, e.index)));
+        let (conf, index) = found.unwrap_or_else(|| {
+            let c = self
+                .snap_conf
+                .clone()
+                .unwrap_or_else(|| Membership::voters(&self.cfg.members));
+            (c, self.log.snap.index)
+        });
+        self.set_conf(conf, index);
+    }
+
+    /// What a leader does once its commit index moved: once the change in
+    /// flight is committed, stop replicating to removed nodes, hand over if
+    /// it removed itself, and promote a non-voter that caught up.
+    fn after_commit(&mut self) {
+        if self.role != Role::Leader || self.commit < self.conf_index {
+            return;
+        }
+        let conf = &self.conf;
+        self.progress.retain(|p, _| conf.contains(*p));
+        if !self.conf.contains(self.cfg.id) {
+            self.hand_over();
+            return;
+        }
+        if !self.change_ready() {
+            return;
+        }
+        let last = self.log.last_index();
+        let lag = self.cfg.catch_up_entries;
+        let ready = self.conf.members.iter().find(|m| {
+            !m.voter
+                && self
+                    .progress
+                    .get(&m.id)
+                    .is_some_and(|pr| pr.matched > 0 && pr.matched + lag >= last)
+        });
+        if let Some(m) = ready {
+            let id = m.id;
+            let mut conf = self.conf.clone();
+            for m in &mut conf.members {
+                if m.id == id {
+                    m.voter = true;
+                }
+            }
+            self.append_conf(&conf);
+        }
+    }
+
+    /// A leader no longer in the configuration picks the voter with the
+    /// longest log, brings it up to date, then tells it to campaign at
+    /// once and steps down (thesis §3.10).
+    fn hand_over(&mut self) {
+        let to = match self.transfer {
+            Some((to, _)) => to,
+            None => {
+                let best = self
+                    .progress
+                    .iter()
+                    .filter(|(p, _)| self.conf.is_voter(**p))
+                    .max_by_key(|(p, pr)| (pr.matched, std::cmp::Reverse(**p)))
+                    .map(|(p, _)| *p);
+                let Some(to) = best else {
+                    let term = self.term;
+                    self.become_follower(term, None);
+                    return;
+                };
+                self.transfer = Some((to, 0));
+                to
+            }
+        };
+        let matched = self.progress.get(&to).map_or(0, |pr| pr.matched);
+        if matched >= self.log.last_index() {
+            self.send(to, Body::TimeoutNow);
+            let term = self.term;
+            self.become_follower(term, None);
+        } else {
+            self.send_append(to, false);
+        }
     }
 
     /// Asks for a linearizable read point; the answer is a [`ReadState`]
@@ -646,7 +1005,7 @@ impl Raft {
     }
 
     fn start_read(&mut self, ctx: u64) {
-        if self.quorum == 1 {
+        if self.quorum == self.self_votes() {
             self.after.reads.push(ReadState {
                 ctx,
                 index: self.commit,
@@ -672,6 +1031,9 @@ impl Raft {
         let Some(term) = self.log.term(index) else {
             return;
         };
+        if let Some(c) = self.conf_at(index) {
+            self.snap_conf = Some(c);
+        }
         let snap = Snapshot { index, term, data };
         self.log.install(snap.clone());
         self.snapshot_out = Some(snap);
@@ -715,7 +1077,10 @@ impl Raft {
 
     /// Takes one message from another node.
     pub fn step(&mut self, m: Message) {
-        if m.to != self.cfg.id || m.group != self.cfg.group || !self.peers.contains(&m.from) {
+        // A sender outside the configuration is heard too: a leader
+        // reaches a node it is adding before that node knows of the
+        // change, and a leader answers only nodes it has progress for.
+        if m.to != self.cfg.id || m.group != self.cfg.group || m.from == self.cfg.id {
             return;
         }
         if matches!(m.body, Body::Beats { .. } | Body::BeatsResp { .. }) {
@@ -729,7 +1094,10 @@ impl Raft {
                 // outright: it cannot disrupt a healthy leader (§9.6).
                 Body::PreVote { .. } | Body::Vote { .. } if self.in_lease() => return,
                 Body::PreVote { .. } | Body::PreVoteResp { granted: true } => {}
-                Body::Append { .. } | Body::Heartbeat { .. } | Body::Snapshot { .. } => {
+                Body::Append { .. }
+                | Body::Heartbeat { .. }
+                | Body::Snapshot { .. }
+                | Body::ConfSnapshot { .. } => {
                     self.become_follower(m.term, Some(m.from));
                 }
                 _ => self.become_follower(m.term, None),
@@ -746,7 +1114,10 @@ impl Raft {
     /// pre-candidate gives up, a forwarder retries).
     fn answer_stale(&mut self, m: Message) {
         match m.body {
-            Body::Append { .. } | Body::Heartbeat { .. } | Body::Snapshot { .. } => {
+            Body::Append { .. }
+            | Body::Heartbeat { .. }
+            | Body::Snapshot { .. }
+            | Body::ConfSnapshot { .. } => {
                 self.send(m.from, Body::HeartbeatResp { read_seq: 0 });
             }
             Body::PreVote { .. } => self.send(m.from, Body::PreVoteResp { granted: false }),
@@ -800,7 +1171,7 @@ impl Raft {
             }
             Body::Snapshot { snapshot } => {
                 self.follow(from);
-                self.on_snapshot(from, snapshot);
+                self.on_snapshot(from, snapshot, None);
             }
             Body::AppendResp {
                 ok,
@@ -824,6 +1195,21 @@ impl Raft {
                 self.after.forwarded.push(ForwardOutcome { seq, at });
             }
             Body::Beats { .. } | Body::BeatsResp { .. } => {}
+            Body::TransferVote {
+                last_index,
+                last_term,
+            } => self.on_vote(from, last_index, last_term),
+            Body::TimeoutNow => {
+                // Only from the leader being followed, and only a voter
+                // that holds what it may have acknowledged.
+                if self.role == Role::Follower && self.leader == Some(from) && self.can_campaign() {
+                    self.become_candidate(true);
+                }
+            }
+            Body::ConfSnapshot { snapshot, config } => {
+                self.follow(from);
+                self.on_snapshot(from, snapshot, Some(config));
+            }
         }
     }
 
@@ -854,11 +1240,11 @@ impl Raft {
 
     fn campaign(&mut self) {
         if self.open_poll(Role::PreCandidate) {
-            self.become_candidate();
+            self.become_candidate(false);
             return;
         }
         let (last_index, last_term) = (self.log.last_index(), self.log.last_term());
-        for p in self.peers.clone() {
+        for p in self.other_voters() {
             let m = Message {
                 group: self.cfg.group,
                 from: self.cfg.id,
@@ -873,7 +1259,15 @@ impl Raft {
         }
     }
 
-    fn become_candidate(&mut self) {
+    /// The voters of the configuration in effect but this node.
+    fn other_voters(&self) -> Vec<NodeId> {
+        let me = self.cfg.id;
+        self.voters.iter().copied().filter(|&p| p != me).collect()
+    }
+
+    /// Stands for election; `transfer`: told to by the leader handing
+    /// over, so voters answer though they still hear from a leader.
+    fn become_candidate(&mut self, transfer: bool) {
         self.term += 1;
         self.vote = Some(self.cfg.id);
         self.hard_state_dirty = true;
@@ -882,24 +1276,33 @@ impl Raft {
             return;
         }
         let (last_index, last_term) = (self.log.last_index(), self.log.last_term());
-        for p in self.peers.clone() {
-            self.send(
-                p,
+        for p in self.other_voters() {
+            let body = if transfer {
+                Body::TransferVote {
+                    last_index,
+                    last_term,
+                }
+            } else {
                 Body::Vote {
                     last_index,
                     last_term,
-                },
-            );
+                }
+            };
+            self.send(p, body);
         }
     }
 
     fn count_vote(&mut self, from: NodeId, granted: bool) {
+        // Only the voters of this node's configuration count.
+        if !self.conf.is_voter(from) {
+            return;
+        }
         self.votes.entry(from).or_insert(granted);
         let yes = self.votes.values().filter(|&&g| g).count();
         let no = self.votes.len() - yes;
         if yes >= self.quorum {
             match self.role {
-                Role::PreCandidate => self.become_candidate(),
+                Role::PreCandidate => self.become_candidate(false),
                 Role::Candidate => self.become_leader(),
                 _ => {}
             }
@@ -951,6 +1354,7 @@ impl Raft {
         self.reset_timeout();
         self.votes.clear();
         self.progress.clear();
+        self.transfer = None;
         self.reads.clear();
         self.reads_waiting.clear();
     }
@@ -977,29 +1381,20 @@ impl Raft {
         self.heartbeat_elapsed = 0;
         self.votes.clear();
         let next = self.log.last_index() + 1;
+        let me = self.cfg.id;
         self.progress = self
-            .peers
-            .iter()
-            .map(|&p| {
-                let pr = Progress {
-                    matched: 0,
-                    next,
-                    flow: Flow::Probe { paused: false },
-                    inflight: VecDeque::new(),
-                    active: true,
-                    quiet: 0,
-                    epoch: 0,
-                    read_acked: 0,
-                    matched_at_heartbeat: 0,
-                };
-                (p, pr)
-            })
+            .conf
+            .ids()
+            .into_iter()
+            .filter(|&p| p != me)
+            .map(|p| (p, Progress::new(next)))
             .collect();
+        self.transfer = None;
         self.read_seq = 0;
         // The no-op of this term: committing it commits every earlier
         // entry (§5.4.2), and lets ReadIndex know the commit index.
         self.term_start = self.append_local(EntryKind::Noop, Vec::new());
-        for p in self.peers.clone() {
+        for p in self.followers() {
             self.send_append(p, true);
         }
     }
@@ -1015,18 +1410,31 @@ impl Raft {
             data,
         });
         self.unstable_from = Some(self.unstable_from.map_or(index, |u| u.min(index)));
+        if kind == EntryKind::Config {
+            if let Some(e) = self.log.get(index) {
+                if let Ok(c) = decode_membership(&e.data) {
+                    self.set_conf(c, index);
+                }
+            }
+        }
         self.maybe_commit();
         index
     }
 
+    /// Every node a leader replicates to: the members of the
+    /// configuration, and a removed node until its removal commits.
+    fn followers(&self) -> Vec<NodeId> {
+        self.progress.keys().copied().collect()
+    }
+
     fn broadcast_append(&mut self) {
-        for p in self.peers.clone() {
+        for p in self.followers() {
             self.send_append(p, false);
         }
     }
 
     fn broadcast_heartbeat(&mut self) {
-        for p in self.peers.clone() {
+        for p in self.followers() {
             self.send_heartbeat(p);
         }
     }
@@ -1105,7 +1513,10 @@ impl Raft {
             };
             pr.inflight.clear();
         }
-        self.send(p, Body::Snapshot { snapshot });
+        match self.snap_conf.clone() {
+            Some(config) => self.send(p, Body::ConfSnapshot { snapshot, config }),
+            None => self.send(p, Body::Snapshot { snapshot }),
+        }
     }
 
     fn on_append_resp(
@@ -1154,6 +1565,12 @@ impl Raft {
             let before = self.commit;
             self.maybe_commit();
             while self.send_append(p, false) {}
+            if self.transfer.map(|(to, _)| to) == Some(p) || self.commit > before {
+                self.after_commit();
+                if self.role != Role::Leader {
+                    return;
+                }
+            }
             if self.commit > before {
                 // Tell the followers at once, so they apply within a round
                 // trip rather than at the next heartbeat.
@@ -1216,8 +1633,19 @@ impl Raft {
         if self.role != Role::Leader {
             return;
         }
-        let mut matched: Vec<u64> = self.progress.values().map(|p| p.matched).collect();
-        matched.push(self.log.last_index());
+        // Only voters count, this leader too only while it is one.
+        let mut matched: Vec<u64> = self
+            .progress
+            .iter()
+            .filter(|(p, _)| self.conf.is_voter(**p))
+            .map(|(_, pr)| pr.matched)
+            .collect();
+        if self.conf.is_voter(self.cfg.id) {
+            matched.push(self.log.last_index());
+        }
+        if matched.len() < self.quorum {
+            return;
+        }
         matched.sort_unstable_by(|a, b| b.cmp(a));
         let n = matched[self.quorum - 1];
         if n > self.commit && self.log.term(n) == Some(self.term) {
@@ -1232,11 +1660,8 @@ impl Raft {
 
     fn release_reads(&mut self) {
         while let Some(front) = self.reads.front() {
-            let acks = 1 + self
-                .progress
-                .values()
-                .filter(|p| p.read_acked >= front.seq)
-                .count();
+            let seq = front.seq;
+            let acks = self.self_votes() + self.voters_where(|p| p.read_acked >= seq);
             if acks < self.quorum {
                 break;
             }
@@ -1317,11 +1742,22 @@ impl Raft {
                     // A conflicting entry: it and all after it go (§5.3).
                     assert!(e.index > self.commit, "a committed entry was overwritten");
                     self.log.truncate_from(e.index);
+                    if self.conf_index >= e.index {
+                        // The configuration came from a dropped entry.
+                        self.reload_conf();
+                    }
                 }
                 None => {}
             }
             self.unstable_from = Some(self.unstable_from.map_or(e.index, |u| u.min(e.index)));
+            let conf = (e.kind == EntryKind::Config)
+                .then(|| decode_membership(&e.data).ok())
+                .flatten();
+            let index = e.index;
             self.log.push(e);
+            if let Some(c) = conf {
+                self.set_conf(c, index);
+            }
         }
         self.commit = self.commit.max(commit.min(last_new));
         let epoch = self.epoch;
@@ -1366,13 +1802,17 @@ impl Raft {
         (i, t)
     }
 
-    fn on_snapshot(&mut self, from: NodeId, snap: Snapshot) {
+    /// `config`: the configuration at the snapshot's index, if it is not
+    /// the seed.
+    fn on_snapshot(&mut self, from: NodeId, snap: Snapshot, config: Option<Membership>) {
         let index = snap.index;
         if index > self.commit {
             if self.log.term(index) == Some(snap.term) {
                 self.commit = index;
             } else {
                 self.log.install(snap.clone());
+                self.snap_conf = config;
+                self.reload_conf();
                 self.commit = index;
                 self.applied = index;
                 self.unstable_from = None;

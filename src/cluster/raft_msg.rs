@@ -38,6 +38,72 @@ pub enum EntryKind {
     Noop,
     /// A command for the state machine.
     Command,
+    /// A new cluster configuration ([`Membership`], encoded by
+    /// [`encode_membership`]). It takes effect as soon as it is in a log,
+    /// committed or not.
+    Config,
+}
+
+/// One member of a Raft group's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub id: NodeId,
+    /// A voter counts for elections and commit quorums; a non-voter
+    /// (learner) only receives the log.
+    pub voter: bool,
+    /// What the runtime keeps with the member (its addresses); the core
+    /// does not read it.
+    pub data: Vec<u8>,
+}
+
+/// A group's configuration: its members, sorted by id, each once.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Membership {
+    pub members: Vec<Member>,
+}
+
+impl Membership {
+    /// Every id voting, with no data: the configuration a cluster seeded
+    /// by a fixed member list starts from.
+    pub fn voters(ids: &[NodeId]) -> Membership {
+        let mut members: Vec<Member> = ids
+            .iter()
+            .map(|&id| Member {
+                id,
+                voter: true,
+                data: Vec::new(),
+            })
+            .collect();
+        members.sort_by_key(|m| m.id);
+        members.dedup_by_key(|m| m.id);
+        Membership { members }
+    }
+
+    pub fn get(&self, id: NodeId) -> Option<&Member> {
+        self.members.iter().find(|m| m.id == id)
+    }
+
+    pub fn contains(&self, id: NodeId) -> bool {
+        self.get(id).is_some()
+    }
+
+    pub fn is_voter(&self, id: NodeId) -> bool {
+        self.get(id).is_some_and(|m| m.voter)
+    }
+
+    /// The voting ids, ascending.
+    pub fn voter_ids(&self) -> Vec<NodeId> {
+        self.members
+            .iter()
+            .filter(|m| m.voter)
+            .map(|m| m.id)
+            .collect()
+    }
+
+    /// Every id, ascending.
+    pub fn ids(&self) -> Vec<NodeId> {
+        self.members.iter().map(|m| m.id).collect()
+    }
 }
 
 /// One log entry.
@@ -159,6 +225,21 @@ pub enum Body {
     BeatsResp {
         acks: Vec<BeatAck>,
     },
+    /// RequestVote from a candidate its leader told to campaign at once
+    /// (leadership transfer, thesis §3.10): voters answer it even while
+    /// they still hear from a leader.
+    TransferVote {
+        last_index: u64,
+        last_term: u64,
+    },
+    /// A leader handing over: "campaign now" (thesis §3.10).
+    TimeoutNow,
+    /// InstallSnapshot for a group whose configuration changed since it
+    /// was seeded: the snapshot and the configuration at its index.
+    ConfSnapshot {
+        snapshot: Snapshot,
+        config: Membership,
+    },
 }
 
 /// One group's [`Body::Heartbeat`] inside [`Body::Beats`].
@@ -219,6 +300,9 @@ impl Body {
             Body::ProposeResp { .. } => "ProposeResp",
             Body::Beats { .. } => "Beats",
             Body::BeatsResp { .. } => "BeatsResp",
+            Body::TransferVote { .. } => "TransferVote",
+            Body::TimeoutNow => "TimeoutNow",
+            Body::ConfSnapshot { .. } => "ConfSnapshot",
         }
     }
 }
@@ -251,8 +335,28 @@ pub fn encode_entry(out: &mut Vec<u8>, e: &Entry) {
     out.push(match e.kind {
         EntryKind::Noop => 0,
         EntryKind::Command => 1,
+        EntryKind::Config => 2,
     });
     put_bytes(out, &e.data);
+}
+
+/// Appends the encoding of `c` to `out`: a varint count, then per member
+/// its id (u64), a voter byte and its data (length-prefixed).
+pub fn encode_membership(out: &mut Vec<u8>, c: &Membership) {
+    put_varint(out, c.members.len() as u64);
+    for m in &c.members {
+        put_u64(out, m.id);
+        out.push(m.voter as u8);
+        put_bytes(out, &m.data);
+    }
+}
+
+/// Decodes a whole [`encode_membership`] value; ids must ascend.
+pub fn decode_membership(buf: &[u8]) -> Result<Membership, CodecError> {
+    let mut r = Reader::new(buf);
+    let c = r.membership()?;
+    r.finish()?;
+    Ok(c)
 }
 
 /// Appends the encoding of `s` to `out`.
@@ -393,6 +497,20 @@ fn encode_body(out: &mut Vec<u8>, body: &Body) {
                 }
             }
         }
+        Body::TransferVote {
+            last_index,
+            last_term,
+        } => {
+            out.push(15);
+            put_u64(out, *last_index);
+            put_u64(out, *last_term);
+        }
+        Body::TimeoutNow => out.push(16),
+        Body::ConfSnapshot { snapshot, config } => {
+            out.push(17);
+            encode_snapshot(out, snapshot);
+            encode_membership(out, config);
+        }
     }
 }
 
@@ -492,6 +610,7 @@ impl<'a> Reader<'a> {
         let kind = match self.u8()? {
             0 => EntryKind::Noop,
             1 => EntryKind::Command,
+            2 => EntryKind::Config,
             t => return Err(CodecError::Tag(self.at - 1, t)),
         };
         let data = self.bytes()?;
@@ -501,6 +620,22 @@ impl<'a> Reader<'a> {
             kind,
             data,
         })
+    }
+
+    pub fn membership(&mut self) -> Result<Membership, CodecError> {
+        let n = self.count(13)?;
+        let mut members: Vec<Member> = Vec::with_capacity(n);
+        for _ in 0..n {
+            let at = self.at;
+            let id = self.u64()?;
+            if members.last().is_some_and(|m| m.id >= id) {
+                return Err(CodecError::Tag(at, self.buf[at]));
+            }
+            let voter = self.bool()?;
+            let data = self.bytes()?;
+            members.push(Member { id, voter, data });
+        }
+        Ok(Membership { members })
     }
 
     pub fn snapshot(&mut self) -> Result<Snapshot, CodecError> {
@@ -610,6 +745,15 @@ impl<'a> Reader<'a> {
                 }
                 Body::BeatsResp { acks }
             }
+            15 => Body::TransferVote {
+                last_index: self.u64()?,
+                last_term: self.u64()?,
+            },
+            16 => Body::TimeoutNow,
+            17 => Body::ConfSnapshot {
+                snapshot: self.snapshot()?,
+                config: self.membership()?,
+            },
             t => return Err(CodecError::Tag(tag_at, t)),
         })
     }
@@ -704,6 +848,32 @@ mod tests {
                 data: b"incr".to_vec(),
             },
             Body::ProposeResp { seq: 5, index: 77 },
+            Body::TransferVote {
+                last_index: 8,
+                last_term: 3,
+            },
+            Body::TimeoutNow,
+            Body::ConfSnapshot {
+                snapshot: Snapshot {
+                    index: 40,
+                    term: 2,
+                    data: vec![9],
+                },
+                config: Membership {
+                    members: vec![
+                        Member {
+                            id: 1,
+                            voter: true,
+                            data: b"a".to_vec(),
+                        },
+                        Member {
+                            id: 4,
+                            voter: false,
+                            data: Vec::new(),
+                        },
+                    ],
+                },
+            },
         ];
         let mut out: Vec<Message> = Vec::new();
         for group in [CONTROL_GROUP, 7, u64::MAX] {
@@ -816,6 +986,69 @@ mod tests {
         want.push(8);
         want.extend_from_slice(&4u64.to_le_bytes());
         assert_eq!(out, want);
+    }
+
+    #[test]
+    fn known_bytes_of_timeout_now_and_a_config_entry() {
+        let m = Message {
+            group: CONTROL_GROUP,
+            from: 1,
+            to: 2,
+            term: 3,
+            body: Body::TimeoutNow,
+        };
+        let mut out = Vec::new();
+        encode(&mut out, &m);
+        let mut want = Vec::new();
+        for v in [1u64, 2, 3] {
+            want.extend_from_slice(&v.to_le_bytes());
+        }
+        want.push(16);
+        assert_eq!(out, want);
+
+        let c = Membership {
+            members: vec![Member {
+                id: 5,
+                voter: false,
+                data: b"ab".to_vec(),
+            }],
+        };
+        let mut out = Vec::new();
+        encode_membership(&mut out, &c);
+        let mut want = vec![1];
+        want.extend_from_slice(&5u64.to_le_bytes());
+        want.push(0);
+        want.extend_from_slice(&2u32.to_le_bytes());
+        want.extend_from_slice(b"ab");
+        assert_eq!(out, want);
+        assert_eq!(decode_membership(&out), Ok(c));
+
+        let e = Entry {
+            term: 1,
+            index: 2,
+            kind: EntryKind::Config,
+            data: Vec::new(),
+        };
+        let mut out = Vec::new();
+        encode_entry(&mut out, &e);
+        assert_eq!(out[16], 2);
+        assert_eq!(Reader::new(&out).entry(), Ok(e));
+    }
+
+    #[test]
+    fn a_membership_with_ids_out_of_order_or_repeated_is_refused() {
+        let mut out = vec![2];
+        for _ in 0..2 {
+            out.extend_from_slice(&5u64.to_le_bytes());
+            out.push(1);
+            out.extend_from_slice(&0u32.to_le_bytes());
+        }
+        assert!(decode_membership(&out).is_err());
+        // A count the bytes cannot hold is refused before allocating.
+        assert_eq!(
+            decode_membership(&[0xff, 0xff, 0x03]),
+            Err(CodecError::Short)
+        );
     }
 
     #[test]

@@ -97,7 +97,7 @@ fn decode_history(b: &[u8]) -> Vec<(u64, u64, u64)> {
 
 fn cmd_of(e: &Entry) -> Option<u64> {
     match e.kind {
-        EntryKind::Noop => None,
+        EntryKind::Noop | EntryKind::Config => None,
         EntryKind::Command => Some(u64::from_le_bytes(e.data[..8].try_into().unwrap())),
     }
 }

@@ -513,7 +513,7 @@ impl Sim {
         }
         st.applied = e.index;
         let ops = match e.kind {
-            EntryKind::Noop => Vec::new(),
+            EntryKind::Noop | EntryKind::Config => Vec::new(),
             EntryKind::Command => replica::decode_entry(&e.data).map_err(|e| e.to_string())?,
         };
         let outcomes = st.replica.apply(&ops, now);
