@@ -694,3 +694,170 @@ fn every_follower_learns_a_commit_without_a_tick() {
         assert_eq!(net.applied_data(id), ["x"], "node {id}");
     }
 }
+
+// ---- membership changes ----
+
+use gombus::cluster::raft::{ChangeError, ChangeState};
+
+/// Adds a node that starts empty and knows no members, as a joining node
+/// does: it learns the configuration from the leader.
+fn join(net: &mut Net, id: NodeId) {
+    let mut cfg = Config::new(id, vec![]);
+    cfg.voter = false;
+    cfg.seed = id * 7919;
+    net.cfgs.insert(id, cfg.clone());
+    net.nodes.insert(
+        id,
+        Raft::new(cfg, HardState::default(), Snapshot::default(), vec![]),
+    );
+}
+
+fn voters(net: &Net, id: NodeId) -> Vec<NodeId> {
+    net.node(id).configuration().voter_ids()
+}
+
+#[test]
+fn a_learner_catches_up_without_stalling_commits_then_is_promoted() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.propose(1, "a").unwrap();
+    let at = net.node_mut(1).propose_add(4, b"addr-4".to_vec()).unwrap();
+    net.settle();
+    assert!(net.node(1).commit() >= at, "the add commits without node 4");
+    assert_eq!(net.node(1).change_state(), ChangeState::CatchingUp(4));
+    let m = net.node(1).configuration().get(4).unwrap().clone();
+    assert!(!m.voter);
+    assert_eq!(m.data, b"addr-4");
+    // Node 4 is not there yet: commits go on with the three voters.
+    net.propose(1, "b").unwrap();
+    assert_eq!(net.applied_data(2), vec!["a", "b"]);
+    // One change at a time.
+    assert_eq!(
+        net.node_mut(1).propose_add(5, vec![]),
+        Err(ChangeError::UnderWay)
+    );
+    assert_eq!(
+        net.node_mut(1).propose_remove(2),
+        Err(ChangeError::UnderWay)
+    );
+    join(&mut net, 4);
+    net.tick(1, 2);
+    assert_eq!(voters(&net, 1), vec![1, 2, 3, 4]);
+    assert_eq!(net.node(1).change_state(), ChangeState::Idle);
+    assert_eq!(voters(&net, 4), vec![1, 2, 3, 4]);
+    assert_eq!(net.applied_data(4), vec!["a", "b"]);
+    // Node 4 now counts: with 2 and 3 cut off, 1 and 4 are not a quorum
+    // of four.
+    net.isolate(2);
+    net.isolate(3);
+    let before = net.node(1).commit();
+    net.propose(1, "c").unwrap();
+    assert_eq!(net.node(1).commit(), before);
+}
+
+#[test]
+fn a_learner_far_behind_gets_the_snapshot_with_the_configuration() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.node_mut(1).propose_add(4, b"four".to_vec()).unwrap();
+    for k in 0..5 {
+        net.propose(1, &format!("x{k}")).unwrap();
+    }
+    let applied = net.node(1).applied();
+    net.node_mut(1).compact(applied, b"state".to_vec());
+    net.settle();
+    assert!(net.node(1).snapshot_config().is_some_and(|c| c.contains(4)));
+    join(&mut net, 4);
+    net.tick(1, 2);
+    assert_eq!(net.restored[&4].data, b"state");
+    assert_eq!(voters(&net, 4), vec![1, 2, 3, 4]);
+    assert_eq!(net.node(4).configuration().get(4).unwrap().data, b"four");
+}
+
+#[test]
+fn a_removed_follower_stops_campaigning() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.node_mut(1).propose_remove(3).unwrap();
+    net.settle();
+    assert_eq!(voters(&net, 1), vec![1, 2]);
+    assert_eq!(voters(&net, 3), vec![1, 2], "node 3 heard of its removal");
+    let term = net.node(3).term();
+    net.tick(3, 50);
+    assert_eq!(net.node(3).role(), Role::Follower);
+    assert_eq!(net.node(3).term(), term);
+    // Two voters commit on their own.
+    net.isolate(3);
+    net.propose(1, "after").unwrap();
+    assert_eq!(net.applied_data(2), vec!["after"]);
+}
+
+#[test]
+fn a_leader_that_removes_itself_hands_over_and_steps_down() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.propose(1, "a").unwrap();
+    net.node_mut(1).propose_remove(1).unwrap();
+    net.settle();
+    // TimeoutNow: the successor campaigns at once, no timeout needed.
+    assert_ne!(net.node(1).role(), Role::Leader);
+    let new = [2, 3]
+        .into_iter()
+        .find(|&id| net.node(id).role() == Role::Leader)
+        .expect("a successor leads without any tick");
+    assert!(net.node(new).term() > net.node(1).term() - 1);
+    assert_eq!(voters(&net, new), vec![2, 3]);
+    net.propose(new, "b").unwrap();
+    let other = 5 - new;
+    assert_eq!(net.applied_data(other), vec!["a", "b"]);
+    // The removed node never campaigns.
+    net.tick(1, 50);
+    assert_eq!(net.node(1).role(), Role::Follower);
+}
+
+#[test]
+fn a_new_leader_changes_nothing_before_an_entry_of_its_term_commits() {
+    let mut net = Net::new(3);
+    // No append is acknowledged: the leader's no-op stays uncommitted.
+    net.filter = Box::new(|m| !matches!(m.body, Body::AppendResp { .. }));
+    net.elect(1);
+    assert!(net.node(1).commit() < net.node(1).last_index());
+    assert_eq!(
+        net.node_mut(1).propose_add(4, vec![]),
+        Err(ChangeError::UnderWay)
+    );
+    assert_eq!(
+        net.node_mut(1).propose_remove(3),
+        Err(ChangeError::UnderWay)
+    );
+    net.filter = Box::new(|_| true);
+    net.tick(1, 2);
+    assert_eq!(net.node(1).commit(), net.node(1).last_index());
+    assert!(net.node_mut(1).propose_remove(3).is_ok());
+}
+
+#[test]
+fn bad_membership_requests_are_refused_with_their_codes() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    let dup = net.node_mut(1).propose_add(2, vec![]).unwrap_err();
+    assert_eq!(
+        (dup, dup.code()),
+        (ChangeError::Duplicate(2), "bad_request")
+    );
+    let unknown = net.node_mut(1).propose_remove(9).unwrap_err();
+    assert_eq!(
+        (unknown, unknown.code()),
+        (ChangeError::Unknown(9), "bad_request")
+    );
+    let follower = net.node_mut(2).propose_remove(3).unwrap_err();
+    assert_eq!(
+        (follower, follower.code()),
+        (ChangeError::NotLeader(Some(1)), "unavailable")
+    );
+    assert_eq!(ChangeError::UnderWay.code(), "unavailable");
+    let mut one = Net::new(1);
+    one.elect(1);
+    let last = one.node_mut(1).propose_remove(1).unwrap_err();
+    assert_eq!((last, last.code()), (ChangeError::LastVoter, "bad_request"));
+}

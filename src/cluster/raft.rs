@@ -1565,7 +1565,8 @@ impl Raft {
             let before = self.commit;
             self.maybe_commit();
             while self.send_append(p, false) {}
-            if self.transfer.map(|(to, _)| to) == Some(p) || self.commit > before {
+            let learner = !self.conf.is_voter(p);
+            if learner || self.transfer.map(|(to, _)| to) == Some(p) || self.commit > before {
                 self.after_commit();
                 if self.role != Role::Leader {
                     return;
