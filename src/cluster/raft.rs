@@ -706,10 +706,20 @@ impl Raft {
         }
     }
 
-    /// Only a voter of the configuration in effect that holds what it may
-    /// have acknowledged campaigns: a non-voter or a removed node never does.
+    /// Only a node that holds what it may have acknowledged campaigns, and
+    /// only as a voter of its configuration or while the configuration
+    /// that removed it is not known to be committed: a node with the
+    /// longest log may be one whose removal the old leader could not
+    /// commit, and the others may need it to lead (it counts the votes of
+    /// the new configuration, not its own, and hands over once the removal
+    /// commits). A non-voter, or a node whose removal committed, never
+    /// campaigns.
     fn can_campaign(&self) -> bool {
-        self.voter && self.conf.is_voter(self.cfg.id)
+        self.voter
+            && (self.conf.is_voter(self.cfg.id)
+                || (!self.conf.contains(self.cfg.id)
+                    && self.conf_index > self.commit
+                    && !self.voters.is_empty()))
     }
 
     /// 1 if this node counts for its own quorums, else 0.
@@ -922,8 +932,18 @@ impl Raft {
         if self.role != Role::Leader || self.commit < self.conf_index {
             return;
         }
-        let conf = &self.conf;
-        self.progress.retain(|p, _| conf.contains(*p));
+        // A removed node learns that its removal committed, and so stops
+        // campaigning, from one last heartbeat.
+        let removed: Vec<NodeId> = self
+            .progress
+            .keys()
+            .copied()
+            .filter(|p| !self.conf.contains(*p))
+            .collect();
+        for p in removed {
+            self.send_heartbeat(p);
+            self.progress.remove(&p);
+        }
         if !self.conf.contains(self.cfg.id) {
             self.hand_over();
             return;
@@ -1234,8 +1254,10 @@ impl Raft {
         self.leader = None;
         self.reset_timeout();
         self.votes.clear();
-        self.votes.insert(self.cfg.id, true);
-        self.quorum == 1
+        if self.conf.is_voter(self.cfg.id) {
+            self.votes.insert(self.cfg.id, true);
+        }
+        self.self_votes() >= self.quorum
     }
 
     fn campaign(&mut self) {

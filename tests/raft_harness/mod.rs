@@ -1,17 +1,21 @@
 //! A deterministic simulation of a Raft cluster: seeded randomness,
 //! simulated time, a network that drops, delays, reorders, duplicates and
 //! partitions, nodes that crash and restart from what they persisted, and
-//! clients proposing and reading throughout. Every step is followed by the
-//! safety checks; a run ends with a liveness check after healing.
+//! clients proposing and reading throughout, and (with spare nodes)
+//! membership changes: adds, removes, removing the leader, a change cut
+//! short by a crash or a partition. Every step is followed by the safety
+//! checks; a run ends with a liveness check after healing.
 
 #![allow(dead_code)]
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
-use gombus::cluster::raft::{self, Config, Proposed, Raft, Role};
+use gombus::cluster::raft::{self, ChangeState, Config, Proposed, Raft, Role};
 use gombus::cluster::raft_log::{LogStore, MemoryLog};
-use gombus::cluster::raft_msg::{Entry, EntryKind, HardState, Message, NodeId, Snapshot};
+use gombus::cluster::raft_msg::{
+    Entry, EntryKind, HardState, Membership, Message, NodeId, Snapshot,
+};
 
 /// SplitMix64 ([`gombus::rand`]): tiny, seeded, reproducible.
 #[derive(Clone)]
@@ -65,7 +69,13 @@ impl Faults {
 pub struct Node {
     pub id: NodeId,
     pub raft: Option<Raft>,
+    /// A spare that was never added has no life at all.
+    pub exists: bool,
+    /// One of the members the cluster was seeded with (a spare joins).
+    seed_member: bool,
     state_file: HardState,
+    /// The configuration stored with the snapshot.
+    snap_conf: Option<Membership>,
     log: MemoryLog,
     /// Applied commands: (index, term, command id).
     pub history: Vec<(u64, u64, u64)>,
@@ -132,6 +142,9 @@ pub struct Sim {
     pub steps: u64,
     /// Print every event (`SIM_TRACE=1` with the replay command).
     pub trace: bool,
+    /// Membership changes proposed and taken, and refused.
+    pub changes_taken: u64,
+    pub changes_refused: u64,
 }
 
 pub type Check = Result<(), String>;
@@ -156,7 +169,10 @@ impl Sim {
             nodes.push(Node {
                 id,
                 raft: None,
+                exists: true,
+                seed_member: true,
                 state_file: HardState::default(),
+                snap_conf: None,
                 log: MemoryLog::new(),
                 history: Vec::new(),
                 applied: 0,
@@ -190,9 +206,35 @@ impl Sim {
             leader_changes: Vec::new(),
             steps: 0,
             trace: std::env::var_os("SIM_TRACE").is_some(),
+            changes_taken: 0,
+            changes_refused: 0,
         };
         for i in 0..n {
             sim.start(i);
+        }
+        sim
+    }
+
+    /// [`Sim::new`] with `spares` more nodes that do not exist until a
+    /// membership change adds them.
+    pub fn with_spares(seed: u64, n: usize, spares: usize, faults: Faults) -> Sim {
+        let mut sim = Sim::new(seed, n, false, faults);
+        for k in 0..spares {
+            sim.nodes.push(Node {
+                id: (n + k + 1) as u64,
+                raft: None,
+                exists: false,
+                seed_member: false,
+                state_file: HardState::default(),
+                snap_conf: None,
+                log: MemoryLog::new(),
+                history: Vec::new(),
+                applied: 0,
+                next_tick: 0,
+                awaiting: BTreeMap::new(),
+                forwarded: BTreeMap::new(),
+                reads: BTreeMap::new(),
+            });
         }
         sim
     }
@@ -214,6 +256,20 @@ impl Sim {
         self.nodes.iter().map(|n| n.id).collect()
     }
 
+    /// The members in the current leader's configuration (every node that
+    /// exists while no node leads).
+    pub fn members_now(&self) -> Vec<NodeId> {
+        match self.leader() {
+            Some(l) => self.nodes[l].raft.as_ref().unwrap().configuration().ids(),
+            None => self
+                .nodes
+                .iter()
+                .filter(|n| n.exists)
+                .map(|n| n.id)
+                .collect(),
+        }
+    }
+
     /// Starts node `i` from what its disk holds.
     pub fn start(&mut self, i: usize) {
         if self.trace {
@@ -222,7 +278,12 @@ impl Sim {
                 self.now, self.nodes[i].id, self.nodes[i].state_file
             );
         }
-        let members = self.members();
+        let members: Vec<NodeId> = self
+            .nodes
+            .iter()
+            .filter(|n| n.seed_member)
+            .map(|n| n.id)
+            .collect();
         let memory = self.memory_log;
         let node = &mut self.nodes[i];
         if memory {
@@ -230,14 +291,17 @@ impl Sim {
         }
         let loaded = node.log.load().unwrap();
         let log_empty = loaded.snapshot.index == 0 && loaded.entries.is_empty();
-        let mut cfg = Config::new(node.id, members);
+        // A joining node knows no members: it learns them from the leader.
+        let bootstrap = node.seed_member;
+        let mut cfg = Config::new(node.id, if bootstrap { members } else { vec![] });
+        cfg.membership = node.snap_conf.clone();
         // Every node and every life draws its own timeouts.
         let life = node.id.rotate_left(32) ^ node.state_file.epoch.rotate_left(48);
         cfg.seed = Rng::new(self.seed ^ life).next();
         cfg.snapshot_entries = self.snapshot_entries;
         cfg.inflight_max = 8;
         cfg.append_entries_max = 16;
-        cfg.voter = raft::starts_as_voter(true, memory, &node.state_file, log_empty);
+        cfg.voter = raft::starts_as_voter(bootstrap, memory, &node.state_file, log_empty);
         node.history = decode_history(&loaded.snapshot.data);
         node.applied = loaded.snapshot.index;
         node.awaiting.clear();
@@ -311,6 +375,7 @@ impl Sim {
             if ready.is_empty() {
                 return Ok(());
             }
+            let snap_conf = r.snapshot_config().cloned();
             let node = &mut self.nodes[i];
             // Persist first: the hard state to the state file, the rest to
             // the log (a memory log forgets it at a crash).
@@ -322,6 +387,7 @@ impl Sim {
             }
             if let Some(s) = &ready.snapshot {
                 node.log.save_snapshot(s).unwrap();
+                node.snap_conf = snap_conf;
             }
             if let Some((first, es)) = &ready.entries {
                 node.log.append(*first, es).unwrap();
@@ -380,6 +446,12 @@ impl Sim {
         }
         self.leaders.insert(term, id);
         self.leader_changes.push((self.now, id, term));
+        let r = self.nodes[i].raft.as_ref().unwrap();
+        if !r.configuration().is_voter(id) && r.configuration_index() <= r.commit() {
+            return Err(format!(
+                "node {id} leads term {term} though its removal committed"
+            ));
+        }
         // Leader completeness (§5.4): an entry committed in a term is in
         // the log of every leader of a later term. (A leader of an older
         // term can still be elected late, by delayed votes, and need not
@@ -646,7 +718,7 @@ impl Sim {
     fn non_voter_exists(&self) -> bool {
         self.nodes
             .iter()
-            .any(|n| n.raft.as_ref().is_none_or(|r| !r.is_voter()))
+            .any(|n| n.exists && n.raft.as_ref().is_none_or(|r| !r.is_voter()))
     }
 
     /// One random fault or repair.
@@ -695,13 +767,64 @@ impl Sim {
                 }
             }
             _ => {
-                if !self.alive(i) {
+                if !self.alive(i) && self.nodes[i].exists {
                     self.start(i);
                     self.process(i)?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// One random membership change at whoever leads: add a spare (which
+    /// may stay down for a while, so its catch-up is cut short), remove a
+    /// member, or remove the leader itself.
+    pub fn change_membership(&mut self) -> Check {
+        let Some(l) = self.leader() else {
+            return Ok(());
+        };
+        let r = self.nodes[l].raft.as_ref().unwrap();
+        let conf = r.configuration().ids();
+        let leader_id = r.id();
+        let result = match self.rng.below(3) {
+            0 => {
+                let Some(j) = (0..self.nodes.len()).find(|&j| !self.nodes[j].exists) else {
+                    return Ok(());
+                };
+                let id = self.nodes[j].id;
+                let data = format!("127.0.0.1:{}", 7000 + id).into_bytes();
+                let r = self.nodes[l].raft.as_mut().unwrap().propose_add(id, data);
+                if r.is_ok() {
+                    self.nodes[j].exists = true;
+                    if self.rng.chance(700) {
+                        self.start(j);
+                        self.process(j)?;
+                    }
+                }
+                r
+            }
+            1 => {
+                let others: Vec<NodeId> = conf.into_iter().filter(|&p| p != leader_id).collect();
+                if others.is_empty() {
+                    return Ok(());
+                }
+                let id = others[self.rng.below(others.len() as u64) as usize];
+                self.nodes[l].raft.as_mut().unwrap().propose_remove(id)
+            }
+            _ => self.nodes[l]
+                .raft
+                .as_mut()
+                .unwrap()
+                .propose_remove(leader_id),
+        };
+        if self.trace {
+            println!("{} membership change at {leader_id}: {result:?}", self.now);
+        }
+        match result {
+            Ok(_) => self.changes_taken += 1,
+            Err(_) => self.changes_refused += 1,
+        }
+        self.process(l)
     }
 }
 
@@ -722,17 +845,28 @@ pub fn run(seed: u64, n: usize, memory_log: bool) -> (Sim, Check) {
         chaos: true,
     };
     let chaos_per_mille = pick.range(20, 300);
-    let mut sim = Sim::new(seed, n, memory_log, faults);
-    let r = chaos_then_heal(&mut sim, n, chaos_per_mille);
+    // Durable-log runs change membership too; memory-log runs keep theirs
+    // (a node that forgets its log cannot safely be counted on to hold a
+    // configuration change either; see docs/DESIGN.md).
+    let (mut sim, changes) = if memory_log {
+        (Sim::new(seed, n, memory_log, faults), 0)
+    } else {
+        (Sim::with_spares(seed, n, 2, faults), pick.range(20, 120))
+    };
+    let r = chaos_then_heal(&mut sim, chaos_per_mille, changes);
     (sim, r)
 }
 
-fn chaos_then_heal(sim: &mut Sim, n: usize, chaos_per_mille: u64) -> Check {
+fn chaos_then_heal(sim: &mut Sim, chaos_per_mille: u64, changes_per_mille: u64) -> Check {
     let chaos_end = 15_000;
     let mut t = 0;
     while t < chaos_end {
         t += 20;
         sim.run_until(t)?;
+        if sim.rng.chance(changes_per_mille) {
+            sim.change_membership()?;
+        }
+        let n = sim.nodes.len();
         let i = sim.rng.below(n as u64) as usize;
         if sim.rng.chance(600) {
             sim.propose(i)?;
@@ -754,7 +888,7 @@ pub fn liveness(sim: &mut Sim, healed_at: u64) -> Check {
     sim.heal();
     sim.faults = Faults::calm();
     for i in 0..sim.nodes.len() {
-        if !sim.alive(i) {
+        if !sim.alive(i) && sim.nodes[i].exists {
             sim.start(i);
             sim.process(i)?;
         }
@@ -767,7 +901,10 @@ pub fn liveness(sim: &mut Sim, healed_at: u64) -> Check {
             break l;
         }
         if t > healed_at + 3_000 {
-            return Err("no leader within 3 s of healing".into());
+            return Err(format!(
+                "no leader within 3 s of healing:\n{}",
+                sim.describe()
+            ));
         }
     };
     // A fresh proposal, made again every 500 ms at whoever leads then
@@ -785,9 +922,11 @@ pub fn liveness(sim: &mut Sim, healed_at: u64) -> Check {
         }
         t += 10;
         sim.run_until(t)?;
+        let members = sim.members_now();
         let done = markers.iter().any(|m| {
             sim.nodes
                 .iter()
+                .filter(|n| members.contains(&n.id))
                 .all(|n| n.history.iter().any(|h| h.2 == *m))
         });
         if done {
@@ -803,14 +942,47 @@ pub fn liveness(sim: &mut Sim, healed_at: u64) -> Check {
     // Let every node apply up to the leader's commit index.
     // (Recomputed as it goes: an earlier marker may commit meanwhile.)
     let target = |sim: &Sim| sim.committed.keys().next_back().copied().unwrap_or(0);
-    while sim.nodes.iter().any(|n| n.applied < target(sim)) {
+    let behind = |sim: &Sim| {
+        let members = sim.members_now();
+        sim.nodes
+            .iter()
+            .any(|n| members.contains(&n.id) && n.applied < target(sim))
+    };
+    while behind(sim) {
         t += 10;
         sim.run_until(t)?;
         if t > healed_at + 8_000 {
             return Err("nodes did not all apply the committed log".into());
         }
     }
-    for n in &sim.nodes {
+    // Every membership change completed (a non-voter caught up and was
+    // promoted, a removal committed) or was dropped with the leader that
+    // took it, and every member agrees on the configuration.
+    loop {
+        if let Some(l) = sim.leader() {
+            let r = sim.nodes[l].raft.as_ref().unwrap();
+            let conf = r.configuration().clone();
+            let settled = r.change_state() == ChangeState::Idle
+                && conf.ids().iter().all(|&id| {
+                    sim.nodes[(id - 1) as usize].raft.as_ref().is_some_and(|m| {
+                        *m.configuration() == conf && m.commit() >= r.configuration_index()
+                    })
+                });
+            if settled {
+                break;
+            }
+        }
+        t += 10;
+        sim.run_until(t)?;
+        if t > healed_at + 10_000 {
+            return Err(format!(
+                "the membership did not settle within 10 s of healing:\n{}",
+                sim.describe()
+            ));
+        }
+    }
+    let members = sim.members_now();
+    for n in sim.nodes.iter().filter(|n| members.contains(&n.id)) {
         let have: BTreeSet<u64> = n.history.iter().map(|h| h.2).collect();
         if have.len() != n.history.len() {
             return Err(format!("node {} applied a command twice", n.id));
