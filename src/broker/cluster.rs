@@ -757,7 +757,7 @@ impl Broker {
 
     /// Answers the client of a change with an error.
     fn refuse(&mut self, sink: &mut dyn Sink, r: &ChangeAck, e: &ApiError) {
-        self.metrics.count_error(e.code);
+        self.count_error(e.code);
         send_ack(sink, r.conn, r.nsp, r.ack_id, &e.ack_body());
     }
 
@@ -1105,7 +1105,7 @@ impl Broker {
         match result {
             Ok((text, attachments)) => relay_ack(sink, r.conn, ack_id, &text, &attachments),
             Err(e) => {
-                self.metrics.count_error(Code::Unavailable);
+                self.count_error(Code::Unavailable);
                 relay_ack(sink, r.conn, ack_id, &call_error_value(&e), &[]);
             }
         }

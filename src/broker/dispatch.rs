@@ -11,8 +11,7 @@ use serde_json::value::RawValue;
 use super::access::Admission;
 use super::cluster::{ChangeAck, Cluster, ClusterSettings};
 use super::events::{self, Route};
-use super::history::History;
-use super::metrics::Metrics;
+use super::monitor::{Monitor, View};
 use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
 use super::session::{Session, NSP_CONTROL, NSP_ROOT};
 use super::streams::{Incoming, Streams};
@@ -45,7 +44,6 @@ pub struct BrokerConfig {
 
 pub struct Broker {
     pub(crate) cfg: BrokerConfig,
-    pub(crate) started: Instant,
     /// The time of the last loop turn (`tick`), which deadlines count from.
     turn: Instant,
     pub(crate) sessions: Vec<Option<Session>>,
@@ -57,9 +55,8 @@ pub struct Broker {
     /// This process's boot id: the high half of every connection serial.
     boot: u64,
     next_serial: u64,
-    pub(crate) metrics: Metrics,
-    /// Per-second traffic samples for the dashboard.
-    pub(crate) history: History,
+    /// Counters, history, and the HTTP and status answers built on them.
+    monitor: Monitor,
     pub(crate) streams: Streams,
     /// Reused buffer for the shared part of a delivery.
     tail: Vec<u8>,
@@ -96,7 +93,6 @@ impl Broker {
         ));
         Broker {
             cfg,
-            started: Instant::now(),
             turn: Instant::now(),
             sessions: Vec::new(),
             fsm: Fsm::new(1),
@@ -104,8 +100,7 @@ impl Broker {
             cluster: None,
             boot: (rng >> 32).max(1) & 0xffff_ffff,
             next_serial: 0,
-            metrics: Metrics::default(),
-            history: History::new(Instant::now()),
+            monitor: Monitor::new(Instant::now()),
             streams: Streams::default(),
             tail: Vec::with_capacity(1024),
             ack_head: Vec::with_capacity(32),
@@ -136,6 +131,27 @@ impl Broker {
     pub fn enable_cluster(&mut self, settings: ClusterSettings) {
         self.fsm = Fsm::new(settings.raft.id);
         self.cluster = Some(Cluster::new(settings, self.boot));
+    }
+
+    /// What the monitor reads of the other parts, for one call.
+    pub(crate) fn view(&self) -> View<'_> {
+        View {
+            cfg: &self.cfg,
+            fsm: &self.fsm,
+            streams: &self.streams,
+            cluster: self.cluster.as_ref(),
+            access: &self.access,
+        }
+    }
+
+    /// `server.info`'s answer.
+    pub(crate) fn server_info(&self, sink: &dyn Sink) -> serde_json::Value {
+        self.monitor.server_info(&self.view(), sink)
+    }
+
+    /// Counts a refusal with `code` (the `errors` of `/metrics`).
+    pub(crate) fn count_error(&mut self, code: Code) {
+        self.monitor.count_error(code);
     }
 
     fn session(&mut self, conn: ConnId) -> Option<&mut Session> {
@@ -376,7 +392,7 @@ impl Broker {
             Ok(Answer::Later) => return,
             Err(ArgError::Malformed) => return sink.close(conn),
             Err(ArgError::Api(e)) => {
-                self.metrics.count_error(e.code);
+                self.monitor.count_error(e.code);
                 Some(e.ack_body())
             }
         };
@@ -574,8 +590,7 @@ impl Broker {
             if let Some(owner) = owner {
                 // Another node's stream captures it: that node stores and
                 // delivers it, and its answer is this publish's ack.
-                self.metrics.msgs_in += 1;
-                self.metrics.bytes_in += size as u64;
+                self.monitor.count_in(size);
                 let arg = pub_arg(&p.subject, data, p.reply.as_deref(), headers);
                 self.relay(
                     owner,
@@ -599,8 +614,7 @@ impl Broker {
             self.streams
                 .publish(stream, conn, ack_id, msg, sink.now())?;
         }
-        self.metrics.msgs_in += 1;
-        self.metrics.bytes_in += size as u64;
+        self.monitor.count_in(size);
         if self.requests.may_be_inbox(&p.subject) {
             if let Some(pending) = self.requests.take(&p.subject) {
                 answer_request(sink, &pending, &p.subject, data, headers, attachments);
@@ -646,7 +660,7 @@ impl Broker {
         let data = raw_text(r.data);
         let size = self.check_message(&r.subject, data, r.headers, attachments)?;
         self.check_publish(conn, "request", &r.subject, sink.now())?;
-        self.metrics.requests += 1;
+        self.monitor.count_request();
         let no_responders = || {
             ApiError::new(
                 Code::NoResponders,
@@ -672,8 +686,7 @@ impl Broker {
                     })?
             }
         };
-        self.metrics.msgs_in += 1;
-        self.metrics.bytes_in += size as u64;
+        self.monitor.count_in(size);
         let headers = r.headers.map(RawValue::get).filter(|h| *h != "null");
         self.reply_until = Some(until);
         let sent = self.deliver(
@@ -807,8 +820,7 @@ impl Broker {
                 sent += remote.len();
             }
         }
-        self.metrics.msgs_out += sent as u64;
-        self.metrics.bytes_out += (sent * size) as u64;
+        self.monitor.count_out(sent, size);
         sent
     }
 
@@ -839,8 +851,7 @@ impl Broker {
             sent += usize::from(self.send_to(sink, key, &out));
         }
         self.tail = tail;
-        self.metrics.msgs_out += sent as u64;
-        self.metrics.bytes_out += (sent * size) as u64;
+        self.monitor.count_out(sent, size);
         sent
     }
 
@@ -1097,36 +1108,7 @@ impl Handler for Broker {
     }
 
     fn http(&mut self, sink: &mut dyn Sink, req: &Request) -> Response {
-        if let Some(r) = self.dashboard_http(sink, req) {
-            return r;
-        }
-        let known = matches!(req.path.as_str(), "/healthz" | "/metrics");
-        if known && req.method != "GET" && req.method != "HEAD" {
-            let mut r = Response::json(405, r#"{"error":"method not allowed"}"#);
-            r.headers.push(("Allow".into(), "GET".into()));
-            return r;
-        }
-        match req.path.as_str() {
-            "/healthz" => match &self.cluster {
-                Some(c) if c.leader().is_none() => Response::json(503, r#"{"status":"no leader"}"#),
-                // Until then it does not know the cluster's subscriptions.
-                Some(c) if !c.caught_up() => Response::json(503, r#"{"status":"catching up"}"#),
-                _ => Response::json(200, r#"{"status":"ok"}"#),
-            },
-            "/metrics" => {
-                let uptime = sink
-                    .now()
-                    .saturating_duration_since(self.started)
-                    .as_secs_f64();
-                let families = self.metric_families();
-                let mut body =
-                    self.metrics
-                        .render_all(sink.stats(), self.fsm.subs.len(), uptime, &families);
-                self.streams.render_metrics(&mut body);
-                Response::new(200, "text/plain; version=0.0.4; charset=utf-8", body)
-            }
-            _ => Response::json(404, r#"{"error":"not found"}"#),
-        }
+        self.monitor.http(&self.view(), sink, req)
     }
 
     fn opened(&mut self, sink: &mut dyn Sink, conn: ConnId, _endpoint: u8) {
@@ -1188,7 +1170,7 @@ impl Handler for Broker {
 
     fn tick(&mut self, sink: &mut dyn Sink) {
         self.turn = sink.now();
-        self.sample_history(sink);
+        self.monitor.sample(sink.now());
         if let Some(c) = &self.cluster {
             self.remote_push.reachable.clear();
             self.remote_push
@@ -1205,14 +1187,14 @@ impl Handler for Broker {
         }
         for p in self.requests.expired(sink.now()) {
             let e = ApiError::new(Code::Timeout, "no reply in time");
-            self.metrics.count_error(Code::Timeout);
+            self.monitor.count_error(Code::Timeout);
             let head = socketio::encode(PacketType::Ack, 0, "/", Some(p.ack_id), "");
             sink.send_text(p.conn, &[&head, e.ack_body().as_bytes()]);
         }
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        let mut next = self.history.next_at();
+        let mut next = self.monitor.next_sample();
         for d in [self.requests.next_deadline(), self.streams.next_deadline()]
             .into_iter()
             .flatten()

@@ -22,7 +22,11 @@
 //!   streams, consumers and messages.
 //! - [`access`]: users and rights on `/`: admission, `forbidden`, the
 //!   delivery gate, reload on SIGHUP.
-//! - [`metrics`]: counters and `/metrics`, `/healthz`.
+//! - [`monitor`]: the [`Monitor`](monitor::Monitor) component: it owns
+//!   the counters, the traffic history and the start time, and answers
+//!   `/healthz`, `/metrics`, the dashboard, `server.info` and
+//!   `cluster.status` from a view of the other parts.
+//! - [`metrics`]: the counters and the `/metrics` text and families.
 //! - [`lifecycle`]: goodbyes to clients at shutdown.
 //! - [`history`]: per-second traffic samples (rates, the chart).
 //! - [`dashboard`]: the page at `/` and the JSON at `/api/info`.
@@ -35,6 +39,7 @@ pub mod events;
 pub mod history;
 pub mod lifecycle;
 pub mod metrics;
+pub mod monitor;
 pub mod requests;
 pub mod session;
 pub mod stream_cluster;
