@@ -1116,18 +1116,7 @@ impl Broker {
     /// sender picked (or, if one is gone, another local member of its
     /// group).
     fn deliver_forwarded(&mut self, sink: &mut dyn Sink, m: &PeerMessage<'_>) {
-        if self.requests.may_be_inbox(m.subject) {
-            if let Some(pending) = self.requests.take(m.subject) {
-                super::dispatch::answer_request(
-                    sink,
-                    &pending,
-                    m.subject,
-                    m.data,
-                    m.headers,
-                    &m.attachments,
-                );
-            }
-        }
+        self.answer_inbox(sink, m.subject, m.data, m.headers, &m.attachments);
         let matches = self.fsm.subs.matches(m.subject);
         let mut targets: Vec<SubKey> = Vec::new();
         if m.plain {

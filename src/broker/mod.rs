@@ -10,6 +10,10 @@
 //!   deliveries and acks out into the caller's `Sink`.
 //! - [`events`]: the one table of events: name, namespace, argument
 //!   type, handler; unknown names are answered from it.
+//! - [`messaging`]: the [`Messaging`](messaging::Messaging) component:
+//!   it owns the request inboxes and the delivery buffers, and delivers
+//!   (match, group picks, encode once, queue, forward batches) by the
+//!   subscription table the broker lends it.
 //! - [`requests`]: request/reply inboxes and their timeouts.
 //! - [`control`]: `/control` events.
 //! - [`cluster`]: cluster mode: changes through Raft, forwarding to peer
@@ -38,6 +42,7 @@ pub mod dispatch;
 pub mod events;
 pub mod history;
 pub mod lifecycle;
+pub mod messaging;
 pub mod metrics;
 pub mod monitor;
 pub mod requests;
