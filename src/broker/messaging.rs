@@ -7,7 +7,7 @@
 //! rules it delivers by belong to the control state (`cluster/fsm.rs`,
 //! changed only through its one apply path); the broker lends them, with
 //! the sessions, the rights and the cluster glue, for each call in a
-//! [`Lent`].
+//! `Lent`.
 
 use std::time::Instant;
 

@@ -2,7 +2,7 @@
 //!
 //! Fixed counters render in [`Metrics::render`]; everything with labels or
 //! owned by another part (per-stream figures, the Raft state) is a
-//! [`Family`] built by [`Monitor::families`] from the parts the broker
+//! [`Family`] built by `Monitor::families` from the parts the broker
 //! lends it, so a new part adds its figures with a few lines there.
 
 use std::fmt::Write as _;
