@@ -115,12 +115,12 @@ struct Gather {
 }
 
 pub(crate) struct Cluster {
-    pub me: u64,
-    pub names: Vec<String>,
+    me: u64,
+    names: Vec<String>,
     settings: ClusterSettings,
     raft: Option<RaftNode>,
     links: Option<Links>,
-    pub view: Option<View>,
+    view: Option<View>,
     next_view: Instant,
     role: Role,
     term: u64,
@@ -150,8 +150,8 @@ pub(crate) struct Cluster {
     /// Subjects of streams other nodes own -> the owner.
     remote_capture: Sublist<u64>,
     capture_dirty: bool,
-    pub forwarded: u64,
-    pub forwards_dropped: u64,
+    forwarded: u64,
+    forwards_dropped: u64,
     boot: u64,
     /// This node's `NodeUp` was proposed, and (`caught_up`) applied.
     up_proposed: bool,
@@ -229,6 +229,34 @@ impl Cluster {
             waker,
         ));
         Ok(())
+    }
+
+    /// This node's Raft id.
+    pub fn me(&self) -> u64 {
+        self.me
+    }
+
+    /// Every member's Raft id (this node's included).
+    pub fn node_ids(&self) -> std::ops::RangeInclusive<u64> {
+        1..=self.names.len() as u64
+    }
+
+    /// The loop's copy of the Raft thread's view (up to `VIEW_EVERY` old).
+    pub fn view(&self) -> Option<&View> {
+        self.view.as_ref()
+    }
+
+    /// Messages sent to other nodes for delivery, and forward batches
+    /// dropped (peer unreachable or its link full).
+    pub fn forward_counts(&self) -> (u64, u64) {
+        (self.forwarded, self.forwards_dropped)
+    }
+
+    /// Queues `m` for `node` (see [`Cluster::queue_forward`]) and counts
+    /// it as forwarded for delivery.
+    pub fn forward_delivery(&mut self, node: u64, m: &PeerMessage<'_>) {
+        self.queue_forward(node, m);
+        self.forwarded += 1;
     }
 
     pub fn name_of(&self, node: u64) -> Option<&str> {

@@ -920,7 +920,7 @@ impl Handler for Broker {
             self.remote_push.reachable.clear();
             self.remote_push
                 .reachable
-                .extend((1..=c.names.len() as u64).filter(|&n| n != c.me && c.reachable(n)));
+                .extend(c.node_ids().filter(|&n| n != c.me() && c.reachable(n)));
         }
         self.streams
             .tick(sink, &mut self.fsm.subs, &mut self.remote_push);

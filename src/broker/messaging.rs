@@ -210,7 +210,7 @@ impl Messaging {
         if !remote.is_empty() {
             if let Some(c) = lent.cluster.as_deref_mut() {
                 for (node, plain, picks) in &remote {
-                    c.queue_forward(
+                    c.forward_delivery(
                         *node,
                         &PeerMessage {
                             subject,
@@ -223,7 +223,6 @@ impl Messaging {
                             picks: picks.iter().map(|(c, s)| (*c, s.as_str())).collect(),
                         },
                     );
-                    c.forwarded += 1;
                 }
                 sent += remote.len();
             }

@@ -199,22 +199,23 @@ fn raft_figures(view: &View<'_>) -> RaftFigures {
             transport: TransportStats::default(),
         };
     };
-    let view = c.view.as_ref();
+    let view = c.view();
     RaftFigures {
         term: view.map_or(c.term(), |v| v.term),
         commit: view.map_or(0, |v| v.commit),
         leader: c.is_leader(),
         leader_known: c.leader().is_some(),
-        peers: (1..=c.names.len() as u64)
+        peers: c
+            .node_ids()
             .map(|id| {
-                let up = id == c.me
+                let up = id == c.me()
                     || (c.reachable(id)
                         && view.is_some_and(|v| v.peers.iter().any(|p| p.id == id && p.heard)));
                 (c.name_of(id).unwrap_or("?").to_string(), up)
             })
             .collect(),
-        forwarded: c.forwarded,
-        dropped: c.forwards_dropped,
+        forwarded: c.forward_counts().0,
+        dropped: c.forward_counts().1,
         raft_dropped: view.map_or(0, |v| v.dropped),
         transport: view.map_or_else(TransportStats::default, |v| v.transport),
     }

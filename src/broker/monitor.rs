@@ -3,7 +3,7 @@
 //! what reads them: the HTTP endpoints (`/healthz`, `/metrics`, and the
 //! dashboard's `/` and `/api/info` in `dashboard.rs`), and `server.info`
 //! and `cluster.status` on `/control`. What it shows of the other parts it
-//! reads through a [`View`] the broker hands it for the one call.
+//! reads through a `View` the broker hands it for the one call.
 
 use std::time::Instant;
 
@@ -176,12 +176,13 @@ pub(crate) fn cluster_status(view: &View<'_>) -> Value {
     // Raft thread has already reported.
     let raft = c.fresh_view();
     let leader = c.leader();
-    let peers: Vec<Value> = (1..=c.names.len() as u64)
+    let peers: Vec<Value> = c
+        .node_ids()
         .map(|id| {
             let p = raft
                 .as_ref()
                 .and_then(|v| v.peers.iter().find(|p| p.id == id));
-            let state = if id == c.me {
+            let state = if id == c.me() {
                 role_name(raft.as_ref().map_or(Role::Follower, |v| v.role))
             } else if leader == Some(id) {
                 "leader"
@@ -194,7 +195,7 @@ pub(crate) fn cluster_status(view: &View<'_>) -> Value {
                 "id": c.name_of(id),
                 "state": state,
                 "match_index": p.and_then(|p| p.match_index).unwrap_or(0),
-                "reachable": id == c.me || (c.reachable(id) && p.is_some_and(|p| p.heard)),
+                "reachable": id == c.me() || (c.reachable(id) && p.is_some_and(|p| p.heard)),
             })
         })
         .collect();
