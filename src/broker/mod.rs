@@ -5,6 +5,11 @@
 //! path of `cluster/fsm.rs`), request/reply inboxes, streams, cluster
 //! mode's glue, the control namespace and metrics.
 //!
+//! The parts own their state in private fields: `Messaging`, `Streams`,
+//! `Cluster`, `Monitor`, `Access`; the [`Broker`] holds them with the
+//! sessions and the control state and lends each what it reads of the
+//! others for a call (docs/DESIGN.md, "Parts of the core").
+//!
 //! - [`session`]: one client's Socket.IO state (namespaces, attachments).
 //! - [`dispatch`]: the [`Broker`], the port's `Handler`: events in,
 //!   deliveries and acks out into the caller's `Sink`.
