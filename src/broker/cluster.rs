@@ -7,7 +7,7 @@
 //! another node owns are relayed to it; and the leader removes the
 //! subscriptions of a node that stays unreachable.
 //!
-//! This file holds [`Cluster`], the state of all of that; the broker's
+//! This file holds `Cluster`, the state of all of that; the broker's
 //! side is split by concern: `cluster/proposals.rs` (changes through
 //! Raft), `cluster/turn.rs` (Raft and link events, the per-turn work),
 //! `cluster/relays.rs` (relayed requests, gathered lists),
