@@ -54,6 +54,26 @@ impl Access {
         }
         Ok(a)
     }
+
+    /// `/metrics` families: the users in force and the refusals by user
+    /// and kind (names only, never tokens).
+    pub(crate) fn families(&self) -> Vec<Family> {
+        let mut refused = Family::counter(
+            "gombus_forbidden_total",
+            "Events answered forbidden (or dropped), by user and kind.",
+        );
+        let mut counts: Vec<_> = self.forbidden.iter().collect();
+        counts.sort();
+        for ((user, kind), n) in counts {
+            refused = refused.with(
+                vec![("user", user.to_string()), ("kind", kind.to_string())],
+                *n as f64,
+            );
+        }
+        let users = Family::gauge("gombus_users", "Users in the users file in force.")
+            .with(vec![], self.users.as_ref().map_or(0, Users::len) as f64);
+        vec![users, refused]
+    }
 }
 
 /// What a CONNECT to `/` is admitted as.
@@ -324,28 +344,6 @@ impl Broker {
             }
         }
         removed
-    }
-
-    /// `/metrics` families: the users in force and the refusals by user
-    /// and kind (names only, never tokens).
-    pub(crate) fn access_families(&self) -> Vec<Family> {
-        let mut refused = Family::counter(
-            "gombus_forbidden_total",
-            "Events answered forbidden (or dropped), by user and kind.",
-        );
-        let mut counts: Vec<_> = self.access.forbidden.iter().collect();
-        counts.sort();
-        for ((user, kind), n) in counts {
-            refused = refused.with(
-                vec![("user", user.to_string()), ("kind", kind.to_string())],
-                *n as f64,
-            );
-        }
-        let users = Family::gauge("gombus_users", "Users in the users file in force.").with(
-            vec![],
-            self.access.users.as_ref().map_or(0, Users::len) as f64,
-        );
-        vec![users, refused]
     }
 }
 

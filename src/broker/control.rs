@@ -1,16 +1,17 @@
 //! The `/control` namespace: queue-group rules, server info and cluster
-//! status for operators, and the node-to-node events of peer nodes
-//! (`cluster.command`, `cluster.forward`), which need the cluster token.
+//! status for operators (answered by the monitor), and the node-to-node
+//! events of peer nodes (`cluster.command`, `cluster.forward`), which need
+//! the cluster token.
 
+use serde_json::json;
 use serde_json::value::RawValue;
-use serde_json::{json, Value};
 
 use super::cluster::ChangeAck;
 use super::events::{self, Route};
+use super::monitor::cluster_status;
 use super::session::NSP_CONTROL;
 use super::Broker;
 use crate::cluster::fsm::Cmd;
-use crate::cluster::raft::Role;
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_body, ok_with, ApiError, Code};
 use crate::protocol::messages::{parse_arg, GroupSet};
@@ -89,81 +90,10 @@ impl Broker {
                     .collect();
                 Ok(ok_with(json!({ "groups": groups })))
             }
-            Some(Route::ServerInfo) => {
-                let mut info = json!({
-                    "node_id": self.cfg.node_id,
-                    "version": env!("CARGO_PKG_VERSION"),
-                    "uptime_ms": sink.now().saturating_duration_since(self.started).as_millis() as u64,
-                    "connections": sink.stats().sessions_open,
-                    "subscriptions": self.fsm.subs.len(),
-                    "streams": self.streams.len(),
-                });
-                if self.cluster.is_some() {
-                    info["cluster"] = self.cluster_status();
-                }
-                Ok(ok_with(info))
-            }
-            Some(Route::ClusterStatus) => Ok(ok_with(self.cluster_status())),
+            Some(Route::ServerInfo) => Ok(ok_with(self.server_info(sink))),
+            Some(Route::ClusterStatus) => Ok(ok_with(cluster_status(&self.view()))),
             _ => Err(events::unknown(NSP_CONTROL, name)),
         };
         answer.map(Some)
-    }
-
-    /// `{node_id, leader, term, commit_index, applied_index, peers}`: a
-    /// single node is a cluster of one that leads itself.
-    pub(crate) fn cluster_status(&self) -> Value {
-        let Some(c) = &self.cluster else {
-            return json!({
-                "node_id": self.cfg.node_id,
-                "leader": self.cfg.node_id,
-                "term": 0,
-                "commit_index": 0,
-                "applied_index": 0,
-                "peers": [{"id": self.cfg.node_id, "state": "leader", "match_index": 0}],
-            });
-        };
-        // Read fresh rather than the loop's copy (up to VIEW_EVERY old), so
-        // that term and commit index are never older than the leader the
-        // Raft thread has already reported.
-        let view = c.fresh_view();
-        let leader = c.leader();
-        let peers: Vec<Value> = (1..=c.names.len() as u64)
-            .map(|id| {
-                let p = view
-                    .as_ref()
-                    .and_then(|v| v.peers.iter().find(|p| p.id == id));
-                let state = if id == c.me {
-                    role_name(view.as_ref().map_or(Role::Follower, |v| v.role))
-                } else if leader == Some(id) {
-                    "leader"
-                } else if !c.reachable(id) || !p.is_some_and(|p| p.heard) {
-                    "unreachable"
-                } else {
-                    "follower"
-                };
-                json!({
-                    "id": c.name_of(id),
-                    "state": state,
-                    "match_index": p.and_then(|p| p.match_index).unwrap_or(0),
-                    "reachable": id == c.me || (c.reachable(id) && p.is_some_and(|p| p.heard)),
-                })
-            })
-            .collect();
-        json!({
-            "node_id": self.cfg.node_id,
-            "leader": leader.and_then(|l| c.name_of(l)),
-            "term": view.as_ref().map_or(c.term(), |v| v.term),
-            "commit_index": view.as_ref().map_or(0, |v| v.commit),
-            "applied_index": self.fsm.applied,
-            "peers": peers,
-        })
-    }
-}
-
-fn role_name(r: Role) -> &'static str {
-    match r {
-        Role::Leader => "leader",
-        Role::Candidate | Role::PreCandidate => "candidate",
-        Role::Follower => "follower",
     }
 }

@@ -6,9 +6,8 @@
 
 use serde_json::{json, Map, Value};
 
-use super::history::Counters;
+use super::monitor::{cluster_status, Monitor, View};
 use super::streams::StreamSummary;
-use super::Broker;
 use crate::crypto::token_eq;
 use crate::port::{Request, Response, Sink};
 use crate::protocol::errors::Code;
@@ -16,10 +15,11 @@ use crate::protocol::errors::Code;
 /// The page, compiled into the binary.
 const PAGE: &str = include_str!("dashboard/index.html");
 
-impl Broker {
+impl Monitor {
     /// Answers `/`, `/index.html` and `/api/info`; `None` for other paths.
     pub(crate) fn dashboard_http(
-        &mut self,
+        &self,
+        view: &View<'_>,
         sink: &mut dyn Sink,
         req: &Request,
     ) -> Option<Response> {
@@ -32,7 +32,7 @@ impl Broker {
             r.headers.push(("Allow".into(), "GET".into()));
             return Some(r);
         }
-        if !self.dashboard_authorized(req) {
+        if !dashboard_authorized(view, req) {
             let mut r = Response::json(
                 401,
                 r#"{"error":"unauthorized: give the control token as Authorization: Bearer TOKEN or ?token=TOKEN"}"#,
@@ -44,64 +44,39 @@ impl Broker {
         let mut r = if page {
             Response::new(200, "text/html; charset=utf-8", PAGE)
         } else {
-            Response::json(200, self.api_info(sink).to_string())
+            Response::json(200, self.api_info(view, sink).to_string())
         };
         r.headers.push(("Cache-Control".into(), "no-store".into()));
         Some(r)
     }
 
-    fn dashboard_authorized(&self, req: &Request) -> bool {
-        let Some(expected) = &self.cfg.control_token else {
-            return true;
-        };
-        let bearer = req
-            .header("authorization")
-            .and_then(|v| v.trim().strip_prefix("Bearer "))
-            .map(|t| t.trim().to_string());
-        let given = bearer.or_else(|| req.query_param("token").map(percent_decode));
-        given.is_some_and(|g| token_eq(g.as_bytes(), expected.as_bytes()))
-    }
-
-    /// Samples the traffic counters once a second (called every turn).
-    pub(crate) fn sample_history(&mut self, sink: &dyn Sink) {
-        let m = &self.metrics;
-        self.history.sample(
-            sink.now(),
-            Counters {
-                msgs_in: m.msgs_in,
-                msgs_out: m.msgs_out,
-                bytes_in: m.bytes_in,
-                bytes_out: m.bytes_out,
-            },
-        );
-    }
-
     /// The overview behind the dashboard, as JSON.
-    pub fn api_info(&mut self, sink: &mut dyn Sink) -> Value {
-        let streams = self.streams_overview();
+    pub(crate) fn api_info(&self, view: &View<'_>, sink: &mut dyn Sink) -> Value {
+        let streams: Vec<Value> = view.streams.overview().iter().map(stream_view).collect();
         let net = sink.stats();
-        let now = self.history.current();
+        let now = self.history().current();
         let history: Vec<Value> = self
-            .history
+            .history()
             .rates()
             .map(|r| json!([r.at_ms, r.msgs_in, r.msgs_out, r.bytes_in, r.bytes_out]))
             .collect();
         let mut errors = Map::new();
-        for (code, n) in Code::ALL.iter().zip(self.metrics.errors.iter()) {
+        let m = self.counters();
+        for (code, n) in Code::ALL.iter().zip(m.errors.iter()) {
             errors.insert(code.as_str().to_string(), json!(n));
         }
         json!({
-            "node_id": self.cfg.node_id,
+            "node_id": view.cfg.node_id,
             "version": env!("CARGO_PKG_VERSION"),
-            "uptime_ms": sink.now().saturating_duration_since(self.started).as_millis() as u64,
+            "uptime_ms": self.uptime_ms(sink.now()),
             "connections": net.sessions_open,
             "tcp_connections": net.connections_open,
             "connections_total": net.connections_total,
-            "subscriptions": self.fsm.subs.len(),
+            "subscriptions": view.fsm.subs.len(),
             "slow_consumers": net.slow_consumers,
-            "messages": {"in": self.metrics.msgs_in, "out": self.metrics.msgs_out},
-            "bytes": {"in": self.metrics.bytes_in, "out": self.metrics.bytes_out},
-            "requests": self.metrics.requests,
+            "messages": {"in": m.msgs_in, "out": m.msgs_out},
+            "bytes": {"in": m.bytes_in, "out": m.bytes_out},
+            "requests": m.requests,
             "errors": errors,
             "rates": {
                 "msgs_in": now.msgs_in,
@@ -115,25 +90,30 @@ impl Broker {
             },
             "streams": streams,
             // A single node has no cluster section.
-            "cluster": if self.cluster.is_some() {
-                self.cluster_status()
+            "cluster": if view.cluster.is_some() {
+                cluster_status(view)
             } else {
                 Value::Null
             },
         })
     }
-
-    /// Every stream with its state and its consumers' counts, from
-    /// [`Streams::overview`](super::streams::Streams::overview) (the same
-    /// figures `stream.list` and `consumer.list` report):
-    /// `[{name, subjects, messages, bytes, first_seq, last_seq,
-    /// consumers:[{name, num_pending, num_ack_pending, num_redelivered}]}]`.
-    pub(crate) fn streams_overview(&self) -> Vec<Value> {
-        self.streams.overview().iter().map(stream_view).collect()
-    }
 }
 
-/// One stream of `/api/info`'s `streams`.
+fn dashboard_authorized(view: &View<'_>, req: &Request) -> bool {
+    let Some(expected) = &view.cfg.control_token else {
+        return true;
+    };
+    let bearer = req
+        .header("authorization")
+        .and_then(|v| v.trim().strip_prefix("Bearer "))
+        .map(|t| t.trim().to_string());
+    let given = bearer.or_else(|| req.query_param("token").map(percent_decode));
+    given.is_some_and(|g| token_eq(g.as_bytes(), expected.as_bytes()))
+}
+
+/// One stream of `/api/info`'s `streams`: its state and its consumers'
+/// counts, from [`Streams::overview`](super::streams::Streams::overview)
+/// (the same figures `stream.list` and `consumer.list` report).
 fn stream_view(s: &StreamSummary) -> Value {
     let consumers: Vec<Value> = s
         .consumers

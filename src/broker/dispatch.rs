@@ -1,8 +1,7 @@
 //! The [`Broker`]: the port's `Handler` that turns Socket.IO packets into
-//! subscriptions, publishes, requests and acks. A delivery is encoded once:
-//! the part after the subscriber's sid is shared by every subscriber's
-//! outbound queue (one allocation per publish, written with `writev`), and
-//! only the frame header, packet head and sid are copied per subscriber.
+//! subscriptions, publishes, requests and acks. It holds the sessions and
+//! the parts (messaging, streams, cluster glue, monitor) and lends each
+//! what it needs for a call; deliveries are made by `messaging.rs`.
 
 use std::time::{Duration, Instant};
 
@@ -11,20 +10,19 @@ use serde_json::value::RawValue;
 use super::access::Admission;
 use super::cluster::{ChangeAck, Cluster, ClusterSettings};
 use super::events::{self, Route};
-use super::history::History;
-use super::metrics::Metrics;
-use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
+use super::messaging::{push_json_str, Lent, Messaging};
+use super::monitor::{Monitor, View};
+use super::requests::{REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
 use super::session::{Session, NSP_CONTROL, NSP_ROOT};
 use super::streams::{Incoming, Streams};
 use crate::cluster::forward::PeerMessage;
 use crate::cluster::fsm::{Cmd, Fsm};
 use crate::crypto::token_eq;
-use crate::port::{ConnId, Handler, Payload, Request, Response, Shared, Sink};
+use crate::port::{ConnId, Handler, Payload, Request, Response, Sink};
 use crate::protocol::errors::{ok_body, raw_text, ApiError, Code, OK_BODY};
 use crate::protocol::messages::{self, event_arg, ArgError, Pub, Sub, Unsub};
 use crate::protocol::socketio::{self, Packet, PacketType};
 use crate::protocol::subject;
-use crate::routing::groups::GroupMode;
 use crate::routing::subs::{Command, SubKey};
 
 /// Room the open packet's maxPayload leaves above `-max-payload` for the
@@ -45,34 +43,27 @@ pub struct BrokerConfig {
 
 pub struct Broker {
     pub(crate) cfg: BrokerConfig,
-    pub(crate) started: Instant,
     /// The time of the last loop turn (`tick`), which deadlines count from.
     turn: Instant,
     pub(crate) sessions: Vec<Option<Session>>,
     /// The control state: subscriptions, group rules, stream metadata.
     pub(crate) fsm: Fsm,
-    pub(crate) requests: Requests,
+    /// Request inboxes and the delivery path.
+    messaging: Messaging,
     /// Set in cluster mode.
     pub(crate) cluster: Option<Cluster>,
     /// This process's boot id: the high half of every connection serial.
     boot: u64,
     next_serial: u64,
-    pub(crate) metrics: Metrics,
-    /// Per-second traffic samples for the dashboard.
-    pub(crate) history: History,
+    /// Counters, history, and the HTTP and status answers built on them.
+    monitor: Monitor,
     pub(crate) streams: Streams,
-    /// Reused buffer for the shared part of a delivery.
-    tail: Vec<u8>,
     /// Reused buffer for ack headers.
     ack_head: Vec<u8>,
-    /// Reused list of this node's subscriptions a delivery goes to.
-    targets: Vec<SubKey>,
     /// Push deliveries for other nodes' subscribers (cluster mode).
     pub(crate) remote_push: super::stream_out::RemotePush,
     /// Users and their rights on `/` (docs/PROTOCOL.md §11).
     pub(crate) access: super::access::Access,
-    /// Until when the request being delivered may be answered.
-    reply_until: Option<Instant>,
     /// Consumer cursors last replicated (cluster mode).
     pub(crate) cursor_log: super::stream_cluster::CursorLog,
     rng: u64,
@@ -89,31 +80,26 @@ enum Answer {
 impl Broker {
     pub fn new(cfg: BrokerConfig) -> Broker {
         let rng = crate::rand::random_seed();
-        let requests = Requests::new(&format!(
+        let messaging = Messaging::new(&format!(
             "{}.{:x}",
             sanitize(&cfg.node_id),
             rng & 0xffff_ffff
         ));
         Broker {
             cfg,
-            started: Instant::now(),
             turn: Instant::now(),
             sessions: Vec::new(),
             fsm: Fsm::new(1),
-            requests,
+            messaging,
             cluster: None,
             boot: (rng >> 32).max(1) & 0xffff_ffff,
             next_serial: 0,
-            metrics: Metrics::default(),
-            history: History::new(Instant::now()),
+            monitor: Monitor::new(Instant::now()),
             streams: Streams::default(),
-            tail: Vec::with_capacity(1024),
             ack_head: Vec::with_capacity(32),
-            targets: Vec::new(),
             cursor_log: Default::default(),
             remote_push: Default::default(),
             access: Default::default(),
-            reply_until: None,
             rng,
         }
     }
@@ -136,6 +122,27 @@ impl Broker {
     pub fn enable_cluster(&mut self, settings: ClusterSettings) {
         self.fsm = Fsm::new(settings.raft.id);
         self.cluster = Some(Cluster::new(settings, self.boot));
+    }
+
+    /// What the monitor reads of the other parts, for one call.
+    pub(crate) fn view(&self) -> View<'_> {
+        View {
+            cfg: &self.cfg,
+            fsm: &self.fsm,
+            streams: &self.streams,
+            cluster: self.cluster.as_ref(),
+            access: &self.access,
+        }
+    }
+
+    /// `server.info`'s answer.
+    pub(crate) fn server_info(&self, sink: &dyn Sink) -> serde_json::Value {
+        self.monitor.server_info(&self.view(), sink)
+    }
+
+    /// Counts a refusal with `code` (the `errors` of `/metrics`).
+    pub(crate) fn count_error(&mut self, code: Code) {
+        self.monitor.count_error(code);
     }
 
     fn session(&mut self, conn: ConnId) -> Option<&mut Session> {
@@ -315,7 +322,7 @@ impl Broker {
     /// later socket on the same connection or slot.
     fn end_root_socket(&mut self, sink: &mut dyn Sink, conn: ConnId) {
         self.end_rights(conn);
-        self.requests.drop_conn(conn);
+        self.messaging.drop_conn(conn);
         self.streams.closed(conn);
         if let Some(c) = self.cluster.as_mut() {
             c.forget_root(conn);
@@ -376,7 +383,7 @@ impl Broker {
             Ok(Answer::Later) => return,
             Err(ArgError::Malformed) => return sink.close(conn),
             Err(ArgError::Api(e)) => {
-                self.metrics.count_error(e.code);
+                self.monitor.count_error(e.code);
                 Some(e.ack_body())
             }
         };
@@ -574,8 +581,7 @@ impl Broker {
             if let Some(owner) = owner {
                 // Another node's stream captures it: that node stores and
                 // delivers it, and its answer is this publish's ack.
-                self.metrics.msgs_in += 1;
-                self.metrics.bytes_in += size as u64;
+                self.monitor.count_in(size);
                 let arg = pub_arg(&p.subject, data, p.reply.as_deref(), headers);
                 self.relay(
                     owner,
@@ -599,13 +605,11 @@ impl Broker {
             self.streams
                 .publish(stream, conn, ack_id, msg, sink.now())?;
         }
-        self.metrics.msgs_in += 1;
-        self.metrics.bytes_in += size as u64;
-        if self.requests.may_be_inbox(&p.subject) {
-            if let Some(pending) = self.requests.take(&p.subject) {
-                answer_request(sink, &pending, &p.subject, data, headers, attachments);
-            }
-        } else if let Some(c) = self.cluster.as_mut() {
+        self.monitor.count_in(size);
+        let inbox = self
+            .messaging
+            .answer_inbox(sink, &p.subject, data, headers, attachments);
+        if let Some(c) = self.cluster.as_mut().filter(|_| !inbox) {
             // A reply to a request made on another node goes straight there.
             if let Some(node) = c.inbox_node(&p.subject) {
                 c.queue_forward(
@@ -631,6 +635,7 @@ impl Broker {
             headers,
             attachments,
             size,
+            None,
         );
         Ok(captured.is_some() && ack_id.is_some())
     }
@@ -646,7 +651,7 @@ impl Broker {
         let data = raw_text(r.data);
         let size = self.check_message(&r.subject, data, r.headers, attachments)?;
         self.check_publish(conn, "request", &r.subject, sink.now())?;
-        self.metrics.requests += 1;
+        self.monitor.count_request();
         let no_responders = || {
             ApiError::new(
                 Code::NoResponders,
@@ -657,7 +662,7 @@ impl Broker {
         let inbox = match ack_id {
             // Fire and forget: the request is delivered, and replies to its
             // inbox reach nobody since no ack waits for them.
-            None => self.requests.unanswered_inbox(),
+            None => self.messaging.unanswered_inbox(),
             Some(_) if self.fsm.subs.matches(&r.subject).is_empty() => return Err(no_responders()),
             Some(ack_id) => {
                 let timeout = r
@@ -665,17 +670,15 @@ impl Broker {
                     .map_or(REQUEST_TIMEOUT_DEFAULT, Duration::from_millis)
                     .clamp(Duration::from_millis(1), REQUEST_TIMEOUT_MAX);
                 until = sink.now() + timeout;
-                self.requests
-                    .open(conn, ack_id, sink.now() + timeout)
+                self.messaging
+                    .open_request(conn, ack_id, sink.now() + timeout)
                     .ok_or_else(|| {
                         ApiError::new(Code::Limit, "too many requests waiting on this socket")
                     })?
             }
         };
-        self.metrics.msgs_in += 1;
-        self.metrics.bytes_in += size as u64;
+        self.monitor.count_in(size);
         let headers = r.headers.map(RawValue::get).filter(|h| *h != "null");
-        self.reply_until = Some(until);
         let sent = self.deliver(
             sink,
             &r.subject,
@@ -684,20 +687,19 @@ impl Broker {
             headers,
             attachments,
             size,
+            Some(until),
         );
-        self.reply_until = None;
         if sent == 0 && ack_id.is_some() {
             // Every match was a connection on its way out.
-            self.requests.take(&inbox);
+            self.messaging.cancel_request(&inbox);
             return Err(no_responders());
         }
         Ok(Answer::Later)
     }
 
-    /// Sends a message to every matching subscription (one member per
-    /// load-balanced group); returns the deliveries made. In a cluster,
-    /// subscriptions of other nodes are reached through forward batches
-    /// (one per node and turn), each counted as one delivery.
+    /// Sends a message to every matching subscription (see
+    /// [`Messaging::deliver`]) and counts the deliveries; `until` is how
+    /// long a request being delivered may be answered.
     #[allow(clippy::too_many_arguments)]
     fn deliver(
         &mut self,
@@ -708,113 +710,30 @@ impl Broker {
         headers: Option<&str>,
         attachments: &[Vec<u8>],
         size: usize,
+        until: Option<Instant>,
     ) -> usize {
-        let m = self.fsm.subs.matches(subject);
-        if m.is_empty() {
-            return 0;
-        }
-        let me = self.fsm.subs.me();
-        let cluster = self.cluster.as_ref();
-        // Nodes out of reach get nothing (it would be dropped), so a
-        // request whose only responders are there gets no_responders.
-        let reachable = |n: u64| cluster.is_some_and(|c| c.reachable(n));
-        // Other nodes to forward to: (node, to its plain subscribers,
-        // its picked group members).
-        let mut remote: RemoteTargets = Vec::new();
-        let mut local = std::mem::take(&mut self.targets);
-        local.clear();
-        for &key in &m.plain {
-            match self.fsm.subs.get(key).map(|s| s.owner.node) {
-                Some(n) if n == me => local.push(key),
-                Some(n) if reachable(n) => mark_plain(&mut remote, n),
-                _ => {}
-            }
-        }
-        for g in &m.groups {
-            if self.fsm.subs.group_mode(&g.queue) == GroupMode::Broadcast {
-                for &key in &g.members {
-                    match self.fsm.subs.get(key).map(|s| s.owner.node) {
-                        Some(n) if n == me => local.push(key),
-                        Some(n) if reachable(n) => mark_plain(&mut remote, n),
-                        _ => {}
-                    }
-                }
-            }
-        }
-        let out_parts = self.encode_delivery(subject, data, reply, headers, None, attachments);
-        let tail = std::mem::take(&mut self.tail);
-        let out = Out {
-            head: &out_parts,
-            tail: &tail,
-            shared: share(&tail, local.len() + m.groups.len()),
-            attachments,
-            subject,
-            reply,
+        let lent = Lent {
+            subs: &mut self.fsm.subs,
+            sessions: &mut self.sessions,
+            access: &self.access,
+            cluster: self.cluster.as_mut(),
         };
-        let mut sent = 0;
-        for &key in &local {
-            sent += usize::from(self.send_to(sink, key, &out));
-        }
-        for g in &m.groups {
-            if self.fsm.subs.group_mode(&g.queue) == GroupMode::Broadcast {
-                continue;
-            }
-            let n = g.members.len();
-            let start = self.fsm.subs.groups.pick(n);
-            // A member that cannot take it (closing, or on a node out of
-            // reach) passes it on.
-            for i in 0..n {
-                let key = g.members[(start + i) % n];
-                let Some(s) = self.fsm.subs.get(key) else {
-                    continue;
-                };
-                let node = s.owner.node;
-                if node == me {
-                    if self.send_to(sink, key, &out) {
-                        sent += 1;
-                        break;
-                    }
-                } else if self.cluster.as_ref().is_some_and(|c| c.reachable(node)) {
-                    let pick = (s.owner.conn, s.sid.to_string());
-                    match remote.iter_mut().find(|r| r.0 == node) {
-                        Some(r) => r.2.push(pick),
-                        None => remote.push((node, false, vec![pick])),
-                    }
-                    break;
-                }
-            }
-        }
-        self.tail = tail;
-        self.targets = local;
-        if !remote.is_empty() {
-            if let Some(c) = self.cluster.as_mut() {
-                for (node, plain, picks) in &remote {
-                    c.queue_forward(
-                        *node,
-                        &PeerMessage {
-                            subject,
-                            reply,
-                            data,
-                            headers,
-                            extra: None,
-                            attachments: attachments.to_vec(),
-                            plain: *plain,
-                            picks: picks.iter().map(|(c, s)| (*c, s.as_str())).collect(),
-                        },
-                    );
-                    c.forwarded += 1;
-                }
-                sent += remote.len();
-            }
-        }
-        self.metrics.msgs_out += sent as u64;
-        self.metrics.bytes_out += (sent * size) as u64;
+        let sent = self.messaging.deliver(
+            lent,
+            sink,
+            subject,
+            data,
+            reply,
+            headers,
+            attachments,
+            until,
+        );
+        self.monitor.count_out(sent, size);
         sent
     }
 
     /// Delivers to the given subscriptions of this node (a message a peer
-    /// forwarded); returns the deliveries made.
-    #[allow(clippy::too_many_arguments)]
+    /// forwarded) and counts the deliveries.
     pub(crate) fn deliver_to(
         &mut self,
         sink: &mut dyn Sink,
@@ -822,109 +741,29 @@ impl Broker {
         m: &PeerMessage<'_>,
         size: usize,
     ) -> usize {
-        let attachments = &m.attachments;
-        let head =
-            self.encode_delivery(m.subject, m.data, m.reply, m.headers, m.extra, attachments);
-        let tail = std::mem::take(&mut self.tail);
-        let out = Out {
-            head: &head,
-            tail: &tail,
-            shared: share(&tail, keys.len()),
-            attachments,
-            subject: m.subject,
-            reply: m.reply,
+        let lent = Lent {
+            subs: &mut self.fsm.subs,
+            sessions: &mut self.sessions,
+            access: &self.access,
+            cluster: self.cluster.as_mut(),
         };
-        let mut sent = 0;
-        for &key in keys {
-            sent += usize::from(self.send_to(sink, key, &out));
-        }
-        self.tail = tail;
-        self.metrics.msgs_out += sent as u64;
-        self.metrics.bytes_out += (sent * size) as u64;
+        let sent = self.messaging.deliver_to(lent, sink, keys, m);
+        self.monitor.count_out(sent, size);
         sent
     }
 
-    /// Writes the part of a delivery after the subscriber's sid into
-    /// `self.tail`; returns the part before it.
-    fn encode_delivery(
+    /// If `subject` is one of this node's inboxes, answers the request
+    /// waiting on it (if any) with the message; returns whether it is one.
+    pub(crate) fn answer_inbox(
         &mut self,
+        sink: &mut dyn Sink,
         subject: &str,
         data: &str,
-        reply: Option<&str>,
         headers: Option<&str>,
-        extra: Option<&str>,
         attachments: &[Vec<u8>],
-    ) -> std::borrow::Cow<'static, [u8]> {
-        const MSG_HEAD: &[u8] = b"2[\"msg\",{\"sid\":";
-        let head = if attachments.is_empty() {
-            std::borrow::Cow::Borrowed(MSG_HEAD)
-        } else {
-            let mut binary_head = Vec::new();
-            socketio::write_header(
-                &mut binary_head,
-                PacketType::BinaryEvent,
-                attachments.len(),
-                "/",
-                None,
-            );
-            binary_head.extend_from_slice(&MSG_HEAD[1..]);
-            std::borrow::Cow::Owned(binary_head)
-        };
-        let tail = &mut self.tail;
-        tail.clear();
-        tail.extend_from_slice(b",\"subject\":");
-        push_json_str(tail, subject);
-        tail.extend_from_slice(b",\"data\":");
-        tail.extend_from_slice(data.as_bytes());
-        if let Some(r) = reply {
-            tail.extend_from_slice(b",\"reply\":");
-            push_json_str(tail, r);
-        }
-        if let Some(h) = headers {
-            tail.extend_from_slice(b",\"headers\":");
-            tail.extend_from_slice(h.as_bytes());
-        }
-        if let Some(x) = extra {
-            tail.push(b',');
-            tail.extend_from_slice(x.as_bytes());
-        }
-        tail.extend_from_slice(b"}]");
-        head
-    }
-
-    fn send_to(&mut self, sink: &mut dyn Sink, key: SubKey, out: &Out<'_>) -> bool {
-        let Some(s) = self.fsm.subs.target(key) else {
-            return false;
-        };
-        let conn = s.conn;
-        // Rights are looked at only while some subscription has cuts, or
-        // for a request under a users file (the answer it allows).
-        let gated =
-            self.access.cut_sockets > 0 || (out.reply.is_some() && self.access.users.is_some());
-        if gated {
-            let now = sink.now();
-            let until = self.reply_until.unwrap_or(now + REQUEST_TIMEOUT_DEFAULT);
-            let sessions = &mut self.sessions;
-            if !super::access::gate(sessions, conn, &s.sid, out.subject, out.reply, until, now) {
-                return false;
-            }
-        }
-        let queued = match &out.shared {
-            Some(tail) => sink.send_text_shared(conn, &[out.head, s.sid_json.as_bytes()], tail),
-            None => sink.send_text(conn, &[out.head, s.sid_json.as_bytes(), out.tail]),
-        };
-        if !queued {
-            return false;
-        }
-        for a in out.attachments {
-            sink.send_binary(conn, a);
-        }
-        if let Some(end) = self.fsm.subs.delivered(key) {
-            // Applied (or proposed) at the end of the turn, through the
-            // one path; used up, it takes no more deliveries meanwhile.
-            self.fsm.subs.ended.push(end);
-        }
-        true
+    ) -> bool {
+        self.messaging
+            .answer_inbox(sink, subject, data, headers, attachments)
     }
 }
 
@@ -947,91 +786,8 @@ fn pub_arg(subject: &str, data: &str, reply: Option<&str>, headers: Option<&str>
     String::from_utf8(out).unwrap_or_default()
 }
 
-/// Other nodes a delivery goes to: (node, to its plain subscribers, its
-/// picked group members as (serial, sid)).
-type RemoteTargets = Vec<(u64, bool, Vec<(u64, String)>)>;
-
-/// Notes that `node` gets the message for its plain subscribers.
-fn mark_plain(remote: &mut RemoteTargets, node: u64) {
-    match remote.iter_mut().find(|r| r.0 == node) {
-        Some(r) => r.1 = true,
-        None => remote.push((node, true, Vec::new())),
-    }
-}
-
 fn no_session() -> ApiError {
     ApiError::new(Code::Internal, "this socket has not joined /")
-}
-
-/// The parts of one delivery shared by every subscriber.
-struct Out<'a> {
-    head: &'a [u8],
-    tail: &'a [u8],
-    /// `tail` as one allocation the subscribers' queues hold by reference,
-    /// when it goes to more than one.
-    shared: Option<Shared>,
-    attachments: &'a [Vec<u8>],
-    /// The subject and reply subject, for the rights gate.
-    subject: &'a str,
-    reply: Option<&'a str>,
-}
-
-/// A tail shorter than this is copied to each subscriber: the shared copy
-/// costs an allocation per publish and an atomic count per subscriber,
-/// which measured no cheaper than copying a 128-byte message to four
-/// subscribers (a 2 KiB one took 45 % less broker CPU per delivery
-/// shared). A queued reference (32 bytes) is then also small next to the
-/// bytes `-max-pending` counts for it.
-const SHARE_BYTES_MIN: usize = 512;
-
-/// The shared copy of a delivery's tail for `targets` subscribers, when
-/// sharing saves copies (one subscriber, or a short tail, is copied).
-pub(super) fn share(tail: &[u8], targets: usize) -> Option<Shared> {
-    (targets > 1 && tail.len() >= SHARE_BYTES_MIN).then(|| Shared::from(tail))
-}
-
-/// Acks a waiting request with the reply published to its inbox.
-pub(crate) fn answer_request(
-    sink: &mut dyn Sink,
-    p: &Pending,
-    inbox: &str,
-    data: &str,
-    headers: Option<&str>,
-    attachments: &[Vec<u8>],
-) {
-    let kind = if attachments.is_empty() {
-        PacketType::Ack
-    } else {
-        PacketType::BinaryAck
-    };
-    let mut head = Vec::with_capacity(24);
-    socketio::write_header(&mut head, kind, attachments.len(), "/", Some(p.ack_id));
-    let mut body = Vec::with_capacity(data.len() + inbox.len() + 48);
-    body.extend_from_slice(b"[{\"ok\":true,\"subject\":");
-    push_json_str(&mut body, inbox);
-    body.extend_from_slice(b",\"data\":");
-    body.extend_from_slice(data.as_bytes());
-    if let Some(h) = headers {
-        body.extend_from_slice(b",\"headers\":");
-        body.extend_from_slice(h.as_bytes());
-    }
-    body.extend_from_slice(b"}]");
-    if sink.send_text(p.conn, &[&head, &body]) {
-        for a in attachments {
-            sink.send_binary(p.conn, a);
-        }
-    }
-}
-
-/// Appends `s` as a JSON string literal, escaping only when needed.
-fn push_json_str(out: &mut Vec<u8>, s: &str) {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
-        out.push(b'"');
-        out.extend_from_slice(s.as_bytes());
-        out.push(b'"');
-    } else {
-        out.extend_from_slice(serde_json::Value::from(s).to_string().as_bytes());
-    }
 }
 
 /// The token a CONNECT payload carries (empty if none).
@@ -1097,36 +853,7 @@ impl Handler for Broker {
     }
 
     fn http(&mut self, sink: &mut dyn Sink, req: &Request) -> Response {
-        if let Some(r) = self.dashboard_http(sink, req) {
-            return r;
-        }
-        let known = matches!(req.path.as_str(), "/healthz" | "/metrics");
-        if known && req.method != "GET" && req.method != "HEAD" {
-            let mut r = Response::json(405, r#"{"error":"method not allowed"}"#);
-            r.headers.push(("Allow".into(), "GET".into()));
-            return r;
-        }
-        match req.path.as_str() {
-            "/healthz" => match &self.cluster {
-                Some(c) if c.leader().is_none() => Response::json(503, r#"{"status":"no leader"}"#),
-                // Until then it does not know the cluster's subscriptions.
-                Some(c) if !c.caught_up() => Response::json(503, r#"{"status":"catching up"}"#),
-                _ => Response::json(200, r#"{"status":"ok"}"#),
-            },
-            "/metrics" => {
-                let uptime = sink
-                    .now()
-                    .saturating_duration_since(self.started)
-                    .as_secs_f64();
-                let families = self.metric_families();
-                let mut body =
-                    self.metrics
-                        .render_all(sink.stats(), self.fsm.subs.len(), uptime, &families);
-                self.streams.render_metrics(&mut body);
-                Response::new(200, "text/plain; version=0.0.4; charset=utf-8", body)
-            }
-            _ => Response::json(404, r#"{"error":"not found"}"#),
-        }
+        self.monitor.http(&self.view(), sink, req)
     }
 
     fn opened(&mut self, sink: &mut dyn Sink, conn: ConnId, _endpoint: u8) {
@@ -1188,32 +915,26 @@ impl Handler for Broker {
 
     fn tick(&mut self, sink: &mut dyn Sink) {
         self.turn = sink.now();
-        self.sample_history(sink);
+        self.monitor.sample(sink.now());
         if let Some(c) = &self.cluster {
             self.remote_push.reachable.clear();
             self.remote_push
                 .reachable
-                .extend((1..=c.names.len() as u64).filter(|&n| n != c.me && c.reachable(n)));
+                .extend(c.node_ids().filter(|&n| n != c.me() && c.reachable(n)));
         }
         self.streams
             .tick(sink, &mut self.fsm.subs, &mut self.remote_push);
         self.forward_pushes();
         self.cluster_tick(sink);
         self.replicate_cursors(sink);
-        if self.requests.is_empty() {
-            return;
-        }
-        for p in self.requests.expired(sink.now()) {
-            let e = ApiError::new(Code::Timeout, "no reply in time");
-            self.metrics.count_error(Code::Timeout);
-            let head = socketio::encode(PacketType::Ack, 0, "/", Some(p.ack_id), "");
-            sink.send_text(p.conn, &[&head, e.ack_body().as_bytes()]);
+        for _ in 0..self.messaging.expire_requests(sink) {
+            self.monitor.count_error(Code::Timeout);
         }
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        let mut next = self.history.next_at();
-        for d in [self.requests.next_deadline(), self.streams.next_deadline()]
+        let mut next = self.monitor.next_sample();
+        for d in [self.messaging.next_deadline(), self.streams.next_deadline()]
             .into_iter()
             .flatten()
         {

@@ -5,11 +5,20 @@
 //! path of `cluster/fsm.rs`), request/reply inboxes, streams, cluster
 //! mode's glue, the control namespace and metrics.
 //!
+//! The parts own their state in private fields: `Messaging`, `Streams`,
+//! `Cluster`, `Monitor`, `Access`; the [`Broker`] holds them with the
+//! sessions and the control state and lends each what it reads of the
+//! others for a call (docs/DESIGN.md, "Parts of the core").
+//!
 //! - [`session`]: one client's Socket.IO state (namespaces, attachments).
 //! - [`dispatch`]: the [`Broker`], the port's `Handler`: events in,
 //!   deliveries and acks out into the caller's `Sink`.
 //! - [`events`]: the one table of events: name, namespace, argument
 //!   type, handler; unknown names are answered from it.
+//! - [`messaging`]: the [`Messaging`](messaging::Messaging) component:
+//!   it owns the request inboxes and the delivery buffers, and delivers
+//!   (match, group picks, encode once, queue, forward batches) by the
+//!   subscription table the broker lends it.
 //! - [`requests`]: request/reply inboxes and their timeouts.
 //! - [`control`]: `/control` events.
 //! - [`cluster`]: cluster mode: changes through Raft, forwarding to peer
@@ -22,7 +31,11 @@
 //!   streams, consumers and messages.
 //! - [`access`]: users and rights on `/`: admission, `forbidden`, the
 //!   delivery gate, reload on SIGHUP.
-//! - [`metrics`]: counters and `/metrics`, `/healthz`.
+//! - [`monitor`]: the [`Monitor`](monitor::Monitor) component: it owns
+//!   the counters, the traffic history and the start time, and answers
+//!   `/healthz`, `/metrics`, the dashboard, `server.info` and
+//!   `cluster.status` from a view of the other parts.
+//! - [`metrics`]: the counters and the `/metrics` text and families.
 //! - [`lifecycle`]: goodbyes to clients at shutdown.
 //! - [`history`]: per-second traffic samples (rates, the chart).
 //! - [`dashboard`]: the page at `/` and the JSON at `/api/info`.
@@ -34,7 +47,9 @@ pub mod dispatch;
 pub mod events;
 pub mod history;
 pub mod lifecycle;
+pub mod messaging;
 pub mod metrics;
+pub mod monitor;
 pub mod requests;
 pub mod session;
 pub mod stream_cluster;

@@ -47,7 +47,7 @@ impl Broker {
         attachments: &[Vec<u8>],
     ) -> Option<Result<Option<String>, ApiError>> {
         let cluster = self.cluster.as_ref()?;
-        let me = cluster.me;
+        let me = cluster.me();
         if op == StreamOp::StreamList {
             let from_peer = arg.is_some_and(|a| a.get().contains("\"local\":true"));
             let local = self.streams.event(sink, conn, op, event, arg, ack_id);
@@ -136,7 +136,7 @@ impl Broker {
     /// streams and consumers this node holds that it does not know of
     /// (streams made before cluster mode, or whose record was lost).
     pub(crate) fn announce_streams(&mut self, sink: &mut dyn Sink) {
-        let Some(me) = self.cluster.as_ref().map(|c| c.me) else {
+        let Some(me) = self.cluster.as_ref().map(|c| c.me()) else {
             return;
         };
         for (name, config, consumers) in self.streams.configs() {

@@ -158,7 +158,7 @@ pub(super) fn push_one(
             format!(",\"seq\":{},\"delivered\":{}}}]", d.seq, d.deliveries).as_bytes(),
         );
         // Several local subscribers hold one copy of the tail.
-        let shared = super::dispatch::share(&tail, targets.len());
+        let shared = super::messaging::share(&tail, targets.len());
         for t in targets {
             let key = match t {
                 Target::Local(key) => key,

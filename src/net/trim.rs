@@ -4,6 +4,15 @@
 //! connected during the burst, a table that grew) stays resident for good.
 //! `malloc_trim(0)` also hands back the free pages inside the heap.
 //!
+//! The trimmer takes that job over from glibc's own heuristics. Left to
+//! them, a connection's output buffer that grows past the mmap threshold
+//! is mapped and unmapped afresh each time it fills and drains, and a
+//! heap top freed past the trim threshold is returned and faulted back in
+//! a moment later: under fan-out that was a page fault every few
+//! deliveries and half of the loop's system time. [`Trimmer::new`] raises
+//! both thresholds (`mallopt`), so buffers are reused from the heap, and
+//! memory still goes back once a burst is over, by the rule below.
+//!
 //! The event loop asks [`Trimmer::turn`] once per turn. At most once a
 //! second it reads how much the allocator holds free (`mallinfo2`), and
 //! trims when that grew by [`TRIM_FREED_MIN`] or more since the last look
@@ -19,6 +28,15 @@ pub const TRIM_EVERY: Duration = Duration::from_secs(1);
 /// buffers come and go by a few MiB; this keeps such churn from trimming
 /// every second while a burst's end still trims at once.
 pub const TRIM_FREED_MIN: usize = 8 << 20;
+/// Blocks up to this size come from the heap rather than their own
+/// mapping (glibc's largest allowed value on 64-bit).
+const MMAP_THRESHOLD: i32 = 32 << 20;
+/// glibc returns a free heap top by itself only past this size; below it
+/// [`Trimmer::turn`] decides.
+const TRIM_THRESHOLD: i32 = 64 << 20;
+/// `mallopt` parameters (glibc's malloc.h).
+const M_TRIM_THRESHOLD: i32 = -1;
+const M_MMAP_THRESHOLD: i32 = -3;
 
 /// glibc's `struct mallinfo2` (glibc 2.33 and later).
 #[repr(C)]
@@ -42,6 +60,18 @@ extern "C" {
     fn malloc_trim(pad: usize) -> i32;
     /// `struct mallinfo2 mallinfo2(void)`.
     fn mallinfo2() -> MallInfo2;
+    /// `int mallopt(int param, int value)`.
+    fn mallopt(param: i32, value: i32) -> i32;
+}
+
+/// Raises glibc's mmap and trim thresholds; false if it refused either.
+fn take_over_returning() -> bool {
+    // SAFETY: mallopt only sets allocator parameters under its own lock;
+    // both values are within glibc's documented ranges.
+    unsafe {
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+            && mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+    }
 }
 
 /// Bytes the allocator holds in free chunks, over all its arenas.
@@ -75,6 +105,9 @@ pub struct Trimmer {
 
 impl Trimmer {
     pub fn new(now: Instant) -> Trimmer {
+        if !take_over_returning() {
+            crate::log_warn!("the allocator refused its thresholds; buffers may fault in afresh");
+        }
         Trimmer {
             next_look: now + TRIM_EVERY,
             low: free_bytes(),
@@ -137,6 +170,18 @@ mod tests {
         assert!(!should_trim(2 << 20, &mut low), "reused");
         assert_eq!(low, 2 << 20);
         assert!(should_trim(11 << 20, &mut low), "freed again after reuse");
+    }
+
+    #[test]
+    fn large_buffers_come_from_the_heap() {
+        assert!(take_over_returning(), "glibc took both thresholds");
+        // 16 MiB is far past glibc's default mmap threshold: without the
+        // new one it would be a mapping of its own while it lives.
+        let mapped = || unsafe { mallinfo2() }.hblkhd;
+        let before = mapped();
+        let block = std::hint::black_box(vec![1u8; 16 << 20]);
+        assert_eq!(mapped(), before, "no mapping of its own");
+        drop(std::hint::black_box(block));
     }
 
     #[test]

@@ -852,7 +852,7 @@ pub fn run(seed: u64, n: usize) -> (Sim, Check) {
 }
 
 fn chaos_then_heal(sim: &mut Sim, chaos_per_mille: u64) -> Check {
-    let chaos_end = 4_000;
+    let chaos_end = 3_500;
     let mut t = 0;
     let groups: Vec<GroupId> = sim.groups.iter().map(|g| g.id).collect();
     while t < chaos_end {

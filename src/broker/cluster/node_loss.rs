@@ -1,0 +1,58 @@
+//! Node loss: a node whose peer link and Raft connection both stay down
+//! for `NODE_GONE_AFTER` is declared gone by the leader, which removes its
+//! subscriptions.
+
+use super::*;
+
+impl Broker {
+    /// The leader declares gone the nodes whose link and Raft connection
+    /// stay down, removing their subscriptions.
+    pub(super) fn watch_nodes(&mut self, sink: &mut dyn Sink, now: Instant) {
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        if c.role != Role::Leader {
+            c.down_since.clear();
+            return;
+        }
+        let view = c.view.clone();
+        let mut gone = Vec::new();
+        for node in 1..=c.names.len() as u64 {
+            if node == c.me {
+                continue;
+            }
+            // Down: silent to Raft for a second (a frozen or cut-off node
+            // may keep its TCP connections), or with both its Raft
+            // connection and its peer link closed (a dead one).
+            let peer = view
+                .as_ref()
+                .and_then(|v| v.peers.iter().find(|p| p.id == node));
+            let heard = peer.is_some_and(|p| p.heard);
+            let connected = peer.is_some_and(|p| p.connected) || c.link_to(node).is_some();
+            if heard && connected {
+                c.down_since.remove(&node);
+                continue;
+            }
+            let since = *c.down_since.entry(node).or_insert(now);
+            if now.duration_since(since) >= NODE_GONE_AFTER && c.removing.insert(node) {
+                gone.push(node);
+            }
+        }
+        for node in gone {
+            let has_subs = self.fsm.subs.iter().any(|s| s.owner.node == node);
+            if has_subs {
+                let name = self
+                    .cluster
+                    .as_ref()
+                    .and_then(|c| c.name_of(node))
+                    .unwrap_or("?")
+                    .to_string();
+                crate::log_warn!("node {name} is unreachable; removing its subscriptions");
+                // Only the life the cluster knows of: a node that already
+                // restarted keeps its new subscriptions.
+                let boot = self.fsm.boots.get(&node).copied();
+                self.submit_internal(sink, Cmd::Subs(Command::RemoveNode { node, boot }));
+            }
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! Requests relayed to another node (a stream it owns, a publish its
+//! stream captures) and answered with that node's answer; a `stream.list`
+//! gathered from every node.
+
+use super::*;
+
+impl Broker {
+    #[allow(clippy::too_many_arguments)]
+    /// Relays a client's event to node `node` over the peer link's `/`
+    /// socket; its answer is relayed back as this event's ack.
+    pub(crate) fn relay(
+        &mut self,
+        node: u64,
+        conn: ConnId,
+        ack_id: Option<u64>,
+        event: &str,
+        arg: String,
+        attachments: Vec<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<Option<String>, ApiError> {
+        let c = self
+            .cluster
+            .as_mut()
+            .ok_or_else(|| ApiError::new(Code::Internal, "not in a cluster"))?;
+        let unreachable = || {
+            ApiError::new(
+                Code::Unavailable,
+                "the node that owns this stream is unreachable",
+            )
+        };
+        let link = c.link_to(node).ok_or_else(unreachable)?;
+        if c.relays.len() >= RELAYS_MAX {
+            return Err(ApiError::new(
+                Code::Unavailable,
+                "too many relayed requests waiting",
+            ));
+        }
+        let tag = c.tag(TAG_RELAY);
+        let queued = c.links.as_ref().is_some_and(|l| {
+            l.call(
+                link,
+                LinkOut::Call {
+                    tag,
+                    event: event.to_string(),
+                    args: arg,
+                    attachments,
+                    timeout,
+                    root: true,
+                },
+            )
+        });
+        if !queued {
+            return Err(unreachable());
+        }
+        c.relays.insert(tag, Relay { conn, ack_id });
+        Ok(None)
+    }
+
+    /// `stream.list` in a cluster: this node's streams plus every other
+    /// node's, asked for over the links.
+    pub(crate) fn gather_stream_list(
+        &mut self,
+        conn: ConnId,
+        ack_id: Option<u64>,
+        local: Vec<Value>,
+    ) -> Result<Option<String>, ApiError> {
+        let Some(ack_id) = ack_id else {
+            return Ok(None);
+        };
+        let Some(c) = self.cluster.as_mut() else {
+            return Err(ApiError::new(Code::Internal, "not in a cluster"));
+        };
+        let links: Vec<usize> = (0..c.link_node.len())
+            .filter(|&l| c.link_node[l].is_some())
+            .collect();
+        if c.gathers.len() >= RELAYS_MAX {
+            return Err(ApiError::new(
+                Code::Unavailable,
+                "too many relayed requests waiting",
+            ));
+        }
+        c.next_tag += 1;
+        let gid = c.next_tag;
+        let mut g = Gather {
+            conn,
+            ack_id,
+            left: 0,
+            streams: local,
+        };
+        for link in links {
+            let tag = c.tag(TAG_RELAY);
+            let queued = c.links.as_ref().is_some_and(|l| {
+                l.call(
+                    link,
+                    LinkOut::Call {
+                        tag,
+                        event: "stream.list".into(),
+                        args: r#"{"local":true}"#.to_string(),
+                        attachments: Vec::new(),
+                        timeout: PROPOSE_WAIT,
+                        root: true,
+                    },
+                )
+            });
+            if queued {
+                g.left += 1;
+                c.gather_of.insert(tag, gid);
+            }
+        }
+        if g.left == 0 {
+            let body = json!([{"ok": true, "streams": g.streams}]).to_string();
+            return Ok(Some(body));
+        }
+        c.gathers.insert(gid, g);
+        Ok(None)
+    }
+
+    pub(super) fn relay_answered(
+        &mut self,
+        sink: &mut dyn Sink,
+        tag: u64,
+        result: Result<(String, Vec<Vec<u8>>), CallError>,
+    ) {
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        if let Some(gid) = c.gather_of.remove(&tag) {
+            let Some(g) = c.gathers.get_mut(&gid) else {
+                return;
+            };
+            g.left -= 1;
+            if let Ok((text, _)) = &result {
+                let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+                if let Some(list) = v.get("streams").and_then(Value::as_array) {
+                    g.streams.extend(list.iter().cloned());
+                }
+            }
+            if g.left == 0 {
+                if let Some(mut g) = c.gathers.remove(&gid) {
+                    g.streams.sort_by(|a, b| {
+                        let name = |v: &Value| v["config"]["name"].as_str().map(str::to_string);
+                        name(a).cmp(&name(b))
+                    });
+                    let body = json!([{"ok": true, "streams": g.streams}]).to_string();
+                    let body = self.filter_stream_list(g.conn, body);
+                    send_ack(sink, g.conn, NSP_ROOT, g.ack_id, &body);
+                }
+            }
+            return;
+        }
+        let Some(r) = c.relays.remove(&tag) else {
+            return;
+        };
+        let Some(ack_id) = r.ack_id else {
+            return;
+        };
+        match result {
+            Ok((text, attachments)) => relay_ack(sink, r.conn, ack_id, &text, &attachments),
+            Err(e) => {
+                self.count_error(Code::Unavailable);
+                relay_ack(sink, r.conn, ack_id, &call_error_value(&e), &[]);
+            }
+        }
+    }
+}

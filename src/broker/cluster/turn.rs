@@ -1,0 +1,220 @@
+//! The cluster's events in the loop: what the Raft thread reports
+//! (applied entries, snapshots, views), what the peer links report, and
+//! the per-turn work (retries, expiries, the watch on nodes, forward
+//! batches sent).
+
+use super::*;
+
+impl Broker {
+    /// Drains what the Raft thread and the links reported.
+    pub(crate) fn cluster_woken(&mut self, sink: &mut dyn Sink) {
+        while let Some(msg) = self
+            .cluster
+            .as_ref()
+            .and_then(|c| c.raft.as_ref())
+            .and_then(RaftNode::try_recv)
+        {
+            self.on_raft(sink, msg);
+        }
+        while let Some(ev) = self
+            .cluster
+            .as_ref()
+            .and_then(|c| c.links.as_ref())
+            .and_then(Links::try_recv)
+        {
+            self.on_link(sink, ev);
+        }
+    }
+
+    pub(super) fn on_raft(&mut self, sink: &mut dyn Sink, msg: FromRaft) {
+        match msg {
+            FromRaft::Restore { index, data } => {
+                if let Err(e) = self.fsm.restore(&data) {
+                    crate::log_error!("cannot load the cluster snapshot at {index}: {e}");
+                }
+                self.fsm.applied = index;
+                if let Some(c) = self.cluster.as_mut() {
+                    c.capture_dirty = true;
+                }
+            }
+            FromRaft::Apply { index, data } => {
+                if data.is_empty() {
+                    self.fsm.applied = index;
+                    return;
+                }
+                let entry = match Change::decode(&data) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        crate::log_error!("skipping committed entry {index}: {e}");
+                        self.fsm.applied = index;
+                        return;
+                    }
+                };
+                let result = self.fsm.apply_entry(&entry);
+                self.fsm.applied = index;
+                if result.as_ref().is_err_and(|e| e.stale) {
+                    self.stale_entry(sink, entry);
+                    return;
+                }
+                let result = result.map_err(|e| e.error);
+                self.after_apply(sink, &entry.cmd);
+                let me = self.fsm.subs.me();
+                if entry.node != me {
+                    return;
+                }
+                let Some(w) = self
+                    .cluster
+                    .as_mut()
+                    .and_then(|c| c.waiters.remove(&entry.op))
+                else {
+                    return;
+                };
+                match (w.reply, result) {
+                    (Some(r), Ok(())) => send_ack(sink, r.conn, r.nsp, r.ack_id, &r.ok_body),
+                    (Some(r), Err(e)) => self.refuse(sink, &r, &e),
+                    (None, _) => {}
+                }
+            }
+            FromRaft::Proposed { tag, result } => {
+                let Some(c) = self.cluster.as_mut() else {
+                    return;
+                };
+                if tag & TAG_REMOTE != 0 {
+                    if let Some((conn, ack_id)) = c.remote.remove(&tag) {
+                        let body = match result {
+                            Ok(index) => format!("[{{\"ok\":true,\"index\":{index}}}]"),
+                            Err(e) => ApiError::new(Code::Unavailable, e.to_string()).ack_body(),
+                        };
+                        send_ack(sink, conn, "/control", ack_id, &body);
+                    }
+                } else if result.is_err() {
+                    if let Some(w) = c.waiters.get_mut(&tag) {
+                        w.stage = Stage::Waiting;
+                    }
+                }
+            }
+            FromRaft::Status(s) => {
+                let name = |n: Option<u64>| {
+                    self.cluster
+                        .as_ref()
+                        .and_then(|c| n.and_then(|n| c.name_of(n)))
+                        .unwrap_or("none")
+                        .to_string()
+                };
+                crate::log_info!(
+                    "raft: {:?} in term {}, leader {}",
+                    s.role,
+                    s.term,
+                    name(s.leader)
+                );
+                if let Some(c) = self.cluster.as_mut() {
+                    c.role = s.role;
+                    c.term = s.term;
+                    c.leader = s.leader;
+                    // Whatever was with the old leader may be lost: offer
+                    // it again (applying twice is harmless, see below).
+                    for w in c.waiters.values_mut() {
+                        w.stage = Stage::Waiting;
+                        w.next_try = sink.now();
+                    }
+                }
+                self.retry_waiters(sink.now());
+            }
+            FromRaft::WantSnapshot => {
+                let data = self.fsm.snapshot();
+                let index = self.fsm.applied;
+                if let Some(r) = self.cluster.as_ref().and_then(|c| c.raft.as_ref()) {
+                    r.send(ToRaft::Compact { index, data });
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_link(&mut self, sink: &mut dyn Sink, ev: LinkEvent) {
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        match ev {
+            LinkEvent::Up { link, node_id } => {
+                let node = c
+                    .names
+                    .iter()
+                    .position(|n| *n == node_id)
+                    .map(|i| i as u64 + 1);
+                if node.is_none() {
+                    crate::log_warn!("peer link {link} reached {node_id:?}, which is not a member");
+                }
+                if let Some(slot) = c.link_node.get_mut(link) {
+                    *slot = node;
+                }
+                if let Some(n) = node {
+                    c.down_since.remove(&n);
+                    c.removing.remove(&n);
+                }
+                self.retry_waiters(sink.now());
+            }
+            LinkEvent::Down { link } => {
+                if let Some(slot) = c.link_node.get_mut(link) {
+                    *slot = None;
+                }
+            }
+            LinkEvent::Answer { tag, result } => {
+                if tag & TAG_RELAY != 0 {
+                    self.relay_answered(sink, tag, result);
+                    return;
+                }
+                let ok = result.as_ref().is_ok_and(|(text, _)| {
+                    serde_json::from_str::<Value>(text)
+                        .is_ok_and(|v| v.get("ok") == Some(&Value::Bool(true)))
+                });
+                if let Some(w) = c.waiters.get_mut(&tag) {
+                    if !ok {
+                        w.stage = Stage::Waiting;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Once per loop turn: send the forward batches, retry or expire
+    /// waiting changes, announce this node, and (on the leader) give up
+    /// on nodes that stay unreachable.
+    pub(crate) fn cluster_tick(&mut self, sink: &mut dyn Sink) {
+        let ended = std::mem::take(&mut self.fsm.subs.ended);
+        for cmd in ended {
+            self.submit_internal(sink, Cmd::Subs(cmd));
+        }
+        let now = sink.now();
+        let me = self.fsm.subs.me();
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        for (node, batch) in c.take_batches() {
+            let sent = c
+                .link_to(node)
+                .is_some_and(|l| c.links.as_ref().is_some_and(|ls| ls.forward(l, batch)));
+            if !sent {
+                c.forwards_dropped += 1;
+            }
+        }
+        // Once a leader is known: say this node is up (dropping its
+        // earlier life's subscriptions). When that comes back applied,
+        // everything committed before it has been applied here too.
+        if c.leader.is_some() && !c.up_proposed {
+            c.up_proposed = true;
+            let boot = c.boot;
+            self.submit_internal(sink, Cmd::Subs(Command::NodeUp { node: me, boot }));
+        }
+        self.retry_waiters(now);
+        self.expire_waiters(sink, now);
+        if let Some(c) = self.cluster.as_mut() {
+            // The Raft thread's view, every VIEW_EVERY rather than every
+            // turn of a busy loop.
+            if c.next_view <= now {
+                c.next_view = now + VIEW_EVERY;
+                c.view = c.raft.as_ref().map(RaftNode::view);
+                self.watch_nodes(sink, now);
+            }
+        }
+    }
+}
