@@ -17,6 +17,7 @@
 //! - [`stream`]: one stream's config, limits, dedup window and retention
 //!   over its segment store.
 pub mod consumer;
+pub mod dedup;
 pub mod index;
 pub mod meta;
 pub mod recover;

@@ -15,7 +15,7 @@
 //! applied.
 //!
 //! The rules are R1's (`stream.rs`), over memory instead of segments:
-//! `max_msg_size`, the `Msg-Id` window (bounded by [`DEDUP_IDS_MAX`]),
+//! `max_msg_size`, the `Msg-Id` window (bounded by [`DEDUP_IDS_MAX`](super::stream::DEDUP_IDS_MAX)),
 //! `max_msgs`/`max_bytes` with discard old or new, `max_age_ms` (through
 //! an [`Op::Expire`] made by the leader, carrying its clock), and the
 //! limits, work-queue and interest retention. Bytes count the segment
@@ -33,15 +33,15 @@
 //! states give equal bytes), for a replica that falls behind the log's
 //! start and for comparing replicas.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::consumer::{Consumer, Event, Source};
+use super::dedup::IdWindow;
 use super::segment::{msg_record_bytes, SUBJECT_BYTES_MAX};
 use super::stream::{
-    msg_id_of, payload_size, Member, Stored, CONSUMERS_PER_STREAM_MAX, DEDUP_IDS_MAX,
-    STREAM_BYTES_DEFAULT_MAX,
+    msg_id_of, payload_size, Member, Stored, CONSUMERS_PER_STREAM_MAX, STREAM_BYTES_DEFAULT_MAX,
 };
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::stream_messages::{
@@ -153,8 +153,7 @@ pub struct Replica {
     msgs: BTreeMap<u64, StoredMsg>,
     last_seq: u64,
     bytes: u64,
-    dedup: BTreeMap<Box<str>, u64>,
-    dedup_order: VecDeque<(u64, Box<str>)>,
+    ids: IdWindow,
     consumers: BTreeMap<String, Member>,
 }
 
@@ -187,8 +186,7 @@ impl Replica {
             msgs: BTreeMap::new(),
             last_seq: 0,
             bytes: 0,
-            dedup: BTreeMap::new(),
-            dedup_order: VecDeque::new(),
+            ids: IdWindow::default(),
             consumers: BTreeMap::new(),
         }
     }
@@ -315,8 +313,8 @@ impl Replica {
             .then(|| msg_id_of(headers))
             .flatten();
         if let Some(id) = &id {
-            self.forget_ids(p.time_ms);
-            if let Some(&seq) = self.dedup.get(id.as_str()) {
+            self.ids.forget(p.time_ms, self.cfg.duplicate_window_ms);
+            if let Some(seq) = self.ids.get(id.as_str()) {
                 return Ok(Stored::Duplicate(seq));
             }
         }
@@ -356,7 +354,7 @@ impl Replica {
         self.last_seq = seq;
         self.bytes += bytes;
         if let Some(id) = id {
-            self.remember(id.into_boxed_str(), seq, p.time_ms);
+            self.ids.remember(id.into_boxed_str(), seq, p.time_ms);
         }
         let mut removed = Vec::new();
         if self.cfg.retention == Retention::Interest && !self.has_interest(&p.subject) {
@@ -376,28 +374,6 @@ impl Replica {
             removed.push(first);
         }
         Ok(Stored::New { seq, removed })
-    }
-
-    fn forget_ids(&mut self, now_ms: u64) {
-        let window = self.cfg.duplicate_window_ms;
-        while let Some((t, _)) = self.dedup_order.front() {
-            if t + window > now_ms {
-                break;
-            }
-            if let Some((_, id)) = self.dedup_order.pop_front() {
-                self.dedup.remove(&id);
-            }
-        }
-    }
-
-    fn remember(&mut self, id: Box<str>, seq: u64, time_ms: u64) {
-        if self.dedup_order.len() >= DEDUP_IDS_MAX {
-            if let Some((_, old)) = self.dedup_order.pop_front() {
-                self.dedup.remove(&old);
-            }
-        }
-        self.dedup.insert(id.clone(), seq);
-        self.dedup_order.push_back((time_ms, id));
     }
 
     fn has_interest(&self, subj: &str) -> bool {
@@ -423,7 +399,7 @@ impl Replica {
     }
 
     fn expire(&mut self, now_ms: u64) -> u64 {
-        self.forget_ids(now_ms);
+        self.ids.forget(now_ms, self.cfg.duplicate_window_ms);
         let mut n = 0;
         if self.cfg.max_age_ms == 0 {
             return 0;
@@ -616,10 +592,10 @@ impl Replica {
             put_opt_str(&mut w, m.headers.as_deref());
             put_bytes(&mut w, &m.data);
         }
-        put_u64(&mut w, self.dedup_order.len() as u64);
-        for (t, id) in &self.dedup_order {
-            put_u64(&mut w, *t);
-            put_u64(&mut w, self.dedup.get(id).copied().unwrap_or(0));
+        put_u64(&mut w, self.ids.len() as u64);
+        for (t, seq, id) in self.ids.iter() {
+            put_u64(&mut w, t);
+            put_u64(&mut w, seq);
             put_str(&mut w, id);
         }
         put_u64(&mut w, self.consumers.len() as u64);
@@ -679,8 +655,7 @@ impl Replica {
             let t = r.u64()?;
             let seq = r.u64()?;
             let id: Box<str> = r.string()?.into();
-            rep.dedup.insert(id.clone(), seq);
-            rep.dedup_order.push_back((t, id));
+            rep.ids.remember(id, seq, t);
         }
         let n = r.count(36)?;
         for _ in 0..n {

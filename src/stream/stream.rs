@@ -9,11 +9,12 @@
 //! framing included; a stream configured without `max_bytes` is held to
 //! [`STREAM_BYTES_DEFAULT_MAX`] so that no client can fill the disk.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::Path;
 
 use super::consumer::{Consumer, Source};
+use super::dedup::IdWindow;
 use super::store::{Options, Store};
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::stream_messages::{Discard, Retention, StreamConfig};
@@ -70,8 +71,7 @@ pub struct Member {
 pub struct Stream {
     pub cfg: StreamConfig,
     store: Store,
-    dedup: HashMap<Box<str>, (u64, u64)>,
-    dedup_order: VecDeque<(u64, Box<str>)>,
+    ids: IdWindow,
     pub consumers: BTreeMap<String, Member>,
 }
 
@@ -111,8 +111,7 @@ impl Stream {
         let mut s = Stream {
             cfg,
             store,
-            dedup: HashMap::new(),
-            dedup_order: VecDeque::new(),
+            ids: IdWindow::default(),
             consumers: BTreeMap::new(),
         };
         s.relearn_ids(now_ms);
@@ -195,8 +194,8 @@ impl Stream {
         let size = subject.len() as u64 + payload;
         let id = self.msg_id(headers);
         if let Some(id) = &id {
-            self.forget_ids(now_ms);
-            if let Some(&(seq, _)) = self.dedup.get(id.as_str()) {
+            self.ids.forget(now_ms, self.cfg.duplicate_window_ms);
+            if let Some(seq) = self.ids.get(id.as_str()) {
                 return Ok(Stored::Duplicate(seq));
             }
         }
@@ -223,7 +222,7 @@ impl Stream {
             .append(subject, headers, data, binary, now_ms)
             .map_err(store_err)?;
         if let Some(id) = id {
-            self.remember(id.into_boxed_str(), seq, now_ms);
+            self.ids.remember(id.into_boxed_str(), seq, now_ms);
         }
         let mut removed = Vec::new();
         if self.cfg.retention == Retention::Interest && !self.has_interest(subject) {
@@ -263,7 +262,7 @@ impl Stream {
             seq -= 1;
         }
         for (id, seq, t) in found.into_iter().rev() {
-            self.remember(id.into_boxed_str(), seq, t);
+            self.ids.remember(id.into_boxed_str(), seq, t);
         }
     }
 
@@ -272,28 +271,6 @@ impl Stream {
             return None;
         }
         msg_id_of(headers)
-    }
-
-    fn forget_ids(&mut self, now_ms: u64) {
-        let window = self.cfg.duplicate_window_ms;
-        while let Some((t, _)) = self.dedup_order.front() {
-            if t + window > now_ms {
-                break;
-            }
-            if let Some((_, id)) = self.dedup_order.pop_front() {
-                self.dedup.remove(&id);
-            }
-        }
-    }
-
-    fn remember(&mut self, id: Box<str>, seq: u64, time_ms: u64) {
-        if self.dedup_order.len() >= DEDUP_IDS_MAX {
-            if let Some((_, old)) = self.dedup_order.pop_front() {
-                self.dedup.remove(&old);
-            }
-        }
-        self.dedup.insert(id.clone(), (seq, time_ms));
-        self.dedup_order.push_back((time_ms, id));
     }
 
     fn has_interest(&self, subj: &str) -> bool {
@@ -323,7 +300,7 @@ impl Stream {
     /// Drops messages older than `max_age_ms` and forgets `Msg-Id`s past
     /// the duplicate window; returns the seqs dropped.
     pub fn expire(&mut self, now_ms: u64) -> Result<Vec<u64>, ApiError> {
-        self.forget_ids(now_ms);
+        self.ids.forget(now_ms, self.cfg.duplicate_window_ms);
         let mut removed = Vec::new();
         if self.cfg.max_age_ms == 0 {
             return Ok(removed);
