@@ -31,6 +31,8 @@ pub struct Broker {
     pub addr: String,
     data_dir: PathBuf,
     log: Arc<Mutex<VecDeque<String>>>,
+    /// The thread copying stderr into `log`; it ends at the pipe's EOF.
+    reader: Option<thread::JoinHandle<()>>,
 }
 
 impl Broker {
@@ -64,27 +66,13 @@ impl Broker {
             .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
         let log = Arc::new(Mutex::new(VecDeque::new()));
         let (lines_tx, lines_rx) = mpsc::channel();
-        if let Some(stderr) = child.stderr.take() {
-            let log = Arc::clone(&log);
-            // Drains stderr for the broker's whole life so it never blocks
-            // on a full pipe; forwards lines until the test stops listening.
-            thread::spawn(move || {
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    let _ = lines_tx.send(line.clone());
-                    let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
-                    if log.len() == LOG_LINES_MAX {
-                        log.pop_front();
-                    }
-                    log.push_back(line);
-                }
-            });
-        }
+        let reader = drain_stderr(&mut child, &log, lines_tx);
         let mut broker = Broker {
             child,
             addr: String::new(),
             data_dir,
             log,
+            reader,
         };
         broker.addr = broker.await_listening(&lines_rx, extra_args);
         broker
@@ -150,7 +138,16 @@ impl Broker {
         let deadline = Instant::now() + limit;
         loop {
             match self.child.try_wait() {
-                Ok(Some(status)) => return Some(status),
+                Ok(Some(status)) => {
+                    // Every line the process wrote is in `recent_log` once
+                    // the reader has seen the pipe close.
+                    while self.reader.as_ref().is_some_and(|r| !r.is_finished())
+                        && Instant::now() < deadline
+                    {
+                        thread::sleep(Duration::from_millis(5));
+                    }
+                    return Some(status);
+                }
                 Ok(None) if Instant::now() < deadline => {
                     thread::sleep(Duration::from_millis(10));
                 }
@@ -195,24 +192,34 @@ impl Broker {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot restart {bin}: {e}"));
         let (lines_tx, lines_rx) = mpsc::channel();
-        if let Some(stderr) = child.stderr.take() {
-            let log = Arc::clone(&self.log);
-            thread::spawn(move || {
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    let _ = lines_tx.send(line.clone());
-                    let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
-                    if log.len() == LOG_LINES_MAX {
-                        log.pop_front();
-                    }
-                    log.push_back(line);
-                }
-            });
-        }
+        self.reader = drain_stderr(&mut child, &self.log, lines_tx);
         self.child = child;
         let addr = self.await_listening(&lines_rx, extra_args);
         assert_eq!(addr, self.addr, "the restarted broker moved");
     }
+}
+
+/// Starts the thread that drains the child's stderr for its whole life (so
+/// it never blocks on a full pipe) into `log`, forwarding each line to
+/// `lines` until the test stops listening.
+fn drain_stderr(
+    child: &mut Child,
+    log: &Arc<Mutex<VecDeque<String>>>,
+    lines: mpsc::Sender<String>,
+) -> Option<thread::JoinHandle<()>> {
+    let stderr = child.stderr.take()?;
+    let log = Arc::clone(log);
+    Some(thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            let _ = lines.send(line.clone());
+            let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+            if log.len() == LOG_LINES_MAX {
+                log.pop_front();
+            }
+            log.push_back(line);
+        }
+    }))
 }
 
 /// The whitespace-delimited token after `listening on `, if present.
