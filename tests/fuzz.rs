@@ -601,6 +601,40 @@ fn event_args() {
     assert_clean("event_args", &out);
 }
 
+/// The `pub` hand scanner against the serde path it stands in for: where
+/// it answers, the serde path reads the same fields.
+#[test]
+fn pub_scan() {
+    let corpus = samples(&[
+        r#"["pub",{"subject":"bench.fanout","data":"0000000042xxxxxxxxxxxxxxxxxxxxxx"}]"#,
+        r#"["pub",{"subject":"orders.eu","data":{"id":1,"x":[1,2.5e-3,-0,true,false,null]},"reply":"_INBOX.1","headers":{"k":"v"}}]"#,
+        r#" [ "pub" , { "headers" : null , "reply" : null , "subject" : "s" , "data" : null , "z" : [ { } ] } , "more" , 1 ] "#,
+        r#"["pub",{"subject":"a","data":"\u00e9\ud800\n\"q\" \\ \/","other":{"k":"\t"}}]"#,
+        r#"["pub",{"subject":"a.b","data":1,"data":2}]"#,
+        r#"["pub",["a.b",1,"r.x",{},5]]"#,
+    ]);
+    let out = run("pub_scan", &corpus, 4_096, 0, &mut |input| {
+        let t = text(input);
+        within(bound(input), || {
+            let Some(scanned) = gombus::protocol::pub_scan::scan_pub(&t) else {
+                return Ok(());
+            };
+            match messages::event_arg::<messages::Pub>(&t) {
+                Ok(p) => {
+                    let p = messages::PubArg::from(p);
+                    ensure(p == scanned, || {
+                        format!("the scanner read {scanned:?}, serde {p:?}")
+                    })
+                }
+                Err(e) => Err(format!(
+                    "the scanner read {scanned:?}, serde refused: {e:?}"
+                )),
+            }
+        })
+    });
+    assert_clean("pub_scan", &out);
+}
+
 // ---------------------------------------------------------------------------
 // Cluster codecs.
 

@@ -20,7 +20,7 @@ use crate::cluster::fsm::{Cmd, Fsm};
 use crate::crypto::token_eq;
 use crate::port::{ConnId, Handler, Payload, Request, Response, Sink};
 use crate::protocol::errors::{ok_body, raw_text, ApiError, Code, OK_BODY};
-use crate::protocol::messages::{self, event_arg, ArgError, Pub, Sub, Unsub};
+use crate::protocol::messages::{self, event_arg, ArgError, PubArg, Sub, Unsub};
 use crate::protocol::socketio::{self, Packet, PacketType};
 use crate::protocol::subject;
 use crate::routing::subs::{Command, SubKey};
@@ -407,7 +407,7 @@ impl Broker {
         let route = events::find(NSP_ROOT, name).map(|e| e.route);
         match route {
             Some(Route::Pub) => {
-                let p: Pub = event_arg(data)?;
+                let p = messages::read_pub(data)?;
                 match self.publish(sink, conn, ack_id, &p, attachments)? {
                     true => Ok(Answer::Later),
                     false => Ok(Answer::Ok),
@@ -532,14 +532,14 @@ impl Broker {
         &self,
         subject: &str,
         data: &str,
-        headers: Option<&RawValue>,
+        headers: Option<&str>,
         attachments: &[Vec<u8>],
     ) -> Result<usize, ApiError> {
         subject::validate_subject(subject)
             .map_err(|e| ApiError::new(Code::BadSubject, format!("{e}: {subject:?}")))?;
-        messages::check_headers(headers)?;
+        messages::check_headers_text(headers)?;
         let size = data.len()
-            + headers.map_or(0, |h| h.get().len())
+            + headers.map_or(0, str::len)
             + attachments.iter().map(Vec::len).sum::<usize>();
         if size > self.cfg.max_payload {
             return Err(ApiError::new(
@@ -560,17 +560,17 @@ impl Broker {
         sink: &mut dyn Sink,
         conn: ConnId,
         ack_id: Option<u64>,
-        p: &Pub<'_>,
+        p: &PubArg<'_>,
         attachments: &[Vec<u8>],
     ) -> Result<bool, ApiError> {
-        let data = raw_text(p.data);
+        let data = p.data.unwrap_or("null");
         let size = self.check_message(&p.subject, data, p.headers, attachments)?;
         if let Some(reply) = &p.reply {
             subject::validate_subject(reply)
                 .map_err(|e| ApiError::new(Code::BadSubject, format!("reply: {e}")))?;
         }
         self.check_publish(conn, "publish to", &p.subject, sink.now())?;
-        let headers = p.headers.map(RawValue::get).filter(|h| *h != "null");
+        let headers = p.headers.filter(|h| *h != "null");
         let captured = self.streams.captures(&p.subject);
         if captured.is_none() {
             let fsm = &self.fsm;
@@ -649,7 +649,8 @@ impl Broker {
         attachments: &[Vec<u8>],
     ) -> Result<Answer, ApiError> {
         let data = raw_text(r.data);
-        let size = self.check_message(&r.subject, data, r.headers, attachments)?;
+        let headers = r.headers.map(RawValue::get);
+        let size = self.check_message(&r.subject, data, headers, attachments)?;
         self.check_publish(conn, "request", &r.subject, sink.now())?;
         self.monitor.count_request();
         let no_responders = || {
@@ -678,7 +679,7 @@ impl Broker {
             }
         };
         self.monitor.count_in(size);
-        let headers = r.headers.map(RawValue::get).filter(|h| *h != "null");
+        let headers = headers.filter(|h| *h != "null");
         let sent = self.deliver(
             sink,
             &r.subject,

@@ -57,6 +57,42 @@ pub struct Pub<'a> {
     pub headers: Option<&'a RawValue>,
 }
 
+/// A `pub` argument as the broker uses it, however it was read: `data` and
+/// `headers` are raw JSON text, `None` when left out or `null`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PubArg<'a> {
+    pub subject: Cow<'a, str>,
+    pub data: Option<&'a str>,
+    pub reply: Option<Cow<'a, str>>,
+    pub headers: Option<&'a str>,
+}
+
+impl<'a> From<Pub<'a>> for PubArg<'a> {
+    fn from(p: Pub<'a>) -> PubArg<'a> {
+        PubArg {
+            subject: p.subject,
+            data: p.data.map(RawValue::get),
+            reply: p.reply,
+            headers: p.headers.map(RawValue::get),
+        }
+    }
+}
+
+/// Reads the argument of a `pub` event packet: the hand scanner
+/// ([`super::pub_scan`]) where it can answer, else serde (same answers).
+pub fn read_pub(data: &str) -> Result<PubArg<'_>, ArgError> {
+    match super::pub_scan::scan_pub(data) {
+        Some(p) => Ok(p),
+        None => read_pub_serde(data),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn read_pub_serde(data: &str) -> Result<PubArg<'_>, ArgError> {
+    event_arg::<Pub>(data).map(PubArg::from)
+}
+
 #[derive(Debug, Deserialize)]
 pub struct Request<'a> {
     #[serde(borrow)]
@@ -86,11 +122,16 @@ pub fn parse_arg<'a, T: Deserialize<'a>>(arg: Option<&'a RawValue>) -> Result<T,
 
 /// Checks that headers are an object of string values.
 pub fn check_headers(headers: Option<&RawValue>) -> Result<(), ApiError> {
+    check_headers_text(headers.map(RawValue::get))
+}
+
+/// [`check_headers`] for headers as raw JSON text.
+pub fn check_headers_text(headers: Option<&str>) -> Result<(), ApiError> {
     let Some(h) = headers else { return Ok(()) };
-    if h.get() == "null" {
+    if h == "null" {
         return Ok(());
     }
-    serde_json::from_str::<std::collections::BTreeMap<Cow<'_, str>, Cow<'_, str>>>(h.get())
+    serde_json::from_str::<std::collections::BTreeMap<Cow<'_, str>, Cow<'_, str>>>(h)
         .map(|_| ())
         .map_err(|_| {
             ApiError::new(
