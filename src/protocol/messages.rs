@@ -131,7 +131,7 @@ pub fn check_headers_text(headers: Option<&str>) -> Result<(), ApiError> {
     if h == "null" {
         return Ok(());
     }
-    serde_json::from_str::<std::collections::BTreeMap<Cow<'_, str>, Cow<'_, str>>>(h)
+    serde_json::from_str::<StringMap>(h)
         .map(|_| ())
         .map_err(|_| {
             ApiError::new(
@@ -139,6 +139,50 @@ pub fn check_headers_text(headers: Option<&str>) -> Result<(), ApiError> {
                 "headers must be an object of string values",
             )
         })
+}
+
+/// Reads a JSON object whose values are all strings and keeps nothing:
+/// keys and values are read as a `String` would be (escapes decoded and
+/// checked), without a map or a copy.
+struct StringMap;
+
+/// One string, read and dropped.
+struct AnyString;
+
+impl<'de> Deserialize<'de> for StringMap {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<StringMap, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = StringMap;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object of string values")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<StringMap, A::Error> {
+                while m.next_entry::<AnyString, AnyString>()?.is_some() {}
+                Ok(StringMap)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for AnyString {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<AnyString, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = AnyString;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<AnyString, E> {
+                Ok(AnyString)
+            }
+        }
+        d.deserialize_string(V)
+    }
 }
 
 #[cfg(test)]
@@ -176,6 +220,39 @@ mod tests {
         assert_eq!(check_headers(Some(&h)).unwrap_err().code, Code::BadRequest);
         let h = raw(r#"["k"]"#);
         assert!(check_headers(Some(&h)).is_err());
+    }
+
+    /// The header check accepts exactly what a map of strings accepts.
+    #[test]
+    fn header_check_matches_a_map_of_strings() {
+        type Map<'a> = std::collections::BTreeMap<Cow<'a, str>, Cow<'a, str>>;
+        for h in [
+            r#"{}"#,
+            r#"{"k":"v"}"#,
+            r#" { "k" : "v" , "k" : "w" , "\u00e9\n" : "\"x\"" } "#,
+            r#"{"k":"\ud83d\ude00"}"#,
+            r#"{"k":"\ud800"}"#,
+            r#"{"\udc00":"v"}"#,
+            r#"{"k":"\x"}"#,
+            r#"{"k":1}"#,
+            r#"{"k":null}"#,
+            r#"{"k":["v"]}"#,
+            r#"{"k":{"a":"b"}}"#,
+            r#"{"k":"v",}"#,
+            r#"{"k":"v"} x"#,
+            r#"{"k":"v""#,
+            r#"{k:"v"}"#,
+            r#"["k","v"]"#,
+            r#""kv""#,
+            r#"1"#,
+            r#"true"#,
+            "{\"k\":\"\u{1}\"}",
+        ] {
+            let want = serde_json::from_str::<Map>(h).is_ok();
+            assert_eq!(check_headers_text(Some(h)).is_ok(), want, "{h}");
+        }
+        assert!(check_headers_text(Some("null")).is_ok());
+        assert!(check_headers_text(None).is_ok());
     }
 
     #[test]
