@@ -61,6 +61,15 @@ pub fn scan_pub(packet: &str) -> Option<PubArg<'_>> {
     (s.i == s.b.len()).then_some(arg)
 }
 
+/// A key of the `pub` object.
+enum Key {
+    Subject,
+    Data,
+    Reply,
+    Headers,
+    Other,
+}
+
 struct Scanner<'a> {
     src: &'a str,
     b: &'a [u8],
@@ -108,25 +117,25 @@ impl<'a> Scanner<'a> {
         }
         loop {
             self.eat(b'"')?;
-            let key = self.plain_string()?;
+            let key = self.key()?;
             self.ws();
             self.eat(b':')?;
             self.ws();
             match key {
-                "subject" => {
+                Key::Subject => {
                     if subject.is_some() {
                         return None;
                     }
                     self.eat(b'"')?;
                     subject = Some(self.plain_string()?);
                 }
-                "data" => {
+                Key::Data => {
                     if std::mem::replace(&mut seen_data, true) {
                         return None;
                     }
                     data = self.raw_or_null()?;
                 }
-                "reply" => {
+                Key::Reply => {
                     if std::mem::replace(&mut seen_reply, true) {
                         return None;
                     }
@@ -141,13 +150,13 @@ impl<'a> Scanner<'a> {
                         }
                     };
                 }
-                "headers" => {
+                Key::Headers => {
                     if std::mem::replace(&mut seen_headers, true) {
                         return None;
                     }
                     headers = self.raw_or_null()?;
                 }
-                _ => self.value(MAX_DEPTH)?,
+                Key::Other => self.value(MAX_DEPTH)?,
             }
             self.ws();
             match self.next()? {
@@ -162,6 +171,27 @@ impl<'a> Scanner<'a> {
             reply: reply.map(Cow::Borrowed),
             headers,
         })
+    }
+
+    /// The rest of a key (its opening quote is read): one of the four
+    /// fields, compared with the closing quote, or another key without
+    /// escapes.
+    fn key(&mut self) -> Option<Key> {
+        let rest = self.b.get(self.i..)?;
+        let (word, key): (&[u8], Key) = match rest.first()? {
+            b's' => (b"subject\"", Key::Subject),
+            b'd' => (b"data\"", Key::Data),
+            b'r' => (b"reply\"", Key::Reply),
+            b'h' => (b"headers\"", Key::Headers),
+            _ => (b"", Key::Other),
+        };
+        if !word.is_empty() && rest.starts_with(word) {
+            self.i += word.len();
+            return Some(key);
+        }
+        // A plain key spelled like one of the four would have matched.
+        self.plain_string()?;
+        Some(Key::Other)
     }
 
     /// A value kept as raw text; `null` reads as absent.
@@ -333,19 +363,16 @@ fn find_special(b: &[u8], from: usize) -> usize {
     const ONES: u64 = u64::MAX / 255;
     const HIGH: u64 = ONES << 7;
     let mut i = from;
-    while let Some(chunk) = b.get(i..i + 8) {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        let c = u64::from_le_bytes(word);
-        // A byte's high bit is set where it is below 0x20, equals '"' or
-        // equals '\'; bytes above the first such byte may be flagged
-        // wrongly (a borrow), the lowest flag is exact.
-        let ctrl = c.wrapping_sub(ONES * 0x20) & !c;
-        let q = c ^ (ONES * u64::from(b'"'));
-        let q = q.wrapping_sub(ONES) & !q;
-        let bs = c ^ (ONES * u64::from(b'\\'));
-        let bs = bs.wrapping_sub(ONES) & !bs;
-        let hit = (ctrl | q | bs) & HIGH;
+    for chunk in b.get(from..).unwrap_or_default().chunks_exact(8) {
+        let c = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
+        // The high bit of a byte under 0x20, '"' or '\\' ends up set: one
+        // of the subtractions wraps there, and such a byte has its own high
+        // bit clear. A borrow may flag bytes above the first such byte too,
+        // never below it, so the lowest flag is exact.
+        let q = (c ^ (ONES * u64::from(b'"'))).wrapping_sub(ONES);
+        let bs = (c ^ (ONES * u64::from(b'\\'))).wrapping_sub(ONES);
+        let ctrl = c.wrapping_sub(ONES * 0x20);
+        let hit = (q | bs | ctrl) & !c & HIGH;
         if hit != 0 {
             return i + (hit.trailing_zeros() / 8) as usize;
         }
