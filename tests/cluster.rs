@@ -231,6 +231,11 @@ fn shared_cluster_cases() {
     step(&mut failed, "stream_created_on_n1_usable_from_n2", || {
         stream_across_nodes(&c)
     });
+    step(
+        &mut failed,
+        "replicas_checked_and_the_placement_known_on_every_node",
+        || replicated_stream_placement(&c),
+    );
     step(&mut failed, "python_socketio_across_nodes", || {
         python_across_nodes(&c)
     });
@@ -673,6 +678,75 @@ fn stream_across_nodes(c: &Cluster) {
     assert!(again.is_empty(), "acked messages came again: {again:?}");
     // stream.get through n3.
     assert_eq!(c3.stream_get("C5", 4).unwrap().data, json!({ "k": 4 }));
+}
+
+/// The `cluster` field of `stream.info` through `client`, once it lists
+/// `replicas` other nodes (the placement reaches every node within the
+/// replication delay).
+fn await_cluster_field(client: &Client, name: &str, replicas: usize, node: &str) -> Value {
+    let deadline = Instant::now() + DELIVERY_WAIT;
+    loop {
+        let last = client.call("stream.info", json!({ "name": name }));
+        if let Ok(info) = &last {
+            let listed = info["cluster"]["replicas"].as_array().map(Vec::len);
+            if listed == Some(replicas) {
+                return info["cluster"].clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stream.info {name} on {node} never listed {replicas} replicas: {last:?}"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// docs/PROTOCOL.md "Replicated streams": `replicas` is checked against
+/// the cluster's size, the placement is recorded through the control
+/// group so every node reports it, and a repeated create must ask for
+/// the same count. The messages are served by the node that took the
+/// create (the first replica).
+fn replicated_stream_placement(c: &Cluster) {
+    let (c1, c2, c3) = (c.client(0), c.client(1), c.client(2));
+    let create = |replicas: Value| {
+        c1.call(
+            "stream.create",
+            json!({"name": "R3", "subjects": ["r3.>"], "replicas": replicas}),
+        )
+    };
+    for bad in [json!(4), json!(0), json!(-1), json!("3"), json!(1.5)] {
+        let e = create(bad.clone()).expect_err("a bad replicas count");
+        assert_eq!(e.code(), Some("bad_request"), "replicas {bad}: {e}");
+    }
+    let created = create(json!(3)).expect("stream.create R3 with 3 replicas");
+    assert_eq!(created["stream"]["config"]["name"], json!("R3"));
+    for (i, client) in [&c1, &c2, &c3].into_iter().enumerate() {
+        let cluster = await_cluster_field(client, "R3", 2, IDS[i]);
+        assert_eq!(cluster["leader"], json!(1), "on {}: {cluster}", IDS[i]);
+        let mut nodes: Vec<u64> = cluster["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["node"].as_u64().expect("a replica's node id"))
+            .collect();
+        nodes.sort_unstable();
+        assert_eq!(nodes, vec![2, 3], "on {}: {cluster}", IDS[i]);
+    }
+    // The same create again is answered as before; another count is not.
+    create(json!(3)).expect("the same create again");
+    let e = create(json!(2)).expect_err("another replica count");
+    assert_eq!(e.code(), Some("exists"), "{e}");
+    // Publishes from n2 are acked in order and readable from n3.
+    for k in 1..=3u64 {
+        let ack = c2
+            .publish_stream("r3.k", json!({ "k": k }))
+            .unwrap_or_else(|e| panic!("publish {k} on n2: {e}"));
+        assert_eq!((ack.stream.as_str(), ack.seq), ("R3", k));
+    }
+    assert_eq!(c3.stream_get("R3", 2).unwrap().data, json!({ "k": 2 }));
+    // An R1 stream reports its owner as leader and no replicas.
+    let r1 = await_cluster_field(&c3, "C5", 0, "n3");
+    assert_eq!(r1["leader"], json!(1), "{r1}");
 }
 
 // ---------------------------------------------------------------------------

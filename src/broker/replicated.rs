@@ -1,0 +1,124 @@
+//! `replicas` on a clustered `stream.create`, and where a stream lives as
+//! `stream.info` reports it. The node taking the create checks `replicas`
+//! (see `cluster/placement.rs`), picks the stream's R nodes and records
+//! them through the control group (`MetaCommand::StreamPlace`), so every
+//! node learns the placement. The stream's messages are kept by the node
+//! that took the create, the first of its replicas; the others are
+//! recorded but hold no copy yet, and `stream.info` reports them as not
+//! current.
+
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+
+use super::Broker;
+use crate::cluster::placement::{self, Placement};
+use crate::protocol::errors::{ApiError, Code};
+
+/// What a clustered `stream.create` asks for once `replicas` is taken out.
+pub(crate) struct CreateReplicas {
+    /// The request without `replicas`: a stream config.
+    pub arg: Box<RawValue>,
+    pub replicas: usize,
+}
+
+impl Broker {
+    /// Reads and checks `replicas` of a `stream.create` in a cluster of
+    /// `nodes` nodes, and refuses a create that would change the replica
+    /// count of a stream the cluster knows. `None`: the request is not an
+    /// object, left to the stream store's own `bad_request`.
+    pub(crate) fn create_replicas(
+        &self,
+        arg: Option<&RawValue>,
+    ) -> Result<Option<CreateReplicas>, ApiError> {
+        let Some(c) = self.cluster.as_ref() else {
+            return Ok(None);
+        };
+        let Some(Ok(Value::Object(mut fields))) =
+            arg.map(|a| serde_json::from_str::<Value>(a.get()))
+        else {
+            return Ok(None);
+        };
+        let replicas = placement::take_replicas(&mut fields, c.names.len(), true)?;
+        if let Some(m) = fields
+            .get("name")
+            .and_then(Value::as_str)
+            .and_then(|n| self.fsm.streams.get(n))
+        {
+            let has = m.placement.as_ref().map_or(1, |p| p.replicas.len());
+            if has != replicas {
+                return Err(ApiError::new(
+                    Code::Exists,
+                    format!("the stream exists with {has} replica(s), not {replicas}"),
+                ));
+            }
+        }
+        let text = Value::Object(fields).to_string();
+        let arg = RawValue::from_string(text)
+            .map_err(|e| ApiError::new(Code::Internal, e.to_string()))?;
+        Ok(Some(CreateReplicas { arg, replicas }))
+    }
+
+    /// The placement for new stream `name` of `r` > 1 replicas, or `None`
+    /// when the cluster has recorded one already (a repeated create).
+    /// This node is always among them, first: it holds the messages.
+    pub(crate) fn new_placement(
+        &self,
+        name: &str,
+        r: usize,
+    ) -> Result<Option<Placement>, ApiError> {
+        let Some(c) = self.cluster.as_ref() else {
+            return Ok(None);
+        };
+        if self.fsm.stream_placement(name).is_some() {
+            return Ok(None);
+        }
+        let me = c.me;
+        let mut held = placement::replica_counts(
+            self.fsm
+                .streams
+                .values()
+                .map(|s| (s.owner, s.placement.as_ref())),
+        );
+        held.insert(me, 0);
+        let nodes: Vec<u64> = (1..=c.names.len() as u64).collect();
+        let replicas = placement::place(r, &nodes, &held, Some(me))?;
+        let group = self
+            .fsm
+            .streams
+            .values()
+            .filter_map(|s| s.placement.as_ref().map(|p| p.group))
+            .max()
+            .unwrap_or(0)
+            + 1;
+        Ok(Some(Placement { group, replicas }))
+    }
+
+    /// A `stream.info` answer (`body`, the ack's JSON array) with the
+    /// stream's `cluster` field: the node serving it as `leader`, and the
+    /// other recorded replicas, which hold no copy of the messages yet.
+    pub(crate) fn with_cluster_field(&self, name: &str, body: String) -> String {
+        let Some(meta) = self.fsm.streams.get(name) else {
+            return body;
+        };
+        let Ok(mut answer) = serde_json::from_str::<Value>(&body) else {
+            return body;
+        };
+        let replicas: Vec<Value> = meta
+            .placement
+            .iter()
+            .flat_map(|p| p.replicas.iter())
+            .filter(|&&n| n != meta.owner)
+            .map(|n| json!({"node": n, "current": false, "lag": null}))
+            .collect();
+        let mut cluster = Map::new();
+        cluster.insert("leader".into(), json!(meta.owner));
+        cluster.insert("replicas".into(), Value::Array(replicas));
+        match answer.get_mut(0).and_then(Value::as_object_mut) {
+            Some(first) => {
+                first.insert("cluster".into(), Value::Object(cluster));
+                answer.to_string()
+            }
+            None => body,
+        }
+    }
+}
