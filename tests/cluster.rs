@@ -732,6 +732,21 @@ fn replicated_stream_placement(c: &Cluster) {
         nodes.sort_unstable();
         assert_eq!(nodes, vec![2, 3], "on {}: {cluster}", IDS[i]);
     }
+    // Each of the three nodes runs the stream's Raft group (the cluster's
+    // first, group 1) with its log in a directory of its own: its first
+    // leader's entry reaches every member's log.
+    let deadline = Instant::now() + DELIVERY_WAIT;
+    for (i, node) in IDS.iter().enumerate() {
+        let log = c.data_dir(i).join("raft/g1/log");
+        while std::fs::metadata(&log).map_or(0, |m| m.len()) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "no entry in {} on {node}",
+                log.display()
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
     // The same create again is answered as before; another count is not.
     create(json!(3)).expect("the same create again");
     let e = create(json!(2)).expect_err("another replica count");

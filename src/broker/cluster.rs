@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use super::session::NSP_ROOT;
 use super::Broker;
 use crate::cluster::forward::{self, PeerMessage};
-use crate::cluster::fsm::{Change, Cmd};
+use crate::cluster::fsm::{Change, Cmd, MetaCommand};
 use crate::cluster::link::{CallError, LinkEvent, LinkOut, Links};
 use crate::cluster::node::{FromRaft, NodeConfig, RaftNode, ToRaft, View};
 use crate::cluster::raft::Role;
@@ -146,6 +146,11 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
+    /// The Raft thread, once started.
+    pub(crate) fn raft_node(&self) -> Option<&RaftNode> {
+        self.raft.as_ref()
+    }
+
     pub fn new(settings: ClusterSettings, boot: u64) -> Cluster {
         let me = settings.raft.id;
         let inbox_nodes = settings
@@ -523,9 +528,12 @@ impl Broker {
                     self.announce_streams(sink);
                 }
             }
-            Cmd::Meta(_) => {
+            Cmd::Meta(m) => {
                 if let Some(c) = self.cluster.as_mut() {
                     c.capture_dirty = true;
+                }
+                if matches!(m, MetaCommand::StreamPlace { .. }) {
+                    self.hold_stream_groups();
                 }
             }
             _ => {}
@@ -562,6 +570,7 @@ impl Broker {
                 if let Some(c) = self.cluster.as_mut() {
                     c.capture_dirty = true;
                 }
+                self.hold_stream_groups();
             }
             FromRaft::Apply { index, data } => {
                 if data.is_empty() {

@@ -5,12 +5,14 @@
 //! node learns the placement. The stream's messages are kept by the node
 //! that took the create, the first of its replicas; the others are
 //! recorded but hold no copy yet, and `stream.info` reports them as not
-//! current.
+//! current. Each placed node runs the stream's Raft group (see
+//! `cluster/node.rs`) from the moment it applies the placement.
 
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::Broker;
+use crate::cluster::node::ToRaft;
 use crate::cluster::placement::{self, Placement};
 use crate::protocol::errors::{ApiError, Code};
 
@@ -119,6 +121,25 @@ impl Broker {
                 answer.to_string()
             }
             None => body,
+        }
+    }
+
+    /// Has the Raft thread hold every stream group the control state
+    /// places on this node (a group held already is left as it is).
+    pub(crate) fn hold_stream_groups(&self) {
+        let Some(c) = self.cluster.as_ref() else {
+            return;
+        };
+        let Some(raft) = c.raft_node() else {
+            return;
+        };
+        for s in self.fsm.streams.values() {
+            if let Some(p) = s.placement.as_ref().filter(|p| p.replicas.contains(&c.me)) {
+                raft.send(ToRaft::Group {
+                    group: p.group,
+                    members: p.replicas.clone(),
+                });
+            }
         }
     }
 }
