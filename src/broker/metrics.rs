@@ -91,6 +91,7 @@ impl Broker {
             .with(vec![], self.fsm.subs.stale_dropped as f64),
         );
         families.extend(stream_families(&self.streams.overview()));
+        families.extend(self.stream_group_families());
         families.extend(self.access_families());
         families
     }

@@ -11,6 +11,7 @@
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
+use super::metrics::Family;
 use super::Broker;
 use crate::cluster::node::ToRaft;
 use crate::cluster::placement::{self, Placement};
@@ -141,5 +142,45 @@ impl Broker {
                 });
             }
         }
+    }
+
+    /// `/metrics` for the stream groups held here, by stream: the group's
+    /// leader as this node knows it (0: none), its term, and on the
+    /// group's leader how many entries each other member is behind.
+    pub(crate) fn stream_group_families(&self) -> Vec<Family> {
+        let Some(c) = self.cluster.as_ref() else {
+            return Vec::new();
+        };
+        let Some(view) = c.fresh_view() else {
+            return Vec::new();
+        };
+        let mut leader = Family::gauge(
+            "gombus_stream_group_leader",
+            "The node leading a replicated stream's Raft group (0 while none is known).",
+        );
+        let mut term = Family::gauge(
+            "gombus_stream_group_term",
+            "The term of a replicated stream's Raft group.",
+        );
+        let mut lag = Family::gauge(
+            "gombus_stream_group_lag",
+            "On a stream group's leader: entries a member's log is behind.",
+        );
+        for (name, s) in &self.fsm.streams {
+            let Some(g) = s.placement.as_ref().and_then(|p| view.groups.get(&p.group)) else {
+                continue;
+            };
+            let stream = || vec![("stream", name.clone())];
+            leader = leader.with(stream(), g.leader.unwrap_or(0) as f64);
+            term = term.with(stream(), g.term as f64);
+            for (node, m) in g.progress.iter().filter(|(n, _)| **n != c.me) {
+                let behind = g.last_index.saturating_sub(*m);
+                lag = lag.with(
+                    vec![("stream", name.clone()), ("node", node.to_string())],
+                    behind as f64,
+                );
+            }
+        }
+        vec![leader, term, lag]
     }
 }
