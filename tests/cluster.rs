@@ -866,6 +866,12 @@ fn python_across_nodes(c: &Cluster) {
                 .any(|l| l.starts_with("PASS relayed_stream_answer")),
             "the relayed stream check did not run: {lines:?}"
         );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("PASS replicated_stream_info")),
+            "the replicated stream check did not run: {lines:?}"
+        );
     }));
     let _ = child.kill();
     let status = child.wait();
