@@ -2,7 +2,8 @@
 //! (tests/cluster_support), driven through the Rust client, `/control`
 //! events, HTTP and python-socketio. Contract: docs/PROTOCOL.md §9
 //! (replication, cross-node delivery, queue groups, streams owned by one
-//! node, failover), §6 (`cluster.status`, `group.set`) and §7 (`/healthz`,
+//! node, failover; replicated streams: `replicas`, the placement, the
+//! stream groups and their failover), §6 (`cluster.status`, `group.set`) and §7 (`/healthz`,
 //! raft gauges in `/metrics`).
 //!
 //! One cluster is shared by the cases that leave it healthy (each runs as a
@@ -762,6 +763,20 @@ fn replicated_stream_placement(c: &Cluster) {
     // An R1 stream reports its owner as leader and no replicas.
     let r1 = await_cluster_field(&c3, "C5", 0, "n3");
     assert_eq!(r1["leader"], json!(1), "{r1}");
+    // Each entry of stream.list carries it too, whichever node answers.
+    let listed = c2
+        .call("stream.list", json!({}))
+        .expect("stream.list on n2");
+    let entry = |name: &str| {
+        listed["streams"]
+            .as_array()
+            .and_then(|l| l.iter().find(|s| s["config"]["name"] == json!(name)))
+            .map(|s| s["cluster"].clone())
+            .unwrap_or_else(|| panic!("{name} not listed: {listed}"))
+    };
+    assert_eq!(entry("R3")["leader"], json!(1), "{listed}");
+    assert_eq!(entry("R3")["replicas"].as_array().map(Vec::len), Some(2));
+    assert_eq!(entry("C5")["replicas"], json!([]), "{listed}");
 }
 
 // ---------------------------------------------------------------------------

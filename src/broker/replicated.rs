@@ -96,16 +96,11 @@ impl Broker {
         Ok(Some(Placement { group, replicas }))
     }
 
-    /// A `stream.info` answer (`body`, the ack's JSON array) with the
-    /// stream's `cluster` field: the node serving it as `leader`, and the
-    /// other recorded replicas, which hold no copy of the messages yet.
-    pub(crate) fn with_cluster_field(&self, name: &str, body: String) -> String {
-        let Some(meta) = self.fsm.streams.get(name) else {
-            return body;
-        };
-        let Ok(mut answer) = serde_json::from_str::<Value>(&body) else {
-            return body;
-        };
+    /// The `cluster` field of stream `name`: the node serving it as
+    /// `leader`, and the other recorded replicas, which hold no copy of
+    /// the messages yet. `None` when the cluster does not know the stream.
+    fn cluster_field(&self, name: &str) -> Option<Value> {
+        let meta = self.fsm.streams.get(name)?;
         let replicas: Vec<Value> = meta
             .placement
             .iter()
@@ -116,13 +111,47 @@ impl Broker {
         let mut cluster = Map::new();
         cluster.insert("leader".into(), json!(meta.owner));
         cluster.insert("replicas".into(), Value::Array(replicas));
+        Some(Value::Object(cluster))
+    }
+
+    /// A `stream.info` answer (`body`, the ack's JSON array) with the
+    /// stream's `cluster` field.
+    pub(crate) fn with_cluster_field(&self, name: &str, body: String) -> String {
+        let Some(cluster) = self.cluster_field(name) else {
+            return body;
+        };
+        let Ok(mut answer) = serde_json::from_str::<Value>(&body) else {
+            return body;
+        };
         match answer.get_mut(0).and_then(Value::as_object_mut) {
             Some(first) => {
-                first.insert("cluster".into(), Value::Object(cluster));
+                first.insert("cluster".into(), cluster);
                 answer.to_string()
             }
             None => body,
         }
+    }
+
+    /// A `stream.list` answer of this node's streams with each entry's
+    /// `cluster` field.
+    pub(crate) fn with_cluster_fields(&self, body: String) -> String {
+        let Ok(mut answer) = serde_json::from_str::<Value>(&body) else {
+            return body;
+        };
+        let Some(list) = answer
+            .get_mut(0)
+            .and_then(|a| a.get_mut("streams"))
+            .and_then(Value::as_array_mut)
+        else {
+            return body;
+        };
+        for entry in list {
+            let name = entry["config"]["name"].as_str().unwrap_or("").to_string();
+            if let (Some(cluster), Some(obj)) = (self.cluster_field(&name), entry.as_object_mut()) {
+                obj.insert("cluster".into(), cluster);
+            }
+        }
+        answer.to_string()
     }
 
     /// Has the Raft thread hold every stream group the control state

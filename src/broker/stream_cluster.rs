@@ -50,7 +50,10 @@ impl Broker {
         let me = cluster.me;
         if op == StreamOp::StreamList {
             let from_peer = arg.is_some_and(|a| a.get().contains("\"local\":true"));
-            let local = self.streams.event(sink, conn, op, event, arg, ack_id);
+            let local = self
+                .streams
+                .event(sink, conn, op, event, arg, ack_id)
+                .map(|b| b.map(|b| self.with_cluster_fields(b)));
             if from_peer {
                 return Some(local);
             }
