@@ -3,8 +3,8 @@
 //! events, HTTP and python-socketio. Contract: docs/PROTOCOL.md §9
 //! (replication, cross-node delivery, queue groups, streams owned by one
 //! node, failover; replicated streams: `replicas`, the placement, the
-//! stream groups and their failover), §6 (`cluster.status`, `group.set`) and §7 (`/healthz`,
-//! raft gauges in `/metrics`).
+//! stream groups and their failover), §6 (`cluster.status`, `group.set`)
+//! and §7 (`/healthz`, raft gauges in `/metrics`).
 //!
 //! One cluster is shared by the cases that leave it healthy (each runs as a
 //! named step; the test fails listing every failed step). Cases that kill,
