@@ -25,6 +25,8 @@
 //!   nodes, relayed requests, node loss.
 //! - [`stream_cluster`]: streams in a cluster: relayed to their owner,
 //!   metadata and cursors replicated.
+//! - [`replicated`]: `replicas` on a clustered `stream.create`, the
+//!   placement recorded, and the `cluster` field of `stream.info`.
 //! - [`streams`]: the stream and consumer events, captured publishes, fetch
 //!   waits and acks held for their write.
 //! - [`stream_out`]: push deliveries, fetch answers and the JSON views of
@@ -50,6 +52,7 @@ pub mod lifecycle;
 pub mod messaging;
 pub mod metrics;
 pub mod monitor;
+pub mod replicated;
 pub mod requests;
 pub mod session;
 pub mod stream_cluster;

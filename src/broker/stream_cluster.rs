@@ -50,7 +50,10 @@ impl Broker {
         let me = cluster.me();
         if op == StreamOp::StreamList {
             let from_peer = arg.is_some_and(|a| a.get().contains("\"local\":true"));
-            let local = self.streams.event(sink, conn, op, event, arg, ack_id);
+            let local = self
+                .streams
+                .event(sink, conn, op, event, arg, ack_id)
+                .map(|b| b.map(|b| self.with_cluster_fields(b)));
             if from_peer {
                 return Some(local);
             }
@@ -94,9 +97,22 @@ impl Broker {
         }
         // Ours (or unknown to the cluster): handle here, then replicate
         // what the cluster must know.
+        let create = match op {
+            StreamOp::StreamCreate => match self.create_replicas(arg) {
+                Ok(c) => c,
+                Err(e) => return Some(Err(e)),
+            },
+            _ => None,
+        };
+        let arg = create.as_ref().map_or(arg, |c| Some(&*c.arg));
         let local = self.streams.event(sink, conn, op, event, arg, ack_id);
         if !op.changes_meta() {
-            return Some(local);
+            return Some(match (local, name) {
+                (Ok(Some(body)), Some(n)) if op == StreamOp::StreamInfo => {
+                    Ok(Some(self.with_cluster_field(&n, body)))
+                }
+                (other, _) => other,
+            });
         }
         let body = match local {
             Ok(Some(body)) => body,
@@ -123,13 +139,29 @@ impl Broker {
                 name: text_of("name").unwrap_or_default(),
             },
         };
+        let replicas = create.map_or(1, |c| c.replicas);
+        let place = match &cmd {
+            MetaCommand::StreamPut { name, .. } if replicas > 1 => {
+                match self.new_placement(name, replicas) {
+                    Ok(p) => p.map(|p| (name.clone(), p)),
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            _ => None,
+        };
         let reply = ack_id.map(|ack_id| ChangeAck {
             conn,
             nsp: NSP_ROOT,
             ack_id,
             ok_body: body,
         });
-        Some(self.submit(sink, Cmd::Meta(cmd), reply))
+        let Some((name, placement)) = place else {
+            return Some(self.submit(sink, Cmd::Meta(cmd), reply));
+        };
+        // The stream's record, then its placement: one log, in order.
+        self.submit_internal(sink, Cmd::Meta(cmd));
+        let place = MetaCommand::StreamPlace { name, placement };
+        Some(self.submit(sink, Cmd::Meta(place), reply))
     }
 
     /// Once a leader is known after start: tells the cluster about the

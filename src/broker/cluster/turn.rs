@@ -36,6 +36,7 @@ impl Broker {
                 if let Some(c) = self.cluster.as_mut() {
                     c.capture_dirty = true;
                 }
+                self.hold_stream_groups();
             }
             FromRaft::Apply { index, data } => {
                 if data.is_empty() {
