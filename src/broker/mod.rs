@@ -27,6 +27,9 @@
 //!   metadata and cursors replicated.
 //! - [`replicated`]: `replicas` on a clustered `stream.create`, the
 //!   placement recorded, and the `cluster` field of `stream.info`.
+//! - [`stream_groups`]: the data path of replicated streams: entries
+//!   through each stream's Raft group, applied into every member's
+//!   replica, events served by the group's leader.
 //! - [`streams`]: the stream and consumer events, captured publishes, fetch
 //!   waits and acks held for their write.
 //! - [`stream_out`]: push deliveries, fetch answers and the JSON views of
@@ -56,6 +59,7 @@ pub mod replicated;
 pub mod requests;
 pub mod session;
 pub mod stream_cluster;
+pub mod stream_groups;
 pub mod stream_out;
 pub mod streams;
 

@@ -15,7 +15,6 @@ use super::cluster::Cluster;
 use super::metrics::Family;
 use super::Broker;
 use crate::cluster::fsm::Fsm;
-use crate::cluster::node::ToRaft;
 use crate::cluster::placement::{self, Placement};
 use crate::protocol::errors::{ApiError, Code};
 
@@ -103,6 +102,13 @@ impl Broker {
     /// the messages yet. `None` when the cluster does not know the stream.
     fn cluster_field(&self, name: &str) -> Option<Value> {
         let meta = self.fsm.streams.get(name)?;
+        if meta
+            .placement
+            .as_ref()
+            .is_some_and(|p| p.replicas.len() > 1)
+        {
+            return self.group_cluster_field(name);
+        }
         let replicas: Vec<Value> = meta
             .placement
             .iter()
@@ -158,25 +164,10 @@ impl Broker {
 
     /// Has the Raft thread hold every stream group the control state
     /// places on this node (a group held already is left as it is).
-    pub(crate) fn hold_stream_groups(&self) {
-        let Some(c) = self.cluster.as_ref() else {
-            return;
-        };
-        let Some(raft) = c.raft_node() else {
-            return;
-        };
-        for s in self.fsm.streams.values() {
-            if let Some(p) = s
-                .placement
-                .as_ref()
-                .filter(|p| p.replicas.contains(&c.me()))
-            {
-                raft.send(ToRaft::Group {
-                    group: p.group,
-                    members: p.replicas.clone(),
-                });
-            }
-        }
+    /// Each is given its replica first (`stream_groups.rs`), so that the
+    /// group's entries find it; a deleted stream's replica goes.
+    pub(crate) fn hold_stream_groups(&mut self) {
+        self.sync_stream_groups();
     }
 }
 

@@ -64,6 +64,8 @@ impl Broker {
                     .unwrap_or_default(),
                 other => return Some(other),
             };
+            let mut streams = streams;
+            streams.extend(self.replicated_list_entries());
             return Some(self.gather_stream_list(conn, ack_id, streams));
         }
         let field = op.names_stream_by()?;
@@ -72,6 +74,13 @@ impl Broker {
             .unwrap_or(Value::Null);
         let text_of = |k: &str| argv.get(k).and_then(Value::as_str).map(str::to_string);
         let name = text_of(field);
+        if let Some(n) = name.as_deref() {
+            let replicated =
+                self.replicated_stream_event(sink, conn, op, event, n, arg, ack_id, attachments);
+            if replicated.is_some() {
+                return replicated;
+            }
+        }
         let owner = name.as_deref().and_then(|n| self.fsm.stream_owner(n));
         if let Some(owner) = owner.filter(|&o| o != me) {
             let timeout = if op == StreamOp::ConsumerFetch {
@@ -105,7 +114,12 @@ impl Broker {
             _ => None,
         };
         let arg = create.as_ref().map_or(arg, |c| Some(&*c.arg));
-        let local = self.streams.event(sink, conn, op, event, arg, ack_id);
+        let local = if create.as_ref().is_some_and(|c| c.replicas > 1) {
+            // A replicated stream is kept by its group's members, not here.
+            self.replicated_create_body(arg)
+        } else {
+            self.streams.event(sink, conn, op, event, arg, ack_id)
+        };
         if !op.changes_meta() {
             return Some(match (local, name) {
                 (Ok(Some(body)), Some(n)) if op == StreamOp::StreamInfo => {

@@ -12,9 +12,11 @@
 //! node holds a replica of ([`ToRaft::Group`]), each with its state file
 //! and log in a directory of its own (`raft/g<group>`). All groups share
 //! one tick and the transport; their heartbeats to one node go out as one
-//! message (`raft_multi::outgoing`). A stream group's committed entries
-//! are not handed to the broker yet; its role, leader and log positions
-//! are in the [`View`].
+//! message (`raft_multi::outgoing`). A stream group's proposals, committed
+//! entries, snapshots and role changes travel as [`GroupEvent`]s (the
+//! broker keeps the stream's state machine); its role, leader and log
+//! positions are also in the [`View`]. Every group's log is written and
+//! fsynced like the control group's before its entries count.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -47,6 +49,43 @@ pub enum ToRaft {
         group: GroupId,
         members: Vec<NodeId>,
     },
+    /// Propose `data` to stream group `group`; the outcome comes back as
+    /// [`GroupEvent::Proposed`].
+    GroupPropose {
+        group: GroupId,
+        tag: u64,
+        data: Vec<u8>,
+    },
+    /// Stream group `group`'s state at `index`, asked for by
+    /// [`GroupEvent::WantSnapshot`].
+    GroupCompact {
+        group: GroupId,
+        index: u64,
+        data: Vec<u8>,
+    },
+}
+
+/// What the Raft thread tells the broker about one stream group, in
+/// order within the group.
+#[derive(Debug)]
+pub enum GroupEvent {
+    /// Load this snapshot (taken at `index`) before what follows.
+    Restore { index: u64, data: Vec<u8> },
+    /// A committed entry of term `term` (empty data: Raft's own).
+    Apply {
+        index: u64,
+        term: u64,
+        data: Vec<u8>,
+    },
+    /// A proposal was appended to this leader's log, or refused.
+    Proposed {
+        tag: u64,
+        result: Result<u64, ProposeError>,
+    },
+    /// The role, term or leader changed.
+    Status(Status),
+    /// The log is long: send [`ToRaft::GroupCompact`].
+    WantSnapshot,
 }
 
 /// What the Raft thread tells the broker, in order.
@@ -66,6 +105,8 @@ pub enum FromRaft {
     Status(Status),
     /// The log is long: send [`ToRaft::Compact`] with the current state.
     WantSnapshot,
+    /// Something about stream group `group`.
+    Group { group: GroupId, event: GroupEvent },
 }
 
 /// One member as the view shows it.
@@ -118,6 +159,8 @@ pub struct GroupView {
 struct GroupStore {
     state: StateFile,
     log: Box<dyn LogStore + Send>,
+    /// A snapshot was asked of the broker and has not come back yet.
+    snapshot_asked: bool,
 }
 
 /// How to start a node.
@@ -353,8 +396,32 @@ impl Worker {
                         }
                     }
                     Ok(ToRaft::Group { group, members }) => {
-                        if let Err(e) = self.hold_group(group, members) {
+                        if let Err(e) = self.hold_group(group, members, &mut out) {
                             crate::log_error!("stream group {group}: {e}");
+                        }
+                    }
+                    Ok(ToRaft::GroupPropose { group, tag, data }) => {
+                        let result = match self.multi.get_mut(group) {
+                            Some(core) if group != CONTROL_GROUP => match core.propose(data) {
+                                Ok(Proposed::Appended { index, .. }) => Ok(index),
+                                Ok(Proposed::Forwarded { .. }) => {
+                                    Err(ProposeError::NotLeader(core.leader()))
+                                }
+                                Err(e) => Err(e),
+                            },
+                            _ => Err(ProposeError::NotLeader(None)),
+                        };
+                        let event = GroupEvent::Proposed { tag, result };
+                        out.push(FromRaft::Group { group, event });
+                    }
+                    Ok(ToRaft::GroupCompact { group, index, data }) => {
+                        if let Some(g) = self.groups.get_mut(&group) {
+                            g.snapshot_asked = false;
+                        }
+                        if let Some(core) =
+                            self.multi.get_mut(group).filter(|_| group != CONTROL_GROUP)
+                        {
+                            core.compact(index, data);
                         }
                     }
                     Err(TryRecvError::Empty) => break,
@@ -389,7 +456,14 @@ impl Worker {
 
     /// Opens (or creates) the state and log of stream group `group` under
     /// `raft/g<group>` and starts its core, unless it is held already.
-    fn hold_group(&mut self, group: GroupId, members: Vec<NodeId>) -> Result<(), String> {
+    /// A snapshot in its log goes to the broker first, as a
+    /// [`GroupEvent::Restore`].
+    fn hold_group(
+        &mut self,
+        group: GroupId,
+        members: Vec<NodeId>,
+        out: &mut Vec<FromRaft>,
+    ) -> Result<(), String> {
         if group == CONTROL_GROUP || self.multi.get(group).is_some() {
             return Ok(());
         }
@@ -414,9 +488,23 @@ impl Worker {
         rc.voter = raft::starts_as_voter(true, self.memory_log, &hs, empty);
         rc.forward_proposals = false;
         rc.seed = crate::rand::random_seed() ^ me ^ group.rotate_left(32);
+        if loaded.snapshot.index > 0 {
+            let event = GroupEvent::Restore {
+                index: loaded.snapshot.index,
+                data: loaded.snapshot.data.clone(),
+            };
+            out.push(FromRaft::Group { group, event });
+        }
         let core = Raft::new(rc, hs, loaded.snapshot, loaded.entries);
         self.multi.insert(group, core);
-        self.groups.insert(group, GroupStore { state, log });
+        self.groups.insert(
+            group,
+            GroupStore {
+                state,
+                log,
+                snapshot_asked: false,
+            },
+        );
         Ok(())
     }
 
@@ -424,7 +512,8 @@ impl Worker {
     ///
     /// Every group's `Ready` is persisted (each to its own files) before
     /// any of their messages go out, heartbeats to one node coalesced.
-    /// Only the control group's outcomes go to the broker.
+    /// The control group's outcomes go to the broker as they are, a
+    /// stream group's as [`FromRaft::Group`].
     ///
     /// The core asks for a snapshot in every `Ready` until one is handed
     /// to it, and the broker's answer only comes through `rx`, outside
@@ -468,6 +557,7 @@ impl Worker {
             }
             for (group, after) in afters {
                 if group != CONTROL_GROUP {
+                    self.group_out(group, after, out);
                     continue;
                 }
                 if let Some(s) = after.restore {
@@ -499,6 +589,41 @@ impl Worker {
             }
             if only_wishes {
                 return Ok(());
+            }
+        }
+    }
+
+    /// What stream group `group`'s persisted round gives the broker.
+    fn group_out(&mut self, group: GroupId, after: raft::AfterPersist, out: &mut Vec<FromRaft>) {
+        let mut push = |event| out.push(FromRaft::Group { group, event });
+        if let Some(s) = after.restore {
+            push(GroupEvent::Restore {
+                index: s.index,
+                data: s.data,
+            });
+        }
+        for e in after.committed {
+            let data = if e.kind == EntryKind::Command {
+                e.data
+            } else {
+                Vec::new()
+            };
+            push(GroupEvent::Apply {
+                index: e.index,
+                term: e.term,
+                data,
+            });
+        }
+        if let Some(s) = after.status {
+            push(GroupEvent::Status(s));
+        }
+        if let Some(g) = self.groups.get_mut(&group) {
+            if after.want_snapshot && !g.snapshot_asked {
+                g.snapshot_asked = true;
+                out.push(FromRaft::Group {
+                    group,
+                    event: GroupEvent::WantSnapshot,
+                });
             }
         }
     }

@@ -149,7 +149,10 @@ impl Broker {
                 if let Some(c) = self.cluster.as_mut() {
                     c.capture_dirty = true;
                 }
-                if matches!(m, MetaCommand::StreamPlace { .. }) {
+                if matches!(
+                    m,
+                    MetaCommand::StreamPlace { .. } | MetaCommand::StreamDelete { .. }
+                ) {
                     self.hold_stream_groups();
                 }
             }

@@ -121,6 +121,7 @@ impl Broker {
                 }
                 self.retry_waiters(sink.now());
             }
+            FromRaft::Group { group, event } => self.on_group(sink, group, event),
             FromRaft::WantSnapshot => {
                 let data = self.fsm.snapshot();
                 let index = self.fsm.applied;
