@@ -185,7 +185,7 @@ fn run(a: &Args) -> Result<bool, String> {
     let leader = loop {
         let seen: Vec<Option<u64>> = a.nodes.iter().map(|n| group_leader(n, &a.stream)).collect();
         match seen[0] {
-            Some(l) if l >= 1 && l <= 3 && seen.iter().all(|s| *s == Some(l)) => break l,
+            Some(l) if (1..=3).contains(&l) && seen.iter().all(|s| *s == Some(l)) => break l,
             _ if Instant::now() > deadline => {
                 return Err(format!(
                     "the nodes do not agree on a group leader: {seen:?}"
