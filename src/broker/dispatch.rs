@@ -931,6 +931,7 @@ impl Handler for Broker {
         if let Some(c) = self.cluster.as_mut() {
             c.forget_conn(conn);
         }
+        self.stream_groups.forget_conn(conn);
         if let Some(slot) = self.sessions.get_mut(conn) {
             *slot = None;
         }

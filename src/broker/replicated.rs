@@ -2,11 +2,10 @@
 //! `stream.info` reports it. The node taking the create checks `replicas`
 //! (see `cluster/placement.rs`), picks the stream's R nodes and records
 //! them through the control group (`MetaCommand::StreamPlace`), so every
-//! node learns the placement. The stream's messages are kept by the node
-//! that took the create, the first of its replicas; the others are
-//! recorded but hold no copy yet, and `stream.info` reports them as not
-//! current. Each placed node runs the stream's Raft group (see
-//! `cluster/node.rs`) from the moment it applies the placement.
+//! node learns the placement. Each placed node keeps a replica of the
+//! stream and runs its Raft group (see `stream_groups.rs` and
+//! `cluster/node.rs`) from the moment it applies the placement; the
+//! `cluster` field of an R>1 stream comes from that group.
 
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
@@ -97,9 +96,10 @@ impl Broker {
         Ok(Some(Placement { group, replicas }))
     }
 
-    /// The `cluster` field of stream `name`: the node serving it as
-    /// `leader`, and the other recorded replicas, which hold no copy of
-    /// the messages yet. `None` when the cluster does not know the stream.
+    /// The `cluster` field of stream `name`: for an R1 stream its owner as
+    /// `leader` and no replicas, for an R>1 stream its group's leader and
+    /// members (`group_cluster_field`). `None` when the cluster does not
+    /// know the stream.
     fn cluster_field(&self, name: &str) -> Option<Value> {
         let meta = self.fsm.streams.get(name)?;
         if meta

@@ -1,5 +1,6 @@
-//! Streams in a cluster. A stream's data lives on the node that created
-//! it; the cluster knows its owner, config, consumers and their cursors
+//! Streams in a cluster. A replicated stream (`replicas` > 1) is served
+//! by its Raft group's leader (`stream_groups.rs`, which takes its events
+//! first). An R1 stream's data lives on the node that created it; the cluster knows its owner, config, consumers and their cursors
 //! (replicated through [`crate::cluster::fsm`]). A stream request made on
 //! another node is relayed to the owner over the peer link and its answer
 //! relayed back, so clients may use any node; `stream.list` gathers every

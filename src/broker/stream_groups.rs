@@ -156,6 +156,32 @@ pub(crate) struct StreamGroups {
 }
 
 impl StreamGroups {
+    /// Socket `conn` closed: nothing waiting is answered on it any more
+    /// (its slot may be reused by another socket). Its requests' ops
+    /// still go through.
+    pub(crate) fn forget_conn(&mut self, conn: ConnId) {
+        let gone = |r: &Reply| match r {
+            Reply::None => false,
+            Reply::Publish { conn: c, .. }
+            | Reply::Ok { conn: c, .. }
+            | Reply::Purge { conn: c, .. }
+            | Reply::Consumer { conn: c, .. } => *c == conn,
+            Reply::Fetch(w) => w.conn == conn,
+        };
+        let forget = |rs: &mut Vec<Reply>| {
+            for r in rs.iter_mut().filter(|r| gone(r)) {
+                *r = Reply::None;
+            }
+        };
+        for h in self.held.values_mut() {
+            h.waits.retain(|w| w.conn != conn);
+            forget(&mut h.replies);
+            for f in h.proposed.values_mut().chain(h.at.values_mut()) {
+                forget(&mut f.replies);
+            }
+        }
+    }
+
     /// The leader of group `group` as this member knows it.
     pub(crate) fn leader(&self, group: GroupId) -> Option<u64> {
         self.held.get(&group).and_then(|h| h.leader)
@@ -414,7 +440,11 @@ impl Broker {
     ) -> Option<Result<Option<String>, ApiError>> {
         let (group, members) = self.placed(name)?;
         if op == StreamOp::StreamCreate {
-            return Some(self.replicated_create_again(name, arg));
+            // Another replica count is `exists` (`create_replicas`).
+            return Some(
+                self.create_replicas(arg)
+                    .and_then(|_| self.replicated_create_again(name, arg)),
+            );
         }
         if op == StreamOp::StreamDelete {
             let cmd = MetaCommand::StreamDelete {
@@ -688,11 +718,25 @@ impl Broker {
                 let Some(ack_id) = ack_id else {
                     return Ok(None);
                 };
-                let batch = req.batch.unwrap_or(1).clamp(1, FETCH_BATCH_MAX as u64) as usize;
+                let batch = req.batch.unwrap_or(1);
+                if batch == 0 || batch > FETCH_BATCH_MAX {
+                    return Err(ApiError::new(
+                        Code::BadRequest,
+                        format!("batch must be 1 to {FETCH_BATCH_MAX}"),
+                    ));
+                }
+                let expires_ms = req.expires_ms.unwrap_or(sm::FETCH_EXPIRES_MS_DEFAULT);
+                if expires_ms > sm::FETCH_EXPIRES_MS_MAX {
+                    return Err(ApiError::new(
+                        Code::BadRequest,
+                        format!("expires_ms is at most {}", sm::FETCH_EXPIRES_MS_MAX),
+                    ));
+                }
+                let batch = batch as usize;
                 let expires = if req.no_wait == Some(true) {
                     Duration::ZERO
                 } else {
-                    Duration::from_millis(req.expires_ms.unwrap_or(5_000).min(600_000))
+                    Duration::from_millis(expires_ms)
                 };
                 if h.waits.len() >= FETCH_WAITS_MAX {
                     return Err(ApiError::new(Code::Limit, "too many fetches waiting"));
