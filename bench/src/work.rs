@@ -486,7 +486,9 @@ fn publish_window(s: &Spec, c: &mut Conn, subject: &str, workload: &str) -> Map<
     let mut sent_at = vec![0u32; n as usize];
     let mut acked = Tally::new(n);
     let (mut next, mut inflight, mut last_seq) = (0u64, 0u64, 0u64);
-    let (mut bad, mut reordered, mut dup_seq) = (0u64, 0u64, 0u64);
+    let (mut bad, mut acks_out_of_order) = (0u64, 0u64);
+    // The seq each publish was acked with (0: none), by publish id.
+    let mut seq_of = vec![0u64; n as usize];
     let mut lat = Vec::with_capacity(n as usize);
     let clock = Clock::start(&s.server_pids);
     let mut progress = Instant::now();
@@ -536,9 +538,13 @@ fn publish_window(s: &Spec, c: &mut Conn, subject: &str, workload: &str) -> Map<
                             format!("publish refused: {}", String::from_utf8_lossy(raw))
                         });
                     }
-                    Some(q) if q == last_seq => dup_seq += 1,
-                    Some(q) if q < last_seq => reordered += 1,
-                    Some(q) => last_seq = q,
+                    Some(q) => {
+                        seq_of[id as usize] = q;
+                        if q < last_seq {
+                            acks_out_of_order += 1;
+                        }
+                        last_seq = last_seq.max(q);
+                    }
                 }
             }
             Ok(_) => {}
@@ -563,7 +569,19 @@ fn publish_window(s: &Spec, c: &mut Conn, subject: &str, workload: &str) -> Map<
     latencies(&mut row, lat);
     clock.finish(&s.server_pids, secs, stored, &mut row);
     let lost = acked.lost() + refused;
-    // Acks may arrive in any order; stream sequence numbers may not.
+    // Acks may arrive in any order (counted, not judged); stream sequence
+    // numbers may not: a later publish must be stored under a higher one,
+    // and no two publishes under the same.
+    let (mut reordered, mut dup_seq, mut prev) = (0u64, 0u64, 0u64);
+    for &q in seq_of.iter().filter(|q| **q > 0) {
+        if q == prev {
+            dup_seq += 1;
+        } else if q < prev {
+            reordered += 1;
+        }
+        prev = prev.max(q);
+    }
+    row.insert("acks_out_of_order".into(), json!(acks_out_of_order));
     checks(
         &mut row,
         lost,
