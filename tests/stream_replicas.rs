@@ -367,3 +367,50 @@ fn acked_consumer_progress_survives_kill9_of_the_stream_leader() {
     rest.sort_unstable();
     assert_eq!(rest, (21..=40).collect::<Vec<_>>());
 }
+
+/// An R2 stream on three nodes: the node holding no replica serves it
+/// too (relayed through a member to the group's leader), publishes and
+/// a consumer's fetch and acks alike.
+#[test]
+fn a_node_without_a_replica_serves_an_r2_stream() {
+    let c = Cluster::start();
+    call_until(
+        &c.client(0),
+        "stream.create",
+        json!({"name": "R2", "subjects": ["r2.>"], "replicas": 2}),
+        SERVE_WAIT,
+    );
+    // The cluster field, once the group has a leader, names both members.
+    let deadline = Instant::now() + SERVE_WAIT;
+    let members: Vec<u64> = loop {
+        let info = c.client(0).call("stream.info", json!({"name": "R2"}));
+        if let Ok(info) = &info {
+            let cl = &info["cluster"];
+            if let Some(leader) = cl["leader"].as_u64() {
+                let mut m: Vec<u64> = cl["replicas"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|r| r["node"].as_u64())
+                    .collect();
+                m.push(leader);
+                m.sort_unstable();
+                break m;
+            }
+        }
+        assert!(Instant::now() < deadline, "R2 never had a leader: {info:?}");
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(members.len(), 2, "{members:?}");
+    let outside = (1..=3u64).find(|n| !members.contains(n)).unwrap();
+    let cl = c.client((outside - 1) as usize);
+    for k in 1..=20u64 {
+        let ack = cl
+            .publish_stream("r2.x", json!({ "k": k }))
+            .unwrap_or_else(|e| panic!("publish {k} on n{outside}: {e}"));
+        assert_eq!((ack.stream.as_str(), ack.seq), ("R2", k));
+    }
+    let read = read_all(&cl, "R2", "outside");
+    let ks: Vec<u64> = read.iter().map(|r| r.1).collect();
+    assert_eq!(ks, (1..=20).collect::<Vec<_>>());
+}
