@@ -95,9 +95,10 @@ conformance:
 
 # The project's side-by-side benchmark (scripts/bench.sh, bench/): gombus
 # against nats-server and a plain Node socket.io relay, same client work,
-# workloads fanout, queue, reqrep, stream, conns and fanout3 (a three-node
-# cluster); medians over RUNS (3) with server CPU per message, under
-# $GOMBUS_BENCH_DIR (default /tmp/gombus-bench-own). A missing nats-server or
+# workloads fanout, queue, reqrep, stream, conns, fanout3 (a three-node
+# cluster) and stream3 (acked publishes to a stream with three replicas on
+# a three-node cluster, publisher on a follower and on the leader); medians
+# over RUNS (3) with server CPU per message, under $GOMBUS_BENCH_DIR (default /tmp/gombus-bench-own). A missing nats-server or
 # Node skips that peer. Then, unless BENCH_STREAM_VARIANTS=0, the stream
 # workload again at 4 KiB, and for gombus at both sizes under -sync=100ms;
 # then fetch + ack throughput of a pull consumer (scripts/stream-bench.sh).

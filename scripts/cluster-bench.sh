@@ -16,6 +16,14 @@
 #      new leader, and the first acked `sub`. The killed node is then
 #      started again and the next run waits until every node has applied
 #      everything the leader committed.
+#   d. stream failover: FAILOVERS times, examples/stream_failover.rs
+#      kills the leader of a stream with three replicas (the leader of its
+#      Raft group) with kill -9 while a publisher on a survivor sends one
+#      acked publish every STREAM_INTERVAL, and times from the kill the
+#      first accepted ack of a publish sent after it, and a survivor naming
+#      a new leader (stream.info's cluster.leader; /metrics'
+#      gombus_stream_group_leader). The killed node is started again and
+#      the next run waits until every node names the same group leader.
 #
 # Prints a summary table; raw JSON lines go to
 # $BENCH_WORK/cluster/results-<time>.jsonl, the table to summary-<time>.txt,
@@ -29,13 +37,15 @@
 #   GOMBUS_BIN, GOMBUS_CLI  broker and CLI binaries     [bin/broker, bin/gombus]
 #   BENCH_WORK      work directory; this script uses $BENCH_WORK/cluster
 #                                                      [/tmp/gombus-bench]
-#   PARTS           which of fanout subscribe failover  [all three]
+#   PARTS           which of fanout subscribe failover stream-failover
+#                                                          [all four]
 #   RUNS            runs per fan-out variant                           [3]
 #   SUB_RUNS        runs per subscribe variant                         [1]
 #   FANOUT_MSGS, SIZE, SUBS   fan-out parameters         [200000, 128, 4]
 #   SUBSCRIBES      subscribes per subscribe run                    [1000]
-#   FAILOVERS       failover runs                                     [10]
+#   FAILOVERS       failover runs (each of c and d)                   [10]
 #   INTERVAL        publish interval during failover                 [2ms]
+#   STREAM_INTERVAL acked publish interval during stream failover    [5ms]
 #   PORT_BASE       HTTP ports PORT_BASE+1..3, Raft +11..13, standalone +20
 #                                                                   [7400]
 #   RAFT_LOG        -raft-log of the cluster nodes               [durable]
@@ -55,7 +65,7 @@ cd "$(dirname "$0")/.."
 broker=${GOMBUS_BIN:-bin/broker}
 cli=${GOMBUS_CLI:-bin/gombus}
 work=${BENCH_WORK:-/tmp/gombus-bench}/cluster
-parts=${PARTS:-fanout subscribe failover}
+parts=${PARTS:-fanout subscribe failover stream-failover}
 runs=${RUNS:-3}
 sub_runs=${SUB_RUNS:-1}
 fanout_msgs=${FANOUT_MSGS:-200000}
@@ -64,6 +74,7 @@ subs=${SUBS:-4}
 subscribes=${SUBSCRIBES:-1000}
 failovers=${FAILOVERS:-10}
 interval=${INTERVAL:-2ms}
+stream_interval=${STREAM_INTERVAL:-5ms}
 base=${PORT_BASE:-7400}
 raft_log=${RAFT_LOG:-durable}
 loadgen=${LOADGEN:-}
@@ -78,8 +89,9 @@ done
 for b in "$broker" "$cli"; do
   [[ -x $b ]] || { echo "cluster-bench: $b is missing (make build)" >&2; exit 1; }
 done
-cargo build --release --quiet --example cluster_failover
+cargo build --release --quiet --example cluster_failover --example stream_failover
 probe=target/release/examples/cluster_failover
+stream_probe=target/release/examples/stream_failover
 
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$work"
@@ -335,6 +347,59 @@ if has_part failover; then
   done
 fi
 
+# The leader of stream $1's group as node $2's /metrics names it (empty
+# while it names none).
+group_leader() {
+  curl -s "http://${http[$2]}/metrics" |
+    awk -v want="gombus_stream_group_leader{stream=\"$1\"}" '$1 == want && $2 > 0 { print "n" $2 }'
+}
+# Waits (at most $2 s) until every node names the same leader of stream
+# $1's group.
+await_group() {
+  local deadline=$((SECONDS + $2)) l n ok
+  while ((SECONDS < deadline)); do
+    ok=1
+    l=$(group_leader "$1" n1)
+    [[ -n $l ]] || ok=0
+    for n in "${nodes[@]}"; do
+      ((ok)) || break
+      [[ $(group_leader "$1" "$n") == "$l" ]] || ok=0
+    done
+    ((ok)) && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+# d. Stream failover.
+if has_part stream-failover; then
+  await_quiet
+  say "stream failover: $failovers runs, an acked publish every $stream_interval"
+  for run in $(seq "$failovers"); do
+    await_cluster 60 >/dev/null || fail "the cluster did not settle before stream failover run $run"
+    if ((run > 1)); then
+      await_group FAILOVER 60 || fail "the stream's group has no leader all nodes name before run $run"
+    fi
+    out=$("$stream_probe" --nodes "${http[n1]},${http[n2]},${http[n3]}" \
+      --pids "${pid[n1]},${pid[n2]},${pid[n3]}" --stream FAILOVER --interval "$stream_interval") ||
+      say "stream failover run $run: the probe reported a failure: $out"
+    [[ -n $out ]] || fail "stream failover run $run: no result"
+    old=$(jq -r .old_leader <<<"$out")
+    # bash still reports "Killed" here: the notice is the shell's own.
+    wait "${pid[$old]}" 2>/dev/null || true
+    pid[$old]=
+    restart_t0=$(date +%s%N)
+    start_node "$old"
+    rejoin_ms=null
+    if await_cluster 60 >/dev/null && await_group FAILOVER 60; then
+      rejoin_ms=$((($(date +%s%N) - restart_t0) / 1000000))
+    fi
+    record "{part:\"stream-failover\", run:$run, rejoin_ms:$rejoin_ms} + ." "$out"
+    say "stream failover run $run: $(jq -c '{old_leader, new_leader, ack_ms, info_leader_ms, group_leader_ms, refused, timeouts}' <<<"$out") rejoin ${rejoin_ms}ms"
+    [[ $rejoin_ms != null ]] || fail "stream failover run $run: $old did not rejoin within 60 s after its restart"
+  done
+fi
+
 say "host after: $(uptime)"
 echo "{\"part\":\"env\",\"uptime_after\":\"$(uptime)\"}" >>"$results"
 
@@ -425,6 +490,24 @@ echo "{\"part\":\"env\",\"uptime_after\":\"$(uptime)\"}" >>"$results"
       stat("deliver_ms"), stat("leader_ms"), stat("sub_ms"), stat("first_sub_ms"), stat("max_gap_ms"),
       stat("visible_ms"), stat("rejoin_ms"),
       "lost messages in all runs: \($f | map(.lost) | add)"' "$results"
+  fi
+  if has_part stream-failover; then
+    echo
+    echo "d. stream failover (kill -9 of the leader of a stream with three replicas; an acked publish"
+    echo "every $stream_interval through a survivor). ack: the first accepted ack of a publish sent after the"
+    echo "kill; info: a survivor's stream.info names another leader; group: its /metrics names another"
+    echo "leader of the stream's group; refused: publishes answered with an error meanwhile, by code"
+    printf '%4s %4s %4s %8s %8s %8s %7s %8s  %s\n' run old new ack info group 'timeouts' rejoin refused
+    jq -r 'select(.part == "stream-failover")
+      | "\(.run) \(.old_leader) \(.new_leader // "-") \(.ack_ms // "-") \(.info_leader_ms // "-") \(.group_leader_ms // "-") \(.timeouts) \(.rejoin_ms // "-") \(.refused | to_entries | map("\(.key)=\(.value)") | join(",") | if . == "" then "-" else . end)"' "$results" |
+      while read -r r o n a i g t j x; do
+        printf '%4s %4s %4s %8s %8s %8s %7s %8s  %s\n' "$r" "$o" "$n" "$a" "$i" "$g" "$t" "$j" "$x"
+      done
+    jq -rs "$jq_median"'
+      map(select(.part == "stream-failover")) as $f
+      | def stat(k): ($f | map(.[k]) | map(select(. != null))) as $v
+          | "\(k): median \(($v | median // 0) * 10 | round / 10) max \(($v | max // 0) * 10 | round / 10) (\($v | length) of \($f | length) runs)";
+      stat("ack_ms"), stat("info_leader_ms"), stat("group_leader_ms"), stat("rejoin_ms")' "$results"
   fi
   echo
   echo "broker warnings and errors (logs in $logs):"

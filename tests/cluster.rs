@@ -2,8 +2,9 @@
 //! (tests/cluster_support), driven through the Rust client, `/control`
 //! events, HTTP and python-socketio. Contract: docs/PROTOCOL.md §9
 //! (replication, cross-node delivery, queue groups, streams owned by one
-//! node, failover), §6 (`cluster.status`, `group.set`) and §7 (`/healthz`,
-//! raft gauges in `/metrics`).
+//! node, failover; replicated streams: `replicas`, the placement, the
+//! stream groups and their failover), §6 (`cluster.status`, `group.set`)
+//! and §7 (`/healthz`, raft gauges in `/metrics`).
 //!
 //! One cluster is shared by the cases that leave it healthy (each runs as a
 //! named step; the test fails listing every failed step). Cases that kill,
@@ -231,6 +232,11 @@ fn shared_cluster_cases() {
     step(&mut failed, "stream_created_on_n1_usable_from_n2", || {
         stream_across_nodes(&c)
     });
+    step(
+        &mut failed,
+        "replicas_checked_and_the_placement_known_on_every_node",
+        || replicated_stream_placement(&c),
+    );
     step(&mut failed, "python_socketio_across_nodes", || {
         python_across_nodes(&c)
     });
@@ -675,6 +681,110 @@ fn stream_across_nodes(c: &Cluster) {
     assert_eq!(c3.stream_get("C5", 4).unwrap().data, json!({ "k": 4 }));
 }
 
+/// The `cluster` field of `stream.info` through `client`, once it lists
+/// `replicas` other nodes (the placement reaches every node within the
+/// replication delay).
+fn await_cluster_field(client: &Client, name: &str, replicas: usize, node: &str) -> Value {
+    let deadline = Instant::now() + DELIVERY_WAIT;
+    loop {
+        let last = client.call("stream.info", json!({ "name": name }));
+        if let Ok(info) = &last {
+            let listed = info["cluster"]["replicas"].as_array().map(Vec::len);
+            if listed == Some(replicas) {
+                return info["cluster"].clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stream.info {name} on {node} never listed {replicas} replicas: {last:?}"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// docs/PROTOCOL.md "Replicated streams": `replicas` is checked against
+/// the cluster's size, the placement is recorded through the control
+/// group so every node reports it, and a repeated create must ask for
+/// the same count. The stream is served by its group's leader, which
+/// every node reports as `leader`, the two other members as replicas.
+fn replicated_stream_placement(c: &Cluster) {
+    let (c1, c2, c3) = (c.client(0), c.client(1), c.client(2));
+    let create = |replicas: Value| {
+        c1.call(
+            "stream.create",
+            json!({"name": "R3", "subjects": ["r3.>"], "replicas": replicas}),
+        )
+    };
+    for bad in [json!(4), json!(0), json!(-1), json!("3"), json!(1.5)] {
+        let e = create(bad.clone()).expect_err("a bad replicas count");
+        assert_eq!(e.code(), Some("bad_request"), "replicas {bad}: {e}");
+    }
+    let created = create(json!(3)).expect("stream.create R3 with 3 replicas");
+    assert_eq!(created["stream"]["config"]["name"], json!("R3"));
+    for (i, client) in [&c1, &c2, &c3].into_iter().enumerate() {
+        let cluster = await_cluster_field(client, "R3", 2, IDS[i]);
+        let leader = cluster["leader"].as_u64();
+        assert!(
+            leader.is_some_and(|l| (1..=3).contains(&l)),
+            "on {}: {cluster}",
+            IDS[i]
+        );
+        let mut nodes: Vec<u64> = cluster["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["node"].as_u64().expect("a replica's node id"))
+            .chain(leader)
+            .collect();
+        nodes.sort_unstable();
+        assert_eq!(nodes, vec![1, 2, 3], "on {}: {cluster}", IDS[i]);
+    }
+    // Each of the three nodes runs the stream's Raft group (the cluster's
+    // first, group 1) with its log in a directory of its own: its first
+    // leader's entry reaches every member's log.
+    let deadline = Instant::now() + DELIVERY_WAIT;
+    for (i, node) in IDS.iter().enumerate() {
+        let log = c.data_dir(i).join("raft/g1/log");
+        while std::fs::metadata(&log).map_or(0, |m| m.len()) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "no entry in {} on {node}",
+                log.display()
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+    // The same create again is answered as before; another count is not.
+    create(json!(3)).expect("the same create again");
+    let e = create(json!(2)).expect_err("another replica count");
+    assert_eq!(e.code(), Some("exists"), "{e}");
+    // Publishes from n2 are acked in order and readable from n3.
+    for k in 1..=3u64 {
+        let ack = c2
+            .publish_stream("r3.k", json!({ "k": k }))
+            .unwrap_or_else(|e| panic!("publish {k} on n2: {e}"));
+        assert_eq!((ack.stream.as_str(), ack.seq), ("R3", k));
+    }
+    assert_eq!(c3.stream_get("R3", 2).unwrap().data, json!({ "k": 2 }));
+    // An R1 stream reports its owner as leader and no replicas.
+    let r1 = await_cluster_field(&c3, "C5", 0, "n3");
+    assert_eq!(r1["leader"], json!(1), "{r1}");
+    // Each entry of stream.list carries it too, whichever node answers.
+    let listed = c2
+        .call("stream.list", json!({}))
+        .expect("stream.list on n2");
+    let entry = |name: &str| {
+        listed["streams"]
+            .as_array()
+            .and_then(|l| l.iter().find(|s| s["config"]["name"] == json!(name)))
+            .map(|s| s["cluster"].clone())
+            .unwrap_or_else(|| panic!("{name} not listed: {listed}"))
+    };
+    assert!(entry("R3")["leader"].is_u64(), "{listed}");
+    assert_eq!(entry("R3")["replicas"].as_array().map(Vec::len), Some(2));
+    assert_eq!(entry("C5")["replicas"], json!([]), "{listed}");
+}
+
 // ---------------------------------------------------------------------------
 // python-socketio across nodes (tests/interop/py_cluster.py).
 // ---------------------------------------------------------------------------
@@ -776,6 +886,12 @@ fn python_across_nodes(c: &Cluster) {
                 .iter()
                 .any(|l| l.starts_with("PASS relayed_stream_answer")),
             "the relayed stream check did not run: {lines:?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("PASS replicated_stream_info")),
+            "the replicated stream check did not run: {lines:?}"
         );
     }));
     let _ = child.kill();
@@ -919,6 +1035,69 @@ fn leader_kill_fails_over_keeping_subscriptions_and_cursors() {
 // ---------------------------------------------------------------------------
 // A follower is killed and restarted.
 // ---------------------------------------------------------------------------
+
+/// The leader node `i`'s `/metrics` names for stream `name`'s Raft group,
+/// if it knows one.
+fn group_leader(c: &Cluster, i: usize, name: &str) -> Option<u64> {
+    let (_, body) = http_get(&c.http[i], "/metrics").ok()?;
+    let prefix = format!("gombus_stream_group_leader{{stream=\"{name}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.parse::<f64>().ok())
+        .filter(|&v| v > 0.0)
+        .map(|v| v as u64)
+}
+
+/// Polls the `/metrics` of `nodes` until they all name the same leader of
+/// stream `name`'s group, one `differs` accepts; fails after `within`.
+fn agreed_group_leader(
+    c: &Cluster,
+    nodes: &[usize],
+    name: &str,
+    within: Duration,
+    differs: impl Fn(u64) -> bool,
+) -> u64 {
+    let deadline = Instant::now() + within;
+    loop {
+        let seen: Vec<Option<u64>> = nodes.iter().map(|&i| group_leader(c, i, name)).collect();
+        if let Some(l) = seen[0].filter(|&l| differs(l)) {
+            if seen.iter().all(|s| *s == Some(l)) {
+                return l;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nodes {nodes:?} never agreed on a new leader of {name}'s group: {seen:?}"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// docs/PROTOCOL.md "Replicated streams": an R3 stream's Raft group runs
+/// on its three nodes, and after kill -9 of the node leading it the other
+/// two elect a new leader within the contract's 5 s. Prints the time.
+#[test]
+fn stream_group_elects_a_new_leader_after_kill9_of_its_leader() {
+    let mut c = Cluster::start();
+    c.client(0)
+        .call(
+            "stream.create",
+            json!({"name": "FG", "subjects": ["fg.>"], "replicas": 3}),
+        )
+        .expect("stream.create FG with 3 replicas");
+    let old = agreed_group_leader(&c, &[0, 1, 2], "FG", DELIVERY_WAIT, |_| true);
+    let victim = IDS
+        .iter()
+        .position(|n| *n == format!("n{old}"))
+        .expect("a node id of the cluster");
+    c.kill(victim);
+    let killed = Instant::now();
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+    let new = agreed_group_leader(&c, &survivors, "FG", Duration::from_secs(5), |l| l != old);
+    println!(
+        "stream group of FG: leader n{old} killed, n{new} leads after {} ms",
+        killed.elapsed().as_millis()
+    );
+}
 
 #[test]
 fn follower_killed_and_restarted_catches_up() {

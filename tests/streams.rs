@@ -78,6 +78,19 @@ fn create_info_list_delete() {
         code(c.stream_create(&StreamConfig::new("EU", &["orders.eu"]))),
         "bad_request"
     );
+    // `replicas` 1 is a single node's stream; more needs a cluster
+    // (docs/PROTOCOL.md "Replicated streams").
+    let with_replicas = |r: Value| {
+        c.call(
+            "stream.create",
+            json!({"name": "ORDERS", "subjects": ["orders.>"], "replicas": r}),
+        )
+    };
+    with_replicas(json!(1)).unwrap();
+    with_replicas(Value::Null).unwrap();
+    for r in [json!(2), json!(0), json!("1")] {
+        assert_eq!(code(with_replicas(r)), "bad_request");
+    }
     stream(&c, "AUDIT", &["audit.*"]);
     let names: Vec<String> = c
         .stream_list()

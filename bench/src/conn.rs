@@ -176,59 +176,87 @@ impl Conn {
         }
     }
 
-    /// Creates stream `name` over `subject` (one replica), accepting one
-    /// that already exists.
-    pub fn create_stream(&mut self, name: &str, subject: &str) -> io::Result<()> {
-        match self {
-            Conn::Sio(c) => {
-                let ack = c.call(
-                    1 << 40,
-                    "stream.create",
-                    &format!("{{\"name\":\"{name}\",\"subjects\":[\"{subject}\"]}}"),
-                )?;
-                if ack.contains("\"ok\":true") || ack.contains("\"code\":\"exists\"") {
-                    Ok(())
+    /// Creates stream `name` over `subject` with `replicas` copies,
+    /// accepting one that already exists.
+    pub fn create_stream(&mut self, name: &str, subject: &str, replicas: u32) -> io::Result<()> {
+        let ack = match self {
+            Conn::Sio(_) => {
+                let r = if replicas > 1 {
+                    format!(",\"replicas\":{replicas}")
                 } else {
-                    Err(fail(format!("stream.create refused: {ack}")))
-                }
+                    String::new()
+                };
+                self.api(
+                    "stream.create",
+                    &format!("{{\"name\":\"{name}\",\"subjects\":[\"{subject}\"]{r}}}"),
+                )?
             }
+            Conn::Nats(_) => self
+                .api(
+                    &format!("$JS.API.STREAM.CREATE.{name}"),
+                    &format!(
+                        "{{\"name\":\"{name}\",\"subjects\":[\"{subject}\"],\"storage\":\"file\",\"num_replicas\":{replicas}}}"
+                    ),
+                )
+                .map_err(|e| {
+                    if timed_out(&e) {
+                        fail("no answer to the JetStream stream create (is JetStream on?)")
+                    } else {
+                        e
+                    }
+                })?,
+        };
+        // Socket.IO: `exists`; JetStream 10058: a stream of that name exists.
+        let fine = match self {
+            Conn::Sio(_) => ack.contains("\"ok\":true") || ack.contains("\"code\":\"exists\""),
+            Conn::Nats(_) => !ack.contains("\"error\"") || ack.contains("10058"),
+        };
+        if fine {
+            Ok(())
+        } else {
+            Err(fail(format!("stream create refused: {ack}")))
+        }
+    }
+
+    /// One API call answered on its own: a Socket.IO event with an ack id
+    /// (`what` is the event), or a NATS request on `what` answered on this
+    /// connection's inbox (subscribed here). Returns the answer's text.
+    /// A read timeout while waiting comes back as the error.
+    pub fn api(&mut self, what: &str, arg: &str) -> io::Result<String> {
+        const API_ID: u64 = 1 << 40;
+        match self {
+            Conn::Sio(c) => c.call(API_ID, what, arg),
             Conn::Nats(c) => {
                 let inbox = c.inbox().to_string();
                 c.sub(&format!("{inbox}.*"), None, 1);
-                let cfg = format!(
-                    "{{\"name\":\"{name}\",\"subjects\":[\"{subject}\"],\"storage\":\"file\",\"num_replicas\":1}}"
-                );
-                let id = 1 << 40;
-                c.publish(
-                    &format!("$JS.API.STREAM.CREATE.{name}"),
-                    None,
-                    Some(id),
-                    cfg.as_bytes(),
-                );
+                c.publish(what, None, Some(API_ID), arg.as_bytes());
                 c.flush()?;
                 loop {
-                    match c.next() {
-                        Ok(Event::Ack { id: got, raw, .. }) if got == id => {
-                            let text = String::from_utf8_lossy(raw);
-                            // 10058: a stream of that name exists already.
-                            if !text.contains("\"error\"") || text.contains("10058") {
-                                return Ok(());
-                            }
-                            return Err(fail(format!("stream create refused: {text}")));
+                    if let Event::Ack { id, raw, .. } = c.next()? {
+                        if id == API_ID {
+                            return Ok(String::from_utf8_lossy(raw).into_owned());
                         }
-                        Ok(_) => {}
-                        Err(e) if timed_out(&e) => {
-                            return Err(fail(
-                                "no answer to the JetStream stream create (is JetStream on?)",
-                            ))
-                        }
-                        Err(e) => return Err(e),
                     }
                 }
             }
         }
     }
 
+    /// What a stream's information says about where it lives and what it
+    /// holds (Socket.IO `stream.info`; NATS `$JS.API.STREAM.INFO`).
+    pub fn stream_info(&mut self, name: &str) -> io::Result<StreamView> {
+        let text = match self {
+            Conn::Sio(_) => self.api("stream.info", &format!("{{\"name\":\"{name}\"}}"))?,
+            Conn::Nats(_) => self.api(&format!("$JS.API.STREAM.INFO.{name}"), "")?,
+        };
+        // A Socket.IO ack's text starts with its id.
+        let json = text.trim().trim_start_matches(|c: char| c.is_ascii_digit());
+        let v: serde_json::Value = serde_json::from_str(json)
+            .map_err(|e| fail(format!("stream info is not JSON ({e}): {text}")))?;
+        // Socket.IO acks are an array of the answer.
+        let v = v.get(0).cloned().unwrap_or(v);
+        Ok(StreamView::of(&v))
+    }
     /// Subscribes the inbox that acks and replies come to (NATS only; the
     /// Socket.IO server acks directly).
     pub fn listen_inbox(&mut self) -> io::Result<()> {
@@ -272,6 +300,61 @@ impl Conn {
         match self {
             Conn::Sio(c) => c.socket().set_read_timeout(Some(t)),
             Conn::Nats(c) => c.socket().set_read_timeout(Some(t)),
+        }
+    }
+}
+
+/// A stream's placement and size as its information reports them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamView {
+    /// The leading node as a 0-based index into the cluster's nodes (node
+    /// id `n<i>` or Raft id `i` is index i-1); None while there is none.
+    pub leader: Option<usize>,
+    /// Members besides the leader.
+    pub replicas: usize,
+    /// Of those, how many the information calls current.
+    pub current: usize,
+    pub messages: Option<u64>,
+    /// The error the answer carried, if any.
+    pub error: Option<String>,
+}
+
+impl StreamView {
+    /// Reads a gombus `stream.info` answer (`{ok, stream:{state, cluster}}`)
+    /// or a JetStream one (`{state, cluster}`, or `{error}`).
+    pub fn of(v: &serde_json::Value) -> StreamView {
+        let body = v.get("stream").unwrap_or(v);
+        // gombus puts `cluster` next to `stream` in the answer; a list
+        // entry (and JetStream) has it beside `state`.
+        let cluster = v.get("cluster").unwrap_or(&body["cluster"]);
+        let index = |n: &serde_json::Value| -> Option<usize> {
+            let k = match n {
+                serde_json::Value::Number(k) => k.as_u64()?,
+                serde_json::Value::String(s) => s.trim_start_matches('n').parse().ok()?,
+                _ => return None,
+            };
+            k.checked_sub(1).map(|k| k as usize)
+        };
+        let replicas = cluster["replicas"].as_array().cloned().unwrap_or_default();
+        let error =
+            if v.get("ok") == Some(&serde_json::Value::Bool(false)) || v.get("error").is_some() {
+                Some(
+                    v.get("error")
+                        .map(|e| e.to_string())
+                        .unwrap_or_else(|| v.to_string()),
+                )
+            } else {
+                None
+            };
+        StreamView {
+            leader: index(&cluster["leader"]),
+            replicas: replicas.len(),
+            current: replicas
+                .iter()
+                .filter(|r| r["current"] == serde_json::Value::Bool(true))
+                .count(),
+            messages: body["state"]["messages"].as_u64(),
+            error,
         }
     }
 }

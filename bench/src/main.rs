@@ -19,13 +19,14 @@ mod suite;
 mod work;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use serde_json::Value;
 
 const USAGE: &str = "usage:
   loadgen suite
-  loadgen run fanout|queue|reqrep|stream|conns --proto sio|nats|nats-ws --addr HOST:PORT
-              [--sub-addr HOST:PORT,...] [--server-pid PID,...] [--msgs N] [--size S]
+  loadgen run fanout|queue|reqrep|stream|stream3|conns --proto sio|nats|nats-ws --addr HOST:PORT
+              [--sub-addr HOST:PORT,...] (stream3: the other nodes) [--server-pid PID,...] [--msgs N] [--size S]
               [--subs K] [--window W] [--batch B] [--conns C] [--warm]
   loadgen report FILE.jsonl...
 The suite's settings (RUNS, PEERS, WORKLOADS, *_MSGS, SIZE, ...) are described
@@ -90,6 +91,7 @@ fn run(args: &[String]) -> ExitCode {
         batch: 128,
         conns: 1000,
         server_pids: Vec::new(),
+        nodes: Vec::new(),
         warm: false,
     };
     let mut i = 1;
@@ -152,11 +154,27 @@ fn run(args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    // stream3: the cluster's nodes are --addr (n1) and then --sub-addr.
+    s.nodes = std::iter::once(s.pub_addr.clone())
+        .chain(s.sub_addrs.iter().filter(|a| **a != s.pub_addr).cloned())
+        .collect();
     let out = match workload.as_str() {
         "fanout" => work::fanout(&s, false, "fanout"),
         "queue" => work::fanout(&s, true, "queue"),
         "reqrep" => work::reqrep(&s),
         "stream" => work::stream(&s),
+        "stream3" => work::stream3(&s, Duration::from_secs(30)).map(|rows| {
+            // One line per row; the last one decides like a single row.
+            for r in &rows[..rows.len().saturating_sub(1)] {
+                println!("{r}");
+            }
+            let all_ok = rows.iter().all(|r| r["ok"] == Value::Bool(true));
+            let mut last = rows.last().cloned().unwrap_or(Value::Null);
+            if !all_ok {
+                last["ok"] = Value::Bool(false);
+            }
+            last
+        }),
         "conns" => work::conns(&s),
         other => return usage(&format!("unknown workload {other}")),
     };

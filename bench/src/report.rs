@@ -10,7 +10,7 @@ pub fn rate_of(workload: &str) -> (&'static str, &'static str) {
         "fanout" | "fanout3" => ("deliveries_per_s", "deliveries/s"),
         "queue" => ("msgs_per_s", "msgs/s"),
         "reqrep" => ("msgs_per_s", "requests/s"),
-        "stream" | "stream3" => ("acked_per_s", "acked/s"),
+        "stream" | "stream3" | "stream3-follower" | "stream3-leader" => ("acked_per_s", "acked/s"),
         "conns" => ("conns_per_s", "conns/s"),
         _ => ("msgs_per_s", "msgs/s"),
     }

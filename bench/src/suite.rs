@@ -21,7 +21,7 @@ use crate::report;
 use crate::work::{self, Spec};
 
 /// Workloads run when WORKLOADS is not set.
-pub const DEFAULT_WORKLOADS: &str = "fanout queue reqrep stream conns fanout3";
+pub const DEFAULT_WORKLOADS: &str = "fanout queue reqrep stream conns fanout3 stream3";
 pub const DEFAULT_PEERS: &str = "gombus nats nats-ws sio-relay";
 
 pub struct Settings {
@@ -32,6 +32,7 @@ pub struct Settings {
     pub queue_msgs: u64,
     pub reqrep_msgs: u64,
     pub stream_msgs: u64,
+    pub stream3_msgs: u64,
     pub cluster_msgs: u64,
     pub window: u64,
     pub conns: u64,
@@ -80,6 +81,7 @@ impl Settings {
             queue_msgs: env_num("QUEUE_MSGS", 1_000_000)?,
             reqrep_msgs: env_num("REQREP_MSGS", 20_000)?,
             stream_msgs: env_num("STREAM_MSGS", 300_000)?,
+            stream3_msgs: env_num("STREAM3_MSGS", 100_000)?,
             cluster_msgs: env_num("CLUSTER_MSGS", 200_000)?,
             window: env_num("STREAM_WINDOW", 256)?,
             conns: env_num("CONNS", 5000)?,
@@ -318,6 +320,8 @@ pub enum Mode {
     Stream,
     /// fanout3: three nodes.
     Cluster,
+    /// stream3: three nodes, each with an empty store (nats: JetStream on).
+    ClusterStream,
 }
 
 pub fn start(set: &Settings, peer: &str, mode: Mode, tag: &str) -> Result<Running, String> {
@@ -325,7 +329,8 @@ pub fn start(set: &Settings, peer: &str, mode: Mode, tag: &str) -> Result<Runnin
     let scratch = set.out.join(format!("scratch-{peer}-{tag}"));
     let _ = fs::remove_dir_all(&scratch);
     fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
-    let nodes = if mode == Mode::Cluster { 3 } else { 1 };
+    let clustered = matches!(mode, Mode::Cluster | Mode::ClusterStream);
+    let nodes = if clustered { 3 } else { 1 };
     let ports = free_ports(nodes * 2)?;
     let addrs: Vec<String> = ports[..nodes]
         .iter()
@@ -353,7 +358,7 @@ pub fn start(set: &Settings, peer: &str, mode: Mode, tag: &str) -> Result<Runnin
                     "-data={}",
                     scratch.join(format!("n{}", i + 1)).display()
                 ));
-                if mode == Mode::Cluster {
+                if clustered {
                     let peers: Vec<String> = routes
                         .iter()
                         .enumerate()
@@ -377,17 +382,18 @@ pub fn start(set: &Settings, peer: &str, mode: Mode, tag: &str) -> Result<Runnin
                 if peer == "nats-ws" {
                     conf.push_str(&format!("websocket {{\n  listen: \"{}\"\n  no_tls: true\n  compression: false\n}}\n", routes[i]));
                 }
-                if mode == Mode::Stream {
+                if matches!(mode, Mode::Stream | Mode::ClusterStream) {
+                    // nats-server's default sync; each node a store of its own.
                     conf.push_str(&format!(
                         "jetstream {{\n  store_dir: \"{}\"\n}}\n",
-                        scratch.join("js").display()
+                        scratch.join(format!("js-n{}", i + 1)).display()
                     ));
                 }
                 let path = scratch.join(format!("nats-n{}.conf", i + 1));
                 fs::write(&path, conf).map_err(|e| format!("{}: {e}", path.display()))?;
                 let mut c = Command::new(&set.nats_server);
                 c.arg("-c").arg(&path);
-                if mode == Mode::Cluster {
+                if clustered {
                     c.args(["-n", &format!("n{}", i + 1), "--cluster_name", "bench"])
                         .arg(format!("--cluster=nats://{}", routes[i]))
                         .arg(format!("--routes={}", others(&routes, "nats://")));
@@ -419,7 +425,7 @@ pub fn start(set: &Settings, peer: &str, mode: Mode, tag: &str) -> Result<Runnin
             r.addrs = routes.clone();
             wait_ports(&mut r)?;
         }
-        if peer == "gombus" && mode == Mode::Cluster {
+        if peer == "gombus" && clustered {
             let deadline = Instant::now() + set.cluster_wait;
             for a in r.addrs.clone() {
                 while !healthy(&a) {
@@ -476,8 +482,8 @@ pub fn not_supported(peer: &str, workload: &str) -> Option<&'static str> {
         ("sio-relay", "stream") => Some("the relay has no streams"),
         ("sio-relay", "fanout3") => Some("the relay has no clustering"),
         ("nats-ws", "fanout3") => Some("the cluster workload compares gombus with nats over TCP"),
-        // Extension point: replicated streams on three nodes.
-        (_, "stream3") => Some("stream3 is not built yet"),
+        ("sio-relay", "stream3") => Some("the relay has no streams"),
+        ("nats-ws", "stream3") => Some("the cluster workloads compare gombus with nats over TCP"),
         _ => None,
     }
 }
@@ -495,6 +501,7 @@ fn spec(set: &Settings, peer: &str, r: &Running, workload: &str) -> Spec {
         "reqrep" => set.reqrep_msgs,
         "stream" => set.stream_msgs,
         "fanout3" => set.cluster_msgs,
+        "stream3" => set.stream3_msgs,
         _ => set.conns,
     };
     Spec {
@@ -513,11 +520,12 @@ fn spec(set: &Settings, peer: &str, r: &Running, workload: &str) -> Spec {
         batch: set.batch,
         conns: set.conns,
         server_pids: r.pids(),
+        nodes: r.addrs.clone(),
         warm: cluster,
     }
 }
 
-fn run_one(set: &Settings, peer: &str, r: &Running, workload: &str) -> Result<Value, String> {
+fn run_one(set: &Settings, peer: &str, r: &Running, workload: &str) -> Result<Vec<Value>, String> {
     let s = spec(set, peer, r, workload);
     let pin = match (set.pin.as_str(), workload) {
         ("one", _) | ("auto", "reqrep") => "one",
@@ -530,12 +538,13 @@ fn run_one(set: &Settings, peer: &str, r: &Running, workload: &str) -> Result<Va
         cpu::pin(0, &[0]);
     }
     let out = match workload {
-        "fanout" => work::fanout(&s, false, "fanout"),
-        "queue" => work::fanout(&s, true, "queue"),
-        "fanout3" => work::fanout(&s, false, "fanout3"),
-        "reqrep" => work::reqrep(&s),
-        "stream" => work::stream(&s),
-        "conns" => work::conns(&s),
+        "fanout" => work::fanout(&s, false, "fanout").map(|v| vec![v]),
+        "queue" => work::fanout(&s, true, "queue").map(|v| vec![v]),
+        "fanout3" => work::fanout(&s, false, "fanout3").map(|v| vec![v]),
+        "reqrep" => work::reqrep(&s).map(|v| vec![v]),
+        "stream" => work::stream(&s).map(|v| vec![v]),
+        "stream3" => work::stream3(&s, set.cluster_wait),
+        "conns" => work::conns(&s).map(|v| vec![v]),
         other => Err(format!("unknown workload {other}")),
     };
     if pin == "one" {
@@ -545,9 +554,11 @@ fn run_one(set: &Settings, peer: &str, r: &Running, workload: &str) -> Result<Va
             cpu::pin_process(p, &all);
         }
     }
-    out.map(|mut v| {
-        v["pin"] = json!(pin);
-        v
+    out.map(|mut rows| {
+        for v in &mut rows {
+            v["pin"] = json!(pin);
+        }
+        rows
     })
 }
 
@@ -569,7 +580,8 @@ pub fn run(set: &Settings) -> Result<Vec<Value>, String> {
         (Mode::Plain, vec!["fanout", "queue", "reqrep"]),
         (Mode::Stream, vec!["stream"]),
         (Mode::Plain, vec!["conns"]),
-        (Mode::Cluster, vec!["fanout3", "stream3"]),
+        (Mode::Cluster, vec!["fanout3"]),
+        (Mode::ClusterStream, vec!["stream3"]),
     ]
     .into_iter()
     .map(|(m, ws)| {
@@ -614,15 +626,19 @@ pub fn run(set: &Settings) -> Result<Vec<Value>, String> {
                 let tag = format!("run{run}.g{gi}");
                 let running = start(set, peer, *mode, &tag);
                 for w in ws {
-                    let mut row = match &running {
-                        Ok(r) => run_one(set, peer, r, w).unwrap_or_else(|e| failed_row(w, &e)),
-                        Err(e) => failed_row(w, &format!("{peer} did not start: {e}")),
+                    let got = match &running {
+                        Ok(r) => {
+                            run_one(set, peer, r, w).unwrap_or_else(|e| vec![failed_row(w, &e)])
+                        }
+                        Err(e) => vec![failed_row(w, &format!("{peer} did not start: {e}"))],
                     };
-                    row["peer"] = json!(peer);
-                    row["run"] = json!(run);
-                    println!("{}", summary(&row));
-                    writeln!(sink, "{row}").map_err(|e| e.to_string())?;
-                    rows.push(row);
+                    for mut row in got {
+                        row["peer"] = json!(peer);
+                        row["run"] = json!(run);
+                        println!("{}", summary(&row));
+                        writeln!(sink, "{row}").map_err(|e| e.to_string())?;
+                        rows.push(row);
+                    }
                 }
                 if let Ok(r) = running {
                     r.stop();
@@ -696,7 +712,8 @@ mod tests {
     #[test]
     fn peers_skip_what_they_lack() {
         assert!(not_supported("sio-relay", "stream").is_some());
-        assert!(not_supported("gombus", "stream3").is_some());
+        assert!(not_supported("gombus", "stream3").is_none());
+        assert!(not_supported("sio-relay", "stream3").is_some());
         assert!(not_supported("gombus", "fanout3").is_none());
         assert!(not_supported("nats", "stream").is_none());
     }

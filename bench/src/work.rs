@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use crate::conn::{fail, timed_out, Conn, Event, Proto};
+use crate::conn::{fail, timed_out, Conn, Event, Proto, StreamView};
 use crate::cpu;
 use crate::payload::{self, Tally};
 
@@ -40,6 +40,8 @@ pub struct Spec {
     pub conns: u64,
     /// The server's processes (a cluster: every node).
     pub server_pids: Vec<u32>,
+    /// Every node's client address (a cluster: n1 first; else the one).
+    pub nodes: Vec<String>,
     /// Publish warm-up messages until every subscriber hears one before
     /// measuring (a cluster, where interest spreads after the sub ack).
     pub warm: bool,
@@ -459,34 +461,55 @@ pub fn ack_seq(raw: &[u8]) -> Option<u64> {
 /// stream: acked publishes into stream BENCH with at most `window` awaiting
 /// their ack; topped up when a quarter of the window (at most `batch`) is free.
 pub fn stream(s: &Spec) -> Res<Value> {
-    let (n, w) = (s.msgs, s.window.max(1));
     let mut c = Conn::connect(s.proto, &s.pub_addr, false).map_err(e2s)?;
     c.listen_inbox().map_err(e2s)?;
-    c.create_stream("BENCH", "bench.stream.>").map_err(e2s)?;
-    c.set_read_timeout(SLICE).map_err(e2s)?;
+    c.create_stream("BENCH", "bench.stream.>", 1).map_err(e2s)?;
+    Ok(Value::Object(publish_window(
+        s,
+        &mut c,
+        "bench.stream.x",
+        "stream",
+    )))
+}
+
+/// The acked publishes of stream and stream3 on connection `c` (its stream
+/// made already): `s.msgs` publishes to `subject`, at most `s.window`
+/// awaiting their ack. The row: rate, latencies, CPU and checks.
+fn publish_window(s: &Spec, c: &mut Conn, subject: &str, workload: &str) -> Map<String, Value> {
+    let (n, w) = (s.msgs, s.window.max(1));
+    let mut error = None;
+    if let Err(e) = c.set_read_timeout(SLICE) {
+        error = Some(e.to_string());
+    }
     let refill = (w / 4).clamp(1, s.batch.max(1));
     let mut body = payload::body(s.size);
     let mut sent_at = vec![0u32; n as usize];
     let mut acked = Tally::new(n);
     let (mut next, mut inflight, mut last_seq) = (0u64, 0u64, 0u64);
-    let (mut bad, mut reordered, mut dup_seq) = (0u64, 0u64, 0u64);
+    let (mut bad, mut acks_out_of_order) = (0u64, 0u64);
+    // The seq each publish was acked with (0: none), by publish id.
+    let mut seq_of = vec![0u64; n as usize];
     let mut lat = Vec::with_capacity(n as usize);
-    let mut error = None;
     let clock = Clock::start(&s.server_pids);
     let mut progress = Instant::now();
     let mut last_ack = clock.t0;
     let mut refused = 0u64;
-    while acked.distinct < n {
+    while acked.distinct < n && error.is_none() {
         let free = w - inflight;
         if next < n && (free >= refill || inflight == 0) {
             let k = free.min(n - next);
             let at = clock.t0.elapsed().as_micros() as u32;
-            for id in next..next + k {
-                payload::stamp(&mut body, id);
-                c.publish_acked("bench.stream.x", &body, id).map_err(e2s)?;
-                sent_at[id as usize] = at;
+            let sent = (next..next + k)
+                .try_for_each(|id| {
+                    payload::stamp(&mut body, id);
+                    sent_at[id as usize] = at;
+                    c.publish_acked(subject, &body, id)
+                })
+                .and_then(|_| c.flush());
+            if let Err(e) = sent {
+                error = Some(e.to_string());
+                break;
             }
-            c.flush().map_err(e2s)?;
             next += k;
             inflight += k;
         }
@@ -515,9 +538,13 @@ pub fn stream(s: &Spec) -> Res<Value> {
                             format!("publish refused: {}", String::from_utf8_lossy(raw))
                         });
                     }
-                    Some(q) if q == last_seq => dup_seq += 1,
-                    Some(q) if q < last_seq => reordered += 1,
-                    Some(q) => last_seq = q,
+                    Some(q) => {
+                        seq_of[id as usize] = q;
+                        if q < last_seq {
+                            acks_out_of_order += 1;
+                        }
+                        last_seq = last_seq.max(q);
+                    }
                 }
             }
             Ok(_) => {}
@@ -534,14 +561,27 @@ pub fn stream(s: &Spec) -> Res<Value> {
         }
     }
     let secs = last_ack.duration_since(clock.t0).as_secs_f64().max(1e-9);
-    let mut row = base(s, "stream");
+    let mut row = base(s, workload);
     row.insert("window".into(), json!(w));
     let stored = acked.distinct - refused;
     row.insert("acked_per_s".into(), json!(round(stored as f64 / secs, 0)));
+    row.insert("acked".into(), json!(stored));
     latencies(&mut row, lat);
     clock.finish(&s.server_pids, secs, stored, &mut row);
     let lost = acked.lost() + refused;
-    // Acks may arrive in any order; stream sequence numbers may not.
+    // Acks may arrive in any order (counted, not judged); stream sequence
+    // numbers may not: a later publish must be stored under a higher one,
+    // and no two publishes under the same.
+    let (mut reordered, mut dup_seq, mut prev) = (0u64, 0u64, 0u64);
+    for &q in seq_of.iter().filter(|q| **q > 0) {
+        if q == prev {
+            dup_seq += 1;
+        } else if q < prev {
+            reordered += 1;
+        }
+        prev = prev.max(q);
+    }
+    row.insert("acks_out_of_order".into(), json!(acks_out_of_order));
     checks(
         &mut row,
         lost,
@@ -550,7 +590,133 @@ pub fn stream(s: &Spec) -> Res<Value> {
         bad + refused,
         error,
     );
-    Ok(Value::Object(row))
+    row
+}
+
+/// How long stream3 waits for a stream's leader and replicas, and for its
+/// information after the run.
+const STREAM3_WAIT: Duration = Duration::from_secs(10);
+
+/// Reads stream `name`'s information on `c` until `want` holds (at most
+/// `within`; a read timeout or an error answer is tried again); the last
+/// view and whether it held.
+fn await_view(
+    c: &mut Conn,
+    name: &str,
+    within: Duration,
+    want: impl Fn(&StreamView) -> bool,
+) -> (Option<StreamView>, bool) {
+    let deadline = Instant::now() + within;
+    let mut last = None;
+    loop {
+        if let Ok(v) = c.stream_info(name) {
+            let ok = v.error.is_none() && want(&v);
+            last = Some(v);
+            if ok {
+                return (last, true);
+            }
+        }
+        if Instant::now() >= deadline {
+            return (last, false);
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Creates stream `name` over `subject` with three replicas through `c`,
+/// trying again while the cluster cannot take it yet (a JetStream cluster
+/// still electing its meta leader answers with an error or not at all),
+/// at most `within`.
+fn create_replicated(c: &mut Conn, name: &str, subject: &str, within: Duration) -> Res<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        match c.create_stream(name, subject, 3) {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(format!("stream.create with 3 replicas: {e}"))
+            }
+            Err(_) => thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+/// stream3: the stream workload against a three-node cluster, with the
+/// stream kept by three replicas. It runs twice, each time on a stream of
+/// its own: with the publisher connected to a node that does not lead the
+/// stream (`via: follower`, every publish goes to the leader and back),
+/// then to the leader (`via: leader`). Before publishing, the stream's
+/// information must show a leader and two replicas; after the last ack it
+/// must hold every acked message. One row each, workloads
+/// `stream3-follower` and `stream3-leader`.
+pub fn stream3(s: &Spec, create_wait: Duration) -> Res<Vec<Value>> {
+    let mut rows = Vec::new();
+    for (via, tag) in [("follower", "F"), ("leader", "L")] {
+        let workload = format!("stream3-{via}");
+        let name = format!("BENCH3{tag}");
+        let prefix = format!("bench.s3{}", tag.to_lowercase());
+        let mut admin = Conn::connect(s.proto, &s.nodes[0], false).map_err(e2s)?;
+        admin.listen_inbox().map_err(e2s)?;
+        admin
+            .set_read_timeout(Duration::from_secs(2))
+            .map_err(e2s)?;
+        create_replicated(&mut admin, &name, &format!("{prefix}.>"), create_wait)?;
+        let (view, placed) = await_view(&mut admin, &name, STREAM3_WAIT, |v| {
+            v.leader.is_some() && v.replicas == 2
+        });
+        let view = view.unwrap_or_default();
+        let mut row = if !placed {
+            let mut row = base(s, &workload);
+            checks(
+                &mut row,
+                0,
+                0,
+                0,
+                0,
+                Some(format!(
+                    "the stream's information shows no leader with two replicas within {} s: {view:?}",
+                    STREAM3_WAIT.as_secs()
+                )),
+            );
+            row
+        } else {
+            let leader = view.leader.unwrap_or(0);
+            let at = match via {
+                "leader" => leader,
+                _ => (leader + 1) % s.nodes.len(),
+            };
+            let addr = s
+                .nodes
+                .get(at)
+                .ok_or("the stream's leader is no node we started")?;
+            let mut c = Conn::connect(s.proto, addr, false).map_err(e2s)?;
+            c.listen_inbox().map_err(e2s)?;
+            let mut row = publish_window(s, &mut c, &format!("{prefix}.x"), &workload);
+            row.insert("pub_node".into(), json!(format!("n{}", at + 1)));
+            row.insert("stream_leader".into(), json!(format!("n{}", leader + 1)));
+            let acked = row["acked"].as_u64().unwrap_or(0);
+            let (after, held) = await_view(&mut admin, &name, STREAM3_WAIT, |v| {
+                v.messages == Some(acked)
+            });
+            let after = after.unwrap_or_default();
+            row.insert("stream_messages".into(), json!(after.messages));
+            row.insert("replicas_current".into(), json!(after.current));
+            if !held && row["ok"] == json!(true) {
+                row.insert("ok".into(), json!(false));
+                row.insert(
+                    "error".into(),
+                    json!(format!(
+                        "{acked} publishes acked, the stream holds {:?}",
+                        after.messages
+                    )),
+                );
+            }
+            row
+        };
+        row.insert("via".into(), json!(via));
+        row.insert("replicas".into(), json!(view.replicas + 1));
+        rows.push(Value::Object(row));
+    }
+    Ok(rows)
 }
 
 /// conns: `conns` idle connections, each with one confirmed subscription,

@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use super::session::NSP_ROOT;
 use super::Broker;
 use crate::cluster::forward::{self, PeerMessage};
-use crate::cluster::fsm::{Change, Cmd};
+use crate::cluster::fsm::{Change, Cmd, MetaCommand};
 use crate::cluster::link::{CallError, LinkEvent, LinkOut, Links};
 use crate::cluster::node::{FromRaft, NodeConfig, RaftNode, ToRaft, View};
 use crate::cluster::raft::Role;
@@ -159,6 +159,11 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
+    /// The Raft thread, once started.
+    pub(crate) fn raft_node(&self) -> Option<&RaftNode> {
+        self.raft.as_ref()
+    }
+
     pub fn new(settings: ClusterSettings, boot: u64) -> Cluster {
         let me = settings.raft.id;
         let inbox_nodes = settings

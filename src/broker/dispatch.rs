@@ -66,6 +66,8 @@ pub struct Broker {
     pub(crate) access: super::access::Access,
     /// Consumer cursors last replicated (cluster mode).
     pub(crate) cursor_log: super::stream_cluster::CursorLog,
+    /// The replicated streams held here (cluster mode).
+    pub(crate) stream_groups: super::stream_groups::StreamGroups,
     rng: u64,
 }
 
@@ -98,6 +100,7 @@ impl Broker {
             streams: Streams::default(),
             ack_head: Vec::with_capacity(32),
             cursor_log: Default::default(),
+            stream_groups: Default::default(),
             remote_push: Default::default(),
             access: Default::default(),
             rng,
@@ -571,7 +574,29 @@ impl Broker {
         }
         self.check_publish(conn, "publish to", &p.subject, sink.now())?;
         let headers = p.headers.filter(|h| *h != "null");
-        let captured = self.streams.captures(&p.subject);
+        let mut captured = self.streams.captures(&p.subject);
+        if captured.is_none() {
+            // A replicated stream's leader takes it into the turn's entry;
+            // another node relays it there.
+            let held = self.replicated_publish(
+                conn,
+                ack_id,
+                &p.subject,
+                data,
+                p.reply.as_deref(),
+                headers,
+                attachments,
+            );
+            match held {
+                Some(Ok(true)) => captured = Some(u64::MAX),
+                Some(Ok(false)) => {
+                    self.monitor.count_in(size);
+                    return Ok(ack_id.is_some());
+                }
+                Some(Err(e)) => return Err(e),
+                None => {}
+            }
+        }
         if captured.is_none() {
             let fsm = &self.fsm;
             let owner = self
@@ -595,7 +620,7 @@ impl Broker {
                 return Ok(ack_id.is_some());
             }
         }
-        if let Some(stream) = captured {
+        if let Some(stream) = captured.filter(|&s| s != u64::MAX) {
             let msg = Incoming {
                 subject: &p.subject,
                 data,
@@ -769,7 +794,12 @@ impl Broker {
 }
 
 /// A `pub` event's argument as JSON text, from its parts.
-fn pub_arg(subject: &str, data: &str, reply: Option<&str>, headers: Option<&str>) -> String {
+pub(crate) fn pub_arg(
+    subject: &str,
+    data: &str,
+    reply: Option<&str>,
+    headers: Option<&str>,
+) -> String {
     let mut out = Vec::with_capacity(data.len() + subject.len() + 48);
     out.extend_from_slice(b"{\"subject\":");
     push_json_str(&mut out, subject);
@@ -902,6 +932,7 @@ impl Handler for Broker {
         if let Some(c) = self.cluster.as_mut() {
             c.forget_conn(conn);
         }
+        self.stream_groups.forget_conn(conn);
         if let Some(slot) = self.sessions.get_mut(conn) {
             *slot = None;
         }
@@ -928,6 +959,7 @@ impl Handler for Broker {
         self.forward_pushes();
         self.cluster_tick(sink);
         self.replicate_cursors(sink);
+        self.flush_stream_groups(sink);
         for _ in 0..self.messaging.expire_requests(sink) {
             self.monitor.count_error(Code::Timeout);
         }

@@ -91,6 +91,10 @@ impl Monitor {
             .with(vec![], view.fsm.subs.stale_dropped as f64),
         );
         families.extend(stream_families(&view.streams.overview()));
+        families.extend(super::replicated::stream_group_families(
+            view.fsm,
+            view.cluster,
+        ));
         families.extend(view.access.families());
         families
     }

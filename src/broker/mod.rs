@@ -25,6 +25,11 @@
 //!   nodes, relayed requests, node loss.
 //! - [`stream_cluster`]: streams in a cluster: relayed to their owner,
 //!   metadata and cursors replicated.
+//! - [`replicated`]: `replicas` on a clustered `stream.create`, the
+//!   placement recorded, and the `cluster` field of `stream.info`.
+//! - [`stream_groups`]: the data path of replicated streams: entries
+//!   through each stream's Raft group, applied into every member's
+//!   replica, events served by the group's leader.
 //! - [`streams`]: the stream and consumer events, captured publishes, fetch
 //!   waits and acks held for their write.
 //! - [`stream_out`]: push deliveries, fetch answers and the JSON views of
@@ -50,9 +55,11 @@ pub mod lifecycle;
 pub mod messaging;
 pub mod metrics;
 pub mod monitor;
+pub mod replicated;
 pub mod requests;
 pub mod session;
 pub mod stream_cluster;
+pub mod stream_groups;
 pub mod stream_out;
 pub mod streams;
 

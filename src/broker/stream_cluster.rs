@@ -1,5 +1,6 @@
-//! Streams in a cluster. A stream's data lives on the node that created
-//! it; the cluster knows its owner, config, consumers and their cursors
+//! Streams in a cluster. A replicated stream (`replicas` > 1) is served
+//! by its Raft group's leader (`stream_groups.rs`, which takes its events
+//! first). An R1 stream's data lives on the node that created it; the cluster knows its owner, config, consumers and their cursors
 //! (replicated through [`crate::cluster::fsm`]). A stream request made on
 //! another node is relayed to the owner over the peer link and its answer
 //! relayed back, so clients may use any node; `stream.list` gathers every
@@ -50,7 +51,10 @@ impl Broker {
         let me = cluster.me();
         if op == StreamOp::StreamList {
             let from_peer = arg.is_some_and(|a| a.get().contains("\"local\":true"));
-            let local = self.streams.event(sink, conn, op, event, arg, ack_id);
+            let local = self
+                .streams
+                .event(sink, conn, op, event, arg, ack_id)
+                .map(|b| b.map(|b| self.with_cluster_fields(b)));
             if from_peer {
                 return Some(local);
             }
@@ -61,6 +65,8 @@ impl Broker {
                     .unwrap_or_default(),
                 other => return Some(other),
             };
+            let mut streams = streams;
+            streams.extend(self.replicated_list_entries());
             return Some(self.gather_stream_list(conn, ack_id, streams));
         }
         let field = op.names_stream_by()?;
@@ -69,6 +75,13 @@ impl Broker {
             .unwrap_or(Value::Null);
         let text_of = |k: &str| argv.get(k).and_then(Value::as_str).map(str::to_string);
         let name = text_of(field);
+        if let Some(n) = name.as_deref() {
+            let replicated =
+                self.replicated_stream_event(sink, conn, op, event, n, arg, ack_id, attachments);
+            if replicated.is_some() {
+                return replicated;
+            }
+        }
         let owner = name.as_deref().and_then(|n| self.fsm.stream_owner(n));
         if let Some(owner) = owner.filter(|&o| o != me) {
             let timeout = if op == StreamOp::ConsumerFetch {
@@ -94,9 +107,27 @@ impl Broker {
         }
         // Ours (or unknown to the cluster): handle here, then replicate
         // what the cluster must know.
-        let local = self.streams.event(sink, conn, op, event, arg, ack_id);
+        let create = match op {
+            StreamOp::StreamCreate => match self.create_replicas(arg) {
+                Ok(c) => c,
+                Err(e) => return Some(Err(e)),
+            },
+            _ => None,
+        };
+        let arg = create.as_ref().map_or(arg, |c| Some(&*c.arg));
+        let local = if create.as_ref().is_some_and(|c| c.replicas > 1) {
+            // A replicated stream is kept by its group's members, not here.
+            self.replicated_create_body(arg)
+        } else {
+            self.streams.event(sink, conn, op, event, arg, ack_id)
+        };
         if !op.changes_meta() {
-            return Some(local);
+            return Some(match (local, name) {
+                (Ok(Some(body)), Some(n)) if op == StreamOp::StreamInfo => {
+                    Ok(Some(self.with_cluster_field(&n, body)))
+                }
+                (other, _) => other,
+            });
         }
         let body = match local {
             Ok(Some(body)) => body,
@@ -123,13 +154,29 @@ impl Broker {
                 name: text_of("name").unwrap_or_default(),
             },
         };
+        let replicas = create.map_or(1, |c| c.replicas);
+        let place = match &cmd {
+            MetaCommand::StreamPut { name, .. } if replicas > 1 => {
+                match self.new_placement(name, replicas) {
+                    Ok(p) => p.map(|p| (name.clone(), p)),
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            _ => None,
+        };
         let reply = ack_id.map(|ack_id| ChangeAck {
             conn,
             nsp: NSP_ROOT,
             ack_id,
             ok_body: body,
         });
-        Some(self.submit(sink, Cmd::Meta(cmd), reply))
+        let Some((name, placement)) = place else {
+            return Some(self.submit(sink, Cmd::Meta(cmd), reply));
+        };
+        // The stream's record, then its placement: one log, in order.
+        self.submit_internal(sink, Cmd::Meta(cmd));
+        let place = MetaCommand::StreamPlace { name, placement };
+        Some(self.submit(sink, Cmd::Meta(place), reply))
     }
 
     /// Once a leader is known after start: tells the cluster about the

@@ -6,6 +6,17 @@
 //! role changes out ([`FromRaft`]), each batch followed by a wake of the
 //! broker's loop. A [`View`] of the node (role, term, commit, peers) is
 //! kept behind a mutex for status pages and metrics.
+//!
+//! The thread drives a [`Multi`]: the control group (group 0, whose
+//! entries reach the broker) and one group per replicated stream this
+//! node holds a replica of ([`ToRaft::Group`]), each with its state file
+//! and log in a directory of its own (`raft/g<group>`). All groups share
+//! one tick and the transport; their heartbeats to one node go out as one
+//! message (`raft_multi::outgoing`). A stream group's proposals, committed
+//! entries, snapshots and role changes travel as [`GroupEvent`]s (the
+//! broker keeps the stream's state machine); its role, leader and log
+//! positions are also in the [`View`]. Every group's log is written and
+//! fsynced like the control group's before its entries count.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -20,7 +31,8 @@ use mio::Waker;
 use super::raft::{self, Config, ProposeError, Proposed, Raft, Role, Status};
 use super::raft_auth::ClusterKey;
 use super::raft_log::{self, DurableLog, LogStore, MemoryLog, StateFile};
-use super::raft_msg::{EntryKind, NodeId};
+use super::raft_msg::{EntryKind, GroupId, NodeId, CONTROL_GROUP};
+use super::raft_multi::{self, Multi};
 use super::raft_transport::{Transport, TransportConfig, TransportStats};
 
 /// What the broker asks of the Raft thread.
@@ -30,6 +42,50 @@ pub enum ToRaft {
     /// The state machine's snapshot at `index`, asked for by
     /// [`FromRaft::WantSnapshot`].
     Compact { index: u64, data: Vec<u8> },
+    /// Hold a replica of stream group `group`, whose voters are
+    /// `members` (this node among them). A group held already is left
+    /// as it is.
+    Group {
+        group: GroupId,
+        members: Vec<NodeId>,
+    },
+    /// Propose `data` to stream group `group`; the outcome comes back as
+    /// [`GroupEvent::Proposed`].
+    GroupPropose {
+        group: GroupId,
+        tag: u64,
+        data: Vec<u8>,
+    },
+    /// Stream group `group`'s state at `index`, asked for by
+    /// [`GroupEvent::WantSnapshot`].
+    GroupCompact {
+        group: GroupId,
+        index: u64,
+        data: Vec<u8>,
+    },
+}
+
+/// What the Raft thread tells the broker about one stream group, in
+/// order within the group.
+#[derive(Debug)]
+pub enum GroupEvent {
+    /// Load this snapshot (taken at `index`) before what follows.
+    Restore { index: u64, data: Vec<u8> },
+    /// A committed entry of term `term` (empty data: Raft's own).
+    Apply {
+        index: u64,
+        term: u64,
+        data: Vec<u8>,
+    },
+    /// A proposal was appended to this leader's log, or refused.
+    Proposed {
+        tag: u64,
+        result: Result<u64, ProposeError>,
+    },
+    /// The role, term or leader changed.
+    Status(Status),
+    /// The log is long: send [`ToRaft::GroupCompact`].
+    WantSnapshot,
 }
 
 /// What the Raft thread tells the broker, in order.
@@ -49,6 +105,8 @@ pub enum FromRaft {
     Status(Status),
     /// The log is long: send [`ToRaft::Compact`] with the current state.
     WantSnapshot,
+    /// Something about stream group `group`.
+    Group { group: GroupId, event: GroupEvent },
 }
 
 /// One member as the view shows it.
@@ -81,6 +139,28 @@ pub struct View {
     pub dropped: u64,
     /// The transport's counters (handshakes refused, messages rejected).
     pub transport: TransportStats,
+    /// The stream groups held here.
+    pub groups: BTreeMap<GroupId, GroupView>,
+}
+
+/// One stream group as this node sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupView {
+    pub role: Role,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub commit: u64,
+    pub last_index: u64,
+    /// On the group's leader: how far each other member's log matches.
+    pub progress: BTreeMap<NodeId, u64>,
+}
+
+/// The state file and log of one stream group.
+struct GroupStore {
+    state: StateFile,
+    log: Box<dyn LogStore + Send>,
+    /// A snapshot was asked of the broker and has not come back yet.
+    snapshot_asked: bool,
 }
 
 /// How to start a node.
@@ -151,12 +231,17 @@ impl RaftNode {
         if let Some(f) = first {
             let _ = out_tx.send(f);
         }
-        let view = Arc::new(Mutex::new(view_of(&core, &net)));
+        let mut multi = Multi::new(cfg.id);
+        multi.insert(CONTROL_GROUP, core);
+        let view = Arc::new(Mutex::new(view_of(&multi, &net)));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut worker = Worker {
-            core,
+            multi,
             state,
             log,
+            groups: BTreeMap::new(),
+            dir,
+            memory_log: cfg.memory_log,
             net,
             rx: in_rx,
             tx: out_tx,
@@ -205,7 +290,8 @@ impl Drop for RaftNode {
     }
 }
 
-fn view_of(core: &Raft, net: &Transport) -> View {
+fn view_of(multi: &Multi, net: &Transport) -> View {
+    let core = multi.get(CONTROL_GROUP).expect("the control group");
     let me = core.id();
     let progress = core.progress();
     let quiet = core.quiet_ticks();
@@ -236,13 +322,34 @@ fn view_of(core: &Raft, net: &Transport) -> View {
         peers,
         dropped: net.stats().dropped_full,
         transport: net.stats(),
+        groups: multi
+            .groups()
+            .filter(|(g, _)| *g != CONTROL_GROUP)
+            .map(|(g, r)| {
+                let view = GroupView {
+                    role: r.role(),
+                    term: r.term(),
+                    leader: r.leader(),
+                    commit: r.commit(),
+                    last_index: r.last_index(),
+                    progress: r.progress().iter().map(|(k, v)| (*k, *v)).collect(),
+                };
+                (g, view)
+            })
+            .collect(),
     }
 }
 
 struct Worker {
-    core: Raft,
+    /// The control group and the stream groups held here.
+    multi: Multi,
+    /// The control group's state file and log.
     state: StateFile,
     log: Box<dyn LogStore + Send>,
+    groups: BTreeMap<GroupId, GroupStore>,
+    /// `<data>/raft`: the stream groups' directories are under it.
+    dir: PathBuf,
+    memory_log: bool,
     net: Transport,
     rx: Receiver<ToRaft>,
     tx: Sender<FromRaft>,
@@ -265,13 +372,17 @@ impl Worker {
                 std::thread::sleep(tick);
             }
             for m in inbox.drain(..) {
-                self.core.step(m);
+                self.multi.step(m);
             }
             let mut out = Vec::new();
             loop {
                 match self.rx.try_recv() {
                     Ok(ToRaft::Propose { tag, data }) => {
-                        let result = match self.core.propose(data) {
+                        let core = self
+                            .multi
+                            .get_mut(CONTROL_GROUP)
+                            .expect("the control group");
+                        let result = match core.propose(data) {
                             Ok(Proposed::Appended { index, .. }) => Ok(index),
                             Ok(Proposed::Forwarded { .. }) => Err(ProposeError::NotLeader(None)),
                             Err(e) => Err(e),
@@ -280,7 +391,38 @@ impl Worker {
                     }
                     Ok(ToRaft::Compact { index, data }) => {
                         self.snapshot_asked = false;
-                        self.core.compact(index, data);
+                        if let Some(core) = self.multi.get_mut(CONTROL_GROUP) {
+                            core.compact(index, data);
+                        }
+                    }
+                    Ok(ToRaft::Group { group, members }) => {
+                        if let Err(e) = self.hold_group(group, members, &mut out) {
+                            crate::log_error!("stream group {group}: {e}");
+                        }
+                    }
+                    Ok(ToRaft::GroupPropose { group, tag, data }) => {
+                        let result = match self.multi.get_mut(group) {
+                            Some(core) if group != CONTROL_GROUP => match core.propose(data) {
+                                Ok(Proposed::Appended { index, .. }) => Ok(index),
+                                Ok(Proposed::Forwarded { .. }) => {
+                                    Err(ProposeError::NotLeader(core.leader()))
+                                }
+                                Err(e) => Err(e),
+                            },
+                            _ => Err(ProposeError::NotLeader(None)),
+                        };
+                        let event = GroupEvent::Proposed { tag, result };
+                        out.push(FromRaft::Group { group, event });
+                    }
+                    Ok(ToRaft::GroupCompact { group, index, data }) => {
+                        if let Some(g) = self.groups.get_mut(&group) {
+                            g.snapshot_asked = false;
+                        }
+                        if let Some(core) =
+                            self.multi.get_mut(group).filter(|_| group != CONTROL_GROUP)
+                        {
+                            core.compact(index, data);
+                        }
                     }
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => return,
@@ -288,7 +430,7 @@ impl Worker {
             }
             let now = Instant::now();
             if now >= next_tick {
-                self.core.tick();
+                self.multi.tick();
                 next_tick += tick;
                 if next_tick < now {
                     next_tick = now + tick;
@@ -300,7 +442,7 @@ impl Worker {
                 crate::log_error!("raft storage failed, leaving the cluster: {e}");
                 return;
             }
-            *self.view.lock().unwrap_or_else(|p| p.into_inner()) = view_of(&self.core, &self.net);
+            *self.view.lock().unwrap_or_else(|p| p.into_inner()) = view_of(&self.multi, &self.net);
             if !out.is_empty() {
                 for m in out {
                     if self.tx.send(m).is_err() {
@@ -312,63 +454,176 @@ impl Worker {
         }
     }
 
+    /// Opens (or creates) the state and log of stream group `group` under
+    /// `raft/g<group>` and starts its core, unless it is held already.
+    /// A snapshot in its log goes to the broker first, as a
+    /// [`GroupEvent::Restore`].
+    fn hold_group(
+        &mut self,
+        group: GroupId,
+        members: Vec<NodeId>,
+        out: &mut Vec<FromRaft>,
+    ) -> Result<(), String> {
+        if group == CONTROL_GROUP || self.multi.get(group).is_some() {
+            return Ok(());
+        }
+        let me = self.multi.id();
+        if !members.contains(&me) {
+            return Err("this node is not among its members".into());
+        }
+        let dir = self.dir.join(format!("g{group}"));
+        let state = StateFile::open(&dir).map_err(|e| format!("raft state: {e}"))?;
+        let hs = state.load().map_err(|e| format!("raft state: {e}"))?;
+        let mut log: Box<dyn LogStore + Send> = if self.memory_log {
+            Box::new(MemoryLog::new())
+        } else {
+            Box::new(DurableLog::open(&dir).map_err(|e| format!("raft log: {e}"))?)
+        };
+        let loaded = log.load().map_err(|e| format!("raft log: {e}"))?;
+        let empty = loaded.snapshot.index == 0 && loaded.entries.is_empty();
+        let mut rc = Config::new(me, members);
+        rc.group = group;
+        // The placement, applied, is the group's bootstrap: every member
+        // votes from the start.
+        rc.voter = raft::starts_as_voter(true, self.memory_log, &hs, empty);
+        rc.forward_proposals = false;
+        rc.seed = crate::rand::random_seed() ^ me ^ group.rotate_left(32);
+        if loaded.snapshot.index > 0 {
+            let event = GroupEvent::Restore {
+                index: loaded.snapshot.index,
+                data: loaded.snapshot.data.clone(),
+            };
+            out.push(FromRaft::Group { group, event });
+        }
+        let core = Raft::new(rc, hs, loaded.snapshot, loaded.entries);
+        self.multi.insert(group, core);
+        self.groups.insert(
+            group,
+            GroupStore {
+                state,
+                log,
+                snapshot_asked: false,
+            },
+        );
+        Ok(())
+    }
+
     /// Persist, then send, then hand over for applying.
+    ///
+    /// Every group's `Ready` is persisted (each to its own files) before
+    /// any of their messages go out, heartbeats to one node coalesced.
+    /// The control group's outcomes go to the broker as they are, a
+    /// stream group's as [`FromRaft::Group`].
     ///
     /// The core asks for a snapshot in every `Ready` until one is handed
     /// to it, and the broker's answer only comes through `rx`, outside
-    /// this loop: the wish is passed on once, and a `Ready` that holds
-    /// nothing else ends the loop (else it would spin here for ever, the
-    /// node silent to its peers).
+    /// this loop: the wish is passed on once, and a round whose `Ready`s
+    /// hold nothing else ends the loop (else it would spin here for ever,
+    /// the node silent to its peers).
     fn drive(&mut self, out: &mut Vec<FromRaft>) -> Result<(), String> {
         loop {
-            let ready = self.core.ready();
-            if ready.is_empty() {
+            let readies = self.multi.ready();
+            if readies.is_empty() {
                 return Ok(());
             }
-            let stored =
-                ready.hard_state.is_some() || ready.snapshot.is_some() || ready.entries.is_some();
-            let state = &mut self.state;
-            raft_log::persist(&ready, &mut |hs| state.save(hs), self.log.as_mut())
-                .map_err(|e| e.to_string())?;
-            let after = ready.persisted();
-            let only_wish = !stored
-                && after.messages.is_empty()
-                && after.restore.is_none()
-                && after.committed.is_empty()
-                && after.reads.is_empty()
-                && after.forwarded.is_empty()
-                && after.status.is_none();
-            for m in &after.messages {
+            let mut afters = Vec::with_capacity(readies.len());
+            let mut only_wishes = true;
+            for (group, ready) in readies {
+                let stored = ready.hard_state.is_some()
+                    || ready.snapshot.is_some()
+                    || ready.entries.is_some();
+                if group == CONTROL_GROUP {
+                    let state = &mut self.state;
+                    raft_log::persist(&ready, &mut |hs| state.save(hs), self.log.as_mut())
+                        .map_err(|e| e.to_string())?;
+                } else if let Some(g) = self.groups.get_mut(&group) {
+                    let state = &mut g.state;
+                    raft_log::persist(&ready, &mut |hs| state.save(hs), g.log.as_mut())
+                        .map_err(|e| format!("stream group {group}: {e}"))?;
+                }
+                let after = ready.persisted();
+                let only_wish = !stored
+                    && after.messages.is_empty()
+                    && after.restore.is_none()
+                    && after.committed.is_empty()
+                    && after.reads.is_empty()
+                    && after.forwarded.is_empty()
+                    && after.status.is_none();
+                only_wishes &= only_wish;
+                afters.push((group, after));
+            }
+            for m in &raft_multi::outgoing(&mut afters) {
                 self.net.send(m);
             }
-            if let Some(s) = after.restore {
-                out.push(FromRaft::Restore {
-                    index: s.index,
-                    data: s.data,
-                });
+            for (group, after) in afters {
+                if group != CONTROL_GROUP {
+                    self.group_out(group, after, out);
+                    continue;
+                }
+                if let Some(s) = after.restore {
+                    out.push(FromRaft::Restore {
+                        index: s.index,
+                        data: s.data,
+                    });
+                }
+                for e in after.committed {
+                    // Raft's own entries (a leader's no-op) only move the
+                    // applied index: they come as empty data.
+                    let data = if e.kind == EntryKind::Command {
+                        e.data
+                    } else {
+                        Vec::new()
+                    };
+                    out.push(FromRaft::Apply {
+                        index: e.index,
+                        data,
+                    });
+                }
+                if let Some(s) = after.status {
+                    out.push(FromRaft::Status(s));
+                }
+                if after.want_snapshot && !self.snapshot_asked {
+                    self.snapshot_asked = true;
+                    out.push(FromRaft::WantSnapshot);
+                }
             }
-            for e in after.committed {
-                // Raft's own entries (a leader's no-op) only move the
-                // applied index: they come as empty data.
-                let data = if e.kind == EntryKind::Command {
-                    e.data
-                } else {
-                    Vec::new()
-                };
-                out.push(FromRaft::Apply {
-                    index: e.index,
-                    data,
-                });
-            }
-            if let Some(s) = after.status {
-                out.push(FromRaft::Status(s));
-            }
-            if after.want_snapshot && !self.snapshot_asked {
-                self.snapshot_asked = true;
-                out.push(FromRaft::WantSnapshot);
-            }
-            if only_wish {
+            if only_wishes {
                 return Ok(());
+            }
+        }
+    }
+
+    /// What stream group `group`'s persisted round gives the broker.
+    fn group_out(&mut self, group: GroupId, after: raft::AfterPersist, out: &mut Vec<FromRaft>) {
+        let mut push = |event| out.push(FromRaft::Group { group, event });
+        if let Some(s) = after.restore {
+            push(GroupEvent::Restore {
+                index: s.index,
+                data: s.data,
+            });
+        }
+        for e in after.committed {
+            let data = if e.kind == EntryKind::Command {
+                e.data
+            } else {
+                Vec::new()
+            };
+            push(GroupEvent::Apply {
+                index: e.index,
+                term: e.term,
+                data,
+            });
+        }
+        if let Some(s) = after.status {
+            push(GroupEvent::Status(s));
+        }
+        if let Some(g) = self.groups.get_mut(&group) {
+            if after.want_snapshot && !g.snapshot_asked {
+                g.snapshot_asked = true;
+                out.push(FromRaft::Group {
+                    group,
+                    event: GroupEvent::WantSnapshot,
+                });
             }
         }
     }

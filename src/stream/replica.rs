@@ -229,6 +229,11 @@ impl Replica {
         self.consumers.get(name).map(|m| &m.consumer)
     }
 
+    /// The consumers' names, in order.
+    pub fn consumer_names(&self) -> Vec<String> {
+        self.consumers.keys().cloned().collect()
+    }
+
     pub fn consumer_mut(&mut self, name: &str) -> Option<&mut Consumer> {
         self.consumers.get_mut(name).map(|m| &mut m.consumer)
     }

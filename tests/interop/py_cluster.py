@@ -14,7 +14,13 @@ Run by tests/cluster.rs against a three-node cluster, in step with it:
   4. creates a stream on n3 and, through n2, publishes into it and reads
      the message back: both requests are relayed to n3, and the answer
      comes back as n3 gave it (key order, an integer past 64 bits); prints
-     `PASS relayed_stream_answer`.
+     `PASS relayed_stream_answer`;
+  5. creates a stream with `replicas: 3` on n3 (after `replicas: 4` is
+     refused as `bad_request`) and reads `stream.info` through n2 until
+     its `cluster` field lists the placement: the node leading the
+     stream's group as `leader`, the two others as replicas, each with
+     `current` and `lag`; prints
+     `PASS replicated_stream_info`.
 Ends with the summary line of py_common; exits 1 if a check failed. Every
 wait is bounded and a watchdog ends a run that hangs.
 """
@@ -87,6 +93,38 @@ def check_relayed_stream_answer(peer_n2, url_n3):
         raise AssertionError(f"relayed answer changed: {got!r}")
 
 
+def check_replicated_stream_info(peer_n2, url_n3):
+    owner = py_common.Peer(url_n3)
+    try:
+        config = {"name": "PYR3", "subjects": ["pyr3.>"]}
+        refused = owner.call("stream.create", dict(config, replicas=4))
+        code = refused.get("error", {}).get("code") if isinstance(refused, dict) else None
+        if code != "bad_request":
+            raise AssertionError(f"replicas 4 of 3 nodes: {refused!r}")
+        expect_ok(owner.call("stream.create", dict(config, replicas=3)),
+                  "stream.create with replicas 3 on n3")
+    finally:
+        owner.close()
+    deadline = time.monotonic() + RECEIVE_WAIT_S
+    while True:
+        info = peer_n2.call("stream.info", {"name": "PYR3"})
+        cluster = info.get("cluster") if isinstance(info, dict) else None
+        if isinstance(cluster, dict) and len(cluster.get("replicas", [])) == 2:
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"stream.info on n2 never showed the placement: {info!r}")
+        time.sleep(0.01)
+    leader = cluster.get("leader")
+    if leader not in (1, 2, 3):
+        raise AssertionError(f"leader: {cluster!r}")
+    nodes = sorted([r.get("node") for r in cluster["replicas"]] + [leader])
+    if nodes != [1, 2, 3]:
+        raise AssertionError(f"replicas: {cluster!r}")
+    for r in cluster["replicas"]:
+        if not isinstance(r.get("current"), bool) or "lag" not in r:
+            raise AssertionError(f"a replica without current and lag: {r!r}")
+
+
 def main():
     if len(sys.argv) != 3:
         print("usage: py_cluster.py URL_N2 URL_N3", file=sys.stderr)
@@ -98,6 +136,7 @@ def main():
         check("to_python", lambda: check_to_python(peer))
         check("from_python", lambda: check_from_python(url_n3))
         check("relayed_stream_answer", lambda: check_relayed_stream_answer(peer, url_n3))
+        check("replicated_stream_info", lambda: check_replicated_stream_info(peer, url_n3))
     finally:
         peer.close()
     return py_common.summary()

@@ -145,9 +145,15 @@ impl Broker {
                     self.announce_streams(sink);
                 }
             }
-            Cmd::Meta(_) => {
+            Cmd::Meta(m) => {
                 if let Some(c) = self.cluster.as_mut() {
                     c.capture_dirty = true;
+                }
+                if matches!(
+                    m,
+                    MetaCommand::StreamPlace { .. } | MetaCommand::StreamDelete { .. }
+                ) {
+                    self.hold_stream_groups();
                 }
             }
             _ => {}

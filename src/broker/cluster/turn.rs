@@ -36,6 +36,7 @@ impl Broker {
                 if let Some(c) = self.cluster.as_mut() {
                     c.capture_dirty = true;
                 }
+                self.hold_stream_groups();
             }
             FromRaft::Apply { index, data } => {
                 if data.is_empty() {
@@ -120,6 +121,7 @@ impl Broker {
                 }
                 self.retry_waiters(sink.now());
             }
+            FromRaft::Group { group, event } => self.on_group(sink, group, event),
             FromRaft::WantSnapshot => {
                 let data = self.fsm.snapshot();
                 let index = self.fsm.applied;

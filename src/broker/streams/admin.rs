@@ -10,7 +10,10 @@ impl Streams {
         &mut self,
         fields: Result<serde_json::Map<String, Value>, ApiError>,
     ) -> Result<Value, ApiError> {
-        let mut cfg: StreamConfig = sm::read_config(fields?)?;
+        // In a cluster `replicas` was taken out already (`replicated.rs`).
+        let mut fields = fields?;
+        crate::cluster::placement::take_replicas(&mut fields, 1, false)?;
+        let mut cfg: StreamConfig = sm::read_config(fields)?;
         cfg.validate()?;
         if let Some(why) = self.broken.get(&cfg.name) {
             return Err(ApiError::new(

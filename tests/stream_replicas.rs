@@ -1,0 +1,416 @@
+//! Replicated streams end to end (docs/PROTOCOL.md "Replicated streams"):
+//! three real `broker` processes on loopback, an R3 stream, and the loss
+//! of the node leading its Raft group (kill -9) or of the whole cluster
+//! (every node killed and started again). What a publisher was acked, and
+//! what a consumer's acks were answered `{ok}` for, must hold afterwards:
+//! every acked message there once and in order, no acked message
+//! delivered again.
+
+mod cluster_support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use cluster_support::{http_get, Cluster, IDS};
+use gombus::client::Client;
+use serde_json::{json, Value};
+
+/// How long a replicated stream may take to be placed, elect its group's
+/// leader and serve (a fresh cluster, or one just restarted).
+const SERVE_WAIT: Duration = Duration::from_secs(20);
+
+/// The leader of stream `name`'s group as node `i`'s `/metrics` names it.
+fn group_leader(c: &Cluster, i: usize, name: &str) -> Option<u64> {
+    let (_, body) = http_get(&c.http[i], "/metrics").ok()?;
+    let prefix = format!("gombus_stream_group_leader{{stream=\"{name}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.parse::<f64>().ok())
+        .filter(|&v| v > 0.0)
+        .map(|v| v as u64)
+}
+
+/// Polls until every node of `nodes` names the same leader of `name`'s
+/// group; returns its index.
+fn agreed_leader(c: &Cluster, nodes: &[usize], name: &str, within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let seen: Vec<Option<u64>> = nodes.iter().map(|&i| group_leader(c, i, name)).collect();
+        if let Some(l) = seen[0] {
+            if seen.iter().all(|s| *s == Some(l)) {
+                return (l - 1) as usize;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no agreed leader of {name}'s group on {nodes:?}: {seen:?}\n{}",
+            c.all_logs()
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `event` through `client`, retried while it answers `unavailable` (a
+/// group electing its leader), for at most `within`.
+fn call_until(client: &Client, event: &str, args: Value, within: Duration) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        match client.call(event, args.clone()) {
+            Ok(v) => return v,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "{event} {args} kept failing: {e}"
+            ),
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Creates R3 stream `name` through node 0 and waits until every node
+/// names the same leader of its group; returns the leader's index.
+fn create_r3(c: &Cluster, name: &str, subjects: &str) -> usize {
+    call_until(
+        &c.client(0),
+        "stream.create",
+        json!({"name": name, "subjects": [subjects], "replicas": 3}),
+        SERVE_WAIT,
+    );
+    agreed_leader(c, &[0, 1, 2], name, SERVE_WAIT)
+}
+
+/// Reads the whole stream through a new consumer `consumer`: every
+/// message's `(seq, k)` in delivery order, each acked.
+fn read_all(client: &Client, stream: &str, consumer: &str) -> Vec<(u64, u64)> {
+    call_until(
+        client,
+        "consumer.create",
+        json!({"stream": stream, "name": consumer}),
+        SERVE_WAIT,
+    );
+    let mut out = Vec::new();
+    let deadline = Instant::now() + SERVE_WAIT;
+    loop {
+        let got = call_until(
+            client,
+            "consumer.fetch",
+            json!({"stream": stream, "consumer": consumer, "batch": 256, "no_wait": true}),
+            SERVE_WAIT,
+        );
+        let msgs = got["messages"].as_array().cloned().unwrap_or_default();
+        if msgs.is_empty() {
+            return out;
+        }
+        for m in msgs {
+            let seq = m["seq"].as_u64().expect("a seq");
+            out.push((seq, m["data"]["k"].as_u64().expect("k in data")));
+            call_until(
+                client,
+                "ack",
+                json!({"stream": stream, "consumer": consumer, "seq": seq}),
+                SERVE_WAIT,
+            );
+        }
+        assert!(Instant::now() < deadline, "reading {stream} never ended");
+    }
+}
+
+/// An acked publish: k, seq, when it began, when its ack came.
+type Acked = (u64, u64, Instant, Instant);
+
+/// Publishes `{"k": k}` for k = 1, 2, … on `client` until `stop`; a
+/// publish that fails is not retried. Records each acked k with its seq,
+/// when its publish began and when its ack came.
+fn publisher(
+    client: Client,
+    subject: String,
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<Vec<Acked>>>,
+) -> thread::JoinHandle<u64> {
+    thread::spawn(move || {
+        let mut k = 0;
+        while !stop.load(Ordering::Acquire) {
+            k += 1;
+            let began = Instant::now();
+            if let Ok(ack) = client.publish_stream(&subject, json!({ "k": k })) {
+                acked
+                    .lock()
+                    .unwrap()
+                    .push((k, ack.seq, began, Instant::now()));
+            }
+        }
+        k
+    })
+}
+
+/// Every acked k is in the stream once, at the seq it was acked with;
+/// the stream holds each published k at most once, in publish order.
+fn check_stream(read: &[(u64, u64)], acked: &[Acked], published: u64) {
+    let mut seen: BTreeMap<u64, u64> = BTreeMap::new();
+    for &(seq, k) in read {
+        assert!(k >= 1 && k <= published, "k {k} was never published");
+        assert!(seen.insert(k, seq).is_none(), "k {k} stored twice");
+    }
+    let ks: Vec<u64> = read.iter().map(|r| r.1).collect();
+    assert!(ks.windows(2).all(|w| w[0] < w[1]), "out of order: {ks:?}");
+    for &(k, seq, _, _) in acked {
+        assert_eq!(
+            seen.get(&k),
+            Some(&seq),
+            "acked k {k} (seq {seq}) missing or moved"
+        );
+    }
+}
+
+/// docs/PROTOCOL.md "Replicated streams": a publisher on a node that does
+/// not lead the stream keeps publishing while the leader is kill -9'd;
+/// publishes work again within 5 s, and every acked message is there
+/// once and in order, read through a consumer on a surviving node.
+/// Prints the failover time.
+#[test]
+fn acked_publishes_survive_kill9_of_the_stream_leader() {
+    let mut c = Cluster::start();
+    let leader = create_r3(&c, "RK", "rk.>");
+    let pub_node = (leader + 1) % 3;
+    let read_node = (leader + 2) % 3;
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let p = publisher(
+        c.client(pub_node),
+        "rk.x".into(),
+        Arc::clone(&stop),
+        Arc::clone(&acked),
+    );
+    let enough = |n: usize| {
+        let deadline = Instant::now() + SERVE_WAIT;
+        while acked.lock().unwrap().len() < n {
+            assert!(Instant::now() < deadline, "fewer than {n} publishes acked");
+            thread::sleep(Duration::from_millis(5));
+        }
+    };
+    enough(200);
+    let before = acked.lock().unwrap().len();
+    c.kill(leader);
+    let killed = Instant::now();
+    enough(before + 200);
+    stop.store(true, Ordering::Release);
+    let published = p.join().expect("the publisher");
+    let acked = acked.lock().unwrap().clone();
+    // The first publish begun after the kill and acked.
+    let resumed = acked[before..]
+        .iter()
+        .find(|a| a.2 > killed)
+        .map(|a| a.3)
+        .expect("a publish begun after the kill and acked");
+    let failover = resumed.duration_since(killed);
+    println!(
+        "RK: stream leader {} killed; publishes through {} acked again after {} ms \
+         ({} acked, {published} published)",
+        IDS[leader],
+        IDS[pub_node],
+        failover.as_millis(),
+        acked.len()
+    );
+    assert!(
+        failover < Duration::from_secs(5),
+        "failover took {failover:?}"
+    );
+    let read = read_all(&c.client(read_node), "RK", "reader");
+    check_stream(&read, &acked, published);
+}
+
+/// Every node killed and started again: the stream keeps every message
+/// acked before, and its consumers' acked progress.
+#[test]
+fn a_whole_cluster_restart_keeps_every_acked_message() {
+    let mut c = Cluster::start();
+    create_r3(&c, "RR", "rr.>");
+    let cl = c.client(1);
+    let mut acked = Vec::new();
+    for k in 1..=150u64 {
+        let ack = cl
+            .publish_stream("rr.x", json!({ "k": k }))
+            .unwrap_or_else(|e| panic!("publish {k}: {e}"));
+        acked.push((k, ack.seq, Instant::now(), Instant::now()));
+    }
+    // A consumer that acked the first 50.
+    call_until(
+        &cl,
+        "consumer.create",
+        json!({"stream": "RR", "name": "half"}),
+        SERVE_WAIT,
+    );
+    let got = call_until(
+        &cl,
+        "consumer.fetch",
+        json!({"stream": "RR", "consumer": "half", "batch": 50}),
+        SERVE_WAIT,
+    );
+    let first: Vec<u64> = got["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(first, (1..=50).collect::<Vec<_>>());
+    for seq in &first {
+        cl.call(
+            "ack",
+            json!({"stream": "RR", "consumer": "half", "seq": seq}),
+        )
+        .unwrap_or_else(|e| panic!("ack {seq}: {e}"));
+    }
+    drop(cl);
+    for i in 0..3 {
+        c.kill(i);
+    }
+    c.restart_all(&[0, 1, 2]);
+    let started = Instant::now();
+    let c2 = c.client(2);
+    let read = read_all(&c2, "RR", "after");
+    println!(
+        "RR: whole cluster restarted, {} messages read back within {} ms",
+        read.len(),
+        started.elapsed().as_millis()
+    );
+    check_stream(&read, &acked, 150);
+    assert_eq!(read.len(), 150);
+    let got = call_until(
+        &c2,
+        "consumer.fetch",
+        json!({"stream": "RR", "consumer": "half", "batch": 200, "no_wait": true}),
+        SERVE_WAIT,
+    );
+    let next: Vec<u64> = got["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(next, (51..=150).collect::<Vec<_>>(), "half's acks kept");
+}
+
+/// A consumer's acks answered `{ok}` survive the loss of the stream's
+/// leader: after kill -9 of the leader, a fetch on a survivor delivers
+/// the rest, never an acked message.
+#[test]
+fn acked_consumer_progress_survives_kill9_of_the_stream_leader() {
+    let mut c = Cluster::start();
+    let leader = create_r3(&c, "RC", "rc.>");
+    let node = (leader + 1) % 3;
+    let cl = c.client(node);
+    for k in 1..=40u64 {
+        cl.publish_stream("rc.x", json!({ "k": k }))
+            .unwrap_or_else(|e| panic!("publish {k}: {e}"));
+    }
+    call_until(
+        &cl,
+        "consumer.create",
+        json!({"stream": "RC", "name": "work"}),
+        SERVE_WAIT,
+    );
+    let got = call_until(
+        &cl,
+        "consumer.fetch",
+        json!({"stream": "RC", "consumer": "work", "batch": 20}),
+        SERVE_WAIT,
+    );
+    let mut done = Vec::new();
+    for m in got["messages"].as_array().unwrap() {
+        let seq = m["seq"].as_u64().unwrap();
+        cl.call(
+            "ack",
+            json!({"stream": "RC", "consumer": "work", "seq": seq}),
+        )
+        .unwrap_or_else(|e| panic!("ack {seq}: {e}"));
+        done.push(seq);
+    }
+    assert_eq!(done, (1..=20).collect::<Vec<_>>());
+    c.kill(leader);
+    let killed = Instant::now();
+    let mut rest = Vec::new();
+    let deadline = Instant::now() + SERVE_WAIT;
+    loop {
+        let got = call_until(
+            &cl,
+            "consumer.fetch",
+            json!({"stream": "RC", "consumer": "work", "batch": 50, "no_wait": true}),
+            SERVE_WAIT,
+        );
+        let msgs = got["messages"].as_array().cloned().unwrap_or_default();
+        if msgs.is_empty() && !rest.is_empty() {
+            break;
+        }
+        for m in msgs {
+            let seq = m["seq"].as_u64().unwrap();
+            assert!(!done.contains(&seq), "acked seq {seq} delivered again");
+            if !rest.contains(&seq) {
+                rest.push(seq);
+            }
+            call_until(
+                &cl,
+                "ack",
+                json!({"stream": "RC", "consumer": "work", "seq": seq}),
+                SERVE_WAIT,
+            );
+        }
+        assert!(Instant::now() < deadline, "the rest never came: {rest:?}");
+        thread::sleep(Duration::from_millis(10));
+    }
+    println!(
+        "RC: leader {} killed; the consumer's remaining {} messages read within {} ms",
+        IDS[leader],
+        rest.len(),
+        killed.elapsed().as_millis()
+    );
+    rest.sort_unstable();
+    assert_eq!(rest, (21..=40).collect::<Vec<_>>());
+}
+
+/// An R2 stream on three nodes: the node holding no replica serves it
+/// too (relayed through a member to the group's leader), publishes and
+/// a consumer's fetch and acks alike.
+#[test]
+fn a_node_without_a_replica_serves_an_r2_stream() {
+    let c = Cluster::start();
+    call_until(
+        &c.client(0),
+        "stream.create",
+        json!({"name": "R2", "subjects": ["r2.>"], "replicas": 2}),
+        SERVE_WAIT,
+    );
+    // The cluster field, once the group has a leader, names both members.
+    let deadline = Instant::now() + SERVE_WAIT;
+    let members: Vec<u64> = loop {
+        let info = c.client(0).call("stream.info", json!({"name": "R2"}));
+        if let Ok(info) = &info {
+            let cl = &info["cluster"];
+            if let Some(leader) = cl["leader"].as_u64() {
+                let mut m: Vec<u64> = cl["replicas"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|r| r["node"].as_u64())
+                    .collect();
+                m.push(leader);
+                m.sort_unstable();
+                break m;
+            }
+        }
+        assert!(Instant::now() < deadline, "R2 never had a leader: {info:?}");
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(members.len(), 2, "{members:?}");
+    let outside = (1..=3u64).find(|n| !members.contains(n)).unwrap();
+    let cl = c.client((outside - 1) as usize);
+    for k in 1..=20u64 {
+        let ack = cl
+            .publish_stream("r2.x", json!({ "k": k }))
+            .unwrap_or_else(|e| panic!("publish {k} on n{outside}: {e}"));
+        assert_eq!((ack.stream.as_str(), ack.seq), ("R2", k));
+    }
+    let read = read_all(&cl, "R2", "outside");
+    let ks: Vec<u64> = read.iter().map(|r| r.1).collect();
+    assert_eq!(ks, (1..=20).collect::<Vec<_>>());
+}
