@@ -85,6 +85,14 @@ enum Reply {
         name: String,
     },
     Fetch(FetchWait),
+    /// A read, answered from the replica once its (no-op) entry applied:
+    /// the leader that proposed it still led when it was committed.
+    Read {
+        conn: ConnId,
+        ack_id: u64,
+        op: StreamOp,
+        arg: String,
+    },
 }
 
 /// A `consumer.fetch` waiting for messages or for its delivery entry.
@@ -167,6 +175,7 @@ impl StreamGroups {
             | Reply::Purge { conn: c, .. }
             | Reply::Consumer { conn: c, .. } => *c == conn,
             Reply::Fetch(w) => w.conn == conn,
+            Reply::Read { conn: c, .. } => *c == conn,
         };
         let forget = |rs: &mut Vec<Reply>| {
             for r in rs.iter_mut().filter(|r| gone(r)) {
@@ -485,7 +494,7 @@ impl Broker {
             ));
         }
         let now = sink.now();
-        Some(self.serve(sink, group, op, arg, conn, ack_id, now))
+        Some(self.serve(sink, group, op, arg, conn, ack_id, now, false))
     }
 
     /// `stream.create` of a replicated stream the cluster knows: the same
@@ -554,6 +563,7 @@ impl Broker {
         conn: ConnId,
         ack_id: Option<u64>,
         now: Instant,
+        applied: bool,
     ) -> Result<Option<String>, ApiError> {
         let Some(h) = self.stream_groups.held.get_mut(&group) else {
             return Err(unavailable("the stream is not held here"));
@@ -570,6 +580,22 @@ impl Broker {
             return Err(unavailable(
                 "the stream's new leader is catching up; try again",
             ));
+        }
+        let pure_read = reads && op != StreamOp::ConsumerCreate;
+        if pure_read && !applied {
+            // Through the log (a no-op entry), so that a leader cut off
+            // from its group never answers from a state it lost.
+            let Some(ack_id) = ack_id else {
+                return Ok(None);
+            };
+            h.ops.push(Op::Expire { now_ms: 0 });
+            h.replies.push(Reply::Read {
+                conn,
+                ack_id,
+                op,
+                arg: arg.map_or("{}", RawValue::get).to_string(),
+            });
+            return Ok(None);
         }
         if h.waiting() >= WAITING_MAX {
             return Err(ApiError::new(
@@ -851,6 +877,7 @@ impl Broker {
         };
         let mut answers: Vec<(ConnId, u64, String)> = Vec::new();
         let mut binary: Vec<(ConnId, u64, String, Vec<Vec<u8>>)> = Vec::new();
+        let mut reads = Vec::new();
         match event {
             GroupEvent::Restore { index, data } => match Replica::restore(&data, now) {
                 Ok(r) => {
@@ -884,8 +911,16 @@ impl Broker {
                         }
                     }
                     if let Some(f) = flight {
-                        for (reply, out) in f.replies.iter().zip(outcomes) {
-                            answer(h, reply, out, now, &mut answers, &mut binary);
+                        for (reply, out) in f.replies.into_iter().zip(outcomes) {
+                            match reply {
+                                Reply::Read {
+                                    conn,
+                                    ack_id,
+                                    op,
+                                    arg,
+                                } => reads.push((conn, ack_id, op, arg)),
+                                reply => answer(h, &reply, out, now, &mut answers, &mut binary),
+                            }
                         }
                     }
                 }
@@ -932,6 +967,24 @@ impl Broker {
                 if let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) {
                     raft.send(ToRaft::GroupCompact { group, index, data });
                 }
+            }
+        }
+        for (conn, ack_id, op, arg) in reads {
+            let raw = RawValue::from_string(arg).ok();
+            let r = self.serve(
+                sink,
+                group,
+                op,
+                raw.as_deref(),
+                conn,
+                Some(ack_id),
+                now,
+                true,
+            );
+            match r {
+                Ok(Some(body)) => answers.push((conn, ack_id, body)),
+                Ok(None) => {}
+                Err(e) => answers.push((conn, ack_id, e.ack_body())),
             }
         }
         for (conn, ack_id, body) in answers {
@@ -999,6 +1052,7 @@ fn refuse(r: &Reply, answers: &mut Vec<(ConnId, u64, String)>, why: &str) {
         | Reply::Purge { conn, ack_id }
         | Reply::Consumer { conn, ack_id, .. } => answers.push((*conn, *ack_id, body)),
         Reply::Fetch(w) => answers.push((w.conn, w.ack_id, body)),
+        Reply::Read { conn, ack_id, .. } => answers.push((*conn, *ack_id, body)),
     }
 }
 
