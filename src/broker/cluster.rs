@@ -140,6 +140,10 @@ pub(crate) struct Cluster {
     /// added, and when to ask again.
     asks: HashSet<u64>,
     next_ask: Instant,
+    /// Since when this node has known no leader.
+    leaderless_since: Option<Instant>,
+    /// When this removed node closes its clients.
+    leave_at: Option<Instant>,
     settings: ClusterSettings,
     raft: Option<RaftNode>,
     links: Option<Links>,
@@ -212,6 +216,8 @@ impl Cluster {
             changes: HashMap::new(),
             asks: HashSet::new(),
             next_ask: Instant::now(),
+            leaderless_since: None,
+            leave_at: None,
             link_node: vec![None; settings.peers_http.len()],
             settings,
             raft: None,

@@ -271,6 +271,7 @@ impl RaftNode {
             conf_file,
             seeds: cfg.members.clone(),
             conf_index,
+            peers_leader: None,
             was_member,
         };
         let thread = std::thread::Builder::new()
@@ -445,8 +446,9 @@ struct Worker {
     /// The seed members' Raft addresses (`-raft-peers`), for members
     /// whose configuration entry carries none.
     seeds: BTreeMap<NodeId, SocketAddr>,
-    /// The configuration index the transport's peers follow.
+    /// The configuration index and leader the transport's peers follow.
     conf_index: u64,
+    peers_leader: Option<NodeId>,
     /// This node has been in the configuration.
     was_member: bool,
 }
@@ -600,10 +602,24 @@ impl Worker {
         if member {
             self.was_member = true;
         }
-        if index == self.conf_index && self.net.is_open() != member {
+        let leader = core.leader().filter(|&l| l != me);
+        if index == self.conf_index && self.net.is_open() != member && leader == self.peers_leader {
             return;
         }
         let (mut peers, names) = peers_of(me, conf, &self.seeds);
+        // The leader stays a peer even once the configuration leaves it
+        // out: a leader that removes itself leads until the removal
+        // commits, and needs its followers' answers for that.
+        if let Some(l) = leader {
+            if let Some(a) = self
+                .net
+                .peer_addr(l)
+                .or_else(|| self.seeds.get(&l).copied())
+            {
+                peers.entry(l).or_insert(a);
+            }
+        }
+        self.peers_leader = leader;
         if !member {
             // Waiting to be added (or removed): dial every member heard of.
             for (&id, &a) in &self.seeds {

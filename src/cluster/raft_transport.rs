@@ -367,6 +367,11 @@ impl Transport {
         self.cfg.names.extend(names);
     }
 
+    /// Where `peer` is dialled, if it is a peer.
+    pub fn peer_addr(&self, peer: NodeId) -> Option<SocketAddr> {
+        self.cfg.peers.get(&peer).copied()
+    }
+
     pub fn is_open(&self) -> bool {
         self.cfg.open
     }

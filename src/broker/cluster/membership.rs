@@ -11,6 +11,10 @@ use super::*;
 use crate::cluster::members::{self, MemberInfo};
 use crate::cluster::raft::{ChangeError, ChangeState};
 
+/// A removed node closes its clients this long after it learns of its
+/// removal, so that the answer to the change (and what is queued on its
+/// sockets) goes out first.
+const LEAVE_GRACE: Duration = Duration::from_millis(200);
 /// How long `cluster.add` waits for the new node to catch up and vote.
 const ADD_WAIT: Duration = Duration::from_secs(60);
 /// How long `cluster.remove` waits for the removal to commit.
@@ -20,6 +24,10 @@ const REMOVE_WAIT: Duration = Duration::from_secs(15);
 const ASK_EVERY: Duration = Duration::from_secs(1);
 /// Most `cluster.members` calls outstanding at once.
 const ASKS_MAX: usize = 64;
+/// A member that knows no leader this long asks its peers whether it is
+/// still a member: a follower removed while cut off from the leader never
+/// receives the entry that removes it.
+const LEADERLESS_ASK_AFTER: Duration = Duration::from_secs(2);
 
 /// A membership change waiting to be answered.
 pub(crate) struct Pending {
@@ -135,12 +143,6 @@ impl Broker {
             return Err(ApiError::new(
                 Code::Unavailable,
                 format!("this node is {why}"),
-            ));
-        }
-        if c.changes.values().any(|p| p.what != What::Relayed) {
-            return Err(ApiError::new(
-                Code::Unavailable,
-                "a membership change is under way",
             ));
         }
         let wait = match what {
@@ -265,7 +267,12 @@ impl Broker {
                     .collect()
             })
             .unwrap_or_default();
-        crate::protocol::errors::ok_with(json!({ "members": members }))
+        let conf_index = self
+            .cluster
+            .as_ref()
+            .and_then(|c| c.view.as_ref())
+            .map_or(0, |v| v.conf_index);
+        crate::protocol::errors::ok_with(json!({ "members": members, "conf_index": conf_index }))
     }
 
     /// While this node waits to be added: ask every peer link who the
@@ -274,7 +281,13 @@ impl Broker {
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
-        if c.member || c.removed || now < c.next_ask || c.asks.len() >= ASKS_MAX {
+        if c.leader.is_some() {
+            c.leaderless_since = None;
+        }
+        let leaderless = c.leader.is_none()
+            && now.duration_since(*c.leaderless_since.get_or_insert(now)) >= LEADERLESS_ASK_AFTER;
+        let wants = !c.member || leaderless;
+        if !wants || c.removed || now < c.next_ask || c.asks.len() >= ASKS_MAX {
             return;
         }
         c.next_ask = now + ASK_EVERY;
@@ -300,7 +313,11 @@ impl Broker {
     }
 
     /// A peer's `cluster.members` answer: the Raft thread dials them.
-    fn members_answered(&mut self, result: Result<(String, Vec<Vec<u8>>), CallError>) {
+    fn members_answered(
+        &mut self,
+        sink: &mut dyn Sink,
+        result: Result<(String, Vec<Vec<u8>>), CallError>,
+    ) {
         let Ok((text, _)) = result else {
             return;
         };
@@ -325,6 +342,19 @@ impl Broker {
         if members.is_empty() {
             return;
         }
+        // A configuration newer than this member's that leaves it out:
+        // it was removed while it could not hear the leader.
+        let newer = v["conf_index"].as_u64().unwrap_or(0);
+        let left_out = self.cluster.as_ref().is_some_and(|c| {
+            c.member && !c.removed && newer > c.members_index && !members.contains_key(&c.me)
+        });
+        if left_out {
+            if let Some(c) = self.cluster.as_mut() {
+                c.removed = true;
+            }
+            self.leave_cluster(sink);
+            return;
+        }
         if let Some(r) = self.cluster.as_ref().and_then(|c| c.raft.as_ref()) {
             r.send(ToRaft::Hint { members });
         }
@@ -339,7 +369,7 @@ impl Broker {
         result: Result<(String, Vec<Vec<u8>>), CallError>,
     ) {
         if self.cluster.as_mut().is_some_and(|c| c.asks.remove(&tag)) {
-            self.members_answered(result);
+            self.members_answered(sink, result);
             return;
         }
         let Some(p) = self.cluster.as_mut().and_then(|c| c.changes.remove(&tag)) else {
@@ -401,14 +431,26 @@ impl Broker {
             c.member = view.member;
             changed = true;
         }
-        if view.removed && !c.removed {
+        // Only once the removal is committed: until then a new leader
+        // may still drop it.
+        if view.removed && view.commit >= view.conf_index && !c.removed {
             c.removed = true;
-            self.leave_cluster(sink);
+            c.leave_at = Some(now + LEAVE_GRACE);
         }
         if changed {
             self.retry_waiters(now);
         }
         self.answer_changes(sink, &view, now);
+        let leave = self
+            .cluster
+            .as_mut()
+            .is_some_and(|c| c.leave_at.is_some_and(|t| t <= now));
+        if leave {
+            if let Some(c) = self.cluster.as_mut() {
+                c.leave_at = None;
+            }
+            self.leave_cluster(sink);
+        }
         self.ask_members(now);
     }
 
