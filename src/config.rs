@@ -12,7 +12,7 @@
 //! Nothing here touches the network or the disk apart from reading the host
 //! name for the default node id.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
@@ -101,8 +101,14 @@ pub struct Config {
     /// `-cluster`: the other nodes' HTTP addresses (from either form of
     /// the flag, this node's own entry left out).
     pub cluster: Vec<SocketAddr>,
+    /// `-cluster` in its `id=URL` form: each named node's HTTP address,
+    /// this node's own entry included (empty for the `host:port` form).
+    pub cluster_ids: BTreeMap<String, SocketAddr>,
     /// `-bootstrap`: form a new cluster from `raft_peers` (or alone).
     pub bootstrap: bool,
+    /// `-join`: start with an empty log and wait to be added to the
+    /// running cluster `-cluster` names (with `cluster.add`).
+    pub join: bool,
     /// `-raft-log`: where the Raft log lives.
     pub raft_log: RaftLogKind,
     /// `-sync`: when stream writes are fsynced (what an ack promises).
@@ -228,7 +234,9 @@ impl Default for Config {
             raft_addr: None,
             raft_peers: Vec::new(),
             cluster: Vec::new(),
+            cluster_ids: BTreeMap::new(),
             bootstrap: false,
+            join: false,
             raft_log: RaftLogKind::Durable,
             sync: SyncPolicy::Always,
             segment_size: DEFAULT_SEGMENT_SIZE,
@@ -416,6 +424,11 @@ const FLAGS: &[FlagSpec] = &[
         "false",
         "cluster: may form a new cluster from -raft-peers (harmless on every node)",
     ),
+    boolean(
+        "join",
+        "false",
+        "cluster: start empty and wait to be added (cluster.add) to the running cluster -cluster names; no -raft-peers",
+    ),
     value(
         "raft-log",
         "kind",
@@ -597,9 +610,16 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, ConfigEr
     if let Some(v) = get("raft-peers") {
         cfg.raft_peers = parse_peers(&v).map_err(|e| flag_err("raft-peers", e))?;
     }
+    if matches.opt_present("join") {
+        cfg.join = bool_flag(get("join")).map_err(|e| flag_err("join", e))?;
+    }
     if let Some(v) = get("cluster") {
-        cfg.cluster = parse_cluster(&v, &cfg.node_id, cfg.addr.port(), &cfg.raft_peers)
+        // A node that joins has no -raft-peers: its -cluster names
+        // current members, whoever they are.
+        let known = (!cfg.join).then_some(cfg.raft_peers.as_slice());
+        cfg.cluster = parse_cluster(&v, &cfg.node_id, cfg.addr.port(), known)
             .map_err(|e| flag_err("cluster", e))?;
+        cfg.cluster_ids = cluster_ids(&v);
     }
     if matches.opt_present("bootstrap") {
         cfg.bootstrap = bool_flag(get("bootstrap")).map_err(|e| flag_err("bootstrap", e))?;
@@ -808,6 +828,22 @@ impl Config {
         if !self.raft_peers.is_empty() && self.raft_addr.is_none() {
             return Err(invalid("-raft-peers: requires -raft-addr"));
         }
+        if self.join {
+            if !self.raft_peers.is_empty() || self.bootstrap {
+                return Err(invalid(
+                    "-join: a node that joins takes neither -raft-peers nor -bootstrap \
+                     (the cluster's stored membership says who the members are)",
+                ));
+            }
+            if self.raft_addr.is_none() {
+                return Err(invalid("-join: requires -raft-addr"));
+            }
+            if self.cluster.is_empty() {
+                return Err(invalid(
+                    "-join: requires -cluster naming at least one current member",
+                ));
+            }
+        }
         check_peers(&self.raft_peers).map_err(|e| invalid(format!("-raft-peers: {e}")))?;
         if !self.raft_peers.is_empty() && !self.raft_peers.iter().any(|p| p.id == self.node_id) {
             return Err(invalid(format!(
@@ -815,7 +851,10 @@ impl Config {
                 self.node_id
             )));
         }
-        if !self.raft_peers.is_empty() && self.cluster.len() + 1 != self.raft_peers.len() {
+        if !self.join
+            && !self.raft_peers.is_empty()
+            && self.cluster.len() + 1 != self.raft_peers.len()
+        {
             return Err(invalid(format!(
                 "-cluster: give the HTTP addresses of the {} other members ({} given)",
                 self.raft_peers.len() - 1,
@@ -981,6 +1020,23 @@ fn parse_dial_addr(s: &str) -> Result<SocketAddr, String> {
     Ok(addr)
 }
 
+/// Parses the address of a node being added to a cluster (`cluster.add`):
+/// `host:port` with a real host and port, or (`http`) also the URL form
+/// of `-cluster` (`http://host:port[/socket.io]`).
+pub fn parse_member_addr(s: &str, http: bool) -> Result<SocketAddr, String> {
+    let addr = if http && s.contains("://") {
+        parse_http_url(s.trim())?
+    } else {
+        parse_dial_addr(s)?
+    };
+    if addr.ip().is_unspecified() {
+        return Err(format!(
+            "{s:?} names no host (give the address other nodes reach it at)"
+        ));
+    }
+    Ok(addr)
+}
+
 /// Splits a comma-separated list; an empty or blank value is an empty list,
 /// but an empty entry inside a list is an error.
 fn split_list(s: &str) -> Result<Vec<&str>, String> {
@@ -1037,15 +1093,15 @@ fn check_peers(peers: &[Peer]) -> Result<(), String> {
 
 /// Parses `-cluster` into the other nodes' HTTP addresses. Two forms:
 /// the other nodes' `host:port` list, or `id=http://host:port` pairs (path
-/// empty, `/`, `/socket.io` or `/socket.io/`) naming `-raft-peers` members,
-/// each once. In the second form this node's own entry may be given; its
+/// empty, `/`, `/socket.io` or `/socket.io/`) naming `peers` members
+/// (any ids when `peers` is `None`: a node that joins), each once. In the second form this node's own entry may be given; its
 /// port must be `listen_port` (the `-addr` port), and it is then left out.
 /// Hosts are IP literals or `localhost`: no names are looked up.
 pub fn parse_cluster(
     s: &str,
     node_id: &str,
     listen_port: u16,
-    peers: &[Peer],
+    peers: Option<&[Peer]>,
 ) -> Result<Vec<SocketAddr>, String> {
     let items = split_list(s)?;
     let with_ids = items.iter().filter(|i| i.contains('=')).count();
@@ -1068,7 +1124,7 @@ pub fn parse_cluster(
         let (id, url) = item.split_once('=').unwrap_or((item, ""));
         let (id, url) = (id.trim(), url.trim());
         validate_node_id(id).map_err(|e| format!("node id {e}"))?;
-        if !peers.iter().any(|p| p.id == id) {
+        if peers.is_some_and(|peers| !peers.iter().any(|p| p.id == id)) {
             return Err(format!(
                 "node id {id:?} is not one of the -raft-peers members"
             ));
@@ -1088,6 +1144,19 @@ pub fn parse_cluster(
     }
     check_addr_list(&others)?;
     Ok(others)
+}
+
+/// The `id=URL` pairs of a `-cluster` value [`parse_cluster`] accepted
+/// (none for its `host:port` form).
+fn cluster_ids(s: &str) -> BTreeMap<String, SocketAddr> {
+    split_list(s)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|item| {
+            let (id, url) = item.split_once('=')?;
+            Some((id.trim().to_string(), parse_http_url(url.trim()).ok()?))
+        })
+        .collect()
 }
 
 /// The address in `http://host[:port][/socket.io[/]]` (port 80 when left
@@ -1691,7 +1760,7 @@ mod tests {
     #[test]
     fn cluster_url_forms() {
         let peers = parse_peers("a=127.0.0.1:9001,b=127.0.0.1:9002,c=127.0.0.1:9003").unwrap();
-        let others = |v: &str| parse_cluster(v, "a", 8001, &peers);
+        let others = |v: &str| parse_cluster(v, "a", 8001, Some(&peers));
         // Path with or without /socket.io, trailing slash, any scheme case,
         // port 80 by default, localhost, IPv6, own entry left out.
         assert_eq!(

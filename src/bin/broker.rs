@@ -3,11 +3,13 @@
 //! `-raft-peers` is given), stopped cleanly by SIGTERM or SIGINT; SIGHUP
 //! reloads the `-users` file.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use gombus::broker::cluster::ClusterSettings;
 use gombus::broker::dispatch::ENVELOPE_BYTES;
 use gombus::broker::{Broker, BrokerConfig};
+use gombus::cluster::members::{self, MemberInfo};
 use gombus::cluster::node::NodeConfig;
 use gombus::cluster::raft_auth::ClusterKey;
 use gombus::config::{self, ConfigError};
@@ -90,10 +92,32 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Cluster mode's settings, when `-raft-peers` is given. Members are
-/// numbered by their sorted ids, so every node agrees on the numbers.
+/// Cluster mode's settings, when `-raft-peers` (or `-join`) is given.
+/// Seed members are numbered by their sorted ids, so every node agrees on
+/// the numbers; a node that joins takes the id its name hashes to
+/// (`cluster::members`).
 fn cluster_settings(cfg: &config::Config) -> Option<ClusterSettings> {
     let listen = cfg.raft_addr?;
+    let secret = cfg.cluster_secret().map(|t| ClusterKey::new(t.as_bytes()));
+    if cfg.join {
+        let id = members::joined_id(&cfg.node_id);
+        return Some(ClusterSettings {
+            raft: NodeConfig {
+                id,
+                listen,
+                members: BTreeMap::new(),
+                data: cfg.data_dir.clone(),
+                memory_log: cfg.raft_log == config::RaftLogKind::Memory,
+                bootstrap: false,
+                secret,
+                names: BTreeMap::from([(id, cfg.node_id.clone())]),
+                infos: BTreeMap::new(),
+                join: true,
+            },
+            names: Vec::new(),
+            peers_http: cfg.cluster.clone(),
+        });
+    }
     if cfg.raft_peers.is_empty() {
         return None;
     }
@@ -105,6 +129,18 @@ fn cluster_settings(cfg: &config::Config) -> Option<ClusterSettings> {
         .iter()
         .filter_map(|p| Some((id_of(&p.id)?, p.addr)))
         .collect();
+    let infos = cfg
+        .raft_peers
+        .iter()
+        .filter_map(|p| {
+            let info = MemberInfo {
+                name: p.id.clone(),
+                raft: p.addr,
+                http: cfg.cluster_ids.get(&p.id).copied(),
+            };
+            Some((id_of(&p.id)?, info))
+        })
+        .collect();
     Some(ClusterSettings {
         raft: NodeConfig {
             id: id_of(&cfg.node_id)?,
@@ -113,8 +149,10 @@ fn cluster_settings(cfg: &config::Config) -> Option<ClusterSettings> {
             data: cfg.data_dir.clone(),
             memory_log: cfg.raft_log == config::RaftLogKind::Memory,
             bootstrap: cfg.bootstrap,
-            secret: cfg.cluster_secret().map(|t| ClusterKey::new(t.as_bytes())),
+            secret,
             names: (1..).zip(names.iter().cloned()).collect(),
+            infos,
+            join: false,
         },
         names,
         peers_http: cfg.cluster.clone(),

@@ -11,8 +11,9 @@
 //! side is split by concern: `cluster/proposals.rs` (changes through
 //! Raft), `cluster/turn.rs` (Raft and link events, the per-turn work),
 //! `cluster/relays.rs` (relayed requests, gathered lists),
-//! `cluster/forwards.rs` (forward batches in, pushes out) and
-//! `cluster/node_loss.rs`.
+//! `cluster/forwards.rs` (forward batches in, pushes out),
+//! `cluster/node_loss.rs` and `cluster/membership.rs` (members added and
+//! removed while the cluster runs).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -57,8 +58,11 @@ const RELAYS_MAX: usize = 100_000;
 /// calls, are told apart from this node's own operation numbers by these.
 const TAG_REMOTE: u64 = 1 << 62;
 const TAG_RELAY: u64 = 1 << 61;
+/// Tags of membership changes and of their relays to the leader.
+const TAG_MEMBER: u64 = 1 << 60;
 
 mod forwards;
+mod membership;
 mod node_loss;
 mod proposals;
 mod relays;
@@ -116,7 +120,30 @@ struct Gather {
 
 pub(crate) struct Cluster {
     me: u64,
-    names: Vec<String>,
+    /// Every node's name this node has known, by id (members and former
+    /// members, for log lines and old subscriptions).
+    names: BTreeMap<u64, String>,
+    /// The members of the configuration in effect, by id.
+    members: Vec<u64>,
+    /// The configuration index `members` was taken from.
+    members_index: u64,
+    /// Per link: the HTTP address it dials, and the name of the node it
+    /// reached while it is up (mapped to a member as members change).
+    link_addrs: Vec<SocketAddr>,
+    link_names: Vec<Option<String>>,
+    /// This node is in the configuration; it was and is no longer.
+    member: bool,
+    removed: bool,
+    /// Membership changes waiting to be answered, by tag.
+    changes: HashMap<u64, membership::Pending>,
+    /// `cluster.members` asked of peers while this node waits to be
+    /// added, and when to ask again.
+    asks: HashSet<u64>,
+    next_ask: Instant,
+    /// Since when this node has known no leader.
+    leaderless_since: Option<Instant>,
+    /// When this removed node closes its clients.
+    leave_at: Option<Instant>,
     settings: ClusterSettings,
     raft: Option<RaftNode>,
     links: Option<Links>,
@@ -166,15 +193,31 @@ impl Cluster {
 
     pub fn new(settings: ClusterSettings, boot: u64) -> Cluster {
         let me = settings.raft.id;
-        let inbox_nodes = settings
-            .names
+        let mut names: BTreeMap<u64, String> = (1..).zip(settings.names.iter().cloned()).collect();
+        names.extend(settings.raft.names.clone());
+        let members = if settings.raft.join {
+            Vec::new()
+        } else {
+            names.keys().copied().collect()
+        };
+        let inbox_nodes = names
             .iter()
-            .enumerate()
-            .map(|(i, n)| (super::dispatch::sanitize(n), i as u64 + 1))
+            .map(|(&id, n)| (super::dispatch::sanitize(n), id))
             .collect();
         Cluster {
             me,
-            names: settings.names.clone(),
+            member: !settings.raft.join,
+            removed: false,
+            members,
+            members_index: 0,
+            names,
+            link_addrs: settings.peers_http.clone(),
+            link_names: vec![None; settings.peers_http.len()],
+            changes: HashMap::new(),
+            asks: HashSet::new(),
+            next_ask: Instant::now(),
+            leaderless_since: None,
+            leave_at: None,
             link_node: vec![None; settings.peers_http.len()],
             settings,
             raft: None,
@@ -241,9 +284,30 @@ impl Cluster {
         self.me
     }
 
-    /// Every member's Raft id (this node's included).
-    pub fn node_ids(&self) -> std::ops::RangeInclusive<u64> {
-        1..=self.names.len() as u64
+    /// Every member's Raft id (this node's included), ascending.
+    pub fn node_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.members.iter().copied()
+    }
+
+    /// Whether `id` is a voter of the configuration in effect (a member
+    /// still catching up is not).
+    pub fn is_voter(&self, id: u64) -> bool {
+        self.view
+            .as_ref()
+            .and_then(|v| v.members.iter().find(|m| m.id == id))
+            .is_none_or(|m| m.voter)
+    }
+
+    /// Why this node serves nothing cluster-wide, if it does not: it
+    /// waits to be added, or it was removed.
+    pub fn not_serving(&self) -> Option<&'static str> {
+        if self.removed {
+            Some("removed from the cluster")
+        } else if !self.member {
+            Some("waiting to be added")
+        } else {
+            None
+        }
     }
 
     /// The loop's copy of the Raft thread's view (up to `VIEW_EVERY` old).
@@ -265,9 +329,15 @@ impl Cluster {
     }
 
     pub fn name_of(&self, node: u64) -> Option<&str> {
+        self.names.get(&node).map(String::as_str)
+    }
+
+    /// The member called `name`, if one is.
+    pub fn id_of(&self, name: &str) -> Option<u64> {
         self.names
-            .get((node as usize).checked_sub(1)?)
-            .map(String::as_str)
+            .iter()
+            .find(|(id, n)| n.as_str() == name && self.members.contains(id))
+            .map(|(&id, _)| id)
     }
 
     pub fn leader(&self) -> Option<u64> {
@@ -348,6 +418,7 @@ impl Cluster {
         self.remote.retain(|_, (c, _)| *c != conn);
         self.relays.retain(|_, r| r.conn != conn);
         self.gathers.retain(|_, g| g.conn != conn);
+        self.changes.retain(|_, p| p.conn != conn);
     }
 
     /// Appends a message to the batch for `node`; a batch that reached
@@ -502,6 +573,8 @@ mod tests {
                 bootstrap: false,
                 secret: None,
                 names: BTreeMap::new(),
+                infos: BTreeMap::new(),
+                join: false,
             },
             peers_http: vec![],
         };

@@ -1,5 +1,6 @@
 //! The `/control` namespace: queue-group rules, server info and cluster
-//! status for operators (answered by the monitor), and the node-to-node
+//! status for operators (answered by the monitor), membership changes
+//! (`cluster.add`, `cluster.remove`, in `cluster/membership.rs`), and the node-to-node
 //! events of peer nodes (`cluster.command`, `cluster.forward`), which need
 //! the cluster token.
 
@@ -39,10 +40,15 @@ impl Broker {
         match route {
             // Node-to-node events: only for connections that presented
             // the cluster token (docs/PROTOCOL.md, "Node-to-node trust").
-            Some(Route::ClusterCommand | Route::ClusterForward) if !peer => Err(ApiError::new(
-                Code::Unauthorized,
-                format!("{name} is for cluster members: it needs the cluster token"),
-            )),
+            Some(Route::ClusterCommand | Route::ClusterForward | Route::ClusterMembers)
+                if !peer =>
+            {
+                Err(ApiError::new(
+                    Code::Unauthorized,
+                    format!("{name} is for cluster members: it needs the cluster token"),
+                ))
+            }
+            Some(Route::ClusterMembers) => Ok(Some(self.cluster_members())),
             Some(Route::ClusterCommand) => self.cluster_command(conn, ack_id, arg),
             Some(Route::ClusterForward) => self.cluster_forward(sink, attachments),
             other => self.control_query(sink, conn, ack_id, other, name, arg),
@@ -92,6 +98,8 @@ impl Broker {
             }
             Some(Route::ServerInfo) => Ok(ok_with(self.server_info(sink))),
             Some(Route::ClusterStatus) => Ok(ok_with(cluster_status(&self.view()))),
+            Some(Route::ClusterAdd) => return self.cluster_add(conn, ack_id, arg),
+            Some(Route::ClusterRemove) => return self.cluster_remove(conn, ack_id, arg),
             _ => Err(events::unknown(NSP_CONTROL, name)),
         };
         answer.map(Some)

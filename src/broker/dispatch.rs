@@ -261,6 +261,15 @@ impl Broker {
             sink.send_text(conn, &[&head, br#"{"message":"unauthorized"}"#]);
             return;
         }
+        // A node waiting to be added, or removed, serves no clients: they
+        // belong on a member (docs/PROTOCOL.md, "Membership changes").
+        let idle = self.cluster.as_ref().and_then(|c| c.not_serving());
+        if let (NSP_ROOT, Some(why)) = (p.nsp, idle) {
+            let head = socketio::encode(PacketType::ConnectError, 0, p.nsp, None, "");
+            let body = format!(r#"{{"message":"unavailable: this node is {why}"}}"#);
+            sink.send_text(conn, &[&head, body.as_bytes()]);
+            return;
+        }
         let id = self.random_id();
         let Some(session) = self.session(conn) else {
             return;

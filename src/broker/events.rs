@@ -23,10 +23,16 @@ pub enum Route {
     GroupList,
     ServerInfo,
     ClusterStatus,
+    /// `cluster/membership.rs`: membership changes.
+    ClusterAdd,
+    ClusterRemove,
     /// `cluster.rs`: node-to-node, for connections holding the cluster
     /// token only.
     ClusterCommand,
     ClusterForward,
+    /// `cluster/membership.rs`: the configuration, asked for by a node
+    /// waiting to be added.
+    ClusterMembers,
 }
 
 /// The stream and consumer events.
@@ -187,6 +193,8 @@ pub const EVENTS: &[Event] = &[
     control("group.list", "{}", Route::GroupList),
     control("server.info", "{}", Route::ServerInfo),
     control("cluster.status", "{}", Route::ClusterStatus),
+    control("cluster.add", "{id, raft_addr, addr}", Route::ClusterAdd),
+    control("cluster.remove", "{id}", Route::ClusterRemove),
     control(
         "cluster.command",
         "{entry: fsm::Change}",
@@ -197,6 +205,7 @@ pub const EVENTS: &[Event] = &[
         "{} and a forward batch as attachment 0",
         Route::ClusterForward,
     ),
+    control("cluster.members", "{}", Route::ClusterMembers),
 ];
 
 /// The event `name` of namespace `nsp`, if the broker answers it.

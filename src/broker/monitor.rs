@@ -119,6 +119,10 @@ impl Monitor {
         }
         match req.path.as_str() {
             "/healthz" => match view.cluster {
+                Some(c) if c.not_serving().is_some() => Response::json(
+                    503,
+                    format!(r#"{{"status":"{}"}}"#, c.not_serving().unwrap_or_default()),
+                ),
                 Some(c) if c.leader().is_none() => Response::json(503, r#"{"status":"no leader"}"#),
                 // Until then it does not know the cluster's subscriptions.
                 Some(c) if !c.caught_up() => Response::json(503, r#"{"status":"catching up"}"#),
@@ -168,7 +172,7 @@ pub(crate) fn cluster_status(view: &View<'_>) -> Value {
             "term": 0,
             "commit_index": 0,
             "applied_index": 0,
-            "peers": [{"id": node_id, "state": "leader", "match_index": 0}],
+            "peers": [{"id": node_id, "state": "leader", "match_index": 0, "voter": true}],
         });
     };
     // Read fresh rather than the loop's copy (up to VIEW_EVERY old), so
@@ -196,6 +200,7 @@ pub(crate) fn cluster_status(view: &View<'_>) -> Value {
                 "state": state,
                 "match_index": p.and_then(|p| p.match_index).unwrap_or(0),
                 "reachable": id == c.me() || (c.reachable(id) && p.is_some_and(|p| p.heard)),
+                "voter": c.is_voter(id),
             })
         })
         .collect();

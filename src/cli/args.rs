@@ -334,7 +334,19 @@ pub const COMMANDS: &[Command] = &[
     Command {
         path: &["cluster", "status"],
         args: "",
-        about: "Show the cluster's leader, term and peers (/control).",
+        about: "Show the cluster's leader, term and members (/control).",
+        opts: no_opts,
+    },
+    Command {
+        path: &["cluster", "add"],
+        args: "ID RAFT_ADDR ADDR",
+        about: "Add a node started with -join; waits until it has caught up and votes (/control).",
+        opts: no_opts,
+    },
+    Command {
+        path: &["cluster", "remove"],
+        args: "ID",
+        about: "Remove a node from the cluster (/control).",
         opts: no_opts,
     },
     Command {

@@ -1,5 +1,5 @@
 //! The messaging commands (`pub`, `sub`, `req`, `reply`) and the
-//! `/control` ones (`server info`, `cluster status`).
+//! `/control` ones (`server info`, `cluster status|add|remove`).
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 
 use super::args::Parsed;
 use super::output::{self, Failure};
-use super::{connect, Namespace, Run};
+use super::{connect, connect_timeout, Namespace, Run};
 use crate::client::{Message, OutMessage, Payload};
 
 /// DATA as given: JSON when it parses as JSON, else the text as a string.
@@ -245,7 +245,7 @@ pub fn cluster_status(p: &Parsed) -> Result<(), Run> {
                 peers
                     .iter()
                     .map(|peer| {
-                        ["id", "state", "match_index"]
+                        ["id", "state", "match_index", "voter"]
                             .iter()
                             .map(|k| output::plain(&peer[*k]))
                             .collect()
@@ -254,7 +254,47 @@ pub fn cluster_status(p: &Parsed) -> Result<(), Run> {
             })
             .unwrap_or_default();
         println!();
-        output::table(&["PEER", "STATE", "MATCH INDEX"], &rows);
+        output::table(&["PEER", "STATE", "MATCH INDEX", "VOTER"], &rows);
+    }
+    Ok(())
+}
+
+/// How long `cluster add` waits at least: the node must catch up first
+/// (the broker answers within a minute).
+const ADD_WAIT: std::time::Duration = std::time::Duration::from_secs(65);
+
+pub fn cluster_add(p: &Parsed) -> Result<(), Run> {
+    let (id, raft_addr, addr) = (&p.args[0], &p.args[1], &p.args[2]);
+    let client = connect_timeout(
+        &p.global,
+        Namespace::Control,
+        p.global.timeout.max(ADD_WAIT),
+    )?;
+    let args = json!({"id": id, "raft_addr": raft_addr, "addr": addr});
+    client
+        .call("cluster.add", args)
+        .map_err(|e| Failure::call("cluster.add", &e))?;
+    let _ = client.close();
+    if p.global.json {
+        output::json_line(&json!({"ok": true, "added": id}));
+    } else {
+        println!("added {id}: it votes now");
+    }
+    Ok(())
+}
+
+pub fn cluster_remove(p: &Parsed) -> Result<(), Run> {
+    let id = &p.args[0];
+    let wait = std::time::Duration::from_secs(20);
+    let client = connect_timeout(&p.global, Namespace::Control, p.global.timeout.max(wait))?;
+    client
+        .call("cluster.remove", json!({"id": id}))
+        .map_err(|e| Failure::call("cluster.remove", &e))?;
+    let _ = client.close();
+    if p.global.json {
+        output::json_line(&json!({"ok": true, "removed": id}));
+    } else {
+        println!("removed {id}");
     }
     Ok(())
 }

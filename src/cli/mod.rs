@@ -132,6 +132,8 @@ fn dispatch(p: &Parsed) -> Result<(), Run> {
         ["reply"] => commands::reply(p),
         ["server", "info"] => commands::server_info(p),
         ["cluster", "status"] => commands::cluster_status(p),
+        ["cluster", "add"] => commands::cluster_add(p),
+        ["cluster", "remove"] => commands::cluster_remove(p),
         ["stream", _] => streams::stream(p),
         ["consumer", _] => streams::consumer(p),
         ["bench"] => bench::run(p),

@@ -99,6 +99,11 @@ pub struct Links {
     rx: Receiver<LinkEvent>,
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// What a link added later ([`Links::add`]) is started with.
+    events: Sender<LinkEvent>,
+    token: Option<String>,
+    auth: Option<String>,
+    notify: Arc<Waker>,
 }
 
 impl Links {
@@ -110,39 +115,49 @@ impl Links {
         notify: Arc<Waker>,
     ) -> Links {
         let (ev_tx, rx) = mpsc::channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut links = Vec::new();
-        let mut threads = Vec::new();
-        for (i, addr) in addrs.iter().enumerate() {
-            let (tx, out_rx) = mpsc::channel();
-            let queued = Arc::new(AtomicUsize::new(0));
-            let mut w = Worker {
-                link: i,
-                url: format!("http://{addr}"),
-                token: token.clone(),
-                auth: auth.clone(),
-                rx: out_rx,
-                events: ev_tx.clone(),
-                notify: Arc::clone(&notify),
-                queued: Arc::clone(&queued),
-                stop: Arc::clone(&stop),
-                pending: Vec::new(),
-            };
-            match std::thread::Builder::new()
-                .name(format!("link-{addr}"))
-                .spawn(move || w.run())
-            {
-                Ok(t) => threads.push(t),
-                Err(e) => crate::log_error!("cannot start the link to {addr}: {e}"),
-            }
-            links.push(Link { tx, queued });
-        }
-        Links {
-            links,
+        let mut links = Links {
+            links: Vec::new(),
             rx,
-            stop,
-            threads,
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Vec::new(),
+            events: ev_tx,
+            token,
+            auth,
+            notify,
+        };
+        for addr in addrs {
+            links.add(*addr);
         }
+        links
+    }
+
+    /// Starts a link to `addr` (a node added to the cluster); returns its
+    /// number.
+    pub fn add(&mut self, addr: SocketAddr) -> usize {
+        let i = self.links.len();
+        let (tx, out_rx) = mpsc::channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let mut w = Worker {
+            link: i,
+            url: format!("http://{addr}"),
+            token: self.token.clone(),
+            auth: self.auth.clone(),
+            rx: out_rx,
+            events: self.events.clone(),
+            notify: Arc::clone(&self.notify),
+            queued: Arc::clone(&queued),
+            stop: Arc::clone(&self.stop),
+            pending: Vec::new(),
+        };
+        match std::thread::Builder::new()
+            .name(format!("link-{addr}"))
+            .spawn(move || w.run())
+        {
+            Ok(t) => self.threads.push(t),
+            Err(e) => crate::log_error!("cannot start the link to {addr}: {e}"),
+        }
+        self.links.push(Link { tx, queued });
+        i
     }
 
     /// Queues a forward batch; false (and dropped) when the link is full.

@@ -21,12 +21,15 @@
 //!   records.
 //! - [`fsm`]: the control-state machine every replicated change goes
 //!   through, with its snapshots.
+//! - [`members`]: members' names and addresses in the replicated
+//!   configuration, and how members get their ids.
 //! - [`node`]: the Raft thread of a broker in cluster mode.
 //! - [`link`]: Socket.IO links to the other nodes' `/control` namespace.
 //! - [`forward`]: the batch format of messages forwarded between nodes.
 pub mod forward;
 pub mod fsm;
 pub mod link;
+pub mod members;
 pub mod node;
 pub mod placement;
 pub mod raft;

@@ -17,6 +17,12 @@
 //! broker keeps the stream's state machine); its role, leader and log
 //! positions are also in the [`View`]. Every group's log is written and
 //! fsynced like the control group's before its entries count.
+//!
+//! The control group's configuration is replicated state (see
+//! [`super::members`]): membership changes come in as [`ToRaft::Add`] and
+//! [`ToRaft::Remove`], the configuration at the snapshot's index is
+//! stored beside the snapshot (`raft/membership`), and the transport's
+//! peers follow the configuration in effect ([`Worker::follow_members`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,10 +34,13 @@ use std::time::{Duration, Instant};
 
 use mio::Waker;
 
-use super::raft::{self, Config, ProposeError, Proposed, Raft, Role, Status};
+use super::members::{self, MemberInfo};
+use super::raft::{
+    self, ChangeError, ChangeState, Config, ProposeError, Proposed, Raft, Role, Status,
+};
 use super::raft_auth::ClusterKey;
-use super::raft_log::{self, DurableLog, LogStore, MemoryLog, StateFile};
-use super::raft_msg::{EntryKind, GroupId, NodeId, CONTROL_GROUP};
+use super::raft_log::{self, DurableLog, LogStore, MembershipFile, MemoryLog, StateFile};
+use super::raft_msg::{EntryKind, GroupId, Membership, NodeId, CONTROL_GROUP};
 use super::raft_multi::{self, Multi};
 use super::raft_transport::{Transport, TransportConfig, TransportStats};
 
@@ -62,6 +71,21 @@ pub enum ToRaft {
         group: GroupId,
         index: u64,
         data: Vec<u8>,
+    },
+    /// Add `id` to the control group as a non-voter carrying `info`; the
+    /// outcome comes back as [`FromRaft::Changed`].
+    Add {
+        tag: u64,
+        id: NodeId,
+        info: MemberInfo,
+    },
+    /// Remove `id` from the control group; answered by [`FromRaft::Changed`].
+    Remove { tag: u64, id: NodeId },
+    /// Members' Raft addresses as a member told them to this node while
+    /// it waits to be added: the leader must hear its answers before the
+    /// log has told it who the members are.
+    Hint {
+        members: BTreeMap<NodeId, MemberInfo>,
     },
 }
 
@@ -107,6 +131,21 @@ pub enum FromRaft {
     WantSnapshot,
     /// Something about stream group `group`.
     Group { group: GroupId, event: GroupEvent },
+    /// A membership change was appended at `index` (it is done once the
+    /// [`View`] shows it), or refused.
+    Changed {
+        tag: u64,
+        result: Result<u64, ChangeError>,
+    },
+}
+
+/// One member of the control group's configuration as the view shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberView {
+    pub id: NodeId,
+    pub voter: bool,
+    /// Its name and addresses, if the configuration carries them.
+    pub info: Option<MemberInfo>,
 }
 
 /// One member as the view shows it.
@@ -141,6 +180,17 @@ pub struct View {
     pub transport: TransportStats,
     /// The stream groups held here.
     pub groups: BTreeMap<GroupId, GroupView>,
+    /// The control group's configuration in effect, by id.
+    pub members: Vec<MemberView>,
+    /// The index of the entry that set it.
+    pub conf_index: u64,
+    /// The membership change in flight.
+    pub change: ChangeState,
+    /// This node is in the configuration.
+    pub member: bool,
+    /// This node was in the configuration and is no longer (it was
+    /// removed); false for a node still waiting to be added.
+    pub removed: bool,
 }
 
 /// One stream group as this node sees it.
@@ -179,6 +229,11 @@ pub struct NodeConfig {
     pub secret: Option<ClusterKey>,
     /// Members' names, for log lines.
     pub names: BTreeMap<NodeId, String>,
+    /// The seed members' names and addresses, stored in the configuration
+    /// a new cluster starts from (empty: the configuration carries none).
+    pub infos: BTreeMap<NodeId, MemberInfo>,
+    /// Start with an empty configuration and wait to be added (`-join`).
+    pub join: bool,
 }
 
 /// The broker's handle on the Raft thread.
@@ -206,7 +261,15 @@ impl RaftNode {
         };
         let loaded = log.load().map_err(|e| format!("raft log: {e}"))?;
         let empty = loaded.snapshot.index == 0 && loaded.entries.is_empty();
-        let mut rc = Config::new(cfg.id, cfg.members.keys().copied().collect());
+        let conf_file = MembershipFile::open(&dir).map_err(|e| format!("raft membership: {e}"))?;
+        let stored = if cfg.memory_log {
+            None
+        } else {
+            conf_file
+                .load()
+                .map_err(|e| format!("raft membership: {e}"))?
+        };
+        let mut rc = control_config(&cfg, stored);
         rc.voter = raft::starts_as_voter(cfg.bootstrap, cfg.memory_log, &hs, empty);
         rc.forward_proposals = false;
         rc.seed = crate::rand::random_seed() ^ cfg.id;
@@ -215,15 +278,14 @@ impl RaftNode {
             data: loaded.snapshot.data.clone(),
         });
         let core = Raft::new(rc, hs, loaded.snapshot, loaded.entries);
-        let peers = cfg
-            .members
-            .iter()
-            .filter(|(id, _)| **id != cfg.id)
-            .map(|(id, a)| (*id, *a))
-            .collect();
+        let (peers, names) = peers_of(cfg.id, core.configuration(), &cfg.members);
         let mut tcfg = TransportConfig::new(cfg.id, cfg.listen, peers);
         tcfg.secret = cfg.secret.clone();
         tcfg.names = cfg.names.clone();
+        tcfg.names.extend(names);
+        tcfg.open = !core.configuration().contains(cfg.id);
+        let conf_index = core.configuration_index();
+        let was_member = core.configuration().contains(cfg.id) || (!empty && !cfg.join);
         let net = Transport::bind(tcfg).map_err(|e| format!("raft listen {}: {e}", cfg.listen))?;
         let wake_raft = net.waker();
         let (tx, in_rx) = mpsc::channel();
@@ -233,7 +295,7 @@ impl RaftNode {
         }
         let mut multi = Multi::new(cfg.id);
         multi.insert(CONTROL_GROUP, core);
-        let view = Arc::new(Mutex::new(view_of(&multi, &net)));
+        let view = Arc::new(Mutex::new(view_of(&multi, &net, was_member)));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut worker = Worker {
             multi,
@@ -249,6 +311,11 @@ impl RaftNode {
             view: Arc::clone(&view),
             stop: Arc::clone(&stop),
             snapshot_asked: false,
+            conf_file,
+            seeds: cfg.members.clone(),
+            conf_index,
+            peers_leader: None,
+            was_member,
         };
         let thread = std::thread::Builder::new()
             .name("raft".into())
@@ -290,15 +357,61 @@ impl Drop for RaftNode {
     }
 }
 
-fn view_of(multi: &Multi, net: &Transport) -> View {
+/// The control group's core settings: its seed members, and the
+/// configuration stored beside the snapshot, else (for a new cluster) the
+/// seed members with their addresses. A node that joins starts with no
+/// members at all: the leader's entries or snapshot tell it.
+fn control_config(cfg: &NodeConfig, stored: Option<Membership>) -> Config {
+    if cfg.join {
+        let mut rc = Config::new(cfg.id, Vec::new());
+        rc.membership = stored;
+        return rc;
+    }
+    let mut rc = Config::new(cfg.id, cfg.members.keys().copied().collect());
+    rc.membership = stored.or_else(|| (!cfg.infos.is_empty()).then(|| members::seed(&cfg.infos)));
+    rc
+}
+
+/// The transport's peers for configuration `conf`: every other member's
+/// Raft address, from the configuration, else from the seed list; and the
+/// names the configuration gives them.
+fn peers_of(
+    me: NodeId,
+    conf: &Membership,
+    seeds: &BTreeMap<NodeId, SocketAddr>,
+) -> (BTreeMap<NodeId, SocketAddr>, BTreeMap<NodeId, String>) {
+    let dir = members::directory(conf);
+    let mut peers = BTreeMap::new();
+    let mut names = BTreeMap::new();
+    for id in conf.ids() {
+        if id == me {
+            continue;
+        }
+        let addr = dir
+            .get(&id)
+            .map(|i| i.raft)
+            .or_else(|| seeds.get(&id).copied());
+        if let Some(a) = addr {
+            peers.insert(id, a);
+        }
+        if let Some(i) = dir.get(&id) {
+            names.insert(id, i.name.clone());
+        }
+    }
+    (peers, names)
+}
+
+fn view_of(multi: &Multi, net: &Transport, was_member: bool) -> View {
     let core = multi.get(CONTROL_GROUP).expect("the control group");
     let me = core.id();
     let progress = core.progress();
     let quiet = core.quiet_ticks();
-    let peers = core
-        .members()
-        .iter()
-        .map(|&id| PeerView {
+    let conf = core.configuration();
+    let member = conf.contains(me);
+    let peers = conf
+        .ids()
+        .into_iter()
+        .map(|id| PeerView {
             id,
             match_index: if id == me && core.role() == Role::Leader {
                 Some(core.last_index())
@@ -337,6 +450,19 @@ fn view_of(multi: &Multi, net: &Transport) -> View {
                 (g, view)
             })
             .collect(),
+        members: conf
+            .members
+            .iter()
+            .map(|m| MemberView {
+                id: m.id,
+                voter: m.voter,
+                info: MemberInfo::decode(&m.data),
+            })
+            .collect(),
+        conf_index: core.configuration_index(),
+        change: core.change_state(),
+        member,
+        removed: was_member && !member,
     }
 }
 
@@ -358,6 +484,16 @@ struct Worker {
     stop: Arc<std::sync::atomic::AtomicBool>,
     /// A snapshot was asked of the broker and has not come back yet.
     snapshot_asked: bool,
+    /// Where the configuration at the snapshot's index is stored.
+    conf_file: MembershipFile,
+    /// The seed members' Raft addresses (`-raft-peers`), for members
+    /// whose configuration entry carries none.
+    seeds: BTreeMap<NodeId, SocketAddr>,
+    /// The configuration index and leader the transport's peers follow.
+    conf_index: u64,
+    peers_leader: Option<NodeId>,
+    /// This node has been in the configuration.
+    was_member: bool,
 }
 
 impl Worker {
@@ -424,6 +560,15 @@ impl Worker {
                             core.compact(index, data);
                         }
                     }
+                    Ok(ToRaft::Add { tag, id, info }) => {
+                        let result = self.propose_add(id, &info);
+                        out.push(FromRaft::Changed { tag, result });
+                    }
+                    Ok(ToRaft::Remove { tag, id }) => {
+                        let result = self.propose_remove(id);
+                        out.push(FromRaft::Changed { tag, result });
+                    }
+                    Ok(ToRaft::Hint { members }) => self.hint(members),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => return,
                 }
@@ -442,7 +587,9 @@ impl Worker {
                 crate::log_error!("raft storage failed, leaving the cluster: {e}");
                 return;
             }
-            *self.view.lock().unwrap_or_else(|p| p.into_inner()) = view_of(&self.multi, &self.net);
+            self.follow_members();
+            *self.view.lock().unwrap_or_else(|p| p.into_inner()) =
+                view_of(&self.multi, &self.net, self.was_member);
             if !out.is_empty() {
                 for m in out {
                     if self.tx.send(m).is_err() {
@@ -452,6 +599,105 @@ impl Worker {
                 let _ = self.notify.wake();
             }
         }
+    }
+
+    fn control(&mut self) -> &mut Raft {
+        self.multi
+            .get_mut(CONTROL_GROUP)
+            .expect("the control group")
+    }
+
+    /// Proposes adding `id` after checking that no member has its name or
+    /// addresses.
+    fn propose_add(&mut self, id: NodeId, info: &MemberInfo) -> Result<u64, ChangeError> {
+        let core = self.control();
+        if core.role() == Role::Leader {
+            if let Err(why) = members::check_add(core.configuration(), id, info) {
+                crate::log_info!("cluster.add refused: {why}");
+                return Err(ChangeError::Duplicate(id));
+            }
+        }
+        core.propose_add(id, info.encode())
+    }
+
+    fn propose_remove(&mut self, id: NodeId) -> Result<u64, ChangeError> {
+        self.control().propose_remove(id)
+    }
+
+    /// The configuration the core keeps with its snapshot, stored before
+    /// the snapshot itself (see [`MembershipFile`]).
+    fn store_snapshot_config(&mut self) -> Result<(), String> {
+        let conf = self
+            .multi
+            .get(CONTROL_GROUP)
+            .and_then(|c| c.snapshot_config().cloned());
+        match conf {
+            Some(c) => self
+                .conf_file
+                .save(&c)
+                .map_err(|e| format!("raft membership: {e}")),
+            None => Ok(()),
+        }
+    }
+
+    /// A waiting node learns where members are: it dials them (and they,
+    /// once they have added it, accept it) so that its answers reach the
+    /// leader. The configuration, once it names them, takes over.
+    fn hint(&mut self, hinted: BTreeMap<NodeId, MemberInfo>) {
+        let me = self.multi.id();
+        let mut changed = false;
+        for (id, info) in hinted {
+            if id != me && self.seeds.insert(id, info.raft) != Some(info.raft) {
+                changed = true;
+            }
+        }
+        if changed {
+            // Forces follow_members to take the new addresses.
+            self.conf_index = u64::MAX;
+        }
+    }
+
+    /// Once the configuration in effect changed: the transport dials and
+    /// accepts its members (a new member at once, a removed one no more),
+    /// and takes strangers only while this node is not a member.
+    fn follow_members(&mut self) {
+        let core = self.multi.get(CONTROL_GROUP).expect("the control group");
+        let index = core.configuration_index();
+        let me = core.id();
+        let conf = core.configuration();
+        let member = conf.contains(me);
+        if member {
+            self.was_member = true;
+        }
+        let leader = core.leader().filter(|&l| l != me);
+        if index == self.conf_index && self.net.is_open() != member && leader == self.peers_leader {
+            return;
+        }
+        let (mut peers, names) = peers_of(me, conf, &self.seeds);
+        // The leader stays a peer even once the configuration leaves it
+        // out: a leader that removes itself leads until the removal
+        // commits, and needs its followers' answers for that.
+        if let Some(l) = leader {
+            if let Some(a) = self
+                .net
+                .peer_addr(l)
+                .or_else(|| self.seeds.get(&l).copied())
+            {
+                peers.entry(l).or_insert(a);
+            }
+        }
+        self.peers_leader = leader;
+        if !member {
+            // Waiting to be added (or removed): dial every member heard of.
+            for (&id, &a) in &self.seeds {
+                if id != me {
+                    peers.entry(id).or_insert(a);
+                }
+            }
+        }
+        self.conf_index = index;
+        self.net.set_open(!member);
+        self.net.set_peers(peers, names);
     }
 
     /// Opens (or creates) the state and log of stream group `group` under
@@ -533,6 +779,9 @@ impl Worker {
                     || ready.snapshot.is_some()
                     || ready.entries.is_some();
                 if group == CONTROL_GROUP {
+                    if ready.snapshot.is_some() && !self.memory_log {
+                        self.store_snapshot_config()?;
+                    }
                     let state = &mut self.state;
                     raft_log::persist(&ready, &mut |hs| state.save(hs), self.log.as_mut())
                         .map_err(|e| e.to_string())?;
@@ -552,6 +801,9 @@ impl Worker {
                 only_wishes &= only_wish;
                 afters.push((group, after));
             }
+            // A member just added is among the peers before the first
+            // message for it goes out.
+            self.follow_members();
             for m in &raft_multi::outgoing(&mut afters) {
                 self.net.send(m);
             }
@@ -687,6 +939,8 @@ mod tests {
             bootstrap: true,
             secret: None,
             names: BTreeMap::new(),
+            infos: BTreeMap::new(),
+            join: false,
         };
         let node = RaftNode::start(cfg, waker).unwrap();
         let mut seen = Seen::default();

@@ -1629,6 +1629,10 @@ impl Raft {
         pr.quiet = 0;
         pr.read_acked = pr.read_acked.max(read_seq);
         let stalled = pr.matched < last && pr.matched == pr.matched_at_heartbeat;
+        // A probe whose answer was lost (a node being added that could
+        // not answer yet) is sent again even with no entries to carry:
+        // its answer is what moves `next` back.
+        let probing = matches!(pr.flow, Flow::Probe { .. });
         match pr.flow {
             Flow::Probe { .. } => pr.flow = Flow::Probe { paused: false },
             // An Append was lost: start again from what is known.
@@ -1645,7 +1649,7 @@ impl Raft {
         }
         pr.matched_at_heartbeat = pr.matched;
         if pr.matched < last {
-            self.send_append(p, false);
+            self.send_append(p, probing);
         }
         self.release_reads();
     }

@@ -8,6 +8,9 @@
 //! - `state`: one record, the hard state. Replaced atomically (write
 //!   `state.tmp`, fsync, rename, fsync the directory).
 //! - `snapshot`: one record, the last snapshot. Replaced the same way.
+//! - `membership`: one record, the configuration at the snapshot's index
+//!   ([`MembershipFile`]); the configuration entries after it are in
+//!   `log` like any other entry. Replaced the same way.
 //! - `log`: one record per entry, in index order. A truncation cuts the
 //!   file; a snapshot rewrites it with only the entries after it.
 //!   Recovery keeps the valid prefix and cuts a torn tail.
@@ -19,7 +22,8 @@ use std::path::{Path, PathBuf};
 
 use super::raft::Ready;
 use super::raft_msg::{
-    encode_entry, encode_hard_state, encode_snapshot, Entry, HardState, Reader, Snapshot,
+    decode_membership, encode_entry, encode_hard_state, encode_membership, encode_snapshot, Entry,
+    HardState, Membership, Reader, Snapshot,
 };
 use crate::storage::{record, statefile};
 
@@ -187,6 +191,43 @@ impl StateFile {
     pub fn save(&mut self, hs: &HardState) -> Result<(), LogError> {
         let mut body = Vec::with_capacity(24);
         encode_hard_state(&mut body, hs);
+        write_atomic(&self.path, &body)
+    }
+}
+
+/// The configuration stored beside the snapshot, in `<dir>/membership`
+/// (the core's [`crate::cluster::raft::Raft::snapshot_config`]): the
+/// configuration at the snapshot's index, which the entries the snapshot
+/// replaced no longer say. Written before the snapshot it belongs to, so a
+/// crash between the two leaves a file that the log's own configuration
+/// entries still agree with.
+#[derive(Debug)]
+pub struct MembershipFile {
+    path: PathBuf,
+}
+
+impl MembershipFile {
+    /// The membership file in `dir` (created if missing).
+    pub fn open(dir: &Path) -> Result<MembershipFile, LogError> {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        Ok(MembershipFile {
+            path: dir.join("membership"),
+        })
+    }
+
+    /// The stored configuration; `None` if none was ever stored.
+    pub fn load(&self) -> Result<Option<Membership>, LogError> {
+        let Some(body) = read_single(&self.path)? else {
+            return Ok(None);
+        };
+        decode_membership(&body)
+            .map(Some)
+            .map_err(|e| LogError::Corrupt(self.path.clone(), 0, e.to_string()))
+    }
+
+    pub fn save(&mut self, conf: &Membership) -> Result<(), LogError> {
+        let mut body = Vec::new();
+        encode_membership(&mut body, conf);
         write_atomic(&self.path, &body)
     }
 }

@@ -76,6 +76,11 @@ pub struct TransportConfig {
     /// Members' names for log lines (a member without one shows as its
     /// number).
     pub names: BTreeMap<NodeId, String>,
+    /// Take connections and messages from nodes that are not in `peers`
+    /// (with a secret, still only once they proved they hold it): a node
+    /// waiting to be added does not know the members yet, and learns
+    /// them from what the leader sends it.
+    pub open: bool,
 }
 
 impl TransportConfig {
@@ -92,6 +97,7 @@ impl TransportConfig {
             secret: None,
             handshake_timeout: Duration::from_secs(2),
             names: BTreeMap::new(),
+            open: false,
         }
     }
 
@@ -234,6 +240,27 @@ pub struct Transport {
     scratch: Vec<u8>,
     log_proof: Limiter,
     log_hello: Limiter,
+    /// The token the next peer added by [`Transport::set_peers`] gets.
+    next_peer: usize,
+}
+
+fn new_peer(addr: SocketAddr, token: Token, now: Instant, backoff: Duration) -> Peer {
+    Peer {
+        addr,
+        token,
+        stream: None,
+        connected: false,
+        proven: false,
+        nonce: [0; NONCE_BYTES],
+        hello: Vec::new(),
+        deadline: now,
+        queue: VecDeque::new(),
+        head_written: 0,
+        queued_bytes: 0,
+        next_dial: now,
+        backoff,
+        log: Limiter::default(),
+    }
 }
 
 fn would_block(e: &io::Error) -> bool {
@@ -264,30 +291,18 @@ impl Transport {
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let now = Instant::now();
-        let peers = cfg
+        let peers: BTreeMap<NodeId, Peer> = cfg
             .peers
             .iter()
             .enumerate()
             .map(|(i, (&id, &addr))| {
-                let p = Peer {
-                    addr,
-                    token: Token(PEER_BASE + i),
-                    stream: None,
-                    connected: false,
-                    proven: false,
-                    nonce: [0; NONCE_BYTES],
-                    hello: Vec::new(),
-                    deadline: now,
-                    queue: VecDeque::new(),
-                    head_written: 0,
-                    queued_bytes: 0,
-                    next_dial: now,
-                    backoff: cfg.backoff_min,
-                    log: Limiter::default(),
-                };
-                (id, p)
+                (
+                    id,
+                    new_peer(addr, Token(PEER_BASE + i), now, cfg.backoff_min),
+                )
             })
             .collect();
+        let next_peer = peers.len();
         Ok(Transport {
             cfg,
             poll,
@@ -302,7 +317,68 @@ impl Transport {
             scratch: vec![0; 64 << 10],
             log_proof: Limiter::default(),
             log_hello: Limiter::default(),
+            next_peer,
         })
+    }
+
+    /// Makes `peers` (every other member and its Raft address) the nodes
+    /// this transport dials and accepts, as the configuration changes: a
+    /// new member is dialled at once, a departed one's connections are
+    /// closed and its queue dropped, a moved one is dialled at its new
+    /// address from the next dial on.
+    pub fn set_peers(
+        &mut self,
+        peers: BTreeMap<NodeId, SocketAddr>,
+        names: BTreeMap<NodeId, String>,
+    ) {
+        let gone: Vec<NodeId> = self
+            .peers
+            .keys()
+            .filter(|id| !peers.contains_key(id))
+            .copied()
+            .collect();
+        for id in gone {
+            // What is queued for it (the heartbeat telling it its removal
+            // committed) goes out now if the socket takes it.
+            self.flush(id);
+            if let Some(mut p) = self.peers.remove(&id) {
+                if let Some(mut s) = p.stream.take() {
+                    let _ = self.poll.registry().deregister(&mut s);
+                }
+            }
+            if let Some(t) = self.bound.remove(&id) {
+                self.close_inbound(t);
+            }
+        }
+        let now = Instant::now();
+        for (&id, &addr) in &peers {
+            match self.peers.get_mut(&id) {
+                Some(p) => p.addr = addr,
+                None => {
+                    // Tokens of peers stay below the inbound ones.
+                    let token = Token(PEER_BASE + self.next_peer % (INBOUND_BASE - PEER_BASE));
+                    self.next_peer += 1;
+                    let p = new_peer(addr, token, now, self.cfg.backoff_min);
+                    self.peers.insert(id, p);
+                }
+            }
+        }
+        self.cfg.peers = peers;
+        self.cfg.names.extend(names);
+    }
+
+    /// Where `peer` is dialled, if it is a peer.
+    pub fn peer_addr(&self, peer: NodeId) -> Option<SocketAddr> {
+        self.cfg.peers.get(&peer).copied()
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.cfg.open
+    }
+
+    /// See [`TransportConfig::open`].
+    pub fn set_open(&mut self, open: bool) {
+        self.cfg.open = open;
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -659,7 +735,7 @@ impl Transport {
                     let why = format!("its hello is for node {acceptor}, this is node {me}");
                     return self.refuse_hello(t, addr, &why);
                 }
-                if dialer == me || !self.cfg.peers.contains_key(&dialer) {
+                if dialer == me || !(self.cfg.open || self.cfg.peers.contains_key(&dialer)) {
                     let why = format!("its hello names node {dialer}, not a member");
                     return self.refuse_hello(t, addr, &why);
                 }
@@ -1049,15 +1125,17 @@ fn decode_frames(
             Ok(Some((body, next))) => {
                 at = next;
                 match raft_msg::decode(body) {
-                    Ok(m) if m.to == cfg.id && cfg.peers.contains_key(&m.from) => match *sender {
-                        // A connection speaks for one member only.
-                        Some(s) if s != m.from => stats.rejected_sender += 1,
-                        _ => {
-                            *sender = Some(m.from);
-                            stats.received += 1;
-                            inbox.push(m);
+                    Ok(m) if m.to == cfg.id && (cfg.open || cfg.peers.contains_key(&m.from)) => {
+                        match *sender {
+                            // A connection speaks for one member only.
+                            Some(s) if s != m.from => stats.rejected_sender += 1,
+                            _ => {
+                                *sender = Some(m.from);
+                                stats.received += 1;
+                                inbox.push(m);
+                            }
                         }
-                    },
+                    }
                     Ok(_) => stats.misaddressed += 1,
                     Err(_) => break false,
                 }

@@ -1,6 +1,6 @@
 //! Node loss: a node whose peer link and Raft connection both stay down
-//! for `NODE_GONE_AFTER` is declared gone by the leader, which removes its
-//! subscriptions.
+//! for `NODE_GONE_AFTER`, or that was removed from the configuration, is
+//! declared gone by the leader, which removes its subscriptions.
 
 use super::*;
 
@@ -17,7 +17,8 @@ impl Broker {
         }
         let view = c.view.clone();
         let mut gone = Vec::new();
-        for node in 1..=c.names.len() as u64 {
+        let members = c.members.clone();
+        for &node in &members {
             if node == c.me {
                 continue;
             }
@@ -36,6 +37,18 @@ impl Broker {
             let since = *c.down_since.entry(node).or_insert(now);
             if now.duration_since(since) >= NODE_GONE_AFTER && c.removing.insert(node) {
                 gone.push(node);
+            }
+        }
+        // Nodes removed from the configuration: their subscriptions go
+        // too (once per node; a node that comes back is a new member).
+        if !members.is_empty() {
+            let mut owners: Vec<u64> = self.fsm.subs.iter().map(|s| s.owner.node).collect();
+            owners.sort_unstable();
+            owners.dedup();
+            for node in owners {
+                if !members.contains(&node) && c.removing.insert(node) {
+                    gone.push(node);
+                }
             }
         }
         for node in gone {

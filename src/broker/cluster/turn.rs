@@ -122,6 +122,7 @@ impl Broker {
                 self.retry_waiters(sink.now());
             }
             FromRaft::Group { group, event } => self.on_group(sink, group, event),
+            FromRaft::Changed { tag, result } => self.member_proposed(sink, tag, result),
             FromRaft::WantSnapshot => {
                 let data = self.fsm.snapshot();
                 let index = self.fsm.applied;
@@ -138,12 +139,11 @@ impl Broker {
         };
         match ev {
             LinkEvent::Up { link, node_id } => {
-                let node = c
-                    .names
-                    .iter()
-                    .position(|n| *n == node_id)
-                    .map(|i| i as u64 + 1);
-                if node.is_none() {
+                let node = c.id_of(&node_id);
+                if let Some(slot) = c.link_names.get_mut(link) {
+                    *slot = Some(node_id.clone());
+                }
+                if node.is_none() && c.member {
                     crate::log_warn!("peer link {link} reached {node_id:?}, which is not a member");
                 }
                 if let Some(slot) = c.link_node.get_mut(link) {
@@ -159,8 +159,15 @@ impl Broker {
                 if let Some(slot) = c.link_node.get_mut(link) {
                     *slot = None;
                 }
+                if let Some(slot) = c.link_names.get_mut(link) {
+                    *slot = None;
+                }
             }
             LinkEvent::Answer { tag, result } => {
+                if tag & TAG_MEMBER != 0 {
+                    self.member_relay_answered(sink, tag, result);
+                    return;
+                }
                 if tag & TAG_RELAY != 0 {
                     self.relay_answered(sink, tag, result);
                     return;
@@ -202,7 +209,7 @@ impl Broker {
         // Once a leader is known: say this node is up (dropping its
         // earlier life's subscriptions). When that comes back applied,
         // everything committed before it has been applied here too.
-        if c.leader.is_some() && !c.up_proposed {
+        if c.leader.is_some() && c.member && !c.up_proposed {
             c.up_proposed = true;
             let boot = c.boot;
             self.submit_internal(sink, Cmd::Subs(Command::NodeUp { node: me, boot }));
@@ -215,6 +222,7 @@ impl Broker {
             if c.next_view <= now {
                 c.next_view = now + VIEW_EVERY;
                 c.view = c.raft.as_ref().map(RaftNode::view);
+                self.follow_members(sink, now);
                 self.watch_nodes(sink, now);
             }
         }

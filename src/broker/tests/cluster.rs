@@ -37,6 +37,8 @@ fn member() -> Core {
             bootstrap: false,
             secret: None,
             names: BTreeMap::from([(1, "n1".into()), (2, "n2".into())]),
+            infos: BTreeMap::new(),
+            join: false,
         },
         peers_http: vec![addr],
     });

@@ -1,0 +1,646 @@
+//! Membership changes of a running cluster, with real broker processes on
+//! loopback (docs/PROTOCOL.md, "Membership changes"): nodes started with
+//! `-join` are added with `cluster.add` while messages flow, the leader
+//! and a dead node are removed, a killed node is replaced by a new one
+//! with a new id, every node restarts with its original flags and gets
+//! the stored membership back, and bad requests are refused with their
+//! codes. Every wait is bounded; every process is stopped by its PID.
+
+mod cluster_support;
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use cluster_support::http_get;
+use gombus::client::{Client, Options, Reconnect};
+use serde_json::{json, Value};
+
+const TOKEN: &str = "membership-secret";
+const STARTUP_WAIT: Duration = Duration::from_secs(15);
+const WAIT: Duration = Duration::from_secs(20);
+/// One test's processes at a time: elections are timed on a quiet host.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+static NEXT_ROOT: AtomicU64 = AtomicU64::new(0);
+
+/// `n` distinct free loopback ports: every listener is held until all
+/// are picked, so no two picks are the same port.
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("no free loopback port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("a bound port").port())
+        .collect()
+}
+
+fn free_port() -> u16 {
+    free_ports(1)[0]
+}
+
+fn broker_bin() -> String {
+    std::env::var("GOMBUS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string())
+}
+
+/// One node: its addresses, flags, and process while it runs.
+struct Node {
+    name: String,
+    http: String,
+    raft: String,
+    args: Vec<String>,
+    child: Option<Child>,
+    log: Arc<Mutex<VecDeque<String>>>,
+}
+
+/// Seed nodes n1..n3 started with `-raft-peers`, and nodes that join.
+struct Nodes {
+    root: PathBuf,
+    nodes: Vec<Node>,
+    _turn: MutexGuard<'static, ()>,
+}
+
+impl Nodes {
+    /// Starts n1..n3 as the contract's launch lines do (`id=URL` pairs)
+    /// and waits until they agree on a leader.
+    fn start() -> Nodes {
+        let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        let root = std::env::temp_dir().join(format!(
+            "gombus-membership-{}-{}",
+            std::process::id(),
+            NEXT_ROOT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&root).unwrap();
+        let names = ["n1", "n2", "n3"];
+        let ports = free_ports(6);
+        let http: Vec<String> = ports[..3]
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let raft: Vec<String> = ports[3..]
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let peers = (0..3)
+            .map(|j| format!("{}={}", names[j], raft[j]))
+            .collect::<Vec<_>>()
+            .join(",");
+        let urls = (0..3)
+            .map(|j| format!("{}=http://{}/socket.io", names[j], http[j]))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut nodes = Nodes {
+            root,
+            nodes: Vec::new(),
+            _turn: turn,
+        };
+        for i in 0..3 {
+            let args = vec![
+                format!("-node-id={}", names[i]),
+                format!("-addr={}", http[i]),
+                format!("-raft-addr={}", raft[i]),
+                format!("-raft-peers={peers}"),
+                format!("-cluster={urls}"),
+                format!("-control-token={TOKEN}"),
+                format!("-data={}", nodes.root.join(names[i]).display()),
+                "-bootstrap".to_string(),
+            ];
+            nodes.nodes.push(Node {
+                name: names[i].to_string(),
+                http: http[i].clone(),
+                raft: raft[i].clone(),
+                args,
+                child: None,
+                log: Arc::new(Mutex::new(VecDeque::new())),
+            });
+        }
+        let waits: Vec<_> = (0..3).map(|i| nodes.spawn(i)).collect();
+        for (i, w) in waits.into_iter().enumerate() {
+            nodes.await_listening(i, &w);
+        }
+        nodes.await_leader(&[0, 1, 2]);
+        nodes
+    }
+
+    /// Starts a new node `name` with `-join`, naming member `via` in
+    /// `-cluster`; returns its index.
+    fn join(&mut self, name: &str, via: usize) -> usize {
+        let ports = free_ports(2);
+        let http = format!("127.0.0.1:{}", ports[0]);
+        let raft = format!("127.0.0.1:{}", ports[1]);
+        let args = vec![
+            format!("-node-id={name}"),
+            format!("-addr={http}"),
+            format!("-raft-addr={raft}"),
+            "-join".to_string(),
+            format!(
+                "-cluster={}=http://{}",
+                self.nodes[via].name, self.nodes[via].http
+            ),
+            format!("-control-token={TOKEN}"),
+            format!("-data={}", self.root.join(name).display()),
+        ];
+        self.nodes.push(Node {
+            name: name.to_string(),
+            http,
+            raft,
+            args,
+            child: None,
+            log: Arc::new(Mutex::new(VecDeque::new())),
+        });
+        let i = self.nodes.len() - 1;
+        let w = self.spawn(i);
+        self.await_listening(i, &w);
+        i
+    }
+
+    fn spawn(&mut self, i: usize) -> mpsc::Receiver<String> {
+        let bin = broker_bin();
+        let node = &mut self.nodes[i];
+        let mut child = Command::new(&bin)
+            .args(&node.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+        let (tx, rx) = mpsc::channel();
+        if let Some(stderr) = child.stderr.take() {
+            let log = Arc::clone(&node.log);
+            thread::spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    let _ = tx.send(line.clone());
+                    let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+                    if log.len() == 300 {
+                        log.pop_front();
+                    }
+                    log.push_back(line);
+                }
+            });
+        }
+        node.child = Some(child);
+        rx
+    }
+
+    fn await_listening(&self, i: usize, lines: &mpsc::Receiver<String>) {
+        let deadline = Instant::now() + STARTUP_WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) if line.contains("listening on ") => return,
+                Ok(_) => {}
+                Err(e) => panic!(
+                    "{} did not start ({e}):\n{}",
+                    self.nodes[i].name,
+                    self.logs()
+                ),
+            }
+        }
+    }
+
+    /// SIGKILL node `i` by its PID.
+    fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.nodes[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM node `i` by its PID and wait (bounded) for it to exit.
+    fn stop(&mut self, i: usize) {
+        let Some(mut c) = self.nodes[i].child.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = c.try_wait() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
+    fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let log = n.log.lock().unwrap_or_else(|p| p.into_inner());
+                format!(
+                    "--- {} ---\n{}",
+                    n.name,
+                    log.iter().cloned().collect::<Vec<_>>().join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn control(&self, i: usize, timeout: Duration) -> Client {
+        let opts = Options {
+            namespace: "/control".into(),
+            token: Some(TOKEN.into()),
+            timeout,
+            ..Default::default()
+        };
+        Client::connect_with(&self.nodes[i].http, opts)
+            .unwrap_or_else(|e| panic!("connect to {}/control: {e}", self.nodes[i].name))
+    }
+
+    fn status(&self, i: usize) -> Result<Value, String> {
+        let opts = Options {
+            namespace: "/control".into(),
+            token: Some(TOKEN.into()),
+            timeout: Duration::from_secs(2),
+            ..Default::default()
+        };
+        let c = Client::connect_with(&self.nodes[i].http, opts).map_err(|e| e.to_string())?;
+        let v = c
+            .call("cluster.status", json!({}))
+            .map_err(|e| e.to_string())?;
+        let _ = c.close();
+        Ok(v)
+    }
+
+    /// `cluster.add` of node `new` asked of node `at`.
+    fn add(&self, at: usize, new: usize) -> Result<Value, String> {
+        let n = &self.nodes[new];
+        let args = json!({"id": n.name, "raft_addr": n.raft, "addr": n.http});
+        self.call(at, "cluster.add", args)
+    }
+
+    fn remove(&self, at: usize, name: &str) -> Result<Value, String> {
+        self.call(at, "cluster.remove", json!({ "id": name }))
+    }
+
+    /// `event` on node `at`'s `/control`: its ack, or the error code.
+    fn call(&self, at: usize, event: &str, args: Value) -> Result<Value, String> {
+        let c = self.control(at, Duration::from_secs(70));
+        let r = c.call(event, args).map_err(|e| {
+            eprintln!("{event} on {}: {e}", self.nodes[at].name);
+            match e.code() {
+                Some(code) => code.to_string(),
+                None => e.to_string(),
+            }
+        });
+        let _ = c.close();
+        r
+    }
+
+    /// Waits until every node in `nodes` names the same leader, one of
+    /// them; returns its index.
+    fn await_leader(&self, nodes: &[usize]) -> usize {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let leaders: Vec<Option<String>> = nodes
+                .iter()
+                .map(|&i| {
+                    self.status(i)
+                        .ok()
+                        .and_then(|s| s["leader"].as_str().map(str::to_string))
+                })
+                .collect();
+            if let Some(Some(l)) = leaders.first() {
+                if leaders.iter().all(|x| x.as_deref() == Some(l)) {
+                    if let Some(&i) = nodes.iter().find(|&&i| self.nodes[i].name == *l) {
+                        return i;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agreed leader among {nodes:?}: {leaders:?}\n{}",
+                self.logs()
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until node `i`'s `/healthz` answers `code` with `status`.
+    fn await_health(&self, i: usize, code: u16, status: &str) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let got = http_get(&self.nodes[i].http, "/healthz");
+            if let Ok((c, body)) = &got {
+                if *c == code && body.contains(status) {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} /healthz is {got:?}, not {code} {status}\n{}",
+                self.nodes[i].name,
+                self.logs()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until node `i`'s `cluster.status` lists exactly `names` as
+    /// members, every one a voter, with a leader among them.
+    fn await_members(&self, i: usize, names: &[&str]) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let s = self.status(i).unwrap_or(Value::Null);
+            let mut listed: Vec<(String, bool)> = s["peers"]
+                .as_array()
+                .map(|ps| {
+                    ps.iter()
+                        .map(|p| {
+                            let id = p["id"].as_str().unwrap_or("?").to_string();
+                            (id, p["voter"] == json!(true))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            listed.sort();
+            let mut want: Vec<(String, bool)> =
+                names.iter().map(|n| (n.to_string(), true)).collect();
+            want.sort();
+            let leader_ok = s["leader"].as_str().is_some_and(|l| names.contains(&l));
+            if listed == want && leader_ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} lists {listed:?} (leader {}), not {want:?}\n{}",
+                self.nodes[i].name,
+                s["leader"],
+                self.logs()
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn client(&self, i: usize) -> Client {
+        Client::connect(&self.nodes[i].http)
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", self.nodes[i].name))
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+        if thread::panicking() {
+            eprintln!("{}", self.logs());
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Receives `want` messages on `sub` (bounded); returns their numbers.
+fn drain(sub: &gombus::client::Subscription, want: u64) -> Vec<u64> {
+    let deadline = Instant::now() + WAIT;
+    let mut got = Vec::new();
+    while (got.len() as u64) < want && Instant::now() < deadline {
+        if let Ok(m) = sub.recv_timeout(Duration::from_millis(200)) {
+            // u64::MAX: a probe of the subscriptions, sent before.
+            match m.data.as_u64() {
+                Some(u64::MAX) => {}
+                n => got.push(n.unwrap_or(u64::MAX - 1)),
+            }
+        }
+    }
+    got
+}
+
+/// Grows 3 → 4 → 5 while a publisher on n3 and subscribers on n1 and n2
+/// run: every message reaches both subscribers once and in order; the
+/// new nodes vote and serve; then every node restarts with its original
+/// flags (seeds with their three-node -raft-peers) and the stored
+/// five-member configuration comes back.
+#[test]
+fn growing_while_messages_flow_then_restarting_from_the_stored_membership() {
+    let mut c = Nodes::start();
+    let sub1 = c.client(0);
+    let s1 = sub1.subscribe("grow.n").unwrap();
+    let sub2 = c.client(1);
+    let s2 = sub2.subscribe("grow.n").unwrap();
+    let publisher = c.client(2);
+    // The subscriptions are committed cluster-wide before publishing.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        publisher.publish_acked("grow.n", json!(u64::MAX)).unwrap();
+        let a = s1.recv_timeout(Duration::from_millis(100)).is_ok();
+        let b = s2.recv_timeout(Duration::from_millis(100)).is_ok();
+        if a && b {
+            break;
+        }
+        assert!(Instant::now() < deadline, "subscriptions never spread");
+    }
+    while s1.try_recv().ok().flatten().is_some() || s2.try_recv().ok().flatten().is_some() {}
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let pub_thread = {
+        let stop = Arc::clone(&stop);
+        let sent = Arc::clone(&sent);
+        thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                publisher.publish_acked("grow.n", json!(n)).unwrap();
+                n += 1;
+                sent.store(n, Ordering::Relaxed);
+                thread::sleep(Duration::from_millis(2));
+            }
+            publisher
+        })
+    };
+
+    let n4 = c.join("n4", 0);
+    c.await_health(n4, 503, "waiting to be added");
+    // Asked of a follower: relayed to the leader.
+    let leader = c.await_leader(&[0, 1, 2]);
+    let follower = (0..3).find(|&i| i != leader).unwrap();
+    let t = Instant::now();
+    assert_eq!(c.add(follower, n4), Ok(json!({"ok": true})));
+    eprintln!("n4 added in {:?}", t.elapsed());
+    c.await_members(n4, &["n1", "n2", "n3", "n4"]);
+    c.await_health(n4, 200, "ok");
+
+    let n5 = c.join("n5", 1);
+    // Asked of the node added last.
+    assert_eq!(c.add(n4, n5), Ok(json!({"ok": true})));
+    c.await_members(0, &["n1", "n2", "n3", "n4", "n5"]);
+    c.await_health(n5, 200, "ok");
+
+    // The new node serves: a subscriber on n5 gets n3's messages.
+    let sub5 = c.client(n5);
+    let s5 = sub5.subscribe("grow.n").unwrap();
+    let deadline = Instant::now() + WAIT;
+    while s5.recv_timeout(Duration::from_millis(200)).is_err() {
+        assert!(Instant::now() < deadline, "n5's subscriber got nothing");
+    }
+
+    stop.store(true, Ordering::Relaxed);
+    let publisher = pub_thread.join().unwrap();
+    let total = sent.load(Ordering::Relaxed);
+    assert!(total > 50, "only {total} messages were published");
+    let want: Vec<u64> = (0..total).collect();
+    assert_eq!(drain(&s1, total), want, "n1's subscriber");
+    assert_eq!(drain(&s2, total), want, "n2's subscriber");
+    drop((publisher, sub1, sub2, sub5));
+
+    // Everyone restarts with the flags it was started with.
+    for i in 0..c.nodes.len() {
+        c.stop(i);
+    }
+    let waits: Vec<_> = (0..c.nodes.len()).map(|i| c.spawn(i)).collect();
+    for (i, w) in waits.into_iter().enumerate() {
+        c.await_listening(i, &w);
+    }
+    c.await_leader(&[0, 1, 2, 3, 4]);
+    for i in 0..5 {
+        c.await_members(i, &["n1", "n2", "n3", "n4", "n5"]);
+        c.await_health(i, 200, "ok");
+    }
+}
+
+/// A node killed with SIGKILL is replaced by a new node with a new id,
+/// the dead one is removed, then the leader removes itself: it steps
+/// down, closes its clients (which reconnect to a member) and answers
+/// 503; its subscriptions are gone cluster-wide.
+#[test]
+fn replacing_a_killed_node_and_removing_the_leader() {
+    let mut c = Nodes::start();
+    // n3 dies for good; n1 and n2 go on (with a new leader if n3 led).
+    c.kill(2);
+    c.await_leader(&[0, 1]);
+    let n4 = c.join("n4", 0);
+    assert_eq!(c.add(0, n4), Ok(json!({"ok": true})));
+    assert_eq!(c.remove(1, "n3"), Ok(json!({"ok": true})));
+    c.await_members(0, &["n1", "n2", "n4"]);
+    c.await_members(n4, &["n1", "n2", "n4"]);
+
+    let leader = c.await_leader(&[0, 1, n4]);
+    let others: Vec<usize> = [0, 1, n4].into_iter().filter(|&i| i != leader).collect();
+    // A client of the leader, able to fall back on the others.
+    let urls: Vec<String> = std::iter::once(leader)
+        .chain(others.iter().copied())
+        .map(|i| c.nodes[i].http.clone())
+        .collect();
+    let opts = Options {
+        reconnect: Some(Reconnect {
+            initial: Duration::from_millis(50),
+            max: Duration::from_millis(250),
+            jitter: 0.2,
+            max_attempts: None,
+        }),
+        ..Default::default()
+    };
+    let roamer = Client::connect_any_with(&urls, opts).unwrap();
+    assert_eq!(roamer.url().as_deref(), Some(c.nodes[leader].http.as_str()));
+    let roaming = roamer.subscribe("roam.x").unwrap();
+    let watcher = c.client(others[0]);
+    let watch = watcher.subscribe("roam.x").unwrap();
+    // Wait until both subscriptions are known everywhere.
+    let publisher = c.client(others[1]);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        publisher.publish_acked("roam.x", json!("hello")).unwrap();
+        let a = roaming.recv_timeout(Duration::from_millis(100)).is_ok();
+        let b = watch.recv_timeout(Duration::from_millis(100)).is_ok();
+        if a && b {
+            break;
+        }
+        assert!(Instant::now() < deadline, "subscriptions never spread");
+    }
+
+    let name = c.nodes[leader].name.clone();
+    assert_eq!(c.remove(others[0], &name), Ok(json!({"ok": true})));
+    let names: Vec<&str> = others.iter().map(|&i| c.nodes[i].name.as_str()).collect();
+    c.await_members(others[0], &names);
+    c.await_members(others[1], &names);
+    c.await_health(leader, 503, "removed from the cluster");
+
+    // The roaming client was closed by the removed node and came back on
+    // a member: publishes from a member reach it there.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let _ = publisher.publish_acked("roam.x", json!("again"));
+        let on_member = roamer
+            .url()
+            .is_some_and(|u| u != c.nodes[leader].http && roamer.is_connected());
+        if on_member {
+            if let Ok(m) = roaming.recv_timeout(Duration::from_millis(200)) {
+                if m.data == json!("again") {
+                    break;
+                }
+                continue;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the removed node's client did not come back on a member (url {:?})",
+            roamer.url()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    // New clients are refused by the removed node.
+    let refused = Client::connect(&c.nodes[leader].http).map(|_| ());
+    assert!(
+        matches!(&refused, Err(gombus::client::Error::ConnectRefused(m)) if m.contains("removed")),
+        "{refused:?}"
+    );
+}
+
+/// Bad requests get their codes: duplicates and unknown ids are
+/// `bad_request`, a second change while a node catches up is
+/// `unavailable`, and the node still catching up can be removed.
+#[test]
+fn bad_membership_requests_are_refused() {
+    let c = Nodes::start();
+    let n1 = &c.nodes[0];
+    let dup_id = json!({"id": "n2", "raft_addr": "127.0.0.1:1", "addr": "127.0.0.1:2"});
+    assert_eq!(c.call(0, "cluster.add", dup_id), Err("bad_request".into()));
+    let dup_raft = json!({"id": "n9", "raft_addr": n1.raft, "addr": "127.0.0.1:2"});
+    assert_eq!(
+        c.call(1, "cluster.add", dup_raft),
+        Err("bad_request".into())
+    );
+    let dup_http = json!({"id": "n9", "raft_addr": "127.0.0.1:1", "addr": n1.http});
+    assert_eq!(
+        c.call(2, "cluster.add", dup_http),
+        Err("bad_request".into())
+    );
+    let no_host = json!({"id": "n9", "raft_addr": ":9999", "addr": "127.0.0.1:2"});
+    assert_eq!(c.call(0, "cluster.add", no_host), Err("bad_request".into()));
+    assert_eq!(c.remove(1, "n9"), Err("bad_request".into()));
+
+    // A node that never comes: its add waits (the caller gives up), and
+    // meanwhile another change is refused as under way.
+    let ghost_raft = format!("127.0.0.1:{}", free_port());
+    let ghost = json!({"id": "ghost", "raft_addr": ghost_raft, "addr": "127.0.0.1:3"});
+    let impatient = c.control(0, Duration::from_millis(1500));
+    assert!(impatient.call("cluster.add", ghost).is_err());
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let s = c.status(1).unwrap();
+        let listed = s["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["id"] == json!("ghost") && p["voter"] == json!(false));
+        if listed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "ghost not listed: {s}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let other = json!({"id": "n8", "raft_addr": "127.0.0.1:4", "addr": "127.0.0.1:5"});
+    assert_eq!(c.call(2, "cluster.add", other), Err("unavailable".into()));
+    assert_eq!(c.remove(1, "n1").err(), Some("unavailable".into()));
+    assert_eq!(c.remove(2, "ghost"), Ok(json!({"ok": true})));
+    c.await_members(0, &["n1", "n2", "n3"]);
+}
