@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use fuzz_support::{assert_clean, run};
 use gombus::cluster::raft_msg::{
-    self, Beat, BeatAck, Body, Entry, EntryKind, HardState, Message, Snapshot,
+    self, Beat, BeatAck, Body, Entry, EntryKind, HardState, Member, Membership, Message, Snapshot,
 };
 use gombus::cluster::{forward, raft_log};
 use gombus::net::{http, polling, ws};
@@ -638,6 +638,31 @@ fn pub_scan() {
 // ---------------------------------------------------------------------------
 // Cluster codecs.
 
+/// A configuration of a seed member and a node added by name, with the
+/// runtime's member data.
+fn conf_membership() -> Membership {
+    Membership {
+        members: vec![
+            Member {
+                id: 1,
+                voter: true,
+                data: br#"{"name":"n1","raft":"127.0.0.1:9091","http":"127.0.0.1:8081"}"#.to_vec(),
+            },
+            Member {
+                id: gombus::cluster::members::joined_id("n4"),
+                voter: false,
+                data: br#"{"name":"n4","raft":"127.0.0.1:9094"}"#.to_vec(),
+            },
+        ],
+    }
+}
+
+fn conf_sample() -> Vec<u8> {
+    let mut out = Vec::new();
+    raft_msg::encode_membership(&mut out, &conf_membership());
+    out
+}
+
 fn raft_samples() -> Vec<Message> {
     let e = |i: u64, d: &[u8]| Entry {
         term: 3,
@@ -692,6 +717,33 @@ fn raft_samples() -> Vec<Message> {
             data: b"pub".to_vec(),
         },
         Body::ProposeResp { seq: 2, index: 8 },
+        // Membership changes: a configuration entry, the hand-over, and a
+        // snapshot with the configuration at its index.
+        Body::Append {
+            prev_index: 7,
+            prev_term: 3,
+            entries: vec![Entry {
+                term: 3,
+                index: 8,
+                kind: EntryKind::Config,
+                data: conf_sample(),
+            }],
+            commit: 7,
+            epoch: 1,
+        },
+        Body::TransferVote {
+            last_index: 8,
+            last_term: 3,
+        },
+        Body::TimeoutNow,
+        Body::ConfSnapshot {
+            snapshot: Snapshot {
+                index: 8,
+                term: 3,
+                data: b"{}".to_vec(),
+            },
+            config: conf_membership(),
+        },
     ];
     // The control group's messages, the same in a stream group (whose
     // group id goes in front), and the coalesced heartbeats.
@@ -768,6 +820,14 @@ fn raft_message() {
                 ensure(back.as_ref() == Ok(&hs), || {
                     format!("{hs:?} came back as {back:?}")
                 })?;
+            }
+            if let Ok(c) = raft_msg::decode_membership(input) {
+                let mut again = Vec::new();
+                raft_msg::encode_membership(&mut again, &c);
+                ensure(again == input, || format!("{c:?} re-encoded differently"))?;
+                for m in &c.members {
+                    let _ = gombus::cluster::members::MemberInfo::decode(&m.data);
+                }
             }
             let Ok(m) = raft_msg::decode(input) else {
                 return Ok(());

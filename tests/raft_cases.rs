@@ -863,3 +863,22 @@ fn bad_membership_requests_are_refused_with_their_codes() {
     let last = one.node_mut(1).propose_remove(1).unwrap_err();
     assert_eq!((last, last.code()), (ChangeError::LastVoter, "bad_request"));
 }
+
+/// A node added while it cannot answer yet (its first probe is lost, and
+/// the leader has nothing more to append) is still caught up and
+/// promoted: the leader probes again, with no entries, on heartbeats.
+#[test]
+fn a_learner_whose_first_probe_was_lost_is_probed_again() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.propose(1, "a").unwrap();
+    let at = net.node_mut(1).propose_add(4, b"four".to_vec()).unwrap();
+    // Node 4 does not exist yet: everything sent to it is lost.
+    net.settle();
+    assert!(net.node(1).commit() >= at);
+    join(&mut net, 4);
+    // No proposal follows: only heartbeats can restart the probe.
+    net.tick(1, 8);
+    assert_eq!(voters(&net, 1), vec![1, 2, 3, 4]);
+    assert_eq!(net.applied_data(4), vec!["a"]);
+}

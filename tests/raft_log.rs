@@ -6,8 +6,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use gombus::cluster::raft_log::{DurableLog, Loaded, LogStore, MemoryLog, StateFile};
-use gombus::cluster::raft_msg::{Entry, EntryKind, HardState, Snapshot};
+use gombus::cluster::raft_log::{
+    DurableLog, Loaded, LogStore, MembershipFile, MemoryLog, StateFile,
+};
+use gombus::cluster::raft_msg::{Entry, EntryKind, HardState, Member, Membership, Snapshot};
 use gombus::storage::record;
 
 /// A fresh directory under the system temp dir, removed on drop.
@@ -324,4 +326,37 @@ fn a_corrupt_snapshot_file_is_an_error_naming_it() {
         err.contains("snapshot") && err.contains("offset 0"),
         "{err}"
     );
+}
+
+/// The configuration stored beside the snapshot comes back whole after a
+/// reopen; none stored is `None`; a damaged file is an error, not a
+/// silent fall back to `-raft-peers`.
+#[test]
+fn membership_file_round_trips_and_refuses_damage() {
+    let dir = TempDir::new("membership");
+    let mut f = MembershipFile::open(&dir.0).unwrap();
+    assert_eq!(f.load().unwrap(), None);
+    let conf = Membership {
+        members: vec![
+            Member {
+                id: 1,
+                voter: true,
+                data: b"{\"name\":\"n1\"}".to_vec(),
+            },
+            Member {
+                id: 1 << 63 | 5,
+                voter: false,
+                data: Vec::new(),
+            },
+        ],
+    };
+    f.save(&conf).unwrap();
+    assert_eq!(
+        MembershipFile::open(&dir.0).unwrap().load().unwrap(),
+        Some(conf)
+    );
+    let mut bytes = fs::read(dir.0.join("membership")).unwrap();
+    bytes[10] ^= 1;
+    fs::write(dir.0.join("membership"), &bytes).unwrap();
+    assert!(MembershipFile::open(&dir.0).unwrap().load().is_err());
 }
