@@ -132,9 +132,9 @@ fn group_leader(addr: &str, stream: &str) -> Option<u64> {
 /// `cluster.leader` of `stream.info` on `c` (node id), if any.
 fn info_leader(c: &Client, stream: &str) -> Option<u64> {
     let v = c.call("stream.info", json!({ "name": stream })).ok()?;
-    v["cluster"]["leader"]
-        .as_u64()
-        .or_else(|| v["stream"]["cluster"]["leader"].as_u64())
+    let leader = v.get("cluster").unwrap_or(&v["stream"]["cluster"])["leader"].as_str()?;
+    // Node ids are n1, n2, … on the measured cluster.
+    leader.trim_start_matches('n').parse().ok()
 }
 
 fn ms(from: Instant, to: Instant) -> f64 {

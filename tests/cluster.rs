@@ -723,21 +723,22 @@ fn replicated_stream_placement(c: &Cluster) {
     assert_eq!(created["stream"]["config"]["name"], json!("R3"));
     for (i, client) in [&c1, &c2, &c3].into_iter().enumerate() {
         let cluster = await_cluster_field(client, "R3", 2, IDS[i]);
-        let leader = cluster["leader"].as_u64();
+        // Nodes are named by their node ids, as cluster.status names them.
+        let leader = cluster["leader"].as_str();
         assert!(
-            leader.is_some_and(|l| (1..=3).contains(&l)),
+            leader.is_some_and(|l| IDS.contains(&l)),
             "on {}: {cluster}",
             IDS[i]
         );
-        let mut nodes: Vec<u64> = cluster["replicas"]
+        let mut nodes: Vec<&str> = cluster["replicas"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|r| r["node"].as_u64().expect("a replica's node id"))
+            .map(|r| r["node"].as_str().expect("a replica's node id"))
             .chain(leader)
             .collect();
         nodes.sort_unstable();
-        assert_eq!(nodes, vec![1, 2, 3], "on {}: {cluster}", IDS[i]);
+        assert_eq!(nodes, IDS.to_vec(), "on {}: {cluster}", IDS[i]);
     }
     // Each of the three nodes runs the stream's Raft group (the cluster's
     // first, group 1) with its log in a directory of its own: its first
@@ -768,7 +769,7 @@ fn replicated_stream_placement(c: &Cluster) {
     assert_eq!(c3.stream_get("R3", 2).unwrap().data, json!({ "k": 2 }));
     // An R1 stream reports its owner as leader and no replicas.
     let r1 = await_cluster_field(&c3, "C5", 0, "n3");
-    assert_eq!(r1["leader"], json!(1), "{r1}");
+    assert_eq!(r1["leader"], json!("n1"), "{r1}");
     // Each entry of stream.list carries it too, whichever node answers.
     let listed = c2
         .call("stream.list", json!({}))
@@ -780,7 +781,7 @@ fn replicated_stream_placement(c: &Cluster) {
             .map(|s| s["cluster"].clone())
             .unwrap_or_else(|| panic!("{name} not listed: {listed}"))
     };
-    assert!(entry("R3")["leader"].is_u64(), "{listed}");
+    assert!(entry("R3")["leader"].is_string(), "{listed}");
     assert_eq!(entry("R3")["replicas"].as_array().map(Vec::len), Some(2));
     assert_eq!(entry("C5")["replicas"], json!([]), "{listed}");
 }

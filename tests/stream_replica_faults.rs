@@ -289,12 +289,13 @@ fn has_group_snapshot(data: &Path) -> bool {
     })
 }
 
-/// The `stream.info` cluster entry of replica `node` (Raft id), if listed.
+/// The `stream.info` cluster entry of replica `node` (an index into
+/// `IDS`), if listed.
 fn replica_entry(info: &Value, node: usize) -> Option<Value> {
     cluster_field(info)["replicas"]
         .as_array()?
         .iter()
-        .find(|r| r["node"].as_u64() == Some(node as u64 + 1))
+        .find(|r| r["node"].as_str() == Some(IDS[node]))
         .cloned()
 }
 

@@ -382,18 +382,18 @@ fn a_node_without_a_replica_serves_an_r2_stream() {
     );
     // The cluster field, once the group has a leader, names both members.
     let deadline = Instant::now() + SERVE_WAIT;
-    let members: Vec<u64> = loop {
+    let members: Vec<String> = loop {
         let info = c.client(0).call("stream.info", json!({"name": "R2"}));
         if let Ok(info) = &info {
             let cl = &info["cluster"];
-            if let Some(leader) = cl["leader"].as_u64() {
-                let mut m: Vec<u64> = cl["replicas"]
+            if let Some(leader) = cl["leader"].as_str() {
+                let mut m: Vec<String> = cl["replicas"]
                     .as_array()
                     .unwrap()
                     .iter()
-                    .filter_map(|r| r["node"].as_u64())
+                    .filter_map(|r| r["node"].as_str().map(str::to_string))
                     .collect();
-                m.push(leader);
+                m.push(leader.to_string());
                 m.sort_unstable();
                 break m;
             }
@@ -402,12 +402,14 @@ fn a_node_without_a_replica_serves_an_r2_stream() {
         thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(members.len(), 2, "{members:?}");
-    let outside = (1..=3u64).find(|n| !members.contains(n)).unwrap();
-    let cl = c.client((outside - 1) as usize);
+    let outside = (0..3)
+        .find(|&i| !members.iter().any(|m| m == IDS[i]))
+        .unwrap();
+    let cl = c.client(outside);
     for k in 1..=20u64 {
         let ack = cl
             .publish_stream("r2.x", json!({ "k": k }))
-            .unwrap_or_else(|e| panic!("publish {k} on n{outside}: {e}"));
+            .unwrap_or_else(|e| panic!("publish {k} on {}: {e}", IDS[outside]));
         assert_eq!((ack.stream.as_str(), ack.seq), ("R2", k));
     }
     let read = read_all(&cl, "R2", "outside");

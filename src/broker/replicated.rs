@@ -109,15 +109,16 @@ impl Broker {
         {
             return self.group_cluster_field(name);
         }
+        let c = self.cluster.as_ref()?;
         let replicas: Vec<Value> = meta
             .placement
             .iter()
             .flat_map(|p| p.replicas.iter())
             .filter(|&&n| n != meta.owner)
-            .map(|n| json!({"node": n, "current": false, "lag": null}))
+            .map(|&n| json!({"node": node_id(c, n), "current": false, "lag": null}))
             .collect();
         let mut cluster = Map::new();
-        cluster.insert("leader".into(), json!(meta.owner));
+        cluster.insert("leader".into(), node_id(c, meta.owner));
         cluster.insert("replicas".into(), Value::Array(replicas));
         Some(Value::Object(cluster))
     }
@@ -209,4 +210,14 @@ pub(crate) fn stream_group_families(fsm: &Fsm, cluster: Option<&Cluster>) -> Vec
         }
     }
     vec![leader, term, lag]
+}
+
+/// A node as `stream.info`'s `cluster` field names it: its node id (the
+/// `-node-id` it runs with, as `cluster.status` shows it), or its Raft
+/// number as text when the configuration carries no name for it.
+pub(crate) fn node_id(c: &Cluster, node: u64) -> Value {
+    match c.name_of(node) {
+        Some(name) => Value::String(name.to_string()),
+        None => Value::String(node.to_string()),
+    }
 }

@@ -1012,9 +1012,10 @@ impl Broker {
                     .filter(|g| g.role == Role::Leader)
                     .and_then(|g| g.progress.get(&n).map(|m| g.last_index.saturating_sub(*m)));
                 let current = lag.is_some_and(|l| l == 0) && c.reachable(n);
-                json!({"node": n, "current": current, "lag": lag})
+                json!({"node": super::replicated::node_id(c, n), "current": current, "lag": lag})
             })
             .collect();
+        let leader = leader.map(|l| super::replicated::node_id(c, l));
         Some(json!({"leader": leader, "replicas": replicas}))
     }
 

@@ -115,10 +115,10 @@ def check_replicated_stream_info(peer_n2, url_n3):
             raise AssertionError(f"stream.info on n2 never showed the placement: {info!r}")
         time.sleep(0.01)
     leader = cluster.get("leader")
-    if leader not in (1, 2, 3):
+    if leader not in ("n1", "n2", "n3"):
         raise AssertionError(f"leader: {cluster!r}")
     nodes = sorted([r.get("node") for r in cluster["replicas"]] + [leader])
-    if nodes != [1, 2, 3]:
+    if nodes != ["n1", "n2", "n3"]:
         raise AssertionError(f"replicas: {cluster!r}")
     for r in cluster["replicas"]:
         if not isinstance(r.get("current"), bool) or "lag" not in r:
