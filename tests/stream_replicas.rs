@@ -416,3 +416,128 @@ fn a_node_without_a_replica_serves_an_r2_stream() {
     let ks: Vec<u64> = read.iter().map(|r| r.1).collect();
     assert_eq!(ks, (1..=20).collect::<Vec<_>>());
 }
+
+/// Receives push deliveries on `sub` until every k of `want` came; acks
+/// each one (retried until `{ok}`) and adds its seq to `acked`. A
+/// delivery of a seq already in `acked` fails the test. Returns the
+/// `(seq, k)` of every delivery.
+fn take_pushes(
+    cl: &Client,
+    sub: &gombus::client::Subscription,
+    want: &[u64],
+    acked: &mut Vec<u64>,
+    within: Duration,
+) -> Vec<(u64, u64)> {
+    let deadline = Instant::now() + within;
+    let mut got = Vec::new();
+    let mut seen_k = Vec::new();
+    while !want.iter().all(|k| seen_k.contains(k)) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "push deliveries missing: have k {seen_k:?}, want {want:?}"
+        );
+        let Ok(m) = sub.recv_timeout(left.min(Duration::from_millis(500))) else {
+            continue;
+        };
+        let d = m
+            .stream
+            .clone()
+            .expect("a push delivery names its stream message");
+        assert_eq!((d.stream.as_str(), d.consumer.as_str()), ("RP", "push"));
+        assert!(
+            !acked.contains(&d.seq),
+            "seq {} delivered again after its ack was answered ok",
+            d.seq
+        );
+        let k = m.data["k"].as_u64().expect("k in data");
+        got.push((d.seq, k));
+        seen_k.push(k);
+        call_until(
+            cl,
+            "ack",
+            json!({"stream": "RP", "consumer": "push", "seq": d.seq}),
+            SERVE_WAIT,
+        );
+        acked.push(d.seq);
+    }
+    got
+}
+
+/// docs/PROTOCOL.md "Replicated streams": a push consumer on an R3
+/// stream gets every published message on its `deliver_subject`; after
+/// kill -9 of the stream's leader the new leader goes on delivering, and
+/// no message whose ack was answered `{ok}` is delivered again.
+#[test]
+fn a_push_consumer_on_an_r3_stream_survives_kill9_of_the_leader() {
+    let mut c = Cluster::start();
+    let leader = create_r3(&c, "RP", "rp.>");
+    let node = (leader + 1) % 3;
+    let cl = c.client(node);
+    let sub = cl.subscribe("deliver.rp").expect("subscribe");
+    call_until(
+        &cl,
+        "consumer.create",
+        json!({"stream": "RP", "name": "push", "deliver_subject": "deliver.rp"}),
+        SERVE_WAIT,
+    );
+    for k in 1..=40u64 {
+        cl.publish_stream("rp.x", json!({ "k": k }))
+            .unwrap_or_else(|e| panic!("publish {k}: {e}"));
+    }
+    let mut acked = Vec::new();
+    let first = take_pushes(
+        &cl,
+        &sub,
+        &(1..=40).collect::<Vec<_>>(),
+        &mut acked,
+        SERVE_WAIT,
+    );
+    let mut seqs: Vec<u64> = first.iter().map(|d| d.0).collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert_eq!(seqs, (1..=40).collect::<Vec<_>>());
+    c.kill(leader);
+    let killed = Instant::now();
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    // The survivors name the dead leader until one of them is elected.
+    let deadline = Instant::now() + SERVE_WAIT;
+    let new_leader = loop {
+        let l = agreed_leader(&c, &survivors, "RP", SERVE_WAIT);
+        if l != leader {
+            break l;
+        }
+        assert!(Instant::now() < deadline, "no new leader of RP's group");
+        thread::sleep(Duration::from_millis(20));
+    };
+    for k in 41..=80u64 {
+        let deadline = Instant::now() + SERVE_WAIT;
+        while let Err(e) = cl.publish_stream("rp.x", json!({ "k": k })) {
+            assert!(Instant::now() < deadline, "publish {k}: {e}");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let rest = take_pushes(
+        &cl,
+        &sub,
+        &(41..=80).collect::<Vec<_>>(),
+        &mut acked,
+        SERVE_WAIT,
+    );
+    println!(
+        "RP: leader {} killed; {} deliveries from the new leader {} within {} ms",
+        IDS[leader],
+        rest.len(),
+        IDS[new_leader],
+        killed.elapsed().as_millis()
+    );
+    // Nothing else comes: every message was acked once.
+    let late = sub.recv_timeout(Duration::from_millis(300));
+    if let Ok(m) = late {
+        let seq = m.stream.map(|d| d.seq);
+        assert!(
+            seq.is_some_and(|s| !acked.contains(&s)),
+            "acked seq {seq:?} delivered again"
+        );
+    }
+}

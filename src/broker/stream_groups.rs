@@ -21,6 +21,10 @@
 //!   message the consumer is done with, so an acked message is never
 //!   handed out again, whoever leads. At most one delivery entry per
 //!   consumer is in flight, so two fetches never get the same message.
+//! - A push consumer's deliveries are delivery entries the leader makes
+//!   on its own while a subscriber listens on the `deliver_subject`; it
+//!   sends what their apply accepted, so a new leader goes on where the
+//!   old one stopped.
 //!
 //! The replica lives in memory; the group's log (and its snapshots, taken
 //! from [`Replica::snapshot`] when the log grows long) is what keeps it
@@ -35,8 +39,8 @@ use serde_json::{json, Map, Value};
 use super::cluster::send_ack;
 use super::events::StreamOp;
 use super::session::NSP_ROOT;
-use super::stream_out::push_message;
-use super::streams::{epoch_ms, FETCH_BYTES_MAX};
+use super::stream_out::{has_targets, push_accepted, push_message, Push, RemotePush};
+use super::streams::{epoch_ms, FETCH_BYTES_MAX, NAK_DELAY_MS_MAX, PUSH_PER_TURN_MAX};
 use super::Broker;
 use crate::cluster::fsm::{Cmd, MetaCommand};
 use crate::cluster::node::{GroupEvent, ToRaft};
@@ -48,6 +52,7 @@ use crate::protocol::stream_messages::{
     self as sm, AckReq, ConsumerConfig, ConsumerCreate, ConsumerReq, FetchReq, GetReq, PurgeReq,
     StreamConfig, FETCH_BATCH_MAX,
 };
+use crate::routing::subs::SubTable;
 use crate::stream::replica::{AckKind, Op, Outcome, Publish, Replica};
 use crate::stream::stream::{Msg, Stored};
 
@@ -85,6 +90,11 @@ enum Reply {
         name: String,
     },
     Fetch(FetchWait),
+    /// A push consumer's deliveries: sent to its `deliver_subject` once
+    /// the entry applied.
+    Push {
+        consumer: String,
+    },
     /// A read, answered from the replica once its (no-op) entry applied:
     /// the leader that proposed it still led when it was committed.
     Read {
@@ -161,6 +171,8 @@ pub(crate) struct StreamGroups {
     next_tag: u64,
     /// Reused buffer for ack headers.
     head: Vec<u8>,
+    /// Round robin over a deliver group's members.
+    pick: usize,
 }
 
 impl StreamGroups {
@@ -169,7 +181,7 @@ impl StreamGroups {
     /// still go through.
     pub(crate) fn forget_conn(&mut self, conn: ConnId) {
         let gone = |r: &Reply| match r {
-            Reply::None => false,
+            Reply::None | Reply::Push { .. } => false,
             Reply::Publish { conn: c, .. }
             | Reply::Ok { conn: c, .. }
             | Reply::Purge { conn: c, .. }
@@ -672,12 +684,6 @@ impl Broker {
                 let req: ConsumerCreate = parse(arg)?;
                 let mut cfg: ConsumerConfig = sm::read_config(req.config)?;
                 cfg.validate()?;
-                if cfg.deliver_subject.is_some() {
-                    return Err(ApiError::new(
-                        Code::BadRequest,
-                        "a replicated stream serves pull consumers only (no deliver_subject)",
-                    ));
-                }
                 if let Some(c) = r.consumer(&cfg.name) {
                     if c.cfg == cfg {
                         let info = consumer_json(r, &cfg.name).unwrap_or(Value::Null);
@@ -722,7 +728,10 @@ impl Broker {
                 let req: AckReq = parse(arg)?;
                 let kind = match op {
                     StreamOp::Ack => AckKind::Ack,
-                    StreamOp::Nak => AckKind::Nak,
+                    StreamOp::Nak => match req.delay_ms.unwrap_or(0) {
+                        0 => AckKind::Nak,
+                        ms => AckKind::NakDelay(ms.min(NAK_DELAY_MS_MAX)),
+                    },
                     StreamOp::Term => AckKind::Term,
                     _ => AckKind::Wip,
                 };
@@ -739,6 +748,14 @@ impl Broker {
                     return Err(ApiError::new(
                         Code::NotFound,
                         format!("no consumer {:?}", req.consumer),
+                    ));
+                }
+                if r.consumer(&req.consumer)
+                    .is_some_and(|c| c.cfg.deliver_subject.is_some())
+                {
+                    return Err(ApiError::new(
+                        Code::BadRequest,
+                        "a push consumer (deliver_subject set) cannot be fetched from",
                     ));
                 }
                 let Some(ack_id) = ack_id else {
@@ -807,6 +824,7 @@ impl Broker {
             }
             if h.role == Role::Leader {
                 plan_fetches(h, now, &mut answers);
+                plan_pushes(h, &mut self.fsm.subs, &self.remote_push, now);
                 let cfg = h.replica.config();
                 if cfg.max_age_ms > 0 || cfg.duplicate_window_ms > 0 {
                     let due = h.next_expire.is_none_or(|t| t <= now);
@@ -878,6 +896,7 @@ impl Broker {
         let mut answers: Vec<(ConnId, u64, String)> = Vec::new();
         let mut binary: Vec<(ConnId, u64, String, Vec<Vec<u8>>)> = Vec::new();
         let mut reads = Vec::new();
+        let mut pushes: Vec<(String, Vec<(u64, u64)>)> = Vec::new();
         match event {
             GroupEvent::Restore { index, data } => match Replica::restore(&data, now) {
                 Ok(r) => {
@@ -919,6 +938,11 @@ impl Broker {
                                     op,
                                     arg,
                                 } => reads.push((conn, ack_id, op, arg)),
+                                Reply::Push { consumer } => {
+                                    if let Outcome::Delivered(list) = out {
+                                        pushes.push((consumer, list));
+                                    }
+                                }
                                 reply => answer(h, &reply, out, now, &mut answers, &mut binary),
                             }
                         }
@@ -969,6 +993,9 @@ impl Broker {
                 }
             }
         }
+        if !pushes.is_empty() {
+            self.push_delivered(sink, group, pushes);
+        }
         for (conn, ack_id, op, arg) in reads {
             let raw = RawValue::from_string(arg).ok();
             let r = self.serve(
@@ -994,6 +1021,51 @@ impl Broker {
             let head = &mut self.stream_groups.head;
             super::stream_out::send_ack(sink, head, conn, ack_id, body.as_bytes(), &attachments);
         }
+    }
+
+    /// Sends the deliveries a push consumer's entry accepted to its
+    /// `deliver_subject`. A delivery no subscriber takes any more (it
+    /// left since) is due again after `ack_wait`, as on one node.
+    fn push_delivered(
+        &mut self,
+        sink: &mut dyn Sink,
+        group: GroupId,
+        pushes: Vec<(String, Vec<(u64, u64)>)>,
+    ) {
+        let Some(h) = self.stream_groups.held.get(&group) else {
+            return;
+        };
+        for (name, list) in pushes {
+            let Some(c) = h.replica.consumer(&name) else {
+                continue;
+            };
+            let Some(subject) = c.cfg.deliver_subject.as_deref() else {
+                continue;
+            };
+            let deliver_group = c.cfg.deliver_group.as_deref();
+            for (seq, delivered) in list {
+                let Some(m) = msg_of(&h.replica, seq) else {
+                    continue;
+                };
+                let to = Push {
+                    stream: &h.name,
+                    consumer: &name,
+                    seq,
+                    delivered,
+                };
+                push_accepted(
+                    sink,
+                    &mut self.fsm.subs,
+                    &mut self.remote_push,
+                    subject,
+                    deliver_group,
+                    &to,
+                    &m,
+                    &mut self.stream_groups.pick,
+                );
+            }
+        }
+        self.forward_pushes();
     }
 
     /// The `cluster` field of replicated stream `name`, from its group as
@@ -1053,6 +1125,7 @@ fn refuse(r: &Reply, answers: &mut Vec<(ConnId, u64, String)>, why: &str) {
         | Reply::Purge { conn, ack_id }
         | Reply::Consumer { conn, ack_id, .. } => answers.push((*conn, *ack_id, body)),
         Reply::Fetch(w) => answers.push((w.conn, w.ack_id, body)),
+        Reply::Push { .. } => {}
         Reply::Read { conn, ack_id, .. } => answers.push((*conn, *ack_id, body)),
     }
 }
@@ -1062,8 +1135,14 @@ fn refuse(r: &Reply, answers: &mut Vec<(ConnId, u64, String)>, why: &str) {
 /// `unavailable`; a fetch may have been delivered, so it is not retried.
 fn give_up(h: &mut Held, f: &InFlight, answers: &mut Vec<(ConnId, u64, String)>) {
     for r in &f.replies {
-        if let Reply::Fetch(w) = r {
-            h.delivering.remove(&w.consumer);
+        match r {
+            Reply::Fetch(w) => {
+                h.delivering.remove(&w.consumer);
+            }
+            Reply::Push { consumer } => {
+                h.delivering.remove(consumer);
+            }
+            _ => {}
         }
         refuse(
             r,
@@ -1103,6 +1182,43 @@ fn plan_fetches(h: &mut Held, now: Instant, answers: &mut Vec<(ConnId, u64, Stri
         keep.push_back(w);
     }
     h.waits = keep;
+}
+
+/// On the leader: every push consumer with no delivery in flight, a
+/// subscriber on its `deliver_subject` and messages due gets an
+/// [`Op::Deliver`] of at most [`PUSH_PER_TURN_MAX`] of them (R1's flow
+/// control: nothing goes out while no one listens, and `max_ack_pending`
+/// bounds what is unacked).
+fn plan_pushes(h: &mut Held, subs: &mut SubTable, remote: &RemotePush, now: Instant) {
+    if !h.serving {
+        return;
+    }
+    let last_seq = h.replica.last_seq();
+    for name in h.replica.consumer_names() {
+        let Some(c) = h.replica.consumer(&name) else {
+            continue;
+        };
+        let Some(subject) = c.cfg.deliver_subject.as_deref() else {
+            continue;
+        };
+        let due = c.next_deadline().is_some_and(|t| t <= now);
+        if h.delivering.contains(&name) || !(due || c.may_have_work(last_seq)) {
+            continue;
+        }
+        if !has_targets(subs, remote, subject, c.cfg.deliver_group.as_deref()) {
+            continue;
+        }
+        let seqs = h.replica.next_deliveries(&name, PUSH_PER_TURN_MAX, now);
+        if seqs.is_empty() {
+            continue;
+        }
+        h.delivering.insert(name.clone());
+        h.ops.push(Op::Deliver {
+            consumer: name.clone(),
+            seqs,
+        });
+        h.replies.push(Reply::Push { consumer: name });
+    }
 }
 
 /// Answers one request with its op's outcome.

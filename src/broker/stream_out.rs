@@ -141,74 +141,13 @@ pub(super) fn push_one(
         let Ok(Some(m)) = msgs.get(d.seq) else {
             continue;
         };
-        tail.clear();
-        tail.extend_from_slice(b",\"subject\":");
-        push_str(&mut tail, &m.subject);
-        tail.extend_from_slice(b",\"data\":");
-        push_data(&mut tail, &m, 0);
-        if let Some(h) = &m.headers {
-            tail.extend_from_slice(b",\"headers\":");
-            tail.extend_from_slice(h.as_bytes());
-        }
-        tail.extend_from_slice(b",\"stream\":");
-        push_str(&mut tail, &stream_name);
-        tail.extend_from_slice(b",\"consumer\":");
-        push_str(&mut tail, name);
-        tail.extend_from_slice(
-            format!(",\"seq\":{},\"delivered\":{}}}]", d.seq, d.deliveries).as_bytes(),
-        );
-        // Several local subscribers hold one copy of the tail.
-        let shared = super::messaging::share(&tail, targets.len());
-        for t in targets {
-            let key = match t {
-                Target::Local(key) => key,
-                Target::Remote(node, serial, sid) => {
-                    let mut data = Vec::new();
-                    push_data(&mut data, &m, 0);
-                    let mut extra = b"\"stream\":".to_vec();
-                    push_str(&mut extra, &stream_name);
-                    extra.extend_from_slice(b",\"consumer\":");
-                    push_str(&mut extra, name);
-                    extra.extend_from_slice(
-                        format!(",\"seq\":{},\"delivered\":{}", d.seq, d.deliveries).as_bytes(),
-                    );
-                    remote.out.push(PushOut {
-                        node,
-                        pick: (serial, sid),
-                        subject: m.subject.to_string(),
-                        data: String::from_utf8_lossy(&data).into_owned(),
-                        headers: m.headers.as_deref().map(str::to_string),
-                        attachments: if m.binary {
-                            vec![m.data.to_vec()]
-                        } else {
-                            Vec::new()
-                        },
-                        extra: String::from_utf8_lossy(&extra).into_owned(),
-                    });
-                    continue;
-                }
-            };
-            let Some(s) = subs.target(key) else {
-                continue;
-            };
-            let conn = s.conn;
-            let head: &[u8] = if m.binary {
-                // A BINARY_EVENT with one attachment: `51-["msg",{…`.
-                b"51-[\"msg\",{\"sid\":"
-            } else {
-                b"2[\"msg\",{\"sid\":"
-            };
-            let queued = match &shared {
-                Some(tail) => sink.send_text_shared(conn, &[head, s.sid_json.as_bytes()], tail),
-                None => sink.send_text(conn, &[head, s.sid_json.as_bytes(), &tail]),
-            };
-            if queued && m.binary {
-                sink.send_binary(conn, &m.data);
-            }
-            if let Some(end) = subs.delivered(key) {
-                subs.ended.push(end);
-            }
-        }
+        let to = Push {
+            stream: &stream_name,
+            consumer: name,
+            seq: d.seq,
+            delivered: d.deliveries,
+        };
+        send_push(sink, subs, remote, targets, &to, &m, &mut tail);
         if none {
             done.push(d.seq);
         }
@@ -220,6 +159,118 @@ pub(super) fn push_one(
         slot.touched = true;
     }
     more
+}
+
+/// One push delivery: whose message and its counts.
+pub(super) struct Push<'a> {
+    pub stream: &'a str,
+    pub consumer: &'a str,
+    pub seq: u64,
+    pub delivered: u64,
+}
+
+/// Sends message `m` as push delivery `to` to `targets`; `tail` is a
+/// reused buffer.
+fn send_push(
+    sink: &mut dyn Sink,
+    subs: &mut SubTable,
+    remote: &mut RemotePush,
+    targets: Vec<Target>,
+    to: &Push<'_>,
+    m: &Msg,
+    tail: &mut Vec<u8>,
+) {
+    tail.clear();
+    tail.extend_from_slice(b",\"subject\":");
+    push_str(tail, &m.subject);
+    tail.extend_from_slice(b",\"data\":");
+    push_data(tail, m, 0);
+    if let Some(h) = &m.headers {
+        tail.extend_from_slice(b",\"headers\":");
+        tail.extend_from_slice(h.as_bytes());
+    }
+    tail.extend_from_slice(b",\"stream\":");
+    push_str(tail, to.stream);
+    tail.extend_from_slice(b",\"consumer\":");
+    push_str(tail, to.consumer);
+    tail.extend_from_slice(
+        format!(",\"seq\":{},\"delivered\":{}}}]", to.seq, to.delivered).as_bytes(),
+    );
+    // Several local subscribers hold one copy of the tail.
+    let shared = super::messaging::share(tail, targets.len());
+    for t in targets {
+        let key = match t {
+            Target::Local(key) => key,
+            Target::Remote(node, serial, sid) => {
+                let mut data = Vec::new();
+                push_data(&mut data, m, 0);
+                let mut extra = b"\"stream\":".to_vec();
+                push_str(&mut extra, to.stream);
+                extra.extend_from_slice(b",\"consumer\":");
+                push_str(&mut extra, to.consumer);
+                extra.extend_from_slice(
+                    format!(",\"seq\":{},\"delivered\":{}", to.seq, to.delivered).as_bytes(),
+                );
+                remote.out.push(PushOut {
+                    node,
+                    pick: (serial, sid),
+                    subject: m.subject.to_string(),
+                    data: String::from_utf8_lossy(&data).into_owned(),
+                    headers: m.headers.as_deref().map(str::to_string),
+                    attachments: if m.binary {
+                        vec![m.data.to_vec()]
+                    } else {
+                        Vec::new()
+                    },
+                    extra: String::from_utf8_lossy(&extra).into_owned(),
+                });
+                continue;
+            }
+        };
+        let Some(s) = subs.target(key) else {
+            continue;
+        };
+        let conn = s.conn;
+        let head: &[u8] = if m.binary {
+            // A BINARY_EVENT with one attachment: `51-["msg",{…`.
+            b"51-[\"msg\",{\"sid\":"
+        } else {
+            b"2[\"msg\",{\"sid\":"
+        };
+        let queued = match &shared {
+            Some(tail) => sink.send_text_shared(conn, &[head, s.sid_json.as_bytes()], tail),
+            None => sink.send_text(conn, &[head, s.sid_json.as_bytes(), tail]),
+        };
+        if queued && m.binary {
+            sink.send_binary(conn, &m.data);
+        }
+        if let Some(end) = subs.delivered(key) {
+            subs.ended.push(end);
+        }
+    }
+}
+
+/// A replicated stream's push delivery of `m` (already accepted by its
+/// delivery entry) to the subscribers of `subject` (one of `group`);
+/// false if none could take it.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn push_accepted(
+    sink: &mut dyn Sink,
+    subs: &mut SubTable,
+    remote: &mut RemotePush,
+    subject: &str,
+    group: Option<&str>,
+    to: &Push<'_>,
+    m: &Msg,
+    pick: &mut usize,
+) -> bool {
+    let targets = push_targets(subs, remote, subject, group, pick);
+    if targets.is_empty() {
+        return false;
+    }
+    let mut tail = Vec::new();
+    send_push(sink, subs, remote, targets, to, m, &mut tail);
+    true
 }
 
 /// Whether a push delivery on `subject` (to `group`) would reach anyone.

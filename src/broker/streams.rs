@@ -705,8 +705,8 @@ fn abandoned(dir: &Path) -> bool {
         .any(|e| e.file_name().to_str().is_some_and(|n| n.ends_with(".seg")))
 }
 
-/// Largest `nak` delay (one day).
-pub const NAK_DELAY_MS_MAX: u64 = 86_400_000;
+/// Largest `nak` delay (one day), the same for replicated streams.
+pub use crate::stream::replica::NAK_DELAY_MS_MAX;
 
 /// When a stream next needs the loop, and whether a push consumer of it
 /// waits for a subscriber.

@@ -21,7 +21,8 @@
 //! limits, work-queue and interest retention. Bytes count the segment
 //! record a message takes ([`msg_record_bytes`]), as R1's do. Consumers
 //! are R1's [`Consumer`] driven by its durable [`Event`]s; their
-//! redelivery timers are the leader's business and are not replicated.
+//! redelivery timers are set by each replica from the entries it applies
+//! (a `nak`'s delay travels in its entry) and are not in snapshots.
 //!
 //! A delivery is an entry too, and the leader hands a message to a client
 //! only once that entry has applied and accepted it: a delivery of a
@@ -66,10 +67,17 @@ pub struct Publish {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AckKind {
     Ack,
+    /// A `nak` due again at once.
     Nak,
+    /// A `nak` with `delay_ms`: due again that many ms after it applies
+    /// (at most [`NAK_DELAY_MS_MAX`]).
+    NakDelay(u64),
     Term,
     Wip,
 }
+
+/// Largest `nak` delay (one day).
+pub const NAK_DELAY_MS_MAX: u64 = 86_400_000;
 
 /// One operation of an entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -239,8 +247,9 @@ impl Replica {
     }
 
     /// What a leader would deliver next to `consumer`, without recording
-    /// it: redeliveries due first, then new messages, at most `max`. The
-    /// leader proposes them as an [`Op::Deliver`].
+    /// it: redeliveries due first (nak'd, or past `ack_wait` or a nak's
+    /// delay as of `now`), then new messages, at most `max`. The leader
+    /// proposes them as an [`Op::Deliver`].
     pub fn next_deliveries(&self, consumer: &str, max: usize, now: Instant) -> Vec<u64> {
         let Some(m) = self.consumers.get(consumer) else {
             return Vec::new();
@@ -249,6 +258,7 @@ impl Replica {
         let src = Msgs(&self.msgs, self.last_seq);
         let mut out = Vec::new();
         let mut events = Vec::new();
+        c.expire(now, &mut events);
         while out.len() < max {
             match c.next(now, &src, &mut events) {
                 Some(d) => out.push(d.seq),
@@ -563,6 +573,9 @@ impl Replica {
                 AckKind::Ack => c.ack(seq, &mut events),
                 AckKind::Term => c.term(seq, &mut events).map(|_| Vec::new()),
                 AckKind::Nak => c.nak(seq, Duration::ZERO, now).map(|_| Vec::new()),
+                AckKind::NakDelay(ms) => c
+                    .nak(seq, Duration::from_millis(ms.min(NAK_DELAY_MS_MAX)), now)
+                    .map(|_| Vec::new()),
                 AckKind::Wip => c.wip(seq, now).map(|_| Vec::new()),
             };
             match r {
@@ -700,7 +713,10 @@ fn consumer_json(cfg: &ConsumerConfig) -> String {
 //
 // An entry: a version byte, then each op as a tag byte and its fields
 // (u64 little-endian, strings and byte strings with a u32 length, an
-// optional string as a 0/1 byte and the string), to the end.
+// optional string as a 0/1 byte and the string), to the end. An ack in an
+// acks op is a kind byte (0 ack, 1 nak, 2 term, 3 wip, 4 nak with a
+// delay, followed by the delay's ms) and the seq; kind 4 came later, so
+// entries written before it decode unchanged.
 
 const ENTRY_VERSION: u8 = 1;
 
@@ -773,12 +789,16 @@ pub fn encode_entry(ops: &[Op]) -> Vec<u8> {
                 put_str(&mut out, consumer);
                 out.extend_from_slice(&(acks.len() as u32).to_le_bytes());
                 for (k, s) in acks {
-                    out.push(match k {
-                        AckKind::Ack => 0,
-                        AckKind::Nak => 1,
-                        AckKind::Term => 2,
-                        AckKind::Wip => 3,
-                    });
+                    match k {
+                        AckKind::Ack => out.push(0),
+                        AckKind::Nak => out.push(1),
+                        AckKind::Term => out.push(2),
+                        AckKind::Wip => out.push(3),
+                        AckKind::NakDelay(ms) => {
+                            out.push(4);
+                            put_u64(&mut out, *ms);
+                        }
+                    }
                     put_u64(&mut out, *s);
                 }
             }
@@ -894,6 +914,7 @@ pub fn decode_entry(buf: &[u8]) -> Result<Vec<Op>, Malformed> {
                         1 => AckKind::Nak,
                         2 => AckKind::Term,
                         3 => AckKind::Wip,
+                        4 => AckKind::NakDelay(r.u64()?),
                         _ => return Err(Malformed("ack kind")),
                     };
                     acks.push((kind, r.u64()?));
@@ -973,6 +994,7 @@ mod tests {
                     (AckKind::Nak, 2),
                     (AckKind::Term, 3),
                     (AckKind::Wip, 4),
+                    (AckKind::NakDelay(1_500), 5),
                 ],
             },
         ]
@@ -1142,6 +1164,60 @@ mod tests {
         assert_eq!(deliver(&mut rep, &[3]), vec![(3, 2)]);
         // Limits retention keeps acked messages.
         assert_eq!(rep.messages(), 4);
+    }
+
+    #[test]
+    fn a_nak_delay_is_carried_by_the_entry_and_kept_by_every_replica() {
+        let cfg = serde_json::json!({"name":"S","subjects":["a.>"]});
+        let mut a = with_messages(cfg.clone(), 2);
+        let mut b = with_messages(cfg, 2);
+        let now = Instant::now();
+        let ops = vec![
+            Op::Deliver {
+                consumer: "c".into(),
+                seqs: vec![1, 2],
+            },
+            Op::Acks {
+                consumer: "c".into(),
+                acks: vec![(AckKind::NakDelay(60_000), 1), (AckKind::Nak, 2)],
+            },
+        ];
+        // Through the bytes, as a follower gets it.
+        let bytes = encode_entry(&ops);
+        assert_eq!(bytes[bytes.len() - 9 - 17], 4, "kind 4 then the delay");
+        let decoded = decode_entry(&bytes).unwrap();
+        assert_eq!(decoded, ops);
+        for rep in [&mut a, &mut b] {
+            rep.apply(&decoded, now);
+            // The delayed one is not due; the plain nak is.
+            assert_eq!(rep.next_deliveries("c", 5, now), vec![2]);
+            assert_eq!(
+                rep.next_deliveries("c", 5, now + Duration::from_millis(59_000)),
+                vec![2]
+            );
+            let mut due = rep.next_deliveries("c", 5, now + Duration::from_millis(60_000));
+            due.sort_unstable();
+            assert_eq!(due, vec![1, 2]);
+        }
+        // An entry written before kind 4 existed still decodes.
+        let old = [
+            vec![1u8, 8, 1, 0, 0, 0, b'c', 1, 0, 0, 0, 1],
+            1u64.to_le_bytes().to_vec(),
+        ]
+        .concat();
+        assert_eq!(
+            decode_entry(&old),
+            Ok(vec![Op::Acks {
+                consumer: "c".into(),
+                acks: vec![(AckKind::Nak, 1)]
+            }])
+        );
+        // A delay past the bound is held to it, not overflowed.
+        let mut c = with_messages(serde_json::json!({"name":"S","subjects":["a.>"]}), 1);
+        deliver(&mut c, &[1]);
+        assert_eq!(ack(&mut c, AckKind::NakDelay(u64::MAX), 1), Ok(()));
+        let day = Duration::from_millis(NAK_DELAY_MS_MAX);
+        assert!(c.next_deliveries("c", 1, Instant::now() + day).contains(&1));
     }
 
     #[test]
