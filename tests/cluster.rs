@@ -30,7 +30,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cluster_support::{http_get, Cluster, IDS, LEADER_WAIT};
+use cluster_support::{agreed_stream_group_leader, http_get, Cluster, IDS, LEADER_WAIT};
 use gombus::client::{
     Client, ConsumerConfig, Error, Event, Message, Options, StreamConfig, Subscription,
 };
@@ -1037,42 +1037,6 @@ fn leader_kill_fails_over_keeping_subscriptions_and_cursors() {
 // A follower is killed and restarted.
 // ---------------------------------------------------------------------------
 
-/// The leader node `i`'s `/metrics` names for stream `name`'s Raft group,
-/// if it knows one.
-fn group_leader(c: &Cluster, i: usize, name: &str) -> Option<u64> {
-    let (_, body) = http_get(&c.http[i], "/metrics").ok()?;
-    let prefix = format!("gombus_stream_group_leader{{stream=\"{name}\"}} ");
-    body.lines()
-        .find_map(|l| l.strip_prefix(&prefix)?.parse::<f64>().ok())
-        .filter(|&v| v > 0.0)
-        .map(|v| v as u64)
-}
-
-/// Polls the `/metrics` of `nodes` until they all name the same leader of
-/// stream `name`'s group, one `differs` accepts; fails after `within`.
-fn agreed_group_leader(
-    c: &Cluster,
-    nodes: &[usize],
-    name: &str,
-    within: Duration,
-    differs: impl Fn(u64) -> bool,
-) -> u64 {
-    let deadline = Instant::now() + within;
-    loop {
-        let seen: Vec<Option<u64>> = nodes.iter().map(|&i| group_leader(c, i, name)).collect();
-        if let Some(l) = seen[0].filter(|&l| differs(l)) {
-            if seen.iter().all(|s| *s == Some(l)) {
-                return l;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "nodes {nodes:?} never agreed on a new leader of {name}'s group: {seen:?}"
-        );
-        thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// docs/PROTOCOL.md "Replicated streams": an R3 stream's Raft group runs
 /// on its three nodes, and after kill -9 of the node leading it the other
 /// two elect a new leader within the contract's 5 s. Prints the time.
@@ -1085,17 +1049,17 @@ fn stream_group_elects_a_new_leader_after_kill9_of_its_leader() {
             json!({"name": "FG", "subjects": ["fg.>"], "replicas": 3}),
         )
         .expect("stream.create FG with 3 replicas");
-    let old = agreed_group_leader(&c, &[0, 1, 2], "FG", DELIVERY_WAIT, |_| true);
-    let victim = IDS
-        .iter()
-        .position(|n| *n == format!("n{old}"))
-        .expect("a node id of the cluster");
+    let victim = agreed_stream_group_leader(&c, &[0, 1, 2], "FG", DELIVERY_WAIT, |_| true);
     c.kill(victim);
     let killed = Instant::now();
     let survivors: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
-    let new = agreed_group_leader(&c, &survivors, "FG", Duration::from_secs(5), |l| l != old);
+    let new = agreed_stream_group_leader(&c, &survivors, "FG", Duration::from_secs(5), |l| {
+        l != victim
+    });
     println!(
-        "stream group of FG: leader n{old} killed, n{new} leads after {} ms",
+        "stream group of FG: leader {} killed, {} leads after {} ms",
+        IDS[victim],
+        IDS[new],
         killed.elapsed().as_millis()
     );
 }

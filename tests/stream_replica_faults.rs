@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cluster_support::{http_get, Cluster, IDS};
+use cluster_support::{agreed_stream_group_leader, Cluster, IDS};
 use gombus::client::{Client, Error, Options};
 use serde_json::{json, Value};
 
@@ -57,40 +57,10 @@ fn create_r3(c: &Cluster) -> usize {
     await_group_leader(c, &[0, 1, 2], None, LONG_WAIT)
 }
 
-/// The leader of the stream's group that node `i`'s `/metrics` names
-/// (None: none known, or the node does not answer).
-fn group_leader(c: &Cluster, i: usize) -> Option<usize> {
-    let (code, body) = http_get(&c.http[i], "/metrics").ok()?;
-    if code != 200 {
-        return None;
-    }
-    let want = format!("gombus_stream_group_leader{{stream=\"{STREAM}\"}} ");
-    let id = body
-        .lines()
-        .find_map(|l| l.strip_prefix(&want))?
-        .trim()
-        .parse::<f64>()
-        .ok()? as usize;
-    (1..=3).contains(&id).then(|| id - 1)
-}
-
 /// Waits until every node in `nodes` names the same group leader (other
 /// than `not`); returns it.
 fn await_group_leader(c: &Cluster, nodes: &[usize], not: Option<usize>, within: Duration) -> usize {
-    let deadline = Instant::now() + within;
-    loop {
-        let seen: Vec<Option<usize>> = nodes.iter().map(|&i| group_leader(c, i)).collect();
-        if let Some(Some(l)) = seen.first() {
-            if seen.iter().all(|s| *s == Some(*l)) && Some(*l) != not {
-                return *l;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no agreed leader of the stream's group within {within:?}: {seen:?}"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    agreed_stream_group_leader(c, nodes, STREAM, within, |l| Some(l) != not)
 }
 
 /// The `cluster` field of a `stream.info` answer.

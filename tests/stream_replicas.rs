@@ -14,43 +14,13 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cluster_support::{http_get, Cluster, IDS};
+use cluster_support::{agreed_stream_group_leader, Cluster, IDS};
 use gombus::client::Client;
 use serde_json::{json, Value};
 
 /// How long a replicated stream may take to be placed, elect its group's
 /// leader and serve (a fresh cluster, or one just restarted).
 const SERVE_WAIT: Duration = Duration::from_secs(20);
-
-/// The leader of stream `name`'s group as node `i`'s `/metrics` names it.
-fn group_leader(c: &Cluster, i: usize, name: &str) -> Option<u64> {
-    let (_, body) = http_get(&c.http[i], "/metrics").ok()?;
-    let prefix = format!("gombus_stream_group_leader{{stream=\"{name}\"}} ");
-    body.lines()
-        .find_map(|l| l.strip_prefix(&prefix)?.parse::<f64>().ok())
-        .filter(|&v| v > 0.0)
-        .map(|v| v as u64)
-}
-
-/// Polls until every node of `nodes` names the same leader of `name`'s
-/// group; returns its index.
-fn agreed_leader(c: &Cluster, nodes: &[usize], name: &str, within: Duration) -> usize {
-    let deadline = Instant::now() + within;
-    loop {
-        let seen: Vec<Option<u64>> = nodes.iter().map(|&i| group_leader(c, i, name)).collect();
-        if let Some(l) = seen[0] {
-            if seen.iter().all(|s| *s == Some(l)) {
-                return (l - 1) as usize;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no agreed leader of {name}'s group on {nodes:?}: {seen:?}\n{}",
-            c.all_logs()
-        );
-        thread::sleep(Duration::from_millis(10));
-    }
-}
 
 /// `event` through `client`, retried while it answers `unavailable` (a
 /// group electing its leader), for at most `within`.
@@ -77,7 +47,7 @@ fn create_r3(c: &Cluster, name: &str, subjects: &str) -> usize {
         json!({"name": name, "subjects": [subjects], "replicas": 3}),
         SERVE_WAIT,
     );
-    agreed_leader(c, &[0, 1, 2], name, SERVE_WAIT)
+    agreed_stream_group_leader(c, &[0, 1, 2], name, SERVE_WAIT, |_| true)
 }
 
 /// Reads the whole stream through a new consumer `consumer`: every
@@ -503,7 +473,7 @@ fn a_push_consumer_on_an_r3_stream_survives_kill9_of_the_leader() {
     // The survivors name the dead leader until one of them is elected.
     let deadline = Instant::now() + SERVE_WAIT;
     let new_leader = loop {
-        let l = agreed_leader(&c, &survivors, "RP", SERVE_WAIT);
+        let l = agreed_stream_group_leader(&c, &survivors, "RP", SERVE_WAIT, |_| true);
         if l != leader {
             break l;
         }

@@ -84,16 +84,7 @@ impl Broker {
         }
         let owner = name.as_deref().and_then(|n| self.fsm.stream_owner(n));
         if let Some(owner) = owner.filter(|&o| o != me) {
-            let timeout = if op == StreamOp::ConsumerFetch {
-                let expires = argv
-                    .get("expires_ms")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(5_000)
-                    .min(600_000);
-                Duration::from_millis(expires) + PROPOSE_WAIT
-            } else {
-                PROPOSE_WAIT
-            };
+            let timeout = relay_wait(op, &argv, PROPOSE_WAIT);
             let text = arg.map_or("{}", RawValue::get).to_string();
             return Some(self.relay(
                 owner,
@@ -258,4 +249,19 @@ impl Broker {
             self.submit_internal(sink, Cmd::Meta(MetaCommand::Cursors { stream, cursors }));
         }
     }
+}
+
+/// How long a node waits for the answer to stream event `op` (argument
+/// `argv`) it relayed to another node: `base`, plus a fetch's own wait
+/// (`expires_ms`, 5 s unless given, at most 10 minutes).
+pub(super) fn relay_wait(op: StreamOp, argv: &Value, base: Duration) -> Duration {
+    if op != StreamOp::ConsumerFetch {
+        return base;
+    }
+    let expires = argv
+        .get("expires_ms")
+        .and_then(Value::as_u64)
+        .unwrap_or(5_000)
+        .min(600_000);
+    Duration::from_millis(expires) + base
 }

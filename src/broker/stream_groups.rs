@@ -484,16 +484,12 @@ impl Broker {
             Err(e) => return Some(Err(e)),
         };
         if let Route::Relay(node) = route {
-            let timeout = if op == StreamOp::ConsumerFetch {
-                let expires = parse::<Value>(arg)
-                    .ok()
-                    .and_then(|v| v.get("expires_ms").and_then(Value::as_u64))
-                    .unwrap_or(5_000)
-                    .min(600_000);
-                Duration::from_millis(expires) + ENTRY_WAIT
-            } else {
-                ENTRY_WAIT
+            // Only a fetch's argument bears on the wait.
+            let argv = match op {
+                StreamOp::ConsumerFetch => parse::<Value>(arg).unwrap_or(Value::Null),
+                _ => Value::Null,
             };
+            let timeout = super::stream_cluster::relay_wait(op, &argv, ENTRY_WAIT);
             let text = arg.map_or("{}", RawValue::get).to_string();
             return Some(self.relay(
                 node,

@@ -526,6 +526,55 @@ fn agreed_leader(statuses: &[Result<Value, String>]) -> Option<(String, u64)> {
     agreed
 }
 
+/// The leader of stream `name`'s Raft group as node `i`'s `/metrics`
+/// names it, as an index into the cluster's nodes (None: none known, or
+/// the node does not answer).
+pub fn stream_group_leader(c: &Cluster, i: usize, name: &str) -> Option<usize> {
+    let (code, body) = http_get(&c.http[i], "/metrics").ok()?;
+    if code != 200 {
+        return None;
+    }
+    let prefix = format!("gombus_stream_group_leader{{stream=\"{name}\"}} ");
+    let id = body
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.trim().parse::<f64>().ok())?;
+    // Seed members' Raft ids are their places in the sorted ids, from 1.
+    (id >= 1.0)
+        .then(|| id as usize - 1)
+        .filter(|&k| k < c.http.len())
+}
+
+/// Polls until every node of `nodes` names the same leader of stream
+/// `name`'s group, one `accept` takes; returns its index. Fails after
+/// `within`.
+pub fn agreed_stream_group_leader(
+    c: &Cluster,
+    nodes: &[usize],
+    name: &str,
+    within: Duration,
+    accept: impl Fn(usize) -> bool,
+) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let seen: Vec<Option<usize>> = nodes
+            .iter()
+            .map(|&i| stream_group_leader(c, i, name))
+            .collect();
+        if let Some(l) = seen[0].filter(|&l| accept(l)) {
+            if seen.iter().all(|s| *s == Some(l)) {
+                return l;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nodes {nodes:?} never agreed on a leader of {name}'s group within {within:?}: \
+             {seen:?}\n{}",
+            c.all_logs()
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A plain HTTP/1.1 GET on `addr`; (status code, body).
 pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(addr)?;
