@@ -285,12 +285,22 @@ impl Cluster {
             match lines.recv_timeout(left) {
                 Ok(line) if line.contains(LISTENING_MARKER) => return,
                 Ok(_) => {}
-                Err(e) => panic!(
-                    "{} did not print `{LISTENING_MARKER}` within {STARTUP_WAIT:?} ({e}); \
-                     stderr:\n{}",
-                    IDS[i],
-                    self.log(i)
-                ),
+                Err(e) => {
+                    // Say whether the process died or is still up (busy,
+                    // or stuck), the first thing a failed start needs.
+                    let state = match self.procs[i].as_mut().map(|p| p.child.try_wait()) {
+                        Some(Ok(Some(status))) => format!("it exited: {status}"),
+                        Some(Ok(None)) => "it is still running".to_string(),
+                        Some(Err(e)) => format!("its state is unknown: {e}"),
+                        None => "it was not started".to_string(),
+                    };
+                    panic!(
+                        "{} did not print `{LISTENING_MARKER}` within {STARTUP_WAIT:?} ({e}); \
+                         {state}; stderr:\n{}",
+                        IDS[i],
+                        self.log(i)
+                    )
+                }
             }
         }
     }
