@@ -644,3 +644,189 @@ fn bad_membership_requests_are_refused() {
     assert_eq!(c.remove(2, "ghost"), Ok(json!({"ok": true})));
     c.await_members(0, &["n1", "n2", "n3"]);
 }
+
+/// `event` through `client`, retried while it fails (a stream group
+/// electing its leader answers `unavailable`), for at most `within`.
+fn call_until(client: &Client, event: &str, args: Value, within: Duration) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        match client.call(event, args.clone()) {
+            Ok(v) => return v,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "{event} {args} kept failing: {e}"
+            ),
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The node ids `stream.info` names: the leader and the other replicas.
+fn stream_nodes(info: &Value) -> (Option<String>, Vec<String>) {
+    let cluster = &info["cluster"];
+    let leader = cluster["leader"].as_str().map(str::to_string);
+    let mut others: Vec<String> = cluster["replicas"]
+        .as_array()
+        .map(|rs| {
+            rs.iter()
+                .filter_map(|r| r["node"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    others.sort();
+    (leader, others)
+}
+
+/// docs/PROTOCOL.md "Membership changes": removing a node that holds a
+/// replica of an R3 stream (here the stream group's leader) first moves
+/// that replica to the one node without any, while a publisher keeps
+/// publishing through that node; the removal is answered `{ok}`, the
+/// stream lives on the three remaining nodes, and every acked message is
+/// there once, in order, at its acked seq.
+#[test]
+fn removing_a_node_moves_its_stream_replicas_first() {
+    let mut c = Nodes::start();
+    let n4 = c.join("n4", 0);
+    assert_eq!(c.add(0, n4), Ok(json!({"ok": true})));
+    c.await_members(0, &["n1", "n2", "n3", "n4"]);
+    c.await_health(n4, 200, "ok");
+
+    // An R3 stream placed on n1..n3 (created on n1, which holds one).
+    let admin = c.client(0);
+    call_until(
+        &admin,
+        "stream.create",
+        json!({"name": "MOVE", "subjects": ["move.>"], "replicas": 3}),
+        WAIT,
+    );
+    let deadline = Instant::now() + WAIT;
+    let (leader, before) = loop {
+        let info = call_until(&admin, "stream.info", json!({"name": "MOVE"}), WAIT);
+        let (leader, others) = stream_nodes(&info);
+        if let Some(l) = leader.filter(|_| others.len() == 2) {
+            let mut all = others.clone();
+            all.push(l.clone());
+            all.sort();
+            break (l, all);
+        }
+        assert!(Instant::now() < deadline, "MOVE has no leader: {info}");
+        thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!before.contains(&"n4".to_string()), "{before:?}");
+    let gone = c.nodes.iter().position(|n| n.name == leader).unwrap();
+
+    // A publisher on n4, the node the replica moves to.
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked: Arc<Mutex<Vec<(u64, u64)>>> = Arc::new(Mutex::new(Vec::new()));
+    let publisher = {
+        let client = c.client(n4);
+        let stop = Arc::clone(&stop);
+        let acked = Arc::clone(&acked);
+        thread::spawn(move || {
+            let mut k = 0;
+            while !stop.load(Ordering::Acquire) {
+                k += 1;
+                if let Ok(ack) = client.publish_stream("move.k", json!({ "k": k })) {
+                    acked.lock().unwrap().push((k, ack.seq));
+                }
+            }
+            k
+        })
+    };
+    let deadline = Instant::now() + WAIT;
+    while acked.lock().unwrap().len() < 200 {
+        assert!(Instant::now() < deadline, "publishes are not acked");
+        thread::sleep(Duration::from_millis(20));
+    }
+
+    // Asked of a node that stays.
+    let at = (0..3).find(|&i| i != gone).unwrap();
+    let t = Instant::now();
+    assert_eq!(c.remove(at, &leader), Ok(json!({"ok": true})));
+    eprintln!("{leader} removed, its replica moved, in {:?}", t.elapsed());
+    let mut stay: Vec<&str> = ["n1", "n2", "n3", "n4"]
+        .into_iter()
+        .filter(|n| *n != leader)
+        .collect();
+    c.await_members(at, &stay);
+    c.await_health(gone, 503, "removed from the cluster");
+
+    // Publishing goes on after the move.
+    let acked_then = acked.lock().unwrap().len();
+    let deadline = Instant::now() + WAIT;
+    while acked.lock().unwrap().len() < acked_then + 200 {
+        assert!(
+            Instant::now() < deadline,
+            "publishes stopped after the move"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Release);
+    let published = publisher.join().unwrap();
+
+    // The stream lives on the three nodes that stay, n4 among them.
+    stay.sort();
+    let survivor = c.client(at);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let info = call_until(&survivor, "stream.info", json!({"name": "MOVE"}), WAIT);
+        let (l, others) = stream_nodes(&info);
+        let mut all = others.clone();
+        all.extend(l.clone());
+        all.sort();
+        let current = info["cluster"]["replicas"]
+            .as_array()
+            .is_some_and(|rs| rs.iter().all(|r| r["current"] == json!(true)));
+        if all == stay && current {
+            break;
+        }
+        assert!(Instant::now() < deadline, "MOVE is not on {stay:?}: {info}");
+        thread::sleep(Duration::from_millis(100));
+    }
+
+    // Every acked message, once, in order, at its seq: read through the
+    // new replica's node.
+    let reader = c.client(n4);
+    call_until(
+        &reader,
+        "consumer.create",
+        json!({"stream": "MOVE", "name": "check"}),
+        WAIT,
+    );
+    let mut read: Vec<(u64, u64)> = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let got = call_until(
+            &reader,
+            "consumer.fetch",
+            json!({"stream": "MOVE", "consumer": "check", "batch": 256, "no_wait": true}),
+            WAIT,
+        );
+        let msgs = got["messages"].as_array().cloned().unwrap_or_default();
+        if msgs.is_empty() {
+            break;
+        }
+        for m in msgs {
+            let seq = m["seq"].as_u64().expect("a seq");
+            read.push((m["data"]["k"].as_u64().expect("k"), seq));
+            call_until(
+                &reader,
+                "ack",
+                json!({"stream": "MOVE", "consumer": "check", "seq": seq}),
+                WAIT,
+            );
+        }
+        assert!(Instant::now() < deadline, "reading MOVE never ended");
+    }
+    let ks: Vec<u64> = read.iter().map(|r| r.0).collect();
+    assert!(ks.windows(2).all(|w| w[0] < w[1]), "out of order or twice");
+    assert!(ks.iter().all(|&k| k >= 1 && k <= published));
+    let stored: std::collections::BTreeMap<u64, u64> = read.into_iter().collect();
+    for &(k, seq) in acked.lock().unwrap().iter() {
+        assert_eq!(
+            stored.get(&k),
+            Some(&seq),
+            "acked k {k} (seq {seq}) lost or moved"
+        );
+    }
+}

@@ -30,6 +30,9 @@
 //! - [`stream_groups`]: the data path of replicated streams: entries
 //!   through each stream's Raft group, applied into every member's
 //!   replica, events served by the group's leader.
+//! - [`stream_moves`]: replicas of replicated streams moved off a node
+//!   being removed from the cluster, and the groups' voters kept to
+//!   their placement.
 //! - [`streams`]: the stream and consumer events, captured publishes, fetch
 //!   waits and acks held for their write.
 //! - [`stream_out`]: push deliveries, fetch answers and the JSON views of
@@ -60,6 +63,7 @@ pub mod requests;
 pub mod session;
 pub mod stream_cluster;
 pub mod stream_groups;
+pub mod stream_moves;
 pub mod stream_out;
 pub mod streams;
 

@@ -93,7 +93,12 @@ impl Broker {
             .max()
             .unwrap_or(0)
             + 1;
-        Ok(Some(Placement { group, replicas }))
+        Ok(Some(Placement {
+            group,
+            replicas,
+            leaving: Vec::new(),
+            joining: Vec::new(),
+        }))
     }
 
     /// The `cluster` field of stream `name`: for an R1 stream its owner as

@@ -173,6 +173,9 @@ pub(crate) struct StreamGroups {
     head: Vec<u8>,
     /// Round robin over a deliver group's members.
     pick: usize,
+    /// The voters each held group was last told to have (see
+    /// `stream_moves.rs`).
+    pub(super) wanted: HashMap<GroupId, Vec<u64>>,
 }
 
 impl StreamGroups {
@@ -287,7 +290,7 @@ impl Broker {
         let me = c.me();
         let mut placed = HashSet::new();
         for (name, s) in &self.fsm.streams {
-            let Some(p) = s.placement.as_ref().filter(|p| p.replicas.contains(&me)) else {
+            let Some(p) = s.placement.as_ref().filter(|p| p.holds(me)) else {
                 continue;
             };
             placed.insert(p.group);
@@ -327,13 +330,11 @@ impl Broker {
                 },
             );
             if let Some(raft) = c.raft_node() {
-                raft.send(ToRaft::Group {
-                    group: p.group,
-                    members: p.replicas.clone(),
-                });
+                raft.send(super::stream_moves::hold_group(p, me));
             }
         }
         self.stream_groups.held.retain(|g, _| placed.contains(g));
+        self.want_group_members();
     }
 
     /// The group and members of replicated stream `name`, if it is one.
@@ -884,6 +885,10 @@ impl Broker {
 
     /// What the Raft thread says about stream group `group`.
     pub(crate) fn on_group(&mut self, sink: &mut dyn Sink, group: GroupId, event: GroupEvent) {
+        if let GroupEvent::Settled { members } = event {
+            self.group_settled(sink, group, &members);
+            return;
+        }
         let now = sink.now();
         let me = self.cluster.as_ref().map_or(0, |c| c.me());
         let Some(h) = self.stream_groups.held.get_mut(&group) else {
@@ -988,6 +993,8 @@ impl Broker {
                     raft.send(ToRaft::GroupCompact { group, index, data });
                 }
             }
+            // Taken above.
+            GroupEvent::Settled { .. } => {}
         }
         if !pushes.is_empty() {
             self.push_delivered(sink, group, pushes);

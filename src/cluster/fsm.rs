@@ -297,6 +297,9 @@ impl Fsm {
                 format!("group {} holds another stream", p.group),
             ));
         }
+        if let Some(now) = s.placement.as_ref() {
+            placement::check_next(now, p)?;
+        }
         s.placement = Some(p.clone());
         Ok(())
     }

@@ -52,12 +52,26 @@ pub enum ToRaft {
     /// [`FromRaft::WantSnapshot`].
     Compact { index: u64, data: Vec<u8> },
     /// Hold a replica of stream group `group`, whose voters are
-    /// `members` (this node among them). A group held already is left
-    /// as it is.
+    /// `members` (this node among them unless it `join`s). A node that
+    /// joins a group formed without it starts as a non-voter, to be
+    /// added by the group's leader (see [`ToRaft::GroupWant`]). A group
+    /// held already is left as it is.
     Group {
         group: GroupId,
         members: Vec<NodeId>,
+        join: bool,
     },
+    /// The voters stream group `group` should have: while this node
+    /// leads it, it adds the missing ones (one at a time, each promoted
+    /// once current) and, once they all vote, removes the others; then
+    /// it reports [`GroupEvent::Settled`] when `report` asks for it.
+    GroupWant {
+        group: GroupId,
+        members: Vec<NodeId>,
+        report: bool,
+    },
+    /// Stop holding stream group `group` and delete its log.
+    GroupDrop { group: GroupId },
     /// Propose `data` to stream group `group`; the outcome comes back as
     /// [`GroupEvent::Proposed`].
     GroupPropose {
@@ -110,6 +124,9 @@ pub enum GroupEvent {
     Status(Status),
     /// The log is long: send [`ToRaft::GroupCompact`].
     WantSnapshot,
+    /// This leader's group has exactly the voters last asked for with
+    /// [`ToRaft::GroupWant`], and no change in flight.
+    Settled { members: Vec<NodeId> },
 }
 
 /// What the Raft thread tells the broker, in order.
@@ -209,9 +226,23 @@ pub struct GroupView {
 struct GroupStore {
     state: StateFile,
     log: Box<dyn LogStore + Send>,
+    /// Where the configuration at the snapshot's index is stored, once
+    /// the group's members have changed.
+    conf_file: MembershipFile,
     /// A snapshot was asked of the broker and has not come back yet.
     snapshot_asked: bool,
+    /// The voters the broker wants (see [`ToRaft::GroupWant`]).
+    want: Option<Vec<NodeId>>,
+    /// Report [`GroupEvent::Settled`] when the voters are `want`.
+    report: bool,
+    /// Ticks until [`GroupEvent::Settled`] is reported again (it repeats
+    /// while settled, in case what the broker did with it was lost).
+    settled_in: u32,
 }
+
+/// How often a stream group leader repeats [`GroupEvent::Settled`]
+/// (in ticks of [`raft::TICK_MS`]).
+const SETTLED_EVERY_TICKS: u32 = 20;
 
 /// How to start a node.
 #[derive(Debug, Clone)]
@@ -531,11 +562,27 @@ impl Worker {
                             core.compact(index, data);
                         }
                     }
-                    Ok(ToRaft::Group { group, members }) => {
-                        if let Err(e) = self.hold_group(group, members, &mut out) {
+                    Ok(ToRaft::Group {
+                        group,
+                        members,
+                        join,
+                    }) => {
+                        if let Err(e) = self.hold_group(group, members, join, &mut out) {
                             crate::log_error!("stream group {group}: {e}");
                         }
                     }
+                    Ok(ToRaft::GroupWant {
+                        group,
+                        members,
+                        report,
+                    }) => {
+                        if let Some(g) = self.groups.get_mut(&group) {
+                            g.want = Some(members);
+                            g.report = report;
+                            g.settled_in = 0;
+                        }
+                    }
+                    Ok(ToRaft::GroupDrop { group }) => self.drop_group(group),
                     Ok(ToRaft::GroupPropose { group, tag, data }) => {
                         let result = match self.multi.get_mut(group) {
                             Some(core) if group != CONTROL_GROUP => match core.propose(data) {
@@ -576,6 +623,7 @@ impl Worker {
             let now = Instant::now();
             if now >= next_tick {
                 self.multi.tick();
+                self.change_groups(&mut out);
                 next_tick += tick;
                 if next_tick < now {
                     next_tick = now + tick;
@@ -708,13 +756,14 @@ impl Worker {
         &mut self,
         group: GroupId,
         members: Vec<NodeId>,
+        join: bool,
         out: &mut Vec<FromRaft>,
     ) -> Result<(), String> {
         if group == CONTROL_GROUP || self.multi.get(group).is_some() {
             return Ok(());
         }
         let me = self.multi.id();
-        if !members.contains(&me) {
+        if !join && !members.contains(&me) {
             return Err("this node is not among its members".into());
         }
         let dir = self.dir.join(format!("g{group}"));
@@ -727,11 +776,21 @@ impl Worker {
         };
         let loaded = log.load().map_err(|e| format!("raft log: {e}"))?;
         let empty = loaded.snapshot.index == 0 && loaded.entries.is_empty();
+        let conf_file = MembershipFile::open(&dir).map_err(|e| format!("raft membership: {e}"))?;
+        let stored = if self.memory_log {
+            None
+        } else {
+            conf_file
+                .load()
+                .map_err(|e| format!("raft membership: {e}"))?
+        };
         let mut rc = Config::new(me, members);
         rc.group = group;
+        rc.membership = stored;
         // The placement, applied, is the group's bootstrap: every member
-        // votes from the start.
-        rc.voter = raft::starts_as_voter(true, self.memory_log, &hs, empty);
+        // votes from the start. A node placed later joins: with an empty
+        // log it waits, as a non-voter, to be added and caught up.
+        rc.voter = raft::starts_as_voter(!join, self.memory_log, &hs, empty);
         rc.forward_proposals = false;
         rc.seed = crate::rand::random_seed() ^ me ^ group.rotate_left(32);
         if loaded.snapshot.index > 0 {
@@ -748,10 +807,77 @@ impl Worker {
             GroupStore {
                 state,
                 log,
+                conf_file,
                 snapshot_asked: false,
+                want: None,
+                report: false,
+                settled_in: 0,
             },
         );
         Ok(())
+    }
+
+    /// Stops holding stream group `group` (its stream was deleted, or its
+    /// replica here moved to another node) and deletes its files.
+    fn drop_group(&mut self, group: GroupId) {
+        if group == CONTROL_GROUP || self.multi.remove(group).is_none() {
+            return;
+        }
+        self.groups.remove(&group);
+        let dir = self.dir.join(format!("g{group}"));
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                crate::log_warn!("stream group {group}: removing {}: {e}", dir.display());
+            }
+        }
+    }
+
+    /// On each stream group this node leads, moves its voters one step
+    /// towards those the broker wants: adds a missing one (the core
+    /// promotes it once it is current), or, once every wanted node votes,
+    /// removes one that is not wanted (a leader removing itself hands
+    /// over first). One change at a time, and none while one is in flight.
+    fn change_groups(&mut self, out: &mut Vec<FromRaft>) {
+        for (&group, g) in &mut self.groups {
+            let Some(want) = g.want.as_ref() else {
+                continue;
+            };
+            let Some(core) = self.multi.get_mut(group) else {
+                continue;
+            };
+            if core.role() != Role::Leader || core.change_state() != ChangeState::Idle {
+                continue;
+            }
+            let conf = core.configuration();
+            let missing = want.iter().copied().find(|&n| !conf.contains(n));
+            let all_vote = want.iter().all(|&n| conf.is_voter(n));
+            let extra = conf
+                .members
+                .iter()
+                .map(|m| m.id)
+                .find(|n| !want.contains(n));
+            let result = match (missing, extra) {
+                (Some(n), _) => core.propose_add(n, Vec::new()).map(|_| ("adding", n)),
+                (None, Some(n)) if all_vote => core.propose_remove(n).map(|_| ("removing", n)),
+                (None, None) if all_vote => {
+                    if g.settled_in > 0 {
+                        g.settled_in -= 1;
+                    } else if g.report {
+                        g.settled_in = SETTLED_EVERY_TICKS;
+                        let members = want.clone();
+                        let event = GroupEvent::Settled { members };
+                        out.push(FromRaft::Group { group, event });
+                    }
+                    continue;
+                }
+                _ => continue,
+            };
+            // Refused: not ready yet (no entry of this term committed);
+            // tried again on the next tick.
+            if let Ok((what, n)) = result {
+                crate::log_info!("stream group {group}: {what} node {n}");
+            }
+        }
     }
 
     /// Persist, then send, then hand over for applying.
@@ -786,6 +912,14 @@ impl Worker {
                     raft_log::persist(&ready, &mut |hs| state.save(hs), self.log.as_mut())
                         .map_err(|e| e.to_string())?;
                 } else if let Some(g) = self.groups.get_mut(&group) {
+                    if ready.snapshot.is_some() && !self.memory_log {
+                        let conf = self.multi.get(group).and_then(|c| c.snapshot_config());
+                        if let Some(c) = conf {
+                            g.conf_file
+                                .save(c)
+                                .map_err(|e| format!("stream group {group}: membership: {e}"))?;
+                        }
+                    }
                     let state = &mut g.state;
                     raft_log::persist(&ready, &mut |hs| state.save(hs), g.log.as_mut())
                         .map_err(|e| format!("stream group {group}: {e}"))?;

@@ -21,6 +21,79 @@ pub struct Placement {
     /// The stream's Raft group (never 0, the control group's).
     pub group: u64,
     pub replicas: Vec<u64>,
+    /// Nodes whose replica is being moved off (the node is being removed
+    /// from the cluster): still in the group until the nodes in
+    /// `replicas` all vote in it, then dropped, and this list emptied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leaving: Vec<u64>,
+    /// Nodes of `replicas` that take over from `leaving`: they join the
+    /// group as non-voters and are promoted once they have caught up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joining: Vec<u64>,
+}
+
+impl Placement {
+    /// Every node holding a replica: the group's members and those
+    /// leaving it.
+    pub fn holders(&self) -> impl Iterator<Item = u64> + '_ {
+        self.replicas.iter().chain(&self.leaving).copied()
+    }
+
+    /// Whether `node` holds a replica (a member or leaving).
+    pub fn holds(&self, node: u64) -> bool {
+        self.holders().any(|n| n == node)
+    }
+
+    /// The group's voters before the move under way (if any) began: what
+    /// a member starts from when its log does not say otherwise.
+    pub fn seed(&self) -> Vec<u64> {
+        let mut seed: Vec<u64> = self
+            .replicas
+            .iter()
+            .copied()
+            .filter(|n| !self.joining.contains(n))
+            .collect();
+        seed.extend(&self.leaving);
+        seed
+    }
+
+    /// Whether a move is under way.
+    pub fn moving(&self) -> bool {
+        !self.leaving.is_empty() || !self.joining.is_empty()
+    }
+}
+
+/// The placement of a stream whose replica on `node` must leave (the node
+/// is being removed): that replica is re-created on the node of `nodes`
+/// holding the fewest replicas (`held`) among those without one of this
+/// stream, and `node` is marked leaving. With no such node, the stream
+/// keeps one replica fewer, if that leaves two. `None`: `node` holds no
+/// replica here (or only a leaving one), or it cannot go.
+pub fn move_off(
+    p: &Placement,
+    node: u64,
+    nodes: &[u64],
+    held: &BTreeMap<u64, usize>,
+) -> Option<Placement> {
+    let at = p.replicas.iter().position(|&n| n == node)?;
+    let mut next = p.clone();
+    next.replicas.remove(at);
+    let to = nodes
+        .iter()
+        .copied()
+        .filter(|&n| n != node && !p.holds(n))
+        .min_by_key(|n| (held.get(n).copied().unwrap_or(0), *n));
+    if let Some(to) = to {
+        next.replicas.push(to);
+        next.joining.push(to);
+    }
+    if next.replicas.len() < 2 {
+        // A replicated stream keeps two replicas at least: with nowhere
+        // to go, this one stays.
+        return None;
+    }
+    next.leaving.push(node);
+    Some(next)
 }
 
 fn bad(msg: impl Into<String>) -> ApiError {
@@ -116,13 +189,45 @@ pub fn check(p: &Placement) -> Result<(), ApiError> {
     if p.replicas.is_empty() {
         return Err(bad("a placement needs at least one replica"));
     }
-    let mut seen = p.replicas.clone();
+    let mut seen: Vec<u64> = p.holders().collect();
     seen.sort_unstable();
     seen.dedup();
-    if seen.len() != p.replicas.len() {
+    if seen.len() != p.replicas.len() + p.leaving.len()
+        || p.joining.iter().any(|n| !p.replicas.contains(n))
+    {
         return Err(bad("a node holds one replica of a stream at most"));
     }
     Ok(())
+}
+
+/// Whether placement `next` may follow `now` (both of one stream): a
+/// move starts from the replicas in place, and ends with the replicas it
+/// moved to, so a change proposed from an older state is refused.
+pub fn check_next(now: &Placement, next: &Placement) -> Result<(), ApiError> {
+    let sorted = |v: Vec<u64>| {
+        let mut v = v;
+        v.sort_unstable();
+        v
+    };
+    if now.group != next.group {
+        return Err(ApiError::new(
+            Code::Exists,
+            "the stream is placed in another group",
+        ));
+    }
+    let fits = match (now.moving(), next.moving()) {
+        (false, true) => sorted(next.seed()) == sorted(now.replicas.clone()),
+        (true, false) => sorted(next.replicas.clone()) == sorted(now.replicas.clone()),
+        _ => next == now,
+    };
+    if fits {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            Code::Exists,
+            "the stream's placement changed meanwhile",
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -194,6 +299,8 @@ mod tests {
             placements.push(Placement {
                 group: k + 1,
                 replicas,
+                leaving: Vec::new(),
+                joining: Vec::new(),
             });
         }
         let held = replica_counts(placements.iter().map(|p| (0, Some(p))));
@@ -223,14 +330,20 @@ mod tests {
             Placement {
                 group: 0,
                 replicas: vec![1, 2, 3],
+                leaving: Vec::new(),
+                joining: Vec::new(),
             },
             Placement {
                 group: 9,
                 replicas: vec![1, 2, 1],
+                leaving: Vec::new(),
+                joining: Vec::new(),
             },
             Placement {
                 group: 9,
                 replicas: vec![],
+                leaving: Vec::new(),
+                joining: Vec::new(),
             },
         ] {
             assert_eq!(f.apply(&place(bad)).unwrap_err().code, Code::BadRequest);
@@ -238,6 +351,8 @@ mod tests {
         let p = Placement {
             group: 9,
             replicas: vec![2, 1, 3],
+            leaving: Vec::new(),
+            joining: Vec::new(),
         };
         let missing = Cmd::Meta(MetaCommand::StreamPlace {
             name: "t".into(),

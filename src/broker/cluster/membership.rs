@@ -19,6 +19,12 @@ const LEAVE_GRACE: Duration = Duration::from_millis(200);
 const ADD_WAIT: Duration = Duration::from_secs(60);
 /// How long `cluster.remove` waits for the removal to commit.
 const REMOVE_WAIT: Duration = Duration::from_secs(15);
+/// How long `cluster.remove` waits for the replicas on the node to move
+/// to other nodes before it removes the node (see `stream_moves.rs`).
+const MOVE_WAIT: Duration = Duration::from_secs(60);
+/// How often a removal waiting for moves asks again for the moves not
+/// recorded yet.
+const MOVE_ASK_EVERY: Duration = Duration::from_secs(1);
 /// How often a node waiting to be added asks its peers who the members
 /// are.
 const ASK_EVERY: Duration = Duration::from_secs(1);
@@ -37,6 +43,9 @@ pub(crate) struct Pending {
     /// The index of its configuration entry, once appended.
     index: Option<u64>,
     deadline: Instant,
+    /// A removal waiting for the node's replicas to move: when to ask
+    /// for the moves again.
+    moving: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +147,15 @@ impl Broker {
         to_raft: impl FnOnce(u64) -> ToRaft,
     ) -> Result<Option<String>, ApiError> {
         let now = Instant::now();
+        let (holds, stuck) = match what {
+            What::Remove(id) => (self.holds_replicas(id), self.replica_stuck_on(id)),
+            _ => (false, None),
+        };
+        if let Some(name) = stuck {
+            return Err(bad(format!(
+                "removing the node would leave stream {name:?} with one replica; add a node first"
+            )));
+        }
         let c = self.cluster_mut()?;
         if let Some(why) = c.not_serving() {
             return Err(ApiError::new(
@@ -147,14 +165,28 @@ impl Broker {
         }
         let wait = match what {
             What::Add(_) => ADD_WAIT,
-            _ => REMOVE_WAIT,
+            _ => REMOVE_WAIT + MOVE_WAIT,
         };
         let tag = c.tag(TAG_MEMBER);
+        let mut moving = None;
         if c.role == Role::Leader {
             let Some(raft) = c.raft.as_ref() else {
                 return Err(ApiError::new(Code::Unavailable, "raft is not running"));
             };
-            raft.send(to_raft(tag));
+            match what {
+                // Its replicas move first; the removal is proposed once
+                // no stream is placed on it (`answer_changes`).
+                What::Remove(_) if holds => {
+                    if c.changes.values().any(|p| p.moving.is_some()) {
+                        return Err(ApiError::new(
+                            Code::Unavailable,
+                            "a membership change is under way",
+                        ));
+                    }
+                    moving = Some(now);
+                }
+                _ => raft.send(to_raft(tag)),
+            }
         } else {
             let unreachable = || ApiError::new(Code::Unavailable, "no leader is reachable");
             let leader = c.leader.ok_or_else(unreachable)?;
@@ -191,6 +223,7 @@ impl Broker {
                 what,
                 index: None,
                 deadline: now + wait,
+                moving,
             },
         );
         Ok(None)
@@ -474,6 +507,7 @@ impl Broker {
     }
 
     fn answer_changes(&mut self, sink: &mut dyn Sink, view: &View, now: Instant) {
+        self.go_on_moving(sink, now);
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
@@ -485,6 +519,18 @@ impl Broker {
                         && view.commit >= view.conf_index
                         && view.members.iter().any(|m| m.id == id && m.voter)
                         && view.change == ChangeState::Idle
+                }
+                (What::Remove(_), None) if p.moving.is_some() => {
+                    if now >= p.deadline {
+                        done.push((
+                            tag,
+                            Some(
+                                "the node's stream replicas did not move to other nodes in \
+                                 time; the move goes on: try again later (see stream.info)",
+                            ),
+                        ));
+                    }
+                    continue;
                 }
                 (What::Remove(id), Some(index)) => {
                     view.commit >= index && !view.members.iter().any(|m| m.id == id)
@@ -516,6 +562,51 @@ impl Broker {
                 Some(why) => ApiError::new(Code::Unavailable, why).ack_body(),
             };
             send_ack(sink, p.conn, NSP_CONTROL, ack_id, &body);
+        }
+    }
+}
+
+impl Broker {
+    /// Removals waiting for their node's replicas to move: asks for the
+    /// moves not recorded yet, and proposes the removal once no stream
+    /// is placed on the node.
+    fn go_on_moving(&mut self, sink: &mut dyn Sink, now: Instant) {
+        let Some(c) = self.cluster.as_ref() else {
+            return;
+        };
+        let waiting: Vec<(u64, u64, Instant)> = c
+            .changes
+            .iter()
+            .filter_map(|(&tag, p)| match (p.what, p.moving) {
+                (What::Remove(id), Some(at)) => Some((tag, id, at)),
+                _ => None,
+            })
+            .collect();
+        for (tag, id, at) in waiting {
+            if !self.holds_replicas(id) {
+                let Some(c) = self.cluster.as_mut() else {
+                    return;
+                };
+                if c.role != Role::Leader {
+                    // Leadership moved: the change is answered by its
+                    // deadline, and may be asked again of the new leader.
+                    continue;
+                }
+                if let Some(p) = c.changes.get_mut(&tag) {
+                    p.moving = None;
+                    p.deadline = now + REMOVE_WAIT;
+                }
+                if let Some(raft) = c.raft.as_ref() {
+                    raft.send(ToRaft::Remove { tag, id });
+                }
+                continue;
+            }
+            if now >= at {
+                self.move_replicas_off(sink, id);
+                if let Some(p) = self.cluster.as_mut().and_then(|c| c.changes.get_mut(&tag)) {
+                    p.moving = Some(now + MOVE_ASK_EVERY);
+                }
+            }
         }
     }
 }
