@@ -374,4 +374,83 @@ mod tests {
         assert_eq!(g.stream_placement("s"), Some(&p));
         assert_eq!(g.stream_placement("t"), None);
     }
+
+    fn placed(replicas: &[u64]) -> Placement {
+        Placement {
+            group: 7,
+            replicas: replicas.to_vec(),
+            leaving: Vec::new(),
+            joining: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_replica_moves_to_the_least_loaded_node_without_one() {
+        let p = placed(&[1, 2, 3]);
+        let held: BTreeMap<u64, usize> = [(1, 1), (2, 1), (3, 1), (4, 3), (5, 1)].into();
+        let next = move_off(&p, 2, &[1, 3, 4, 5], &held).unwrap();
+        assert_eq!(next.replicas, vec![1, 3, 5]);
+        assert_eq!(next.joining, vec![5]);
+        assert_eq!(next.leaving, vec![2]);
+        assert_eq!(
+            next.seed(),
+            vec![1, 3, 2],
+            "the voters the move starts from"
+        );
+        assert!(next.holds(2) && next.holds(5) && !next.holds(4));
+        check(&next).unwrap();
+        check_next(&p, &next).unwrap();
+        // Nowhere to go: one replica fewer, if two are left.
+        let next = move_off(&p, 3, &[1, 2], &held).unwrap();
+        assert_eq!(
+            (next.replicas, next.joining, next.leaving),
+            (vec![1, 2], vec![], vec![3])
+        );
+        assert_eq!(move_off(&placed(&[1, 2]), 2, &[1], &held), None);
+        // Not a member (or already leaving): nothing to move.
+        assert_eq!(move_off(&p, 9, &[1, 2, 3], &held), None);
+    }
+
+    #[test]
+    fn a_move_starts_from_the_replicas_in_place_and_ends_on_its_targets() {
+        let p = placed(&[1, 2, 3]);
+        let held = BTreeMap::new();
+        let moving = move_off(&p, 3, &[1, 2, 4], &held).unwrap();
+        check_next(&p, &moving).unwrap();
+        let done = placed(&[1, 2, 4]);
+        check_next(&moving, &done).unwrap();
+        // A move asked from the state before it ended, applied after.
+        assert_eq!(check_next(&done, &moving).unwrap_err().code, Code::Exists);
+        // An end that is not the move's.
+        assert!(check_next(&moving, &placed(&[1, 2, 3])).is_err());
+        // Another group, or a second move over one under way.
+        let mut other = done.clone();
+        other.group = 8;
+        assert!(check_next(&done, &other).is_err());
+        let again = move_off(&done, 1, &[2, 3, 4], &held).unwrap();
+        assert!(check_next(&moving, &again).is_err());
+        // A joining node must be among the replicas, and no node twice.
+        let mut bad = moving.clone();
+        bad.joining = vec![9];
+        assert!(check(&bad).is_err());
+        let mut bad = moving.clone();
+        bad.leaving = vec![1];
+        assert!(check(&bad).is_err());
+    }
+
+    #[test]
+    fn placements_without_a_move_read_and_write_as_before() {
+        let p = placed(&[2, 1, 3]);
+        let text = serde_json::to_string(&p).unwrap();
+        assert_eq!(text, r#"{"group":7,"replicas":[2,1,3]}"#);
+        let back: Placement = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, p);
+        let moving = move_off(&p, 3, &[1, 2, 4], &BTreeMap::new()).unwrap();
+        let text = serde_json::to_string(&moving).unwrap();
+        assert_eq!(
+            text,
+            r#"{"group":7,"replicas":[2,1,4],"leaving":[3],"joining":[4]}"#
+        );
+        assert_eq!(serde_json::from_str::<Placement>(&text).unwrap(), moving);
+    }
 }
