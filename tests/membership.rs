@@ -661,20 +661,137 @@ fn call_until(client: &Client, event: &str, args: Value, within: Duration) -> Va
     }
 }
 
-/// The node ids `stream.info` names: the leader and the other replicas.
-fn stream_nodes(info: &Value) -> (Option<String>, Vec<String>) {
+/// Every node id `stream.info` of `stream` names (leader and replicas,
+/// sorted), once it names a leader and every replica is current.
+fn current_replicas(client: &Client, stream: &str) -> Option<(String, Vec<String>)> {
+    let info = client.call("stream.info", json!({ "name": stream })).ok()?;
     let cluster = &info["cluster"];
-    let leader = cluster["leader"].as_str().map(str::to_string);
-    let mut others: Vec<String> = cluster["replicas"]
-        .as_array()
-        .map(|rs| {
-            rs.iter()
-                .filter_map(|r| r["node"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    others.sort();
-    (leader, others)
+    let leader = cluster["leader"].as_str()?.to_string();
+    let replicas = cluster["replicas"].as_array()?;
+    if !replicas.iter().all(|r| r["current"] == json!(true)) {
+        return None;
+    }
+    let mut all: Vec<String> = replicas
+        .iter()
+        .filter_map(|r| r["node"].as_str().map(str::to_string))
+        .collect();
+    all.push(leader.clone());
+    all.sort();
+    Some((leader, all))
+}
+
+/// Waits until stream `stream` has a leader and its replicas are exactly
+/// `want` (sorted), all current; returns the leader.
+fn await_replicas(client: &Client, stream: &str, want: &[&str]) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some((leader, all)) = current_replicas(client, stream) {
+            if all == want {
+                return leader;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{stream} is not on {want:?}: {:?}",
+            client.call("stream.info", json!({ "name": stream }))
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Publishes `{"k": k}` for k = 1, 2, … to `subject` through `client`
+/// until `stop`, recording each acked `(k, seq)`.
+fn stream_publisher(
+    client: Client,
+    subject: &'static str,
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<Vec<(u64, u64)>>>,
+) -> thread::JoinHandle<u64> {
+    thread::spawn(move || {
+        let mut k = 0;
+        while !stop.load(Ordering::Acquire) {
+            k += 1;
+            if let Ok(ack) = client.publish_stream(subject, json!({ "k": k })) {
+                acked.lock().unwrap().push((k, ack.seq));
+            }
+        }
+        k
+    })
+}
+
+/// Waits until `acked` holds `n` entries.
+fn await_acked(acked: &Mutex<Vec<(u64, u64)>>, n: usize) {
+    let deadline = Instant::now() + WAIT;
+    while acked.lock().unwrap().len() < n {
+        assert!(Instant::now() < deadline, "publishes are not acked");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads all of `stream` through a new consumer and checks it: every
+/// acked k once, in order, at its acked seq; nothing never published.
+fn check_stream(client: &Client, stream: &str, acked: &[(u64, u64)], published: u64) {
+    call_until(
+        client,
+        "consumer.create",
+        json!({"stream": stream, "name": "check"}),
+        WAIT,
+    );
+    let mut read: Vec<(u64, u64)> = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let got = call_until(
+            client,
+            "consumer.fetch",
+            json!({"stream": stream, "consumer": "check", "batch": 256, "no_wait": true}),
+            WAIT,
+        );
+        let msgs = got["messages"].as_array().cloned().unwrap_or_default();
+        if msgs.is_empty() {
+            break;
+        }
+        for m in msgs {
+            let seq = m["seq"].as_u64().expect("a seq");
+            read.push((m["data"]["k"].as_u64().expect("k"), seq));
+            call_until(
+                client,
+                "ack",
+                json!({"stream": stream, "consumer": "check", "seq": seq}),
+                WAIT,
+            );
+        }
+        assert!(Instant::now() < deadline, "reading {stream} never ended");
+    }
+    let ks: Vec<u64> = read.iter().map(|r| r.0).collect();
+    assert!(ks.windows(2).all(|w| w[0] < w[1]), "out of order or twice");
+    assert!(ks.iter().all(|&k| k >= 1 && k <= published));
+    let stored: std::collections::BTreeMap<u64, u64> = read.into_iter().collect();
+    for &(k, seq) in acked {
+        assert_eq!(
+            stored.get(&k),
+            Some(&seq),
+            "acked k {k} (seq {seq}) lost or moved"
+        );
+    }
+}
+
+/// Three nodes and n4 added; R3 stream `MOVE` created through n1 (so on
+/// n1..n3). Returns the cluster, n4's index and the stream's leader.
+fn four_nodes_with_an_r3_stream() -> (Nodes, usize, String) {
+    let mut c = Nodes::start();
+    let n4 = c.join("n4", 0);
+    assert_eq!(c.add(0, n4), Ok(json!({"ok": true})));
+    c.await_members(0, &["n1", "n2", "n3", "n4"]);
+    c.await_health(n4, 200, "ok");
+    let admin = c.client(0);
+    call_until(
+        &admin,
+        "stream.create",
+        json!({"name": "MOVE", "subjects": ["move.>"], "replicas": 3}),
+        WAIT,
+    );
+    let leader = await_replicas(&admin, "MOVE", &["n1", "n2", "n3"]);
+    (c, n4, leader)
 }
 
 /// docs/PROTOCOL.md "Membership changes": removing a node that holds a
@@ -685,59 +802,17 @@ fn stream_nodes(info: &Value) -> (Option<String>, Vec<String>) {
 /// there once, in order, at its acked seq.
 #[test]
 fn removing_a_node_moves_its_stream_replicas_first() {
-    let mut c = Nodes::start();
-    let n4 = c.join("n4", 0);
-    assert_eq!(c.add(0, n4), Ok(json!({"ok": true})));
-    c.await_members(0, &["n1", "n2", "n3", "n4"]);
-    c.await_health(n4, 200, "ok");
-
-    // An R3 stream placed on n1..n3 (created on n1, which holds one).
-    let admin = c.client(0);
-    call_until(
-        &admin,
-        "stream.create",
-        json!({"name": "MOVE", "subjects": ["move.>"], "replicas": 3}),
-        WAIT,
-    );
-    let deadline = Instant::now() + WAIT;
-    let (leader, before) = loop {
-        let info = call_until(&admin, "stream.info", json!({"name": "MOVE"}), WAIT);
-        let (leader, others) = stream_nodes(&info);
-        if let Some(l) = leader.filter(|_| others.len() == 2) {
-            let mut all = others.clone();
-            all.push(l.clone());
-            all.sort();
-            break (l, all);
-        }
-        assert!(Instant::now() < deadline, "MOVE has no leader: {info}");
-        thread::sleep(Duration::from_millis(50));
-    };
-    assert!(!before.contains(&"n4".to_string()), "{before:?}");
+    let (c, n4, leader) = four_nodes_with_an_r3_stream();
     let gone = c.nodes.iter().position(|n| n.name == leader).unwrap();
-
-    // A publisher on n4, the node the replica moves to.
     let stop = Arc::new(AtomicBool::new(false));
-    let acked: Arc<Mutex<Vec<(u64, u64)>>> = Arc::new(Mutex::new(Vec::new()));
-    let publisher = {
-        let client = c.client(n4);
-        let stop = Arc::clone(&stop);
-        let acked = Arc::clone(&acked);
-        thread::spawn(move || {
-            let mut k = 0;
-            while !stop.load(Ordering::Acquire) {
-                k += 1;
-                if let Ok(ack) = client.publish_stream("move.k", json!({ "k": k })) {
-                    acked.lock().unwrap().push((k, ack.seq));
-                }
-            }
-            k
-        })
-    };
-    let deadline = Instant::now() + WAIT;
-    while acked.lock().unwrap().len() < 200 {
-        assert!(Instant::now() < deadline, "publishes are not acked");
-        thread::sleep(Duration::from_millis(20));
-    }
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let publisher = stream_publisher(
+        c.client(n4),
+        "move.k",
+        Arc::clone(&stop),
+        Arc::clone(&acked),
+    );
+    await_acked(&acked, 200);
 
     // Asked of a node that stays.
     let at = (0..3).find(|&i| i != gone).unwrap();
@@ -750,83 +825,52 @@ fn removing_a_node_moves_its_stream_replicas_first() {
         .collect();
     c.await_members(at, &stay);
     c.await_health(gone, 503, "removed from the cluster");
+    stay.sort();
+    await_replicas(&c.client(at), "MOVE", &stay);
 
     // Publishing goes on after the move.
-    let acked_then = acked.lock().unwrap().len();
-    let deadline = Instant::now() + WAIT;
-    while acked.lock().unwrap().len() < acked_then + 200 {
-        assert!(
-            Instant::now() < deadline,
-            "publishes stopped after the move"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    let n = acked.lock().unwrap().len();
+    await_acked(&acked, n + 200);
     stop.store(true, Ordering::Release);
     let published = publisher.join().unwrap();
+    check_stream(&c.client(n4), "MOVE", &acked.lock().unwrap(), published);
+}
 
-    // The stream lives on the three nodes that stay, n4 among them.
-    stay.sort();
-    let survivor = c.client(at);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let info = call_until(&survivor, "stream.info", json!({"name": "MOVE"}), WAIT);
-        let (l, others) = stream_nodes(&info);
-        let mut all = others.clone();
-        all.extend(l.clone());
-        all.sort();
-        let current = info["cluster"]["replicas"]
-            .as_array()
-            .is_some_and(|rs| rs.iter().all(|r| r["current"] == json!(true)));
-        if all == stay && current {
-            break;
-        }
-        assert!(Instant::now() < deadline, "MOVE is not on {stay:?}: {info}");
-        thread::sleep(Duration::from_millis(100));
-    }
-
-    // Every acked message, once, in order, at its seq: read through the
-    // new replica's node.
-    let reader = c.client(n4);
-    call_until(
-        &reader,
-        "consumer.create",
-        json!({"stream": "MOVE", "name": "check"}),
-        WAIT,
+/// A node holding a replica of an R3 stream dies for good (SIGKILL, its
+/// disk gone); a new node is added and the dead one removed: the dead
+/// node's replica is re-created on the new node from the two survivors,
+/// and no acked message is lost.
+#[test]
+fn replacing_a_dead_node_moves_its_stream_replica_to_the_new_one() {
+    let (mut c, n4, leader) = four_nodes_with_an_r3_stream();
+    // A replica that does not lead the stream's group dies.
+    let dead = (0..3).find(|&i| c.nodes[i].name != leader).unwrap();
+    let dead_name = c.nodes[dead].name.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let publisher = stream_publisher(
+        c.client(n4),
+        "move.k",
+        Arc::clone(&stop),
+        Arc::clone(&acked),
     );
-    let mut read: Vec<(u64, u64)> = Vec::new();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got = call_until(
-            &reader,
-            "consumer.fetch",
-            json!({"stream": "MOVE", "consumer": "check", "batch": 256, "no_wait": true}),
-            WAIT,
-        );
-        let msgs = got["messages"].as_array().cloned().unwrap_or_default();
-        if msgs.is_empty() {
-            break;
-        }
-        for m in msgs {
-            let seq = m["seq"].as_u64().expect("a seq");
-            read.push((m["data"]["k"].as_u64().expect("k"), seq));
-            call_until(
-                &reader,
-                "ack",
-                json!({"stream": "MOVE", "consumer": "check", "seq": seq}),
-                WAIT,
-            );
-        }
-        assert!(Instant::now() < deadline, "reading MOVE never ended");
-    }
-    let ks: Vec<u64> = read.iter().map(|r| r.0).collect();
-    assert!(ks.windows(2).all(|w| w[0] < w[1]), "out of order or twice");
-    assert!(ks.iter().all(|&k| k >= 1 && k <= published));
-    let stored: std::collections::BTreeMap<u64, u64> = read.into_iter().collect();
-    for &(k, seq) in acked.lock().unwrap().iter() {
-        assert_eq!(
-            stored.get(&k),
-            Some(&seq),
-            "acked k {k} (seq {seq}) lost or moved"
-        );
-    }
+    await_acked(&acked, 200);
+    c.kill(dead);
+    let n = acked.lock().unwrap().len();
+    await_acked(&acked, n + 200);
+
+    let at = (0..3).find(|&i| i != dead).unwrap();
+    assert_eq!(c.remove(at, &dead_name), Ok(json!({"ok": true})));
+    let mut stay: Vec<&str> = ["n1", "n2", "n3", "n4"]
+        .into_iter()
+        .filter(|n| *n != dead_name)
+        .collect();
+    c.await_members(at, &stay);
+    stay.sort();
+    await_replicas(&c.client(at), "MOVE", &stay);
+    let n = acked.lock().unwrap().len();
+    await_acked(&acked, n + 200);
+    stop.store(true, Ordering::Release);
+    let published = publisher.join().unwrap();
+    check_stream(&c.client(n4), "MOVE", &acked.lock().unwrap(), published);
 }
