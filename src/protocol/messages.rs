@@ -300,7 +300,13 @@ mod tests {
         for c in cases {
             let text = format!(r#"{{"sid":{c},"after":1}}"#);
             let old = serde_json::from_str::<old::Unsub>(&text)
-                .map(|u| format!("{:?} {:?}", u.sid, u.after))
+                .map(|u| {
+                    let sid = match u.sid {
+                        old::SidValue::Text(t) => super::SidValue::Text(t),
+                        old::SidValue::Number(n) => super::SidValue::Number(n),
+                    };
+                    format!("{sid:?} {:?}", u.after)
+                })
                 .map_err(|e| e.to_string());
             let new = serde_json::from_str::<super::Unsub>(&text)
                 .map(|u| format!("{:?} {:?}", u.sid, u.after))
