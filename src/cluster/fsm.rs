@@ -22,7 +22,7 @@ pub const CONSUMERS_MAX: usize = 10_000;
 
 /// One replicated change: who made it (node and that node's operation
 /// number, so the maker can answer its client when it is applied) and what.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Change {
     pub node: u64,
     pub op: u64,
@@ -34,12 +34,13 @@ impl Change {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
+    /// Reads what [`Change::encode`] wrote (`entry_json.rs`).
     pub fn decode(bytes: &[u8]) -> Result<Change, String> {
-        serde_json::from_slice(bytes).map_err(|e| format!("bad entry: {e}"))
+        super::entry_json::read_change(bytes).map_err(|e| format!("bad entry: {e}"))
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Cmd {
     /// A change to the subscription table (and group rules).
@@ -48,8 +49,9 @@ pub enum Cmd {
     Meta(MetaCommand),
 }
 
-/// A change to the stream registry.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A change to the stream registry. Written by serde as an object with
+/// an `op` member; read back by `entry_json.rs`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum MetaCommand {
     /// Stream `name` lives on node `owner` with this config (create or
@@ -93,11 +95,22 @@ pub struct CursorPos {
     pub delivered: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Written as one object, `{"consumer":…,"ack_floor":…,"delivered":…}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
     pub consumer: String,
-    #[serde(flatten)]
     pub pos: CursorPos,
+}
+
+impl Serialize for Cursor {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Cursor", 3)?;
+        st.serialize_field("consumer", &self.consumer)?;
+        st.serialize_field("ack_floor", &self.pos.ack_floor)?;
+        st.serialize_field("delivered", &self.pos.delivered)?;
+        st.end()
+    }
 }
 
 /// Why a committed entry changed nothing.

@@ -21,11 +21,13 @@
 //!   records.
 //! - [`fsm`]: the control-state machine every replicated change goes
 //!   through, with its snapshots.
+//! - [`entry_json`]: the reader of the control group's entries.
 //! - [`members`]: members' names and addresses in the replicated
 //!   configuration, and how members get their ids.
 //! - [`node`]: the Raft thread of a broker in cluster mode.
 //! - [`link`]: Socket.IO links to the other nodes' `/control` namespace.
 //! - [`forward`]: the batch format of messages forwarded between nodes.
+pub mod entry_json;
 pub mod forward;
 pub mod fsm;
 pub mod link;

@@ -38,9 +38,18 @@ pub enum State {
     Closing,
 }
 
-/// A buffer this large is released when it empties, so idle connections
-/// hold no memory.
+/// An outbound buffer this large is released once it empties and the
+/// connection is no longer busy (see [`KeptBuffers`]), so idle
+/// connections hold no memory.
 pub const BUFFER_KEEP_BYTES_MAX: usize = 64 * 1024;
+
+/// How long an emptied outbound buffer over [`BUFFER_KEEP_BYTES_MAX`] is
+/// kept after the connection last wrote much from it.
+pub const BUSY_KEEP: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// A full write of more than this many owned bytes marks the connection
+/// busy: its large buffer is kept for the next burst.
+const BUSY_BYTES_MIN: usize = BUFFER_KEEP_BYTES_MAX / 4;
 
 /// Slices handed to one `writev` at most (Linux's `IOV_MAX` is 1024).
 const IOVECS_MAX: usize = 512;
@@ -124,6 +133,11 @@ pub struct Conn {
     /// frame queued, set to `pending_out()` when the loop settles the
     /// count (after a flush, when over budget), taken off when it goes.
     pub held_out: usize,
+    /// A write emptied a large `out` of many bytes since [`KeptBuffers`]
+    /// last looked: the buffer is kept.
+    out_busy: bool,
+    /// Listed in [`KeptBuffers`].
+    out_listed: bool,
 }
 
 impl Conn {
@@ -165,6 +179,8 @@ impl Conn {
             idle_until: None,
             held_in: 0,
             held_out: 0,
+            out_busy: false,
+            out_listed: false,
         }
     }
 
@@ -267,10 +283,16 @@ impl Conn {
         }
         q.list.drain(..next);
         if self.out_pos == self.out.len() && q.list.is_empty() {
+            // A large buffer goes at once unless the connection is busy
+            // (this write was large) or was lately: growing it again by
+            // doubling for every burst costs a `realloc` and a copy per
+            // step. [`KeptBuffers`] releases it once the bursts stop.
+            let busy = self.out.len() > BUSY_BYTES_MIN;
             self.out_pos = 0;
-            if self.out.capacity() > BUFFER_KEEP_BYTES_MAX {
+            if self.out.capacity() > BUFFER_KEEP_BYTES_MAX && !busy && !self.out_listed {
                 self.out = Vec::new();
             } else {
+                self.out_busy |= busy && self.out.capacity() > BUFFER_KEEP_BYTES_MAX;
                 self.out.clear();
             }
         } else if self.out_pos > self.out.len() / 2 {
@@ -311,6 +333,71 @@ impl Conn {
             s.pos = s.bytes.len();
             done += 1;
         }
+    }
+}
+
+/// The connections that keep an emptied outbound buffer over
+/// [`BUFFER_KEEP_BYTES_MAX`] because they are busy. Every [`BUSY_KEEP`]
+/// the loop looks at them: a buffer whose connection wrote no large batch
+/// since the last look is released (or, if bytes are still queued in it,
+/// left to go at its next full write). A buffer is thus kept at most
+/// [`BUSY_KEEP`] to twice that after the bursts stop, and never more than
+/// its connection held queued at once.
+#[derive(Default)]
+pub struct KeptBuffers {
+    /// Slot and serial of each listed connection.
+    list: Vec<(ConnId, u64)>,
+    next_look: Option<Instant>,
+}
+
+impl KeptBuffers {
+    /// After connection `id` was written: lists it if it now keeps a large
+    /// buffer.
+    pub fn note(&mut self, id: ConnId, c: &mut Conn, now: Instant) {
+        if c.out_busy && !c.out_listed {
+            c.out_listed = true;
+            self.list.push((id, c.serial));
+            self.next_look.get_or_insert(now + BUSY_KEEP);
+        }
+    }
+
+    /// When the loop should wake for the next look, if any is due.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.next_look
+    }
+
+    /// Once per loop turn: the look, when it is due.
+    pub fn turn(&mut self, conns: &mut [Option<Conn>], now: Instant) {
+        if self.next_look.is_none_or(|at| now < at) {
+            return;
+        }
+        self.list.retain(|&(id, serial)| {
+            let Some(Some(c)) = conns.get_mut(id) else {
+                return false;
+            };
+            if c.serial != serial {
+                return false;
+            }
+            if std::mem::take(&mut c.out_busy) {
+                return true;
+            }
+            c.out_listed = false;
+            if c.pending_out() == 0 {
+                c.out = Vec::new();
+                c.out_pos = 0;
+            }
+            false
+        });
+        self.next_look = (!self.list.is_empty()).then_some(now + BUSY_KEEP);
+    }
+
+    /// How many connections keep a large buffer.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
     }
 }
 
@@ -782,5 +869,100 @@ mod tests {
         c.abort();
         assert_eq!(c.pending_out(), 0);
         assert_eq!(Arc::strong_count(&shared), 1);
+    }
+
+    /// Writes everything queued on `c` (all of it is taken at once).
+    fn write_all(c: &mut Conn) {
+        let mut w = Trickle {
+            got: Vec::new(),
+            chunk: usize::MAX,
+            calls: 1,
+        };
+        while c.pending_out() > 0 {
+            c.write_queued(&mut w).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_busy_connection_keeps_its_large_buffer_until_it_goes_quiet() {
+        let t0 = Instant::now();
+        let mut conns = vec![Some(Conn::slot(7))];
+        let mut kept = KeptBuffers::default();
+        let c = conns[0].as_mut().unwrap();
+        // One large batch written: the buffer stays for the next.
+        c.out.extend_from_slice(&[1; 200_000]);
+        let cap = c.out.capacity();
+        write_all(c);
+        kept.note(0, c, t0);
+        assert_eq!((c.out.capacity(), kept.len()), (cap, 1));
+        // Busy since the last look: kept through it.
+        c.out.extend_from_slice(&[2; 100_000]);
+        write_all(c);
+        kept.note(0, c, t0);
+        assert_eq!(kept.len(), 1, "listed once");
+        kept.turn(&mut conns, t0 + BUSY_KEEP / 2);
+        assert_eq!(
+            conns[0].as_ref().unwrap().out.capacity(),
+            cap,
+            "not due yet"
+        );
+        kept.turn(&mut conns, t0 + BUSY_KEEP);
+        assert_eq!(conns[0].as_ref().unwrap().out.capacity(), cap);
+        // A small write since: the next look releases it.
+        let c = conns[0].as_mut().unwrap();
+        c.out.extend_from_slice(b"2");
+        write_all(c);
+        kept.note(0, c, t0 + BUSY_KEEP);
+        assert_eq!(c.out.capacity(), cap, "kept until the look");
+        let next = kept.next_deadline().unwrap();
+        assert_eq!(next, t0 + 2 * BUSY_KEEP);
+        kept.turn(&mut conns, next);
+        assert_eq!(conns[0].as_ref().unwrap().out.capacity(), 0);
+        assert!(kept.is_empty() && kept.next_deadline().is_none());
+        // Not listed any more: a small write empties a large buffer at once.
+        let c = conns[0].as_mut().unwrap();
+        c.out.reserve(200_000);
+        c.out.extend_from_slice(b"3");
+        write_all(c);
+        assert_eq!(c.out.capacity(), 0);
+    }
+
+    #[test]
+    fn a_kept_buffer_of_a_closed_or_replaced_connection_is_forgotten() {
+        let t0 = Instant::now();
+        let mut conns = vec![Some(Conn::slot(7)), Some(Conn::slot(8))];
+        let mut kept = KeptBuffers::default();
+        for (id, slot) in conns.iter_mut().enumerate() {
+            let c = slot.as_mut().unwrap();
+            c.out.extend_from_slice(&[1; 200_000]);
+            write_all(c);
+            kept.note(id, c, t0);
+        }
+        assert_eq!(kept.len(), 2);
+        conns[0] = None;
+        conns[1] = Some(Conn::slot(9));
+        kept.turn(&mut conns, t0 + BUSY_KEEP);
+        assert!(kept.is_empty());
+    }
+
+    #[test]
+    fn a_kept_buffer_with_bytes_still_queued_is_left_to_its_next_write() {
+        let t0 = Instant::now();
+        let mut conns = vec![Some(Conn::slot(7))];
+        let mut kept = KeptBuffers::default();
+        let c = conns[0].as_mut().unwrap();
+        c.out.extend_from_slice(&[1; 200_000]);
+        write_all(c);
+        kept.note(0, c, t0);
+        kept.turn(&mut conns, t0 + BUSY_KEEP);
+        // Bytes queued, not written, when the quiet look comes.
+        let c = conns[0].as_mut().unwrap();
+        c.out.extend_from_slice(b"abc");
+        kept.turn(&mut conns, t0 + 2 * BUSY_KEEP);
+        let c = conns[0].as_mut().unwrap();
+        assert_eq!(c.pending_out(), 3, "queued bytes stay");
+        assert!(kept.is_empty());
+        write_all(c);
+        assert_eq!(c.out.capacity(), 0, "released by the write that empties it");
     }
 }

@@ -22,7 +22,7 @@ use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::conn::{
-    Conn, ConnId, Io, NetStats, State, TimerEntry, BUFFER_KEEP_BYTES_MAX, LAG_GRACE,
+    Conn, ConnId, Io, KeptBuffers, NetStats, State, TimerEntry, BUFFER_KEEP_BYTES_MAX, LAG_GRACE,
 };
 use super::http::{self, HttpError, Request, Response};
 use super::polling::{self, Item};
@@ -173,6 +173,8 @@ struct ConnTable {
     /// Keep-alive connections whose held GET was answered while more
     /// requests waited in their input (pipelined); read next turn.
     http_ready: Vec<ConnId>,
+    /// Busy connections keeping a large emptied outbound buffer.
+    kept: KeptBuffers,
 }
 
 impl ConnTable {
@@ -232,6 +234,7 @@ impl<H: Handler> Server<H> {
             in_bytes: 0,
             out_bytes: 0,
             http_ready: Vec::new(),
+            kept: KeptBuffers::default(),
         };
         Ok(Server {
             poll,
@@ -320,6 +323,7 @@ impl<H: Handler> Server<H> {
             let Server { table, handler, .. } = self;
             handler.tick(&mut table.io(now));
             self.flush_dirty(now);
+            self.table.kept.turn(&mut self.table.conns, now);
             if self.table.out_bytes > self.settings.out_total_max {
                 self.shed();
             }
@@ -462,10 +466,14 @@ impl<H: Handler> Server<H> {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let next = [self.handler.next_deadline(), self.trimmer.next_deadline()]
-            .into_iter()
-            .flatten()
-            .fold(next_timer, |next, at| Some(next.map_or(at, |n| n.min(at))));
+        let next = [
+            self.handler.next_deadline(),
+            self.trimmer.next_deadline(),
+            self.table.kept.next_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .fold(next_timer, |next, at| Some(next.map_or(at, |n| n.min(at))));
         next.map(|at| at.saturating_duration_since(Instant::now()))
     }
 
@@ -1613,6 +1621,7 @@ impl<H: Handler> Server<H> {
         }
         match c.flush() {
             Ok(written) => {
+                self.table.kept.note(id, c, now);
                 self.table.stats.bytes_out += written as u64;
                 if c.lag_since.is_some() && c.pending_out() <= self.table.stall_bytes / 2 {
                     c.lag_since = None;

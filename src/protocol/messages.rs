@@ -22,11 +22,82 @@ pub struct Sub<'a> {
 }
 
 /// A client-chosen sid: a string, or a number taken as its decimal text.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// Read by a small visitor rather than serde's `untagged`, which buffers
+/// the value in serde's `Content` first; what it accepts and the error for
+/// anything else are the same.
+#[derive(Debug)]
 pub enum SidValue {
     Text(String),
     Number(u64),
+}
+
+impl<'de> Deserialize<'de> for SidValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(SidVisitor)
+    }
+}
+
+struct SidVisitor;
+
+impl SidVisitor {
+    fn refuse<E: serde::de::Error>(self) -> Result<SidValue, E> {
+        Err(E::custom(
+            "data did not match any variant of untagged enum SidValue",
+        ))
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for SidVisitor {
+    type Value = SidValue;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a string or a non-negative integer")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<SidValue, E> {
+        Ok(SidValue::Text(s.to_string()))
+    }
+
+    fn visit_string<E: serde::de::Error>(self, s: String) -> Result<SidValue, E> {
+        Ok(SidValue::Text(s))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<SidValue, E> {
+        Ok(SidValue::Number(n))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<SidValue, E> {
+        match u64::try_from(n) {
+            Ok(n) => Ok(SidValue::Number(n)),
+            Err(_) => self.refuse(),
+        }
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<SidValue, E> {
+        self.refuse()
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<SidValue, E> {
+        self.refuse()
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<SidValue, E> {
+        self.refuse()
+    }
+
+    // The whole value is read before the refusal, as `untagged` did.
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<SidValue, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        self.refuse()
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<SidValue, A::Error> {
+        while map
+            .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+            .is_some()
+        {}
+        self.refuse()
+    }
 }
 
 impl SidValue {
@@ -187,6 +258,63 @@ impl<'de> Deserialize<'de> for AnyString {
 
 #[cfg(test)]
 mod tests {
+    /// `SidValue` as serde's `untagged` derive read it.
+    mod old {
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(untagged)]
+        pub enum SidValue {
+            Text(String),
+            Number(u64),
+        }
+
+        #[derive(Debug, serde::Deserialize)]
+        pub struct Unsub {
+            pub sid: SidValue,
+            #[serde(default)]
+            pub after: Option<u64>,
+        }
+    }
+
+    #[test]
+    fn sids_are_read_as_the_untagged_derive_read_them() {
+        let cases = [
+            r#""s1""#,
+            r#""a\u00e9\n""#,
+            "0",
+            "7",
+            "18446744073709551615",
+            "18446744073709551616",
+            "-1",
+            "1.5",
+            "1e3",
+            "true",
+            "null",
+            "[]",
+            "[1,\"x\"]",
+            "{}",
+            r#"{"a":[1,{"b":2}]}"#,
+            r#"{"a":1"#,
+            r#""x" y"#,
+            "",
+        ];
+        for c in cases {
+            let text = format!(r#"{{"sid":{c},"after":1}}"#);
+            let old = serde_json::from_str::<old::Unsub>(&text)
+                .map(|u| {
+                    let sid = match u.sid {
+                        old::SidValue::Text(t) => super::SidValue::Text(t),
+                        old::SidValue::Number(n) => super::SidValue::Number(n),
+                    };
+                    format!("{sid:?} {:?}", u.after)
+                })
+                .map_err(|e| e.to_string());
+            let new = serde_json::from_str::<super::Unsub>(&text)
+                .map(|u| format!("{:?} {:?}", u.sid, u.after))
+                .map_err(|e| e.to_string());
+            assert_eq!(new, old, "{c}");
+        }
+    }
+
     use super::*;
 
     fn raw(s: &str) -> Box<RawValue> {

@@ -192,12 +192,51 @@ impl ConsumerConfig {
     }
 }
 
-/// `consumer.create`: the stream's name plus the consumer's config.
-#[derive(Debug, Deserialize)]
+/// `consumer.create`: the stream's name plus the consumer's config (the
+/// object's other members). Read by hand rather than with serde's
+/// `flatten`, which buffers every member in serde's `Content` first, with
+/// the same results and errors: an object only, `stream` a string given
+/// once, of other members given twice the last.
+#[derive(Debug)]
 pub struct ConsumerCreate {
     pub stream: String,
-    #[serde(flatten)]
     pub config: serde_json::Map<String, serde_json::Value>,
+}
+
+impl<'de> Deserialize<'de> for ConsumerCreate {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(ConsumerCreateVisitor)
+    }
+}
+
+struct ConsumerCreateVisitor;
+
+impl<'de> serde::de::Visitor<'de> for ConsumerCreateVisitor {
+    type Value = ConsumerCreate;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("struct ConsumerCreate")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> Result<ConsumerCreate, A::Error> {
+        let mut stream = None;
+        let mut config = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "stream" {
+                if stream.is_some() {
+                    return Err(serde::de::Error::duplicate_field("stream"));
+                }
+                stream = Some(map.next_value::<String>()?);
+            } else {
+                config.insert(key, map.next_value()?);
+            }
+        }
+        let stream = stream.ok_or_else(|| serde::de::Error::missing_field("stream"))?;
+        Ok(ConsumerCreate { stream, config })
+    }
 }
 
 #[derive(Debug, Deserialize)]

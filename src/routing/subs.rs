@@ -65,8 +65,9 @@ pub struct Subscription {
     pub remaining: Option<u64>,
 }
 
-/// A change to the subscription table.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A change to the subscription table. Written by serde as an object
+/// with an `op` member; read back by `cluster/entry_json.rs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Command {
     Subscribe {
@@ -683,13 +684,12 @@ mod owner_tests {
     }
 
     #[test]
-    fn commands_round_trip_as_json() {
+    fn commands_are_written_as_json_objects_with_an_op() {
         let c = Command::GroupSet {
             queue: "q".into(),
             mode: GroupMode::Broadcast,
         };
         let text = serde_json::to_string(&c).unwrap();
         assert_eq!(text, r#"{"op":"group_set","queue":"q","mode":"broadcast"}"#);
-        assert_eq!(serde_json::from_str::<Command>(&text).unwrap(), c);
     }
 }
