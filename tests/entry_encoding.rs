@@ -132,6 +132,7 @@ const GOLDEN_CHANGES: &[&str] = &[
     r##"{"node":2,"op":30064771088,"cmd":{"meta":{"op":"cursors","stream":"orders","cursors":[{"consumer":"c","ack_floor":4,"delivered":6},{"consumer":"d","ack_floor":0,"delivered":18446744073709551615}]}}}"##,
     r##"{"node":2,"op":30064771089,"cmd":{"meta":{"op":"cursors","stream":"orders","cursors":[]}}}"##,
     r##"{"node":2,"op":30064771090,"cmd":{"meta":{"op":"stream_place","name":"orders","placement":{"group":5,"replicas":[2,1,3]}}}}"##,
+    r##"{"node":2,"op":30064771091,"cmd":{"meta":{"op":"stream_place","name":"orders","placement":{"group":5,"replicas":[2,1,4],"leaving":[3],"joining":[4]}}}}"##,
 ];
 
 /// A snapshot as the derived writer wrote it.

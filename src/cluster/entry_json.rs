@@ -231,6 +231,39 @@ fn as_u64(j: J) -> Result<u64, String> {
     }
 }
 
+/// A [`Placement`]: a move's two lists (`leaving`, `joining`) are left
+/// out when empty, in the array form too, where they come last.
+fn read_placement(j: J) -> Result<Placement, String> {
+    const NAMES: &[&str] = &["group", "replicas", "leaving", "joining"];
+    let what = "struct Placement";
+    let mut vals: Vec<Option<J>> = NAMES.iter().map(|_| None).collect();
+    match j {
+        J::Obj(members) => Fields::fill(&mut vals, NAMES, members)?,
+        J::Arr(items) if (2..=NAMES.len()).contains(&items.len()) => {
+            for (slot, item) in vals.iter_mut().zip(items) {
+                *slot = Some(item);
+            }
+        }
+        J::Arr(items) => Fields::fill_seq(&mut vals, what, items)?,
+        other => return Err(invalid(&other, what)),
+    }
+    let mut f = Fields { names: NAMES, vals };
+    let list = |v: Option<J>| v.map(as_u64s).transpose().map(Option::unwrap_or_default);
+    Ok(Placement {
+        group: f.u64(0)?,
+        replicas: as_u64s(f.take(1)?)?,
+        leaving: list(f.vals[2].take())?,
+        joining: list(f.vals[3].take())?,
+    })
+}
+
+fn as_u64s(j: J) -> Result<Vec<u64>, String> {
+    match j {
+        J::Arr(items) => items.into_iter().map(as_u64).collect(),
+        other => Err(invalid(&other, "a sequence")),
+    }
+}
+
 fn as_string(j: J) -> Result<String, String> {
     match j {
         J::Str(s) => Ok(s),
@@ -445,16 +478,8 @@ fn read_meta(j: J) -> Result<MetaCommand, String> {
             let names = &["name", "placement"];
             let mut f = Fields::read(body, "struct variant MetaCommand::StreamPlace", names)?;
             let name = f.string(0)?;
-            let mut p = Fields::read(f.take(1)?, "struct Placement", &["group", "replicas"])?;
-            let group = p.u64(0)?;
-            let replicas = match p.take(1)? {
-                J::Arr(items) => items.into_iter().map(as_u64).collect::<Result<_, _>>()?,
-                other => return Err(invalid(&other, "a sequence")),
-            };
-            MetaCommand::StreamPlace {
-                name,
-                placement: Placement { group, replicas },
-            }
+            let placement = read_placement(f.take(1)?)?;
+            MetaCommand::StreamPlace { name, placement }
         }
         other => return Err(unknown_op(other)),
     })
