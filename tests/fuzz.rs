@@ -698,6 +698,16 @@ fn raft_samples() -> Vec<Message> {
             hint_index: 0,
             hint_term: 0,
             epoch: 1,
+            voter: true,
+        },
+        // A node that may not vote yet says so with a tag of its own.
+        Body::AppendResp {
+            ok: false,
+            index: 7,
+            hint_index: 3,
+            hint_term: 2,
+            epoch: 4,
+            voter: false,
         },
         Body::Heartbeat {
             commit: 7,

@@ -3,12 +3,15 @@
 //! `-join` are added with `cluster.add` while messages flow, the leader
 //! and a dead node are removed, a killed node is replaced by a new one
 //! with a new id, every node restarts with its original flags and gets
-//! the stored membership back, and bad requests are refused with their
-//! codes. Every wait is bounded; every process is stopped by its PID.
+//! the stored membership back, the cluster shrinks from five back to
+//! three without losing an acked stream or core message, a removed
+//! node's stream replicas move to another node first, and bad requests
+//! are refused with their codes. Every wait is bounded; every
+//! process is stopped by its PID.
 
 mod cluster_support;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -731,41 +734,12 @@ fn await_acked(acked: &Mutex<Vec<(u64, u64)>>, n: usize) {
 /// Reads all of `stream` through a new consumer and checks it: every
 /// acked k once, in order, at its acked seq; nothing never published.
 fn check_stream(client: &Client, stream: &str, acked: &[(u64, u64)], published: u64) {
-    call_until(
-        client,
-        "consumer.create",
-        json!({"stream": stream, "name": "check"}),
-        WAIT,
-    );
-    let mut read: Vec<(u64, u64)> = Vec::new();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got = call_until(
-            client,
-            "consumer.fetch",
-            json!({"stream": stream, "consumer": "check", "batch": 256, "no_wait": true}),
-            WAIT,
-        );
-        let msgs = got["messages"].as_array().cloned().unwrap_or_default();
-        if msgs.is_empty() {
-            break;
-        }
-        for m in msgs {
-            let seq = m["seq"].as_u64().expect("a seq");
-            read.push((m["data"]["k"].as_u64().expect("k"), seq));
-            call_until(
-                client,
-                "ack",
-                json!({"stream": stream, "consumer": "check", "seq": seq}),
-                WAIT,
-            );
-        }
-        assert!(Instant::now() < deadline, "reading {stream} never ended");
-    }
-    let ks: Vec<u64> = read.iter().map(|r| r.0).collect();
+    let read = read_stream(client, stream, "check");
+    let ks: Vec<u64> = read.iter().map(|r| r.1).collect();
     assert!(ks.windows(2).all(|w| w[0] < w[1]), "out of order or twice");
     assert!(ks.iter().all(|&k| k >= 1 && k <= published));
-    let stored: std::collections::BTreeMap<u64, u64> = read.into_iter().collect();
+    let stored: std::collections::BTreeMap<u64, u64> =
+        read.into_iter().map(|(seq, k)| (k, seq)).collect();
     for &(k, seq) in acked {
         assert_eq!(
             stored.get(&k),
@@ -873,4 +847,254 @@ fn replacing_a_dead_node_moves_its_stream_replica_to_the_new_one() {
     stop.store(true, Ordering::Release);
     let published = publisher.join().unwrap();
     check_stream(&c.client(n4), "MOVE", &acked.lock().unwrap(), published);
+}
+
+/// Reads stream `stream` whole through a new consumer `consumer`: each
+/// message's `(seq, k)` in delivery order, each acked.
+fn read_stream(client: &Client, stream: &str, consumer: &str) -> Vec<(u64, u64)> {
+    call_until(
+        client,
+        "consumer.create",
+        json!({"stream": stream, "name": consumer}),
+        WAIT,
+    );
+    let mut out = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let got = call_until(
+            client,
+            "consumer.fetch",
+            json!({"stream": stream, "consumer": consumer, "batch": 256, "no_wait": true}),
+            WAIT,
+        );
+        let msgs = got["messages"].as_array().cloned().unwrap_or_default();
+        if msgs.is_empty() {
+            return out;
+        }
+        for m in msgs {
+            let seq = m["seq"].as_u64().expect("a seq");
+            out.push((seq, m["data"]["k"].as_u64().expect("k in data")));
+            call_until(
+                client,
+                "ack",
+                json!({"stream": stream, "consumer": consumer, "seq": seq}),
+                WAIT,
+            );
+        }
+        assert!(Instant::now() < deadline, "reading {stream} never ended");
+    }
+}
+
+/// Grows 3 → 4 → 5 and shrinks back to 3, removing a node added on the
+/// way and then the leader of the control group (a seed that also leads
+/// the R3 stream's group, unless leadership moved meanwhile), while one
+/// node publishes to the R3 stream and core messages, and another node
+/// subscribes: the stream takes publishes again after each step, every
+/// acked stream message is read back afterwards at the seq it was acked
+/// with, and every acked core message reaches the subscriber once and in
+/// order. The publisher's and the subscriber's nodes stay members.
+#[test]
+fn growing_to_five_and_shrinking_to_three_loses_no_acked_message() {
+    let mut c = Nodes::start();
+    let leader = c.await_leader(&[0, 1, 2]);
+    // The publisher and the subscriber sit on the two seeds that do not
+    // lead now, so the leader can be removed later without them.
+    let seeds: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let (pub_node, sub_node) = (seeds[0], seeds[1]);
+
+    // Created through the leader, so the stream's group starts there
+    // too (its preferred first leader): removing that node later moves
+    // the stream's leadership as well.
+    call_until(
+        &c.client(leader),
+        "stream.create",
+        json!({"name": "SHRINK", "subjects": ["shrink.s.>"], "replicas": 3}),
+        WAIT,
+    );
+    // The stream's group has a leader that serves it.
+    call_until(
+        &c.client(sub_node),
+        "stream.info",
+        json!({"name": "SHRINK"}),
+        WAIT,
+    );
+    let sub_client = c.client(sub_node);
+    let sub = sub_client.subscribe("shrink.core").unwrap();
+    let core_pub = c.client(pub_node);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        core_pub
+            .publish_acked("shrink.core", json!(u64::MAX))
+            .unwrap();
+        if sub.recv_timeout(Duration::from_millis(100)).is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the subscription never spread");
+    }
+    while sub.try_recv().ok().flatten().is_some() {}
+
+    // Core messages: numbered, each publish acked or counted as failed.
+    let stop = Arc::new(AtomicBool::new(false));
+    let core_acked = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let core_thread = {
+        let (stop, acked) = (Arc::clone(&stop), Arc::clone(&core_acked));
+        thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                if core_pub.publish_acked("shrink.core", json!(n)).is_ok() {
+                    acked.lock().unwrap().push(n);
+                }
+                n += 1;
+                thread::sleep(Duration::from_millis(3));
+            }
+            n
+        })
+    };
+    // Stream messages {"k": k}: each acked one with the seq it got; a
+    // failed publish (the group electing a leader) is not retried, and
+    // the next one waits a little so a leaderless stream is not hammered.
+    let stream_acked = Arc::new(Mutex::new(Vec::<(u64, u64)>::new()));
+    let stream_client = c.client(pub_node);
+    let stream_thread = {
+        let (stop, acked) = (Arc::clone(&stop), Arc::clone(&stream_acked));
+        thread::spawn(move || {
+            let mut k = 0u64;
+            let mut failed: BTreeMap<String, u64> = BTreeMap::new();
+            while !stop.load(Ordering::Acquire) {
+                k += 1;
+                match stream_client.publish_stream("shrink.s.x", json!({ "k": k })) {
+                    Ok(ack) => acked.lock().unwrap().push((k, ack.seq)),
+                    Err(e) => {
+                        *failed.entry(e.to_string()).or_default() += 1;
+                        thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            }
+            eprintln!("failed stream publishes: {failed:?}");
+            (k, stream_client)
+        })
+    };
+    // Waits until `n` more stream publishes than now are acked: the
+    // stream still takes messages in the state the cluster is in.
+    let more_stream_acks = |n: usize, what: &str| {
+        let want = stream_acked.lock().unwrap().len() + n;
+        let deadline = Instant::now() + WAIT;
+        while stream_acked.lock().unwrap().len() < want {
+            assert!(
+                Instant::now() < deadline,
+                "the stream took fewer than {n} publishes {what}"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    };
+    more_stream_acks(50, "before any change");
+
+    let n4 = c.join("n4", pub_node);
+    c.await_health(n4, 503, "waiting to be added");
+    assert_eq!(c.add(sub_node, n4), Ok(json!({"ok": true})));
+    c.await_members(pub_node, &["n1", "n2", "n3", "n4"]);
+    more_stream_acks(50, "with four members");
+    let n5 = c.join("n5", sub_node);
+    assert_eq!(c.add(n4, n5), Ok(json!({"ok": true})));
+    c.await_members(pub_node, &["n1", "n2", "n3", "n4", "n5"]);
+    c.await_health(n5, 200, "ok");
+    more_stream_acks(50, "with five members");
+
+    // Shrink: first a node added on the way (one that does not lead),
+    // then whoever leads the control group now, unless that is the
+    // publisher's or the subscriber's node (then the other added node).
+    let leader = c.await_leader(&[0, 1, 2, n4, n5]);
+    let first = if leader == n5 { n4 } else { n5 };
+    let first_name = c.nodes[first].name.clone();
+    assert_eq!(c.remove(pub_node, &first_name), Ok(json!({"ok": true})));
+    c.await_health(first, 503, "removed from the cluster");
+    let left: Vec<usize> = [0, 1, 2, n4, n5]
+        .into_iter()
+        .filter(|&i| i != first)
+        .collect();
+    let leader = c.await_leader(&left);
+    let second = if leader == pub_node || leader == sub_node {
+        *left
+            .iter()
+            .find(|&&i| i != pub_node && i != sub_node && i != leader && i >= 3)
+            .unwrap_or(&leader)
+    } else {
+        leader
+    };
+    eprintln!(
+        "removing {} then {} (control leader {})",
+        first_name, c.nodes[second].name, c.nodes[leader].name
+    );
+    let second_name = c.nodes[second].name.clone();
+    assert_eq!(c.remove(sub_node, &second_name), Ok(json!({"ok": true})));
+    c.await_health(second, 503, "removed from the cluster");
+    let stay: Vec<usize> = left.into_iter().filter(|&i| i != second).collect();
+    let names: Vec<&str> = stay.iter().map(|&i| c.nodes[i].name.as_str()).collect();
+    for &i in &stay {
+        c.await_members(i, &names);
+    }
+    more_stream_acks(50, "after shrinking back to three");
+
+    stop.store(true, Ordering::Release);
+    let core_sent = core_thread.join().unwrap();
+    let (stream_published, stream_client) = stream_thread.join().unwrap();
+
+    // Core: every acked number arrived once and in order.
+    let core_acked = core_acked.lock().unwrap().clone();
+    assert!(
+        core_acked.len() > 100,
+        "only {} core publishes acked",
+        core_acked.len()
+    );
+    let last_acked = *core_acked.last().unwrap();
+    let deadline = Instant::now() + WAIT;
+    let mut got: Vec<u64> = Vec::new();
+    while got.last().is_none_or(|&l| l < last_acked) && Instant::now() < deadline {
+        if let Ok(m) = sub.recv_timeout(Duration::from_millis(200)) {
+            // u64::MAX: a late copy of the probe sent before.
+            match m.data.as_u64() {
+                Some(u64::MAX) => {}
+                n => got.push(n.expect("a number")),
+            }
+        }
+    }
+    assert!(
+        got.windows(2).all(|w| w[0] < w[1]),
+        "core messages repeated or out of order"
+    );
+    assert!(
+        got.iter().all(|&n| n < core_sent),
+        "a core message never published"
+    );
+    let missing: Vec<u64> = core_acked
+        .iter()
+        .copied()
+        .filter(|n| got.binary_search(n).is_err())
+        .collect();
+    assert!(missing.is_empty(), "acked core messages lost: {missing:?}");
+
+    // Stream: every acked k at the seq it was acked with, each k once,
+    // in publish order; read through the subscriber's node.
+    let stream_acked = stream_acked.lock().unwrap().clone();
+    let read = read_stream(&c.client(sub_node), "SHRINK", "after");
+    let mut at: BTreeMap<u64, u64> = BTreeMap::new();
+    for &(seq, k) in &read {
+        assert!(k >= 1 && k <= stream_published, "k {k} was never published");
+        assert!(at.insert(k, seq).is_none(), "k {k} stored twice");
+    }
+    let ks: Vec<u64> = read.iter().map(|r| r.1).collect();
+    assert!(ks.windows(2).all(|w| w[0] < w[1]), "stream out of order");
+    for &(k, seq) in &stream_acked {
+        assert_eq!(
+            at.get(&k),
+            Some(&seq),
+            "acked k {k} (seq {seq}) missing or moved"
+        );
+    }
+    eprintln!(
+        "{} core messages acked, {} stream messages acked of {stream_published}",
+        core_acked.len(),
+        stream_acked.len()
+    );
+    drop((stream_client, sub_client));
 }

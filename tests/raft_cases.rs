@@ -882,3 +882,76 @@ fn a_learner_whose_first_probe_was_lost_is_probed_again() {
     assert_eq!(voters(&net, 1), vec![1, 2, 3, 4]);
     assert_eq!(net.applied_data(4), vec!["a"]);
 }
+
+/// The leader promotes a non-voter only once that node says it may vote.
+/// Here node 4's Appends lose their last two entries, so it stays within
+/// `catch_up_entries` of the leader but never holds the leader's commit
+/// index, and so may not vote yet. A leader that promoted it anyway and
+/// then died would leave nodes 2 and 3 needing a vote node 4 refuses to
+/// give: three of four voters, forever short of a leader.
+#[test]
+fn a_leader_dying_at_a_promotion_leaves_a_cluster_that_elects() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    for k in 0..4 {
+        net.propose(1, &format!("a{k}")).unwrap();
+    }
+    net.node_mut(1).propose_add(4, b"four".to_vec()).unwrap();
+    net.settle();
+    net.filter = Box::new(|m| {
+        if let (4, Body::Append { entries, .. }) = (m.to, &mut m.body) {
+            let keep = entries.len().saturating_sub(2);
+            entries.truncate(keep);
+        }
+        true
+    });
+    join(&mut net, 4);
+    net.tick(1, 4 * raft::HEARTBEAT_TICKS);
+    assert!(
+        net.node(4).last_index() > 0 && net.node(4).last_index() < net.node(1).commit(),
+        "node 4 is close behind: {}",
+        net.node(4).describe()
+    );
+    assert!(!net.node(4).is_voter(), "{}", net.node(4).describe());
+    // Whoever counts node 4 as a voter can rely on its vote.
+    for id in 1..=3 {
+        assert!(
+            !net.node(id).configuration().is_voter(4),
+            "node {id} counts node 4 before it may vote: {}",
+            net.node(id).describe()
+        );
+    }
+    // The leader dies: the others still elect one of them, which then
+    // catches node 4 up and promotes it.
+    net.filter = Box::new(|_| true);
+    net.isolate(1);
+    let new = net.elect_any(&[2, 3, 4]);
+    assert_ne!(new, 4);
+    net.tick(new, 4 * raft::HEARTBEAT_TICKS);
+    assert_eq!(voters(&net, new), vec![1, 2, 3, 4]);
+    assert!(net.node(4).is_voter(), "{}", net.node(4).describe());
+    net.propose(new, "b").unwrap();
+    assert_eq!(net.applied_data(4), vec!["a0", "a1", "a2", "a3", "b"]);
+}
+
+/// A non-voter that is fully caught up but has not yet seen a commit of
+/// the leader's term in an Append (here it got the log by snapshot, and
+/// nothing new is appended) is still promoted: the leader probes it with
+/// an empty Append on heartbeats until it answers that it may vote.
+#[test]
+fn a_caught_up_learner_that_may_not_vote_yet_is_probed_until_it_may() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.node_mut(1).propose_add(4, b"four".to_vec()).unwrap();
+    for k in 0..3 {
+        net.propose(1, &format!("x{k}")).unwrap();
+    }
+    let applied = net.node(1).applied();
+    net.node_mut(1).compact(applied, b"state".to_vec());
+    net.settle();
+    join(&mut net, 4);
+    net.tick(1, 4 * raft::HEARTBEAT_TICKS);
+    assert_eq!(net.restored[&4].data, b"state");
+    assert!(net.node(4).is_voter(), "{}", net.node(4).describe());
+    assert_eq!(voters(&net, 1), vec![1, 2, 3, 4]);
+}

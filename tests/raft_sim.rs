@@ -84,8 +84,12 @@ fn sim_5_nodes_memory_log() {
 /// Seeds that once failed, run whatever `SIM_SEEDS` says. 20870: a
 /// proposal forwarded during the chaos reached the leader after healing
 /// and was acknowledged while the membership settled; the final check
-/// must let every member apply it first.
-const REGRESSION_SEEDS: &[u64] = &[20870];
+/// must let every member apply it first. 34270, 62812, 68862, 73938,
+/// 88206, 88482: a leader promoted a node that was close enough behind
+/// but did not vote yet, and died; the others counted the new node's vote
+/// and never got it, so no leader was elected after healing (a leader now
+/// promotes only a node that said it may vote).
+const REGRESSION_SEEDS: &[u64] = &[20870, 34270, 62812, 68862, 73938, 88206, 88482];
 
 #[test]
 fn sim_regression_seeds() {

@@ -12,7 +12,9 @@
 //! remove one node at a time, with the rule from the Raft errata: a leader
 //! starts a change only once an entry of its own term is committed and no
 //! other change is in flight. A node joins as a non-voter and is promoted
-//! once it is current; a leader that removes itself hands leadership over
+//! once it is current and has said that it may vote (so a promotion never
+//! counts a vote the node would refuse); a leader that removes itself
+//! hands leadership over
 //! (TimeoutNow, thesis §3.10) when the removal commits.
 //!
 //! Beyond the paper's basic algorithm it implements PreVote and
@@ -407,6 +409,9 @@ struct Progress {
     /// Ticks since the leader last heard from this follower.
     quiet: u32,
     epoch: u64,
+    /// The follower said, in this epoch, that it may vote (see
+    /// [`Body::AppendResp`]): only then is a non-voter promoted.
+    may_vote: bool,
     read_acked: u64,
     matched_at_heartbeat: u64,
 }
@@ -422,6 +427,7 @@ impl Progress {
             active: true,
             quiet: 0,
             epoch: 0,
+            may_vote: false,
             read_acked: 0,
             matched_at_heartbeat: 0,
         }
@@ -433,6 +439,33 @@ struct PendingRead {
     ctx: u64,
     index: u64,
     seq: u64,
+}
+
+/// An [`Body::AppendResp`] as the leader reads it.
+///
+/// `voter`: the follower may vote (its own `voter` flag). A leader
+/// promotes a non-voter only once it has said so, in its current epoch.
+/// Why: the promotion entry makes every node that holds it count the new
+/// node's vote, at once and before the entry commits. The new node itself
+/// votes only once it knows it holds everything it might have
+/// acknowledged (`maybe_vote_again`); if the leader promoted it before
+/// that and died, the others would count a vote that node refuses, and
+/// with the old leader gone they could stay short of a majority forever.
+/// Since a node never stops being a voter within one life, "may vote"
+/// said once in an epoch holds for the whole epoch; a restart starts a
+/// new epoch, and with it the leader's belief starts over. What stays
+/// uncovered is a node that restarts under a memory log after being
+/// promoted: it waits again as a non-voter while counted as a voter,
+/// which is why a memory-log cluster survives only one node losing its
+/// log at a time (docs/DESIGN.md).
+#[derive(Debug, Clone, Copy)]
+struct AppendAck {
+    ok: bool,
+    index: u64,
+    hint_index: u64,
+    hint_term: u64,
+    epoch: u64,
+    voter: bool,
 }
 
 /// One node's consensus state.
@@ -953,12 +986,16 @@ impl Raft {
         }
         let last = self.log.last_index();
         let lag = self.cfg.catch_up_entries;
+        // Only a node that said it may vote is promoted: the promotion
+        // makes the configuration count its vote, and a node counted but
+        // refusing to vote could leave the others short of a quorum for
+        // good if this leader dies (see `AppendAck::voter`).
         let ready = self.conf.members.iter().find(|m| {
             !m.voter
                 && self
                     .progress
                     .get(&m.id)
-                    .is_some_and(|pr| pr.matched > 0 && pr.matched + lag >= last)
+                    .is_some_and(|pr| pr.may_vote && pr.matched > 0 && pr.matched + lag >= last)
         });
         if let Some(m) = ready {
             let id = m.id;
@@ -1175,8 +1212,7 @@ impl Raft {
                 epoch,
             } => {
                 self.follow(from);
-                self.on_append(from, prev_index, prev_term, entries, commit);
-                self.maybe_vote_again(commit, epoch);
+                self.on_append(from, prev_index, prev_term, entries, commit, epoch);
             }
             Body::Heartbeat {
                 commit,
@@ -1199,9 +1235,18 @@ impl Raft {
                 hint_index,
                 hint_term,
                 epoch,
+                voter,
             } => {
                 if self.role == Role::Leader {
-                    self.on_append_resp(from, ok, index, hint_index, hint_term, epoch);
+                    let ack = AppendAck {
+                        ok,
+                        index,
+                        hint_index,
+                        hint_term,
+                        epoch,
+                        voter,
+                    };
+                    self.on_append_resp(from, ack);
                 }
             }
             Body::HeartbeatResp { read_seq } => {
@@ -1541,15 +1586,15 @@ impl Raft {
         }
     }
 
-    fn on_append_resp(
-        &mut self,
-        p: NodeId,
-        ok: bool,
-        index: u64,
-        hint: u64,
-        hint_term: u64,
-        epoch: u64,
-    ) {
+    fn on_append_resp(&mut self, p: NodeId, ack: AppendAck) {
+        let AppendAck {
+            ok,
+            index,
+            hint_index: hint,
+            hint_term,
+            epoch,
+            voter,
+        } = ack;
         let Some(pr) = self.progress.get_mut(&p) else {
             return;
         };
@@ -1559,12 +1604,17 @@ impl Raft {
             return; // an answer from the follower's previous life
         }
         if epoch > pr.epoch {
-            // The follower restarted: what it acked before may be gone.
+            // The follower restarted: what it acked before may be gone,
+            // and whether it may vote is for this life to say.
             pr.epoch = epoch;
             pr.matched = 0;
+            pr.may_vote = false;
             pr.flow = Flow::Probe { paused: false };
             pr.inflight.clear();
         }
+        // Within one life a node only ever goes from non-voter to voter,
+        // so a late answer saying "not yet" changes nothing.
+        pr.may_vote |= voter;
         if ok {
             let matched_before = pr.matched;
             pr.matched = pr.matched.max(index);
@@ -1648,8 +1698,18 @@ impl Raft {
             _ => {}
         }
         pr.matched_at_heartbeat = pr.matched;
-        if pr.matched < last {
+        // A non-voter that holds the whole log but has not said it may
+        // vote gets an empty Append: it carries the commit index and the
+        // epoch the node needs to see before it may (`maybe_vote_again`),
+        // and its answer says so. Without it, a node caught up by a
+        // snapshot, or whose last Append came before the leader's commit
+        // index moved, would wait for the next proposal to be promoted.
+        let (behind, may_vote) = (pr.matched < last, pr.may_vote);
+        let unsure = !may_vote && !self.conf.is_voter(p) && self.conf.contains(p);
+        if behind {
             self.send_append(p, probing);
+        } else if unsure {
+            self.send_append(p, true);
         }
         self.release_reads();
     }
@@ -1728,6 +1788,7 @@ impl Raft {
         prev_term: u64,
         entries: Vec<Entry>,
         commit: u64,
+        epoch: u64,
     ) {
         // Entries must follow `prev_index` one by one; anything else is
         // not an Append this code sends, and is dropped.
@@ -1748,17 +1809,8 @@ impl Raft {
         };
         if self.log.term(prev_index) != Some(prev_term) {
             let (hint_index, hint_term) = self.conflict_hint(prev_index);
-            let epoch = self.epoch;
-            self.send(
-                from,
-                Body::AppendResp {
-                    ok: false,
-                    index: prev_index,
-                    hint_index,
-                    hint_term,
-                    epoch,
-                },
-            );
+            self.maybe_vote_again(commit, epoch);
+            self.ack(from, false, prev_index, hint_index, hint_term);
             return;
         }
         let last_new = prev_index + entries.len() as u64;
@@ -1787,24 +1839,36 @@ impl Raft {
             }
         }
         self.commit = self.commit.max(commit.min(last_new));
-        let epoch = self.epoch;
+        // Before the answer, so that it already says whether this node
+        // may vote now.
+        self.maybe_vote_again(commit, epoch);
+        self.ack(from, true, last_new, 0, 0);
+    }
+
+    /// Answers an Append or a snapshot with this life's epoch and whether
+    /// this node may vote.
+    fn ack(&mut self, to: NodeId, ok: bool, index: u64, hint_index: u64, hint_term: u64) {
+        let (epoch, voter) = (self.epoch, self.voter);
         self.send(
-            from,
+            to,
             Body::AppendResp {
-                ok: true,
-                index: last_new,
-                hint_index: 0,
-                hint_term: 0,
+                ok,
+                index,
+                hint_index,
+                hint_term,
                 epoch,
+                voter,
             },
         );
     }
 
-    /// A node that lost its log votes again once it holds the leader's
-    /// commit index, that index is of the leader's own term (so it covers
-    /// everything committed before), and the leader has seen this life's
-    /// epoch (so no ack of an earlier life, whose entries may be gone, is
-    /// counted from now on: anything it counted is within that commit).
+    /// A node that lost its log, or a joining node, votes (again) once it
+    /// holds the leader's commit index, that index is of the leader's own
+    /// term (so it covers everything committed before), and the leader has
+    /// seen this life's epoch (so no ack of an earlier life, whose entries
+    /// may be gone, is counted from now on: anything it counted is within
+    /// that commit). Called before the Append is answered, so the answer
+    /// already tells the leader, which promotes a non-voter only then.
     fn maybe_vote_again(&mut self, leader_commit: u64, epoch: u64) {
         if !self.voter
             && epoch == self.epoch
@@ -1847,18 +1911,8 @@ impl Raft {
                 self.after.restore = Some(snap);
             }
         }
-        let epoch = self.epoch;
         let index = self.commit;
-        self.send(
-            from,
-            Body::AppendResp {
-                ok: true,
-                index,
-                hint_index: 0,
-                hint_term: 0,
-                epoch,
-            },
-        );
+        self.ack(from, true, index, 0, 0);
     }
 
     fn send(&mut self, to: NodeId, body: Body) {

@@ -16,6 +16,13 @@
 //! between two nodes ([`Body::Beats`], [`Body::BeatsResp`], tags 13 and
 //! 14) are node-level messages, always sent as group 0, whose per-group
 //! fields are LEB128 varints: an idle group costs a few bytes per beat.
+//!
+//! [`Body::AppendResp`] carries whether its sender may vote in its tag:
+//! 6 (the only tag it had before) when it may, 18 when it may not yet. A
+//! voter's answers are therefore unchanged on the wire and older
+//! encodings decode as they always did; a node of an older version cannot
+//! read tag 18, so every member runs this version before a node is added
+//! or a memory-log node restarts.
 
 use std::fmt;
 
@@ -180,13 +187,18 @@ pub enum Body {
     /// `ok`: `index` is the last index now known to match. Refused:
     /// `index` is the `prev_index` that did not match, and the hint says
     /// where the leader should back up to (the first index of the
-    /// conflicting term, or the follower's last index + 1).
+    /// conflicting term, or the follower's last index + 1). `voter`: the
+    /// follower may vote; a leader promotes a non-voter only once it says
+    /// so. Encoded with tag 6 when `voter` is set (the encoding from
+    /// before the flag existed, which always meant a node that votes or
+    /// did not say), tag 18 with the same fields when it is not.
     AppendResp {
         ok: bool,
         index: u64,
         hint_index: u64,
         hint_term: u64,
         epoch: u64,
+        voter: bool,
     },
     /// Keeps followers from campaigning, carries the commit index (only
     /// used if the follower holds `commit_term` at `commit`) and the
@@ -375,6 +387,12 @@ pub fn encode_hard_state(out: &mut Vec<u8>, h: &HardState) {
 
 /// Tag of a body that belongs to a group other than the control group.
 const TAG_GROUP: u8 = 12;
+/// Tags of [`Body::AppendResp`]: from a node that may vote (the tag the
+/// message had before the flag existed, so every older encoding still
+/// decodes, and a voter's answers are byte for byte what they were), and
+/// from one that may not vote yet.
+const TAG_APPEND_RESP: u8 = 6;
+const TAG_APPEND_RESP_NOT_VOTER: u8 = 18;
 
 /// Appends the encoding of `m` to `out`. A message of a group other than
 /// [`CONTROL_GROUP`] cannot carry [`Body::Beats`] or [`Body::BeatsResp`]
@@ -443,8 +461,13 @@ fn encode_body(out: &mut Vec<u8>, body: &Body) {
             hint_index,
             hint_term,
             epoch,
+            voter,
         } => {
-            out.push(6);
+            out.push(if *voter {
+                TAG_APPEND_RESP
+            } else {
+                TAG_APPEND_RESP_NOT_VOTER
+            });
             out.push(*ok as u8);
             put_u64(out, *index);
             put_u64(out, *hint_index);
@@ -693,12 +716,13 @@ impl<'a> Reader<'a> {
                     epoch,
                 }
             }
-            6 => Body::AppendResp {
+            t @ (TAG_APPEND_RESP | TAG_APPEND_RESP_NOT_VOTER) => Body::AppendResp {
                 ok: self.bool()?,
                 index: self.u64()?,
                 hint_index: self.u64()?,
                 hint_term: self.u64()?,
                 epoch: self.u64()?,
+                voter: t == TAG_APPEND_RESP,
             },
             7 => Body::Heartbeat {
                 commit: self.u64()?,
@@ -829,6 +853,15 @@ mod tests {
                 hint_index: 3,
                 hint_term: 1,
                 epoch: 7,
+                voter: true,
+            },
+            Body::AppendResp {
+                ok: true,
+                index: 9,
+                hint_index: 0,
+                hint_term: 0,
+                epoch: 2,
+                voter: false,
             },
             Body::Heartbeat {
                 commit: 6,
@@ -986,6 +1019,45 @@ mod tests {
         want.push(8);
         want.extend_from_slice(&4u64.to_le_bytes());
         assert_eq!(out, want);
+    }
+
+    /// A voter's answer keeps the bytes it had before the flag existed
+    /// (tag 6); a node that may not vote yet answers with tag 18 and the
+    /// same fields after it.
+    #[test]
+    fn known_bytes_of_append_responses_with_and_without_the_vote() {
+        let resp = |voter: bool| Message {
+            group: CONTROL_GROUP,
+            from: 4,
+            to: 1,
+            term: 3,
+            body: Body::AppendResp {
+                ok: true,
+                index: 9,
+                hint_index: 0,
+                hint_term: 0,
+                epoch: 2,
+                voter,
+            },
+        };
+        let bytes = |tag: u8| {
+            let mut want = Vec::new();
+            for v in [4u64, 1, 3] {
+                want.extend_from_slice(&v.to_le_bytes());
+            }
+            want.push(tag);
+            want.push(1);
+            for v in [9u64, 0, 0, 2] {
+                want.extend_from_slice(&v.to_le_bytes());
+            }
+            want
+        };
+        for (voter, tag) in [(true, 6), (false, 18)] {
+            let mut out = Vec::new();
+            encode(&mut out, &resp(voter));
+            assert_eq!(out, bytes(tag), "voter {voter}");
+            assert_eq!(decode(&out), Ok(resp(voter)));
+        }
     }
 
     #[test]

@@ -478,6 +478,7 @@ mod tests {
                 hint_index: 0,
                 hint_term: 0,
                 epoch: 1,
+                voter: true,
             },
         };
         let msgs = vec![hb(0, 2), append.clone(), hb(0, 3), hb(5, 3)];
