@@ -1033,6 +1033,11 @@ fn growing_to_five_and_shrinking_to_three_loses_no_acked_message() {
     for &i in &stay {
         c.await_members(i, &names);
     }
+    // The stream's three replicas are on the three members (moved off
+    // the removed nodes first), all current.
+    let mut sorted = names.clone();
+    sorted.sort();
+    await_replicas(&c.client(sub_node), "SHRINK", &sorted);
     more_stream_acks(50, "after shrinking back to three");
 
     stop.store(true, Ordering::Release);
