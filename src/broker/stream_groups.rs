@@ -26,9 +26,15 @@
 //!   sends what their apply accepted, so a new leader goes on where the
 //!   old one stopped.
 //!
-//! The replica lives in memory; the group's log (and its snapshots, taken
-//! from [`Replica::snapshot`] when the log grows long) is what keeps it
-//! across restarts: a restarted member applies the log again.
+//! The replica keeps an index of its messages in memory and their
+//! payloads in segment files under `<data>/replicas/g<group>.<n>` (see
+//! `stream/payloads.rs`; in memory when the broker has no data
+//! directory). Those files are a cache: the group's log (and its
+//! snapshots, taken from [`Replica::snapshot`] when the log grows long) is
+//! what keeps the stream across restarts. The directory is emptied when
+//! the broker starts, and a restarted member applies its snapshot and the
+//! log again; a snapshot restored while running goes to a fresh
+//! directory, and the old one is removed with the replica it replaces.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -53,6 +59,7 @@ use crate::protocol::stream_messages::{
     StreamConfig, FETCH_BATCH_MAX,
 };
 use crate::routing::subs::SubTable;
+use crate::stream::payloads::Payloads;
 use crate::stream::replica::{AckKind, Op, Outcome, Publish, Replica};
 use crate::stream::stream::{Msg, Stored};
 
@@ -173,6 +180,11 @@ pub(crate) struct StreamGroups {
     head: Vec<u8>,
     /// Round robin over a deliver group's members.
     pick: usize,
+    /// Where replicas keep their payloads (`<data>/replicas`), once
+    /// emptied of what an earlier run left; `Some(None)`: in memory.
+    payload_root: Option<Option<std::path::PathBuf>>,
+    /// Tells apart the payload directories of one group's replicas.
+    next_payload_dir: u64,
 }
 
 impl StreamGroups {
@@ -203,6 +215,33 @@ impl StreamGroups {
         }
     }
 
+    /// An empty payload store for a replica of group `group`: a fresh
+    /// directory under `<data>/replicas`, or memory without a data
+    /// directory (or when the directory cannot be made, which is logged).
+    fn payloads(&mut self, group: GroupId, data: Option<(&std::path::Path, u64)>) -> Payloads {
+        let root = self.payload_root.get_or_insert_with(|| {
+            let root = data?.0.join("replicas");
+            match std::fs::remove_dir_all(&root) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => crate::log_error!("{}: {e}", root.display()),
+            }
+            Some(root)
+        });
+        let (Some(root), Some((_, segment_bytes))) = (root.as_ref(), data) else {
+            return Payloads::memory();
+        };
+        self.next_payload_dir += 1;
+        let dir = root.join(format!("g{group}.{}", self.next_payload_dir));
+        match Payloads::open(&dir, segment_bytes) {
+            Ok(p) => p,
+            Err(e) => {
+                crate::log_error!("{}: {e}; keeping the messages in memory", dir.display());
+                Payloads::memory()
+            }
+        }
+    }
+
     /// The leader of group `group` as this member knows it.
     pub(crate) fn leader(&self, group: GroupId) -> Option<u64> {
         self.held.get(&group).and_then(|h| h.leader)
@@ -229,14 +268,22 @@ fn state_json(r: &Replica) -> Value {
     })
 }
 
+/// Message `seq` read back from the replica's files; one that cannot be
+/// read is logged and answered as missing.
 fn msg_of(r: &Replica, seq: u64) -> Option<Msg> {
-    r.get(seq).map(|m| Msg {
-        subject: m.subject.clone(),
-        data: m.data.clone(),
-        binary: m.binary,
-        headers: m.headers.clone(),
-        time_ms: m.time_ms,
-    })
+    match r.get(seq) {
+        Ok(m) => m.map(|m| Msg {
+            subject: m.subject,
+            data: m.data,
+            binary: m.binary,
+            headers: m.headers,
+            time_ms: m.time_ms,
+        }),
+        Err(e) => {
+            crate::log_error!("stream {:?}: reading message {seq}: {e}", r.config().name);
+            None
+        }
+    }
 }
 
 fn consumer_json(r: &Replica, name: &str) -> Option<Value> {
@@ -306,11 +353,14 @@ impl Broker {
                     continue;
                 }
             };
+            let payloads = self
+                .stream_groups
+                .payloads(p.group, self.streams.data_dir());
             self.stream_groups.held.insert(
                 p.group,
                 Held {
                     name: name.clone(),
-                    replica: Replica::new(cfg),
+                    replica: Replica::with_payloads(cfg, payloads),
                     applied: 0,
                     role: Role::Follower,
                     term: 0,
@@ -886,6 +936,11 @@ impl Broker {
     pub(crate) fn on_group(&mut self, sink: &mut dyn Sink, group: GroupId, event: GroupEvent) {
         let now = sink.now();
         let me = self.cluster.as_ref().map_or(0, |c| c.me());
+        if !self.stream_groups.held.contains_key(&group) {
+            return;
+        }
+        let mut fresh = matches!(event, GroupEvent::Restore { .. })
+            .then(|| self.stream_groups.payloads(group, self.streams.data_dir()));
         let Some(h) = self.stream_groups.held.get_mut(&group) else {
             return;
         };
@@ -894,13 +949,16 @@ impl Broker {
         let mut reads = Vec::new();
         let mut pushes: Vec<(String, Vec<(u64, u64)>)> = Vec::new();
         match event {
-            GroupEvent::Restore { index, data } => match Replica::restore(&data, now) {
-                Ok(r) => {
-                    h.replica = r;
-                    h.applied = index;
+            GroupEvent::Restore { index, data } => {
+                let payloads = fresh.take().unwrap_or_else(Payloads::memory);
+                match Replica::restore_with(&data, now, payloads) {
+                    Ok(r) => {
+                        h.replica = r;
+                        h.applied = index;
+                    }
+                    Err(e) => crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name),
                 }
-                Err(e) => crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name),
-            },
+            }
             GroupEvent::Apply { index, term, data } => {
                 h.applied = index;
                 if h.role == Role::Leader && term == h.term {
@@ -982,10 +1040,16 @@ impl Broker {
                 }
             }
             GroupEvent::WantSnapshot => {
-                let data = h.replica.snapshot();
                 let index = h.applied;
-                if let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) {
-                    raft.send(ToRaft::GroupCompact { group, index, data });
+                match h.replica.snapshot() {
+                    Ok(data) => {
+                        if let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) {
+                            raft.send(ToRaft::GroupCompact { group, index, data });
+                        }
+                    }
+                    Err(e) => {
+                        crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
+                    }
                 }
             }
         }

@@ -466,7 +466,10 @@ impl Sim {
             (node.control_applied, Vec::new())
         } else {
             let st = &node.streams[&g];
-            (st.applied, st.replica.snapshot())
+            (
+                st.applied,
+                st.replica.snapshot().expect("payloads in memory read back"),
+            )
         };
         if let Some(r) = node.multi.as_mut().and_then(|m| m.get_mut(g)) {
             r.compact(index, data);
