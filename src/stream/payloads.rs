@@ -336,9 +336,9 @@ mod tests {
             seq,
             time_ms: seq * 10,
             subject: "a.b",
-            headers: (seq % 2 == 0).then_some("{\"k\":1}"),
+            headers: seq.is_multiple_of(2).then_some("{\"k\":1}"),
             data,
-            binary: seq % 3 == 0,
+            binary: seq.is_multiple_of(3),
         }
     }
 
