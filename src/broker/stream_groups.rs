@@ -70,6 +70,9 @@ pub const ENTRY_WAIT: Duration = Duration::from_millis(4_500);
 /// How often a leader proposes an [`Op::Expire`] for a stream with
 /// `max_age_ms` or a `Msg-Id` window.
 const EXPIRE_EVERY: Duration = Duration::from_secs(1);
+/// How often a leader looks for deliveries that used up `max_deliver`
+/// (an [`Op::Exhausted`] proposed twice finds nothing the second time).
+const EXHAUST_EVERY: Duration = Duration::from_millis(100);
 /// Most requests waiting on one stream's entries.
 const WAITING_MAX: usize = 100_000;
 /// Most fetches waiting for messages on one stream.
@@ -157,6 +160,7 @@ struct Held {
     /// Consumers with a delivery entry in flight.
     delivering: HashSet<String>,
     next_expire: Option<Instant>,
+    next_exhaust: Option<Instant>,
 }
 
 impl Held {
@@ -374,6 +378,7 @@ impl Broker {
                     waits: VecDeque::new(),
                     delivering: HashSet::new(),
                     next_expire: None,
+                    next_exhaust: None,
                 },
             );
             if let Some(raft) = c.raft_node() {
@@ -871,6 +876,16 @@ impl Broker {
             if h.role == Role::Leader {
                 plan_fetches(h, now, &mut answers);
                 plan_pushes(h, &mut self.fsm.subs, &self.remote_push, now);
+                if h.serving && h.next_exhaust.is_none_or(|t| t <= now) {
+                    h.next_exhaust = Some(now + EXHAUST_EVERY);
+                    for consumer in h.replica.consumer_names() {
+                        let seqs = h.replica.exhausted_deliveries(&consumer, now);
+                        if !seqs.is_empty() {
+                            h.ops.push(Op::Exhausted { consumer, seqs });
+                            h.replies.push(Reply::None);
+                        }
+                    }
+                }
                 let cfg = h.replica.config();
                 if cfg.max_age_ms > 0 || cfg.duplicate_window_ms > 0 {
                     let due = h.next_expire.is_none_or(|t| t <= now);
@@ -1024,6 +1039,7 @@ impl Broker {
                 if s.role != Role::Leader {
                     h.serving = false;
                     h.next_expire = None;
+                    h.next_exhaust = None;
                     if was_leader {
                         for w in std::mem::take(&mut h.waits) {
                             answers.push((

@@ -4,7 +4,8 @@
 //!
 //! An entry is a batch of [`Op`]s, made by the stream's leader from what
 //! one loop turn brought in: publishes, consumer creation and deletion,
-//! deliveries (cursor moves), and batches of `ack`/`nak`/`term`/`wip`.
+//! deliveries (cursor moves), batches of `ack`/`nak`/`term`/`wip`, and
+//! deliveries that used up `max_deliver` ([`Op::Exhausted`]).
 //! Every replica applies the same entries in the same order with
 //! [`Replica::apply`], which is a function of the state and the entry
 //! alone (time comes from the entry, never from the replica's clock):
@@ -119,6 +120,13 @@ pub enum Op {
         consumer: String,
         acks: Vec<(AckKind, u64)>,
     },
+    /// The leader saw these deliveries' last `ack_wait` run out with
+    /// `max_deliver` used up: the consumer is done with them, as R1's
+    /// is when its redelivery timer fires.
+    Exhausted {
+        consumer: String,
+        seqs: Vec<u64>,
+    },
 }
 
 /// What applying one [`Op`] gave.
@@ -134,6 +142,8 @@ pub enum Outcome {
     Delivered(Vec<(u64, u64)>),
     /// One answer per ack, in order.
     Acked(Vec<Result<(), ApiError>>),
+    /// The sequences an [`Op::Exhausted`] finished.
+    Finished(Vec<u64>),
 }
 
 /// A stored message, read back whole.
@@ -308,6 +318,29 @@ impl Replica {
         out
     }
 
+    /// The deliveries of `consumer` whose `ack_wait` (or delay) ran out
+    /// by `now` with `max_deliver` used up: what the leader proposes as an
+    /// [`Op::Exhausted`]. Empty unless a redelivery timer is due.
+    pub fn exhausted_deliveries(&self, consumer: &str, now: Instant) -> Vec<u64> {
+        let Some(m) = self.consumers.get(consumer) else {
+            return Vec::new();
+        };
+        let c = &m.consumer;
+        if c.cfg.max_deliver == 0 || c.next_deadline().is_none_or(|t| t > now) {
+            return Vec::new();
+        }
+        let mut c = c.clone();
+        let mut events = Vec::new();
+        c.expire(now, &mut events);
+        events
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Done(s) => Some(s),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Applies one entry's operations; `now` only sets the consumers'
     /// local redelivery timers (which are not part of the replicated
     /// state).
@@ -344,6 +377,7 @@ impl Replica {
             Op::ConsumerDelete { name } => Outcome::Consumer(self.delete_consumer(name)),
             Op::Deliver { consumer, seqs } => Outcome::Delivered(self.deliver(consumer, seqs, now)),
             Op::Acks { consumer, acks } => Outcome::Acked(self.acks(consumer, acks, now)),
+            Op::Exhausted { consumer, seqs } => Outcome::Finished(self.exhausted(consumer, seqs)),
         }
     }
 
@@ -668,6 +702,29 @@ impl Replica {
         out
     }
 
+    /// [`Op::Exhausted`]: each seq still pending with `max_deliver` used
+    /// up is done with (and goes under work-queue or interest retention).
+    /// The check is on replicated state alone; the leader's timer only
+    /// chose when to ask, so an ack applied first wins.
+    fn exhausted(&mut self, consumer: &str, seqs: &[u64]) -> Vec<u64> {
+        let Some(member) = self.consumers.get_mut(consumer) else {
+            return Vec::new();
+        };
+        let c = &mut member.consumer;
+        let max = c.cfg.max_deliver;
+        let done: Vec<u64> = seqs
+            .iter()
+            .copied()
+            .filter(|&s| max > 0 && c.deliveries(s) >= max && c.forget(s))
+            .collect();
+        for &s in &done {
+            if self.done_with(s) {
+                self.remove(s);
+            }
+        }
+        done
+    }
+
     // ---- snapshots ----
 
     /// The whole state, canonically encoded: equal states, equal bytes.
@@ -799,7 +856,8 @@ fn consumer_json(cfg: &ConsumerConfig) -> String {
 // optional string as a 0/1 byte and the string), to the end. An ack in an
 // acks op is a kind byte (0 ack, 1 nak, 2 term, 3 wip, 4 nak with a
 // delay, followed by the delay's ms) and the seq; kind 4 came later, so
-// entries written before it decode unchanged.
+// entries written before it decode unchanged, as did op 9 (exhausted
+// deliveries).
 
 const ENTRY_VERSION: u8 = 1;
 
@@ -882,6 +940,14 @@ pub fn encode_entry(ops: &[Op]) -> Vec<u8> {
                             put_u64(&mut out, *ms);
                         }
                     }
+                    put_u64(&mut out, *s);
+                }
+            }
+            Op::Exhausted { consumer, seqs } => {
+                out.push(9);
+                put_str(&mut out, consumer);
+                out.extend_from_slice(&(seqs.len() as u32).to_le_bytes());
+                for s in seqs {
                     put_u64(&mut out, *s);
                 }
             }
@@ -1017,6 +1083,15 @@ pub fn decode_entry(buf: &[u8]) -> Result<Vec<Op>, Malformed> {
                 }
                 Op::Acks { consumer, acks }
             }
+            9 => {
+                let consumer = r.string()?;
+                let n = r.count32(8)?;
+                let mut seqs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    seqs.push(r.u64()?);
+                }
+                Op::Exhausted { consumer, seqs }
+            }
             _ => return Err(Malformed("op tag")),
         });
     }
@@ -1092,6 +1167,10 @@ mod tests {
                     (AckKind::Wip, 4),
                     (AckKind::NakDelay(1_500), 5),
                 ],
+            },
+            Op::Exhausted {
+                consumer: "c".into(),
+                seqs: vec![4, 6],
             },
         ]
     }
@@ -1452,5 +1531,52 @@ mod tests {
         assert_eq!(&*m.data, data.as_bytes());
         ack(&mut rep, AckKind::Ack, 30).unwrap();
         assert_eq!((rep.messages(), dir_files(&dir)), (0, 0));
+    }
+
+    #[test]
+    fn a_delivery_out_of_max_deliver_is_finished_by_its_entry() {
+        let cfg = serde_json::json!({"name":"S","subjects":["a.>"],"retention":"workqueue"});
+        let mut rep = Replica::new(config(cfg));
+        let t0 = Instant::now();
+        let create = Op::ConsumerCreate {
+            config: r#"{"name":"c","ack_wait_ms":100,"max_deliver":2}"#.into(),
+        };
+        rep.apply(&[create], t0);
+        let ops: Vec<Op> = (0..3).map(|i| publish("a.b", "1", None, i)).collect();
+        rep.apply(&ops, t0);
+        assert_eq!(deliver(&mut rep, &[1, 2, 3]), vec![(1, 1), (2, 1), (3, 1)]);
+        let later = t0 + Duration::from_millis(150);
+        // Once: ack_wait ran out, but deliveries are left.
+        assert!(rep.exhausted_deliveries("c", later).is_empty());
+        assert_eq!(deliver(&mut rep, &[1, 2]), vec![(1, 2), (2, 2)]);
+        ack(&mut rep, AckKind::Ack, 3).unwrap();
+        // Not due yet, then due for 1 and 2.
+        assert!(rep.exhausted_deliveries("c", t0).is_empty());
+        let mut due = rep.exhausted_deliveries("c", Instant::now() + Duration::from_millis(150));
+        due.sort_unstable();
+        assert_eq!(due, vec![1, 2]);
+        // An ack that applies first wins; the other one is finished, and
+        // a work queue drops it, as R1 does.
+        ack(&mut rep, AckKind::Ack, 2).unwrap();
+        let op = Op::Exhausted {
+            consumer: "c".into(),
+            seqs: vec![1, 2, 9],
+        };
+        let bytes = encode_entry(std::slice::from_ref(&op));
+        let out = rep.apply(&decode_entry(&bytes).unwrap(), Instant::now());
+        assert_eq!(out, vec![Outcome::Finished(vec![1])]);
+        let c = rep.consumer("c").unwrap();
+        assert_eq!(c.num_ack_pending(), 0);
+        assert_eq!(rep.messages(), 0);
+        // Without max_deliver nothing is ever exhausted.
+        let mut free = with_messages(serde_json::json!({"name":"S","subjects":["a.>"]}), 1);
+        deliver(&mut free, &[1]);
+        let far = Instant::now() + Duration::from_secs(3_600);
+        assert!(free.exhausted_deliveries("c", far).is_empty());
+        let op = Op::Exhausted {
+            consumer: "c".into(),
+            seqs: vec![1],
+        };
+        assert_eq!(free.apply(&[op], far), vec![Outcome::Finished(vec![])]);
     }
 }
