@@ -7,10 +7,10 @@
 //! On disk a store is a directory of segment files in the stream's own
 //! format ([`super::segment`]: a Head record, then Msg records, each
 //! framed by [`crate::storage::record`]), named after their first seq.
-//! The active file takes appends until it holds `segment_bytes`; a file
-//! is deleted as soon as every message in it is gone (limits, acks of a
-//! work queue, purge, removal), so the disk a stream takes follows its
-//! limits.
+//! The active file takes appends until it holds `segment_bytes` (the
+//! broker's `-segment-size`, as for R1 streams); a file is deleted as
+//! soon as every message in it is gone (limits, acks of a work queue,
+//! purge, removal), so the disk a stream takes follows its limits.
 //!
 //! The files are a local cache, not the replica's durable state: the
 //! group's Raft log and its snapshots are. Nothing is fsynced, and
@@ -18,6 +18,13 @@
 //! files from its snapshot and the log's entries after it. Appends are
 //! buffered and written at the end of each applied entry ([`Payloads::flush`]);
 //! a read of a message still in the buffer is served from it.
+//!
+//! Why a cache: the Raft log already keeps every acked entry durable on a
+//! majority, and its snapshots already reach a follower that fell
+//! behind; making these files the snapshot would need a second way of
+//! syncing and shipping them. The price: a snapshot
+//! ([`super::replica::Replica::snapshot`]) reads every payload back into
+//! one buffer, which the Raft layer then holds.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -45,10 +52,6 @@ pub struct Payload {
     pub binary: bool,
     pub time_ms: u64,
 }
-
-/// A default active file size: big enough that rolling is rare, small
-/// enough that a file with one message left does not hold much disk.
-pub const SEGMENT_BYTES_DEFAULT: u64 = 16 << 20;
 
 /// Buffered appends past this many bytes are written at once.
 const PENDING_BYTES_MAX: usize = 1 << 20;
