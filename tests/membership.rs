@@ -486,6 +486,12 @@ fn growing_while_messages_flow_then_restarting_from_the_stored_membership() {
         assert!(Instant::now() < deadline, "n5's subscriber got nothing");
     }
 
+    // Enough traffic to check, however fast the nodes were added.
+    let deadline = Instant::now() + WAIT;
+    while sent.load(Ordering::Relaxed) <= 50 {
+        assert!(Instant::now() < deadline, "publishes stalled");
+        thread::sleep(Duration::from_millis(10));
+    }
     stop.store(true, Ordering::Relaxed);
     let publisher = pub_thread.join().unwrap();
     let total = sent.load(Ordering::Relaxed);

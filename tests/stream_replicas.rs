@@ -511,3 +511,83 @@ fn a_push_consumer_on_an_r3_stream_survives_kill9_of_the_leader() {
         );
     }
 }
+
+/// docs/PROTOCOL.md "Replicated streams" (an R3 stream behaves as an R1
+/// one): a message whose deliveries used up the consumer's `max_deliver`
+/// and whose last `ack_wait` ran out is done with: no longer ack-pending,
+/// never delivered again, and gone from a work queue, as on one node.
+#[test]
+fn a_delivery_out_of_max_deliver_is_finished_on_an_r3_stream() {
+    let c = Cluster::start();
+    call_until(
+        &c.client(0),
+        "stream.create",
+        json!({"name": "MD", "subjects": ["md.>"], "replicas": 3, "retention": "workqueue"}),
+        SERVE_WAIT,
+    );
+    agreed_stream_group_leader(&c, &[0, 1, 2], "MD", SERVE_WAIT, |_| true);
+    let cl = c.client(1);
+    call_until(
+        &cl,
+        "consumer.create",
+        json!({"stream": "MD", "name": "once", "max_deliver": 1, "ack_wait_ms": 300}),
+        SERVE_WAIT,
+    );
+    for k in 1..=3u64 {
+        let ack = cl
+            .publish_stream("md.x", json!({ "k": k }))
+            .unwrap_or_else(|e| panic!("publish {k}: {e}"));
+        assert_eq!(ack.seq, k);
+    }
+    let got = call_until(
+        &cl,
+        "consumer.fetch",
+        json!({"stream": "MD", "consumer": "once", "batch": 3, "expires_ms": 2000}),
+        SERVE_WAIT,
+    );
+    let seqs: Vec<u64> = got["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter_map(|m| m["seq"].as_u64())
+        .collect();
+    assert_eq!(seqs, vec![1, 2, 3]);
+    call_until(
+        &cl,
+        "ack",
+        json!({"stream": "MD", "consumer": "once", "seq": 2}),
+        SERVE_WAIT,
+    );
+    // 1 and 3 are never acked: once their ack_wait runs out they are done.
+    let deadline = Instant::now() + SERVE_WAIT;
+    loop {
+        let info = call_until(
+            &cl,
+            "consumer.info",
+            json!({"stream": "MD", "name": "once"}),
+            SERVE_WAIT,
+        );
+        let stream = call_until(&cl, "stream.info", json!({"name": "MD"}), SERVE_WAIT);
+        let pending = info["consumer"]["num_ack_pending"].as_u64();
+        let messages = stream["stream"]["state"]["messages"].as_u64();
+        if pending == Some(0) && messages == Some(0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still ack-pending {pending:?}, messages {messages:?}: {info} {stream}"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    let again = call_until(
+        &cl,
+        "consumer.fetch",
+        json!({"stream": "MD", "consumer": "once", "batch": 3, "no_wait": true}),
+        SERVE_WAIT,
+    );
+    assert_eq!(
+        again["messages"].as_array().map(Vec::len),
+        Some(0),
+        "{again}"
+    );
+}

@@ -26,9 +26,15 @@
 //!   sends what their apply accepted, so a new leader goes on where the
 //!   old one stopped.
 //!
-//! The replica lives in memory; the group's log (and its snapshots, taken
-//! from [`Replica::snapshot`] when the log grows long) is what keeps it
-//! across restarts: a restarted member applies the log again.
+//! The replica keeps an index of its messages in memory and their
+//! payloads in segment files under `<data>/replicas/g<group>.<n>` (see
+//! `stream/payloads.rs`; in memory when the broker has no data
+//! directory). Those files are a cache: the group's log (and its
+//! snapshots, taken from [`Replica::snapshot`] when the log grows long) is
+//! what keeps the stream across restarts. The directory is emptied when
+//! the broker starts, and a restarted member applies its snapshot and the
+//! log again; a snapshot restored while running goes to a fresh
+//! directory, and the old one is removed with the replica it replaces.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -53,6 +59,7 @@ use crate::protocol::stream_messages::{
     StreamConfig, FETCH_BATCH_MAX,
 };
 use crate::routing::subs::SubTable;
+use crate::stream::payloads::Payloads;
 use crate::stream::replica::{AckKind, Op, Outcome, Publish, Replica};
 use crate::stream::stream::{Msg, Stored};
 
@@ -63,6 +70,9 @@ pub const ENTRY_WAIT: Duration = Duration::from_millis(4_500);
 /// How often a leader proposes an [`Op::Expire`] for a stream with
 /// `max_age_ms` or a `Msg-Id` window.
 const EXPIRE_EVERY: Duration = Duration::from_secs(1);
+/// How often a leader looks for deliveries that used up `max_deliver`
+/// (an [`Op::Exhausted`] proposed twice finds nothing the second time).
+const EXHAUST_EVERY: Duration = Duration::from_millis(100);
 /// Most requests waiting on one stream's entries.
 const WAITING_MAX: usize = 100_000;
 /// Most fetches waiting for messages on one stream.
@@ -150,6 +160,7 @@ struct Held {
     /// Consumers with a delivery entry in flight.
     delivering: HashSet<String>,
     next_expire: Option<Instant>,
+    next_exhaust: Option<Instant>,
 }
 
 impl Held {
@@ -176,6 +187,11 @@ pub(crate) struct StreamGroups {
     /// The voters each held group was last told to have (see
     /// `stream_moves.rs`).
     pub(super) wanted: HashMap<GroupId, Vec<u64>>,
+    /// Where replicas keep their payloads (`<data>/replicas`), once
+    /// emptied of what an earlier run left; `Some(None)`: in memory.
+    payload_root: Option<Option<std::path::PathBuf>>,
+    /// Tells apart the payload directories of one group's replicas.
+    next_payload_dir: u64,
 }
 
 impl StreamGroups {
@@ -206,6 +222,33 @@ impl StreamGroups {
         }
     }
 
+    /// An empty payload store for a replica of group `group`: a fresh
+    /// directory under `<data>/replicas`, or memory without a data
+    /// directory (or when the directory cannot be made, which is logged).
+    fn payloads(&mut self, group: GroupId, data: Option<(&std::path::Path, u64)>) -> Payloads {
+        let root = self.payload_root.get_or_insert_with(|| {
+            let root = data?.0.join("replicas");
+            match std::fs::remove_dir_all(&root) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => crate::log_error!("{}: {e}", root.display()),
+            }
+            Some(root)
+        });
+        let (Some(root), Some((_, segment_bytes))) = (root.as_ref(), data) else {
+            return Payloads::memory();
+        };
+        self.next_payload_dir += 1;
+        let dir = root.join(format!("g{group}.{}", self.next_payload_dir));
+        match Payloads::open(&dir, segment_bytes) {
+            Ok(p) => p,
+            Err(e) => {
+                crate::log_error!("{}: {e}; keeping the messages in memory", dir.display());
+                Payloads::memory()
+            }
+        }
+    }
+
     /// The leader of group `group` as this member knows it.
     pub(crate) fn leader(&self, group: GroupId) -> Option<u64> {
         self.held.get(&group).and_then(|h| h.leader)
@@ -232,14 +275,22 @@ fn state_json(r: &Replica) -> Value {
     })
 }
 
+/// Message `seq` read back from the replica's files; one that cannot be
+/// read is logged and answered as missing.
 fn msg_of(r: &Replica, seq: u64) -> Option<Msg> {
-    r.get(seq).map(|m| Msg {
-        subject: m.subject.clone(),
-        data: m.data.clone(),
-        binary: m.binary,
-        headers: m.headers.clone(),
-        time_ms: m.time_ms,
-    })
+    match r.get(seq) {
+        Ok(m) => m.map(|m| Msg {
+            subject: m.subject,
+            data: m.data,
+            binary: m.binary,
+            headers: m.headers,
+            time_ms: m.time_ms,
+        }),
+        Err(e) => {
+            crate::log_error!("stream {:?}: reading message {seq}: {e}", r.config().name);
+            None
+        }
+    }
 }
 
 fn consumer_json(r: &Replica, name: &str) -> Option<Value> {
@@ -309,11 +360,14 @@ impl Broker {
                     continue;
                 }
             };
+            let payloads = self
+                .stream_groups
+                .payloads(p.group, self.streams.data_dir());
             self.stream_groups.held.insert(
                 p.group,
                 Held {
                     name: name.clone(),
-                    replica: Replica::new(cfg),
+                    replica: Replica::with_payloads(cfg, payloads),
                     applied: 0,
                     role: Role::Follower,
                     term: 0,
@@ -327,6 +381,7 @@ impl Broker {
                     waits: VecDeque::new(),
                     delivering: HashSet::new(),
                     next_expire: None,
+                    next_exhaust: None,
                 },
             );
             if let Some(raft) = c.raft_node() {
@@ -822,6 +877,16 @@ impl Broker {
             if h.role == Role::Leader {
                 plan_fetches(h, now, &mut answers);
                 plan_pushes(h, &mut self.fsm.subs, &self.remote_push, now);
+                if h.serving && h.next_exhaust.is_none_or(|t| t <= now) {
+                    h.next_exhaust = Some(now + EXHAUST_EVERY);
+                    for consumer in h.replica.consumer_names() {
+                        let seqs = h.replica.exhausted_deliveries(&consumer, now);
+                        if !seqs.is_empty() {
+                            h.ops.push(Op::Exhausted { consumer, seqs });
+                            h.replies.push(Reply::None);
+                        }
+                    }
+                }
                 let cfg = h.replica.config();
                 if cfg.max_age_ms > 0 || cfg.duplicate_window_ms > 0 {
                     let due = h.next_expire.is_none_or(|t| t <= now);
@@ -891,6 +956,11 @@ impl Broker {
         }
         let now = sink.now();
         let me = self.cluster.as_ref().map_or(0, |c| c.me());
+        if !self.stream_groups.held.contains_key(&group) {
+            return;
+        }
+        let mut fresh = matches!(event, GroupEvent::Restore { .. })
+            .then(|| self.stream_groups.payloads(group, self.streams.data_dir()));
         let Some(h) = self.stream_groups.held.get_mut(&group) else {
             return;
         };
@@ -899,13 +969,16 @@ impl Broker {
         let mut reads = Vec::new();
         let mut pushes: Vec<(String, Vec<(u64, u64)>)> = Vec::new();
         match event {
-            GroupEvent::Restore { index, data } => match Replica::restore(&data, now) {
-                Ok(r) => {
-                    h.replica = r;
-                    h.applied = index;
+            GroupEvent::Restore { index, data } => {
+                let payloads = fresh.take().unwrap_or_else(Payloads::memory);
+                match Replica::restore_with(&data, now, payloads) {
+                    Ok(r) => {
+                        h.replica = r;
+                        h.applied = index;
+                    }
+                    Err(e) => crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name),
                 }
-                Err(e) => crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name),
-            },
+            }
             GroupEvent::Apply { index, term, data } => {
                 h.applied = index;
                 if h.role == Role::Leader && term == h.term {
@@ -971,6 +1044,7 @@ impl Broker {
                 if s.role != Role::Leader {
                     h.serving = false;
                     h.next_expire = None;
+                    h.next_exhaust = None;
                     if was_leader {
                         for w in std::mem::take(&mut h.waits) {
                             answers.push((
@@ -987,10 +1061,16 @@ impl Broker {
                 }
             }
             GroupEvent::WantSnapshot => {
-                let data = h.replica.snapshot();
                 let index = h.applied;
-                if let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) {
-                    raft.send(ToRaft::GroupCompact { group, index, data });
+                match h.replica.snapshot() {
+                    Ok(data) => {
+                        if let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) {
+                            raft.send(ToRaft::GroupCompact { group, index, data });
+                        }
+                    }
+                    Err(e) => {
+                        crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
+                    }
                 }
             }
             // Taken above.

@@ -326,6 +326,13 @@ impl Streams {
     }
 
     /// Opens (or creates) `<data>/streams` and recovers every stream in it.
+    /// The data directory and the segment size streams were opened with
+    /// (`None` without one).
+    pub(crate) fn data_dir(&self) -> Option<(&Path, u64)> {
+        let data = self.root.as_deref()?.parent()?;
+        Some((data, self.segment_bytes))
+    }
+
     pub fn open(data: &Path, policy: SyncPolicy, segment_bytes: u64) -> Result<Streams, String> {
         let root = data.join("streams");
         std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;

@@ -12,6 +12,8 @@
 //!   redelivery schedule).
 //! - [`meta`]: stream and consumer configs and cursors on disk (snapshot +
 //!   event log).
+//! - [`payloads`]: where a replica keeps its message payloads (segment
+//!   files, or memory for the simulation); a cache of the Raft log.
 //! - [`replica`]: the state machine of a replicated stream: the entries
 //!   its Raft group carries and their deterministic apply, with snapshots.
 //! - [`stream`]: one stream's config, limits, dedup window and retention
@@ -20,6 +22,7 @@ pub mod consumer;
 pub mod dedup;
 pub mod index;
 pub mod meta;
+pub mod payloads;
 pub mod recover;
 pub mod replica;
 pub mod segment;

@@ -4,7 +4,8 @@
 //!
 //! An entry is a batch of [`Op`]s, made by the stream's leader from what
 //! one loop turn brought in: publishes, consumer creation and deletion,
-//! deliveries (cursor moves), and batches of `ack`/`nak`/`term`/`wip`.
+//! deliveries (cursor moves), batches of `ack`/`nak`/`term`/`wip`, and
+//! deliveries that used up `max_deliver` ([`Op::Exhausted`]).
 //! Every replica applies the same entries in the same order with
 //! [`Replica::apply`], which is a function of the state and the entry
 //! alone (time comes from the entry, never from the replica's clock):
@@ -14,8 +15,8 @@
 //! the outcome once its entry is committed (held by a majority) and
 //! applied.
 //!
-//! The rules are R1's (`stream.rs`), over memory instead of segments:
-//! `max_msg_size`, the `Msg-Id` window (bounded by [`DEDUP_IDS_MAX`](super::stream::DEDUP_IDS_MAX)),
+//! The rules are R1's (`stream.rs`), over an in-memory index instead of
+//! segment files: `max_msg_size`, the `Msg-Id` window (bounded by [`DEDUP_IDS_MAX`](super::stream::DEDUP_IDS_MAX)),
 //! `max_msgs`/`max_bytes` with discard old or new, `max_age_ms` (through
 //! an [`Op::Expire`] made by the leader, carrying its clock), and the
 //! limits, work-queue and interest retention. Bytes count the segment
@@ -24,23 +25,28 @@
 //! redelivery timers are set by each replica from the entries it applies
 //! (a `nak`'s delay travels in its entry) and are not in snapshots.
 //!
-//! A delivery is an entry too, and the leader hands a message to a client
-//! only once that entry has applied and accepted it: a delivery of a
-//! sequence the consumer is done with (acked, termed) is refused by
-//! apply, so an ack answered `{ok}` (after its entry applied) can never be
-//! followed by a delivery of that sequence, whoever leads.
+//! Memory holds one small [`MsgMeta`] per message (seq, subject, time,
+//! size and where its record is); the payloads are in [`Payloads`]
+//! (`payloads.rs`): segment files on the broker, a map in the simulation.
+//! Apply decides from the index alone, so the backend never changes an
+//! outcome; the files are a local cache rebuilt from the group's snapshot
+//! and log when a member starts.
 //!
 //! [`Replica::snapshot`] encodes the whole state canonically (equal
 //! states give equal bytes), for a replica that falls behind the log's
-//! start and for comparing replicas.
+//! start and for comparing replicas. It holds every payload: building it
+//! reads them all back from the files into one buffer, which lives as
+//! long as the snapshot is being handed over.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::io;
 use std::time::{Duration, Instant};
 
 use super::consumer::{Consumer, Event, Source};
 use super::dedup::IdWindow;
-use super::segment::{msg_record_bytes, SUBJECT_BYTES_MAX};
+use super::payloads::{Loc, Payloads};
+use super::segment::{msg_record_bytes, MsgRef, SUBJECT_BYTES_MAX};
 use super::stream::{
     msg_id_of, payload_size, Member, Stored, CONSUMERS_PER_STREAM_MAX, STREAM_BYTES_DEFAULT_MAX,
 };
@@ -114,6 +120,13 @@ pub enum Op {
         consumer: String,
         acks: Vec<(AckKind, u64)>,
     },
+    /// The leader saw these deliveries' last `ack_wait` run out with
+    /// `max_deliver` used up: the consumer is done with them, as R1's
+    /// is when its redelivery timer fires.
+    Exhausted {
+        consumer: String,
+        seqs: Vec<u64>,
+    },
 }
 
 /// What applying one [`Op`] gave.
@@ -129,9 +142,11 @@ pub enum Outcome {
     Delivered(Vec<(u64, u64)>),
     /// One answer per ack, in order.
     Acked(Vec<Result<(), ApiError>>),
+    /// The sequences an [`Op::Exhausted`] finished.
+    Finished(Vec<u64>),
 }
 
-/// A stored message.
+/// A stored message, read back whole.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredMsg {
     pub subject: Box<str>,
@@ -141,6 +156,17 @@ pub struct StoredMsg {
     pub time_ms: u64,
     /// What it counts for in `bytes`: its segment record.
     pub bytes: u64,
+}
+
+/// What memory keeps of a stored message: what the rules look at, and
+/// where its payload is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MsgMeta {
+    pub subject: Box<str>,
+    pub time_ms: u64,
+    /// What it counts for in `bytes`: its segment record.
+    pub bytes: u64,
+    loc: Loc,
 }
 
 /// Why bytes are not an entry or a snapshot.
@@ -158,14 +184,15 @@ impl std::error::Error for Malformed {}
 /// One replica of a stream: messages, `Msg-Id` window and consumers.
 pub struct Replica {
     cfg: StreamConfig,
-    msgs: BTreeMap<u64, StoredMsg>,
+    msgs: BTreeMap<u64, MsgMeta>,
+    payloads: Payloads,
     last_seq: u64,
     bytes: u64,
     ids: IdWindow,
     consumers: BTreeMap<String, Member>,
 }
 
-struct Msgs<'a>(&'a BTreeMap<u64, StoredMsg>, u64);
+struct Msgs<'a>(&'a BTreeMap<u64, MsgMeta>, u64);
 
 impl Source for Msgs<'_> {
     fn next_matching(&self, from: u64, filter: Option<&str>) -> Option<u64> {
@@ -187,11 +214,17 @@ fn internal(what: &str) -> ApiError {
 }
 
 impl Replica {
-    /// An empty stream with a validated config.
+    /// An empty stream with a validated config, its payloads in memory.
     pub fn new(cfg: StreamConfig) -> Replica {
+        Replica::with_payloads(cfg, Payloads::memory())
+    }
+
+    /// An empty stream keeping its payloads in `payloads` (empty).
+    pub fn with_payloads(cfg: StreamConfig, payloads: Payloads) -> Replica {
         Replica {
             cfg,
             msgs: BTreeMap::new(),
+            payloads,
             last_seq: 0,
             bytes: 0,
             ids: IdWindow::default(),
@@ -224,13 +257,30 @@ impl Replica {
         self.bytes
     }
 
-    pub fn get(&self, seq: u64) -> Option<&StoredMsg> {
-        self.msgs.get(&seq)
+    /// Message `seq`, its payload read back (`Ok(None)`: not stored).
+    pub fn get(&self, seq: u64) -> io::Result<Option<StoredMsg>> {
+        let Some(m) = self.msgs.get(&seq) else {
+            return Ok(None);
+        };
+        let p = self.payloads.read(seq, m.loc)?;
+        Ok(Some(StoredMsg {
+            subject: p.subject,
+            headers: p.headers,
+            data: p.data,
+            binary: p.binary,
+            time_ms: p.time_ms,
+            bytes: m.bytes,
+        }))
     }
 
-    /// Every stored message in seq order.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, &StoredMsg)> {
+    /// Every stored message's index entry, in seq order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &MsgMeta)> {
         self.msgs.iter().map(|(&s, m)| (s, m))
+    }
+
+    /// Where the payloads are.
+    pub fn payloads(&self) -> &Payloads {
+        &self.payloads
     }
 
     pub fn consumer(&self, name: &str) -> Option<&Consumer> {
@@ -268,11 +318,38 @@ impl Replica {
         out
     }
 
+    /// The deliveries of `consumer` whose `ack_wait` (or delay) ran out
+    /// by `now` with `max_deliver` used up: what the leader proposes as an
+    /// [`Op::Exhausted`]. Empty unless a redelivery timer is due.
+    pub fn exhausted_deliveries(&self, consumer: &str, now: Instant) -> Vec<u64> {
+        let Some(m) = self.consumers.get(consumer) else {
+            return Vec::new();
+        };
+        let c = &m.consumer;
+        if c.cfg.max_deliver == 0 || c.next_deadline().is_none_or(|t| t > now) {
+            return Vec::new();
+        }
+        let mut c = c.clone();
+        let mut events = Vec::new();
+        c.expire(now, &mut events);
+        events
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Done(s) => Some(s),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Applies one entry's operations; `now` only sets the consumers'
     /// local redelivery timers (which are not part of the replicated
     /// state).
     pub fn apply(&mut self, ops: &[Op], now: Instant) -> Vec<Outcome> {
-        ops.iter().map(|op| self.apply_op(op, now)).collect()
+        let out = ops.iter().map(|op| self.apply_op(op, now)).collect();
+        if let Err(e) = self.payloads.flush() {
+            crate::log_error!("stream {:?}: writing messages: {e}", self.cfg.name);
+        }
+        out
     }
 
     fn apply_op(&mut self, op: &Op, now: Instant) -> Outcome {
@@ -300,6 +377,7 @@ impl Replica {
             Op::ConsumerDelete { name } => Outcome::Consumer(self.delete_consumer(name)),
             Op::Deliver { consumer, seqs } => Outcome::Delivered(self.deliver(consumer, seqs, now)),
             Op::Acks { consumer, acks } => Outcome::Acked(self.acks(consumer, acks, now)),
+            Op::Exhausted { consumer, seqs } => Outcome::Finished(self.exhausted(consumer, seqs)),
         }
     }
 
@@ -355,16 +433,8 @@ impl Replica {
         }
         let seq = self.last_seq + 1;
         let bytes = msg_record_bytes(&p.subject, headers, &p.data);
-        self.msgs.insert(
-            seq,
-            StoredMsg {
-                subject: p.subject.as_str().into(),
-                headers: p.headers.as_deref().map(Into::into),
-                data: p.data.as_slice().into(),
-                binary: p.binary,
-                time_ms: p.time_ms,
-                bytes,
-            },
+        self.put(
+            seq, &p.subject, headers, &p.data, p.binary, p.time_ms, bytes,
         );
         self.last_seq = seq;
         self.bytes += bytes;
@@ -391,6 +461,44 @@ impl Replica {
         Ok(Stored::New { seq, removed })
     }
 
+    /// Indexes message `seq` and hands its payload to the store. A
+    /// failed write is logged and leaves the index as on every other
+    /// replica (apply's outcome never depends on the disk); reading that
+    /// message is then an error.
+    #[allow(clippy::too_many_arguments)]
+    fn put(
+        &mut self,
+        seq: u64,
+        subject: &str,
+        headers: Option<&str>,
+        data: &[u8],
+        binary: bool,
+        time_ms: u64,
+        bytes: u64,
+    ) {
+        let m = MsgRef {
+            seq,
+            time_ms,
+            subject,
+            headers,
+            data,
+            binary,
+        };
+        let loc = self.payloads.append(&m).unwrap_or_else(|e| {
+            crate::log_error!("stream {:?}: writing message {seq}: {e}", self.cfg.name);
+            Loc::default()
+        });
+        self.msgs.insert(
+            seq,
+            MsgMeta {
+                subject: subject.into(),
+                time_ms,
+                bytes,
+                loc,
+            },
+        );
+    }
+
     fn has_interest(&self, subj: &str) -> bool {
         self.consumers.values().any(|m| {
             m.consumer
@@ -406,6 +514,7 @@ impl Replica {
         let Some(m) = self.msgs.remove(&seq) else {
             return false;
         };
+        self.payloads.remove(seq);
         self.bytes -= m.bytes;
         for member in self.consumers.values_mut() {
             member.consumer.forget(seq);
@@ -593,22 +702,48 @@ impl Replica {
         out
     }
 
+    /// [`Op::Exhausted`]: each seq still pending with `max_deliver` used
+    /// up is done with (and goes under work-queue or interest retention).
+    /// The check is on replicated state alone; the leader's timer only
+    /// chose when to ask, so an ack applied first wins.
+    fn exhausted(&mut self, consumer: &str, seqs: &[u64]) -> Vec<u64> {
+        let Some(member) = self.consumers.get_mut(consumer) else {
+            return Vec::new();
+        };
+        let c = &mut member.consumer;
+        let max = c.cfg.max_deliver;
+        let done: Vec<u64> = seqs
+            .iter()
+            .copied()
+            .filter(|&s| max > 0 && c.deliveries(s) >= max && c.forget(s))
+            .collect();
+        for &s in &done {
+            if self.done_with(s) {
+                self.remove(s);
+            }
+        }
+        done
+    }
+
     // ---- snapshots ----
 
     /// The whole state, canonically encoded: equal states, equal bytes.
-    pub fn snapshot(&self) -> Vec<u8> {
+    /// Every payload is read back into it; a payload that cannot be read
+    /// fails the snapshot.
+    pub fn snapshot(&self) -> io::Result<Vec<u8>> {
         let mut w = Vec::new();
         w.push(SNAPSHOT_VERSION);
         put_str(&mut w, &config_json(&self.cfg));
         put_u64(&mut w, self.last_seq);
         put_u64(&mut w, self.msgs.len() as u64);
         for (&seq, m) in &self.msgs {
+            let p = self.payloads.read(seq, m.loc)?;
             put_u64(&mut w, seq);
             put_u64(&mut w, m.time_ms);
-            w.push(u8::from(m.binary));
+            w.push(u8::from(p.binary));
             put_str(&mut w, &m.subject);
-            put_opt_str(&mut w, m.headers.as_deref());
-            put_bytes(&mut w, &m.data);
+            put_opt_str(&mut w, p.headers.as_deref());
+            put_bytes(&mut w, &p.data);
         }
         put_u64(&mut w, self.ids.len() as u64);
         for (t, seq, id) in self.ids.iter() {
@@ -629,44 +764,49 @@ impl Replica {
                 put_u64(&mut w, d);
             }
         }
-        w
+        Ok(w)
     }
 
-    /// A replica from [`Replica::snapshot`]'s bytes; every pending
-    /// delivery is due for redelivery at `now`.
+    /// A replica from [`Replica::snapshot`]'s bytes, its payloads in
+    /// memory; every pending delivery is due for redelivery at `now`.
     pub fn restore(bytes: &[u8], now: Instant) -> Result<Replica, Malformed> {
+        Replica::restore_with(bytes, now, Payloads::memory())
+    }
+
+    /// [`Replica::restore`] with the payloads written to `payloads` (empty).
+    pub fn restore_with(
+        bytes: &[u8],
+        now: Instant,
+        payloads: Payloads,
+    ) -> Result<Replica, Malformed> {
         let mut r = Reader { buf: bytes, at: 0 };
         if r.u8()? != SNAPSHOT_VERSION {
             return Err(Malformed("snapshot version"));
         }
         let cfg: StreamConfig =
             serde_json::from_str(&r.string()?).map_err(|_| Malformed("stream config"))?;
-        let mut rep = Replica::new(cfg);
+        let mut rep = Replica::with_payloads(cfg, payloads);
         rep.last_seq = r.u64()?;
         let n = r.count(26)?;
         for _ in 0..n {
             let seq = r.u64()?;
             let time_ms = r.u64()?;
             let binary = r.bool()?;
-            let subject = r.string()?;
-            let headers = r.opt_string()?;
-            let data = r.bytes()?;
+            let subject = r.str()?;
+            let headers = r.opt_str()?;
+            let data = r.slice()?;
             if seq > rep.last_seq || rep.msgs.keys().next_back().is_some_and(|&l| l >= seq) {
                 return Err(Malformed("message sequence out of order"));
             }
-            let bytes = msg_record_bytes(&subject, headers.as_deref(), &data);
+            if subject.is_empty() || subject.len() > SUBJECT_BYTES_MAX {
+                return Err(Malformed("subject length"));
+            }
+            let bytes = msg_record_bytes(subject, headers, data);
             rep.bytes += bytes;
-            rep.msgs.insert(
-                seq,
-                StoredMsg {
-                    subject: subject.into(),
-                    headers: headers.map(Into::into),
-                    data: data.into(),
-                    binary,
-                    time_ms,
-                    bytes,
-                },
-            );
+            rep.put(seq, subject, headers, data, binary, time_ms, bytes);
+        }
+        if let Err(e) = rep.payloads.flush() {
+            crate::log_error!("stream {:?}: writing messages: {e}", rep.cfg.name);
         }
         let n = r.count(20)?;
         for _ in 0..n {
@@ -716,7 +856,8 @@ fn consumer_json(cfg: &ConsumerConfig) -> String {
 // optional string as a 0/1 byte and the string), to the end. An ack in an
 // acks op is a kind byte (0 ack, 1 nak, 2 term, 3 wip, 4 nak with a
 // delay, followed by the delay's ms) and the seq; kind 4 came later, so
-// entries written before it decode unchanged.
+// entries written before it decode unchanged, as did op 9 (exhausted
+// deliveries).
 
 const ENTRY_VERSION: u8 = 1;
 
@@ -802,6 +943,14 @@ pub fn encode_entry(ops: &[Op]) -> Vec<u8> {
                     put_u64(&mut out, *s);
                 }
             }
+            Op::Exhausted { consumer, seqs } => {
+                out.push(9);
+                put_str(&mut out, consumer);
+                out.extend_from_slice(&(seqs.len() as u32).to_le_bytes());
+                for s in seqs {
+                    put_u64(&mut out, *s);
+                }
+            }
         }
     }
     out
@@ -855,8 +1004,21 @@ impl<'a> Reader<'a> {
         Ok(n)
     }
     fn bytes(&mut self) -> Result<Vec<u8>, Malformed> {
+        Ok(self.slice()?.to_vec())
+    }
+    fn slice(&mut self) -> Result<&'a [u8], Malformed> {
         let n = self.u32()? as usize;
-        Ok(self.take(n)?.to_vec())
+        self.take(n)
+    }
+    fn str(&mut self) -> Result<&'a str, Malformed> {
+        std::str::from_utf8(self.slice()?).map_err(|_| Malformed("text is not UTF-8"))
+    }
+    fn opt_str(&mut self) -> Result<Option<&'a str>, Malformed> {
+        Ok(if self.bool()? {
+            Some(self.str()?)
+        } else {
+            None
+        })
     }
     fn string(&mut self) -> Result<String, Malformed> {
         String::from_utf8(self.bytes()?).map_err(|_| Malformed("text is not UTF-8"))
@@ -920,6 +1082,15 @@ pub fn decode_entry(buf: &[u8]) -> Result<Vec<Op>, Malformed> {
                     acks.push((kind, r.u64()?));
                 }
                 Op::Acks { consumer, acks }
+            }
+            9 => {
+                let consumer = r.string()?;
+                let n = r.count32(8)?;
+                let mut seqs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    seqs.push(r.u64()?);
+                }
+                Op::Exhausted { consumer, seqs }
             }
             _ => return Err(Malformed("op tag")),
         });
@@ -997,6 +1168,10 @@ mod tests {
                     (AckKind::NakDelay(1_500), 5),
                 ],
             },
+            Op::Exhausted {
+                consumer: "c".into(),
+                seqs: vec![4, 6],
+            },
         ]
     }
 
@@ -1070,7 +1245,8 @@ mod tests {
         }
         let seqs: Vec<u64> = rep.iter().map(|(s, _)| s).collect();
         assert_eq!(r1.seqs(), seqs);
-        for (seq, m) in rep.iter() {
+        for (seq, _) in rep.iter() {
+            let m = rep.get(seq).unwrap().unwrap();
             let theirs = r1.get(seq).unwrap().unwrap();
             assert_eq!(
                 (&*theirs.subject, &*theirs.data, theirs.time_ms),
@@ -1250,9 +1426,9 @@ mod tests {
         deliver(&mut a, &[1, 2, 3, 4]);
         ack(&mut a, AckKind::Ack, 2).unwrap();
         a.apply(&[publish("a.c", "\"x\"", Some("k"), 40)], Instant::now());
-        let snap = a.snapshot();
+        let snap = a.snapshot().unwrap();
         let mut b = Replica::restore(&snap, Instant::now()).unwrap();
-        assert_eq!(b.snapshot(), snap);
+        assert_eq!(b.snapshot().unwrap(), snap);
         assert_eq!((b.bytes(), b.messages()), (a.bytes(), a.messages()));
         let more = vec![
             publish("a.c", "\"x\"", Some("k"), 41),
@@ -1268,7 +1444,7 @@ mod tests {
         ];
         let now = Instant::now();
         assert_eq!(a.apply(&more, now), b.apply(&more, now));
-        assert_eq!(a.snapshot(), b.snapshot());
+        assert_eq!(a.snapshot().unwrap(), b.snapshot().unwrap());
         // Cut or padded snapshots are refused.
         for cut in [0, 1, snap.len() / 2, snap.len() - 1] {
             assert!(Replica::restore(&snap[..cut], now).is_err(), "cut at {cut}");
@@ -1276,5 +1452,131 @@ mod tests {
         let mut padded = snap.clone();
         padded.push(0);
         assert!(Replica::restore(&padded, now).is_err());
+    }
+
+    fn dir_files(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir).map_or(0, |d| d.count())
+    }
+
+    #[test]
+    fn payloads_on_disk_give_the_same_outcomes_and_follow_the_limits() {
+        let cfg = config(serde_json::json!({"name":"S","subjects":["a.>"],"max_msgs":20}));
+        let dir = temp_dir();
+        let mut mem = Replica::new(cfg.clone());
+        let mut disk = Replica::with_payloads(cfg, Payloads::open(&dir, 4_096).unwrap());
+        let now = Instant::now();
+        for i in 0..200u64 {
+            let data = format!("\"{}\"", "y".repeat(200 + (i as usize % 50)));
+            let op = [publish(["a.b", "a.c"][i as usize % 2], &data, None, i)];
+            assert_eq!(mem.apply(&op, now), disk.apply(&op, now), "publish {i}");
+        }
+        assert_eq!(mem.snapshot().unwrap(), disk.snapshot().unwrap());
+        for (seq, _) in mem.iter() {
+            assert_eq!(
+                mem.get(seq).unwrap(),
+                disk.get(seq).unwrap(),
+                "message {seq}"
+            );
+        }
+        assert_eq!(disk.get(1).unwrap(), None);
+        // 20 messages of about 300 bytes: at most three 4 KiB files left.
+        assert!(disk.payloads().files() <= 3, "{}", disk.payloads().files());
+        assert_eq!(dir_files(&dir), disk.payloads().files());
+        // Rebuilt from the snapshot into a directory of its own.
+        let dir2 = temp_dir();
+        let snap = disk.snapshot().unwrap();
+        let again =
+            Replica::restore_with(&snap, now, Payloads::open(&dir2, 4_096).unwrap()).unwrap();
+        assert_eq!(again.snapshot().unwrap(), snap);
+        assert_eq!(dir_files(&dir2), again.payloads().files());
+        for (seq, _) in mem.iter() {
+            assert_eq!(
+                mem.get(seq).unwrap(),
+                again.get(seq).unwrap(),
+                "message {seq}"
+            );
+        }
+        // A purge takes every file with it.
+        let purge = [Op::Purge { filter: None }];
+        assert_eq!(mem.apply(&purge, now), disk.apply(&purge, now));
+        assert_eq!((disk.payloads().files(), dir_files(&dir)), (0, 0));
+        drop((disk, again));
+        assert!(!dir.exists() && !dir2.exists());
+    }
+
+    #[test]
+    fn acks_of_a_work_queue_on_disk_delete_its_files() {
+        let cfg = config(serde_json::json!({"name":"S","subjects":["a.>"],
+                                            "retention":"workqueue"}));
+        let dir = temp_dir();
+        let mut rep = Replica::with_payloads(cfg, Payloads::open(&dir, 2_048).unwrap());
+        let now = Instant::now();
+        let create = Op::ConsumerCreate {
+            config: r#"{"name":"c"}"#.into(),
+        };
+        rep.apply(&[create], now);
+        let data = format!("\"{}\"", "z".repeat(500));
+        let ops: Vec<Op> = (0..30).map(|i| publish("a.b", &data, None, i)).collect();
+        rep.apply(&ops, now);
+        let files = dir_files(&dir);
+        assert!(files >= 8, "{files}");
+        let seqs: Vec<u64> = (1..=30).collect();
+        assert_eq!(deliver(&mut rep, &seqs).len(), 30);
+        for s in 1..=29 {
+            ack(&mut rep, AckKind::Ack, s).unwrap();
+        }
+        // One file holds the last message; every other one is gone.
+        assert_eq!((rep.messages(), dir_files(&dir)), (1, 1));
+        let m = rep.get(30).unwrap().unwrap();
+        assert_eq!(&*m.data, data.as_bytes());
+        ack(&mut rep, AckKind::Ack, 30).unwrap();
+        assert_eq!((rep.messages(), dir_files(&dir)), (0, 0));
+    }
+
+    #[test]
+    fn a_delivery_out_of_max_deliver_is_finished_by_its_entry() {
+        let cfg = serde_json::json!({"name":"S","subjects":["a.>"],"retention":"workqueue"});
+        let mut rep = Replica::new(config(cfg));
+        let t0 = Instant::now();
+        let create = Op::ConsumerCreate {
+            config: r#"{"name":"c","ack_wait_ms":100,"max_deliver":2}"#.into(),
+        };
+        rep.apply(&[create], t0);
+        let ops: Vec<Op> = (0..3).map(|i| publish("a.b", "1", None, i)).collect();
+        rep.apply(&ops, t0);
+        assert_eq!(deliver(&mut rep, &[1, 2, 3]), vec![(1, 1), (2, 1), (3, 1)]);
+        let later = t0 + Duration::from_millis(150);
+        // Once: ack_wait ran out, but deliveries are left.
+        assert!(rep.exhausted_deliveries("c", later).is_empty());
+        assert_eq!(deliver(&mut rep, &[1, 2]), vec![(1, 2), (2, 2)]);
+        ack(&mut rep, AckKind::Ack, 3).unwrap();
+        // Not due yet, then due for 1 and 2.
+        assert!(rep.exhausted_deliveries("c", t0).is_empty());
+        let mut due = rep.exhausted_deliveries("c", Instant::now() + Duration::from_millis(150));
+        due.sort_unstable();
+        assert_eq!(due, vec![1, 2]);
+        // An ack that applies first wins; the other one is finished, and
+        // a work queue drops it, as R1 does.
+        ack(&mut rep, AckKind::Ack, 2).unwrap();
+        let op = Op::Exhausted {
+            consumer: "c".into(),
+            seqs: vec![1, 2, 9],
+        };
+        let bytes = encode_entry(std::slice::from_ref(&op));
+        let out = rep.apply(&decode_entry(&bytes).unwrap(), Instant::now());
+        assert_eq!(out, vec![Outcome::Finished(vec![1])]);
+        let c = rep.consumer("c").unwrap();
+        assert_eq!(c.num_ack_pending(), 0);
+        assert_eq!(rep.messages(), 0);
+        // Without max_deliver nothing is ever exhausted.
+        let mut free = with_messages(serde_json::json!({"name":"S","subjects":["a.>"]}), 1);
+        deliver(&mut free, &[1]);
+        let far = Instant::now() + Duration::from_secs(3_600);
+        assert!(free.exhausted_deliveries("c", far).is_empty());
+        let op = Op::Exhausted {
+            consumer: "c".into(),
+            seqs: vec![1],
+        };
+        assert_eq!(free.apply(&[op], far), vec![Outcome::Finished(vec![])]);
     }
 }

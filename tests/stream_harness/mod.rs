@@ -466,7 +466,10 @@ impl Sim {
             (node.control_applied, Vec::new())
         } else {
             let st = &node.streams[&g];
-            (st.applied, st.replica.snapshot())
+            (
+                st.applied,
+                st.replica.snapshot().expect("payloads in memory read back"),
+            )
         };
         if let Some(r) = node.multi.as_mut().and_then(|m| m.get_mut(g)) {
             r.compact(index, data);
@@ -960,25 +963,30 @@ pub fn final_checks(sim: &mut Sim, healed_at: u64) -> Check {
             let st = &sim.nodes[(id - 1) as usize].streams[&g];
             let rep = &st.replica;
             let mut seen = BTreeSet::new();
-            for (seq, m) in rep.iter() {
+            for (seq, _) in rep.iter() {
+                let m = rep
+                    .get(seq)
+                    .map_err(|e| format!("message {seq} of {g} at node {id}: {e}"))?
+                    .ok_or_else(|| format!("message {seq} of {g} at node {id} unreadable"))?;
                 let pid = pub_id_of(&m.data);
                 if !seen.insert(pid) {
                     return Err(format!("publish {pid} stored twice on {g} at node {id}"));
                 }
-                let _ = seq;
             }
             for (&pid, &seq) in sim.acked.get(&g).into_iter().flatten() {
                 match rep.get(seq) {
-                    Some(m) if pub_id_of(&m.data) == pid => {}
+                    Ok(Some(m)) if pub_id_of(&m.data) == pid => {}
                     other => {
                         return Err(format!(
                             "acked publish {pid} (seq {seq}) of {g} at node {id}: {:?}",
-                            other.map(|m| pub_id_of(&m.data))
+                            other.map(|m| m.map(|m| pub_id_of(&m.data)))
                         ))
                     }
                 }
             }
-            let snap = rep.snapshot();
+            let snap = rep
+                .snapshot()
+                .map_err(|e| format!("snapshot of {g} at node {id}: {e}"))?;
             match &first_snapshot {
                 None => first_snapshot = Some((id, snap)),
                 Some((other, s)) if *s != snap => {
