@@ -20,7 +20,7 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cluster_support::http_get;
+use cluster_support::{call_until, http_get, read_stream};
 use gombus::client::{Client, Options, Reconnect};
 use serde_json::{json, Value};
 
@@ -654,22 +654,6 @@ fn bad_membership_requests_are_refused() {
     c.await_members(0, &["n1", "n2", "n3"]);
 }
 
-/// `event` through `client`, retried while it fails (a stream group
-/// electing its leader answers `unavailable`), for at most `within`.
-fn call_until(client: &Client, event: &str, args: Value, within: Duration) -> Value {
-    let deadline = Instant::now() + within;
-    loop {
-        match client.call(event, args.clone()) {
-            Ok(v) => return v,
-            Err(e) => assert!(
-                Instant::now() < deadline,
-                "{event} {args} kept failing: {e}"
-            ),
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Every node id `stream.info` of `stream` names (leader and replicas,
 /// sorted), once it names a leader and every replica is current.
 fn current_replicas(client: &Client, stream: &str) -> Option<(String, Vec<String>)> {
@@ -740,7 +724,7 @@ fn await_acked(acked: &Mutex<Vec<(u64, u64)>>, n: usize) {
 /// Reads all of `stream` through a new consumer and checks it: every
 /// acked k once, in order, at its acked seq; nothing never published.
 fn check_stream(client: &Client, stream: &str, acked: &[(u64, u64)], published: u64) {
-    let read = read_stream(client, stream, "check");
+    let read = read_stream(client, stream, "check", WAIT);
     let ks: Vec<u64> = read.iter().map(|r| r.1).collect();
     assert!(ks.windows(2).all(|w| w[0] < w[1]), "out of order or twice");
     assert!(ks.iter().all(|&k| k >= 1 && k <= published));
@@ -865,42 +849,6 @@ fn replacing_a_dead_node_moves_its_stream_replica_to_the_new_one() {
     stop.store(true, Ordering::Release);
     let published = publisher.join().unwrap();
     check_stream(&c.client(n4), "MOVE", &acked.lock().unwrap(), published);
-}
-
-/// Reads stream `stream` whole through a new consumer `consumer`: each
-/// message's `(seq, k)` in delivery order, each acked.
-fn read_stream(client: &Client, stream: &str, consumer: &str) -> Vec<(u64, u64)> {
-    call_until(
-        client,
-        "consumer.create",
-        json!({"stream": stream, "name": consumer}),
-        WAIT,
-    );
-    let mut out = Vec::new();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got = call_until(
-            client,
-            "consumer.fetch",
-            json!({"stream": stream, "consumer": consumer, "batch": 256, "no_wait": true}),
-            WAIT,
-        );
-        let msgs = got["messages"].as_array().cloned().unwrap_or_default();
-        if msgs.is_empty() {
-            return out;
-        }
-        for m in msgs {
-            let seq = m["seq"].as_u64().expect("a seq");
-            out.push((seq, m["data"]["k"].as_u64().expect("k in data")));
-            call_until(
-                client,
-                "ack",
-                json!({"stream": stream, "consumer": consumer, "seq": seq}),
-                WAIT,
-            );
-        }
-        assert!(Instant::now() < deadline, "reading {stream} never ended");
-    }
 }
 
 /// Grows 3 → 4 → 5 and shrinks back to 3, removing a node added on the
@@ -1099,7 +1047,7 @@ fn growing_to_five_and_shrinking_to_three_loses_no_acked_message() {
     // Stream: every acked k at the seq it was acked with, each k once,
     // in publish order; read through the subscriber's node.
     let stream_acked = stream_acked.lock().unwrap().clone();
-    let read = read_stream(&c.client(sub_node), "SHRINK", "after");
+    let read = read_stream(&c.client(sub_node), "SHRINK", "after", WAIT);
     let mut at: BTreeMap<u64, u64> = BTreeMap::new();
     for &(seq, k) in &read {
         assert!(k >= 1 && k <= stream_published, "k {k} was never published");

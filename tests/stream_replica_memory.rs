@@ -18,12 +18,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cluster_support::{agreed_stream_group_leader, Cluster};
-use gombus::client::Client;
+use cluster_support::{agreed_stream_group_leader, call_until, Cluster};
 use gombus::protocol::stream_messages::{read_config, StreamConfig};
 use gombus::stream::payloads::Payloads;
 use gombus::stream::replica::{Op, Outcome, Publish, Replica};
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// The system allocator, counting the bytes in use.
 struct Counting;
@@ -114,20 +113,6 @@ fn a_replica_on_disk_keeps_only_an_index_in_memory() {
     }
     drop(rep);
     assert!(!dir.exists());
-}
-
-fn call_until(client: &Client, event: &str, args: Value, within: Duration) -> Value {
-    let deadline = Instant::now() + within;
-    loop {
-        match client.call(event, args.clone()) {
-            Ok(v) => return v,
-            Err(e) => assert!(
-                Instant::now() < deadline,
-                "{event} {args} kept failing: {e}"
-            ),
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// The bytes of the payload files under `dir`.

@@ -14,29 +14,13 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cluster_support::{agreed_stream_group_leader, Cluster, IDS};
+use cluster_support::{agreed_stream_group_leader, call_until, read_stream, Cluster, IDS};
 use gombus::client::Client;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// How long a replicated stream may take to be placed, elect its group's
 /// leader and serve (a fresh cluster, or one just restarted).
 const SERVE_WAIT: Duration = Duration::from_secs(20);
-
-/// `event` through `client`, retried while it answers `unavailable` (a
-/// group electing its leader), for at most `within`.
-fn call_until(client: &Client, event: &str, args: Value, within: Duration) -> Value {
-    let deadline = Instant::now() + within;
-    loop {
-        match client.call(event, args.clone()) {
-            Ok(v) => return v,
-            Err(e) => assert!(
-                Instant::now() < deadline,
-                "{event} {args} kept failing: {e}"
-            ),
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// Creates R3 stream `name` through node 0 and waits until every node
 /// names the same leader of its group; returns the leader's index.
@@ -48,42 +32,6 @@ fn create_r3(c: &Cluster, name: &str, subjects: &str) -> usize {
         SERVE_WAIT,
     );
     agreed_stream_group_leader(c, &[0, 1, 2], name, SERVE_WAIT, |_| true)
-}
-
-/// Reads the whole stream through a new consumer `consumer`: every
-/// message's `(seq, k)` in delivery order, each acked.
-fn read_all(client: &Client, stream: &str, consumer: &str) -> Vec<(u64, u64)> {
-    call_until(
-        client,
-        "consumer.create",
-        json!({"stream": stream, "name": consumer}),
-        SERVE_WAIT,
-    );
-    let mut out = Vec::new();
-    let deadline = Instant::now() + SERVE_WAIT;
-    loop {
-        let got = call_until(
-            client,
-            "consumer.fetch",
-            json!({"stream": stream, "consumer": consumer, "batch": 256, "no_wait": true}),
-            SERVE_WAIT,
-        );
-        let msgs = got["messages"].as_array().cloned().unwrap_or_default();
-        if msgs.is_empty() {
-            return out;
-        }
-        for m in msgs {
-            let seq = m["seq"].as_u64().expect("a seq");
-            out.push((seq, m["data"]["k"].as_u64().expect("k in data")));
-            call_until(
-                client,
-                "ack",
-                json!({"stream": stream, "consumer": consumer, "seq": seq}),
-                SERVE_WAIT,
-            );
-        }
-        assert!(Instant::now() < deadline, "reading {stream} never ended");
-    }
 }
 
 /// An acked publish: k, seq, when it began, when its ack came.
@@ -186,7 +134,7 @@ fn acked_publishes_survive_kill9_of_the_stream_leader() {
         failover < Duration::from_secs(5),
         "failover took {failover:?}"
     );
-    let read = read_all(&c.client(read_node), "RK", "reader");
+    let read = read_stream(&c.client(read_node), "RK", "reader", SERVE_WAIT);
     check_stream(&read, &acked, published);
 }
 
@@ -238,7 +186,7 @@ fn a_whole_cluster_restart_keeps_every_acked_message() {
     c.restart_all(&[0, 1, 2]);
     let started = Instant::now();
     let c2 = c.client(2);
-    let read = read_all(&c2, "RR", "after");
+    let read = read_stream(&c2, "RR", "after", SERVE_WAIT);
     println!(
         "RR: whole cluster restarted, {} messages read back within {} ms",
         read.len(),
@@ -382,7 +330,7 @@ fn a_node_without_a_replica_serves_an_r2_stream() {
             .unwrap_or_else(|e| panic!("publish {k} on {}: {e}", IDS[outside]));
         assert_eq!((ack.stream.as_str(), ack.seq), ("R2", k));
     }
-    let read = read_all(&cl, "R2", "outside");
+    let read = read_stream(&cl, "R2", "outside", SERVE_WAIT);
     let ks: Vec<u64> = read.iter().map(|r| r.1).collect();
     assert_eq!(ks, (1..=20).collect::<Vec<_>>());
 }

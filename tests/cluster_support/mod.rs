@@ -606,3 +606,61 @@ pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
         .unwrap_or_default();
     Ok((code, body))
 }
+
+/// `event` through `client`, retried while it fails (a stream group
+/// electing its leader answers `unavailable`), for at most `within`.
+pub fn call_until(client: &Client, event: &str, args: Value, within: Duration) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        match client.call(event, args.clone()) {
+            Ok(v) => return v,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "{event} {args} kept failing: {e}"
+            ),
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads stream `stream` whole through a new consumer `consumer`: each
+/// message's `(seq, k)` (`k` from its `{"k": …}` data) in delivery
+/// order, each acked; every call retried for at most `within`.
+pub fn read_stream(
+    client: &Client,
+    stream: &str,
+    consumer: &str,
+    within: Duration,
+) -> Vec<(u64, u64)> {
+    call_until(
+        client,
+        "consumer.create",
+        json!({"stream": stream, "name": consumer}),
+        within,
+    );
+    let mut out = Vec::new();
+    let deadline = Instant::now() + within;
+    loop {
+        let got = call_until(
+            client,
+            "consumer.fetch",
+            json!({"stream": stream, "consumer": consumer, "batch": 256, "no_wait": true}),
+            within,
+        );
+        let msgs = got["messages"].as_array().cloned().unwrap_or_default();
+        if msgs.is_empty() {
+            return out;
+        }
+        for m in msgs {
+            let seq = m["seq"].as_u64().expect("a seq");
+            out.push((seq, m["data"]["k"].as_u64().expect("k in data")));
+            call_until(
+                client,
+                "ack",
+                json!({"stream": stream, "consumer": consumer, "seq": seq}),
+                within,
+            );
+        }
+        assert!(Instant::now() < deadline, "reading {stream} never ended");
+    }
+}
