@@ -24,6 +24,7 @@
 
 use std::collections::HashMap;
 
+use super::cluster::Cluster;
 use super::Broker;
 use crate::cluster::fsm::{Cmd, MetaCommand};
 use crate::cluster::node::ToRaft;
@@ -41,6 +42,13 @@ pub(crate) fn hold_group(p: &Placement, me: u64) -> ToRaft {
         members: if join { Vec::new() } else { p.seed() },
         join,
     }
+}
+
+/// The nodes a replica on `node` may move to: the other voters.
+fn move_targets(c: &Cluster, node: u64) -> Vec<u64> {
+    c.node_ids()
+        .filter(|&n| n != node && c.is_voter(n))
+        .collect()
 }
 
 impl Broker {
@@ -125,10 +133,7 @@ impl Broker {
     /// would be left with a single replica), if any.
     pub(crate) fn replica_stuck_on(&self, node: u64) -> Option<String> {
         let c = self.cluster.as_ref()?;
-        let nodes: Vec<u64> = c
-            .node_ids()
-            .filter(|&n| n != node && c.is_voter(n))
-            .collect();
+        let nodes = move_targets(c, node);
         let held = std::collections::BTreeMap::new();
         self.fsm.streams.iter().find_map(|(name, s)| {
             let p = s.placement.as_ref()?;
@@ -147,10 +152,7 @@ impl Broker {
         let Some(c) = self.cluster.as_ref() else {
             return Vec::new();
         };
-        let nodes: Vec<u64> = c
-            .node_ids()
-            .filter(|&n| n != node && c.is_voter(n))
-            .collect();
+        let nodes = move_targets(c, node);
         let mut held = placement::replica_counts(
             self.fsm
                 .streams
