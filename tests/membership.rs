@@ -959,6 +959,10 @@ fn growing_to_five_and_shrinking_to_three_loses_no_acked_message() {
     c.await_health(n4, 503, "waiting to be added");
     assert_eq!(c.add(sub_node, n4), Ok(json!({"ok": true})));
     c.await_members(pub_node, &["n1", "n2", "n3", "n4"]);
+    // n4 is asked the next change: it must know the members and reach
+    // the leader first.
+    c.await_members(n4, &["n1", "n2", "n3", "n4"]);
+    c.await_health(n4, 200, "ok");
     more_stream_acks(50, "with four members");
     let n5 = c.join("n5", sub_node);
     assert_eq!(c.add(n4, n5), Ok(json!({"ok": true})));
