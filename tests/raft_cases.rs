@@ -955,3 +955,42 @@ fn a_caught_up_learner_that_may_not_vote_yet_is_probed_until_it_may() {
     assert!(net.node(4).is_voter(), "{}", net.node(4).describe());
     assert_eq!(voters(&net, 1), vec![1, 2, 3, 4]);
 }
+
+/// The log's memory is bounded by bytes as well as by entries: a node
+/// asks for a snapshot once the applied entries after the last one hold
+/// `snapshot_bytes` of data, and the snapshot takes their bytes away.
+#[test]
+fn a_log_heavy_in_bytes_asks_for_a_snapshot() {
+    let mut c = config(1, 1);
+    c.snapshot_entries = 1_000_000;
+    c.snapshot_bytes = 10_000;
+    let mut node = Raft::new(c, hs(0), Snapshot::default(), vec![]);
+    let mut wanted = Vec::new();
+    fn step(node: &mut Raft, wanted: &mut Vec<bool>) -> Option<u64> {
+        let after = node.ready().persisted();
+        wanted.push(after.want_snapshot);
+        after.committed.last().map(|e| e.index)
+    }
+    for _ in 0..4 * raft::ELECTION_TICKS {
+        node.tick();
+        step(&mut node, &mut wanted);
+    }
+    assert_eq!(node.role(), Role::Leader);
+    wanted.clear();
+    let mut applied = 0;
+    for i in 0..4 {
+        node.propose(vec![b'x'; 3_000 + i]).unwrap();
+        applied = step(&mut node, &mut wanted).unwrap_or(applied);
+    }
+    // 12 006 bytes applied, the limit passed at the fourth entry.
+    assert_eq!(wanted, [false, false, false, true]);
+    node.compact(applied, b"state".to_vec());
+    assert!(node.entries().is_empty());
+    node.propose(vec![b'y'; 3_000]).unwrap();
+    step(&mut node, &mut wanted);
+    assert_eq!(
+        wanted.last(),
+        Some(&false),
+        "the snapshot took the bytes away"
+    );
+}

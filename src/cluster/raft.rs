@@ -71,6 +71,9 @@ pub struct Config {
     /// Ask the state machine for a snapshot once this many applied entries
     /// sit in the log after the last one.
     pub snapshot_entries: u64,
+    /// Or once the applied entries after the last snapshot hold this many
+    /// bytes of data: what bounds the memory the log takes.
+    pub snapshot_bytes: u64,
     /// Most entries a leader holds beyond its commit index; proposals past
     /// it are refused with [`ProposeError::Busy`].
     pub uncommitted_max: u64,
@@ -100,6 +103,7 @@ impl Config {
             append_bytes_max: 1 << 20,
             inflight_max: 64,
             snapshot_entries: 10_000,
+            snapshot_bytes: 64 << 20,
             uncommitted_max: 4_096,
             pending_reads_max: 1_024,
             forward_proposals: true,
@@ -298,6 +302,12 @@ impl Ready {
 struct Log {
     snap: Snapshot,
     entries: Vec<Entry>,
+    /// The data bytes of `entries`.
+    bytes: u64,
+}
+
+fn data_bytes(entries: &[Entry]) -> u64 {
+    entries.iter().map(|e| e.data.len() as u64).sum()
 }
 
 impl Log {
@@ -350,14 +360,23 @@ impl Log {
 
     /// Drops every entry at or after `i`.
     fn truncate_from(&mut self, i: u64) {
-        let keep = i.saturating_sub(self.first_index());
-        self.entries
-            .truncate(usize::try_from(keep).unwrap_or(usize::MAX));
+        let keep = usize::try_from(i.saturating_sub(self.first_index())).unwrap_or(usize::MAX);
+        if keep < self.entries.len() {
+            self.bytes -= data_bytes(&self.entries[keep..]);
+            self.entries.truncate(keep);
+        }
     }
 
     fn push(&mut self, e: Entry) {
         assert_eq!(e.index, self.last_index() + 1, "log must stay contiguous");
+        self.bytes += e.data.len() as u64;
         self.entries.push(e);
+    }
+
+    /// The data bytes of the entries after `i`.
+    fn bytes_after(&self, i: u64) -> u64 {
+        let skip = usize::try_from(i.saturating_sub(self.snap.index)).unwrap_or(usize::MAX);
+        data_bytes(self.entries.get(skip..).unwrap_or(&[]))
     }
 
     /// Replaces the prefix up to `snap.index` by `snap`; entries after it
@@ -365,10 +384,12 @@ impl Log {
     fn install(&mut self, snap: Snapshot) {
         if self.term(snap.index) == Some(snap.term) {
             let drop = snap.index + 1 - self.first_index();
-            self.entries
-                .drain(..usize::try_from(drop).unwrap_or(usize::MAX));
+            let drop = usize::try_from(drop).unwrap_or(usize::MAX);
+            self.bytes -= data_bytes(&self.entries[..drop]);
+            self.entries.drain(..drop);
         } else {
             self.entries.clear();
+            self.bytes = 0;
         }
         self.snap = snap;
     }
@@ -535,6 +556,7 @@ impl Raft {
         let mut log = Log {
             snap,
             entries: Vec::new(),
+            bytes: 0,
         };
         for e in entries {
             log.push(e);
@@ -1128,7 +1150,11 @@ impl Raft {
             self.reported = Some(status);
             r.after.status = Some(status);
         }
-        r.after.want_snapshot = self.applied - self.log.snap.index >= self.cfg.snapshot_entries;
+        r.after.want_snapshot = self.applied > self.log.snap.index
+            && (self.applied - self.log.snap.index >= self.cfg.snapshot_entries
+                || (self.log.bytes >= self.cfg.snapshot_bytes
+                    && self.log.bytes - self.log.bytes_after(self.applied)
+                        >= self.cfg.snapshot_bytes));
         r
     }
 
