@@ -754,6 +754,13 @@ fn raft_samples() -> Vec<Message> {
             },
             config: conf_membership(),
         },
+        Body::SnapshotChunk {
+            index: 8,
+            snap_term: 3,
+            offset: 0,
+            total: 5,
+            data: b"state".to_vec(),
+        },
     ];
     // The control group's messages, the same in a stream group (whose
     // group id goes in front), and the coalesced heartbeats.

@@ -40,3 +40,4 @@ pub mod raft_log;
 pub mod raft_msg;
 pub mod raft_multi;
 pub mod raft_transport;
+pub mod snapshot_file;

@@ -1166,9 +1166,13 @@ impl Raft {
         if m.to != self.cfg.id || m.group != self.cfg.group || m.from == self.cfg.id {
             return;
         }
-        if matches!(m.body, Body::Beats { .. } | Body::BeatsResp { .. }) {
-            // Node-level: the multiplexer splits them into per-group
-            // heartbeats before any core sees them.
+        if matches!(
+            m.body,
+            Body::Beats { .. } | Body::BeatsResp { .. } | Body::SnapshotChunk { .. }
+        ) {
+            // Node-level: the multiplexer splits beats into per-group
+            // heartbeats before any core sees them, and the shell writes
+            // snapshot pieces to a file.
             return;
         }
         if m.term > self.term {
@@ -1285,7 +1289,7 @@ impl Raft {
                 let at = (index > 0).then_some((index, m.term));
                 self.after.forwarded.push(ForwardOutcome { seq, at });
             }
-            Body::Beats { .. } | Body::BeatsResp { .. } => {}
+            Body::Beats { .. } | Body::BeatsResp { .. } | Body::SnapshotChunk { .. } => {}
             Body::TransferVote {
                 last_index,
                 last_term,

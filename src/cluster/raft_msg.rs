@@ -252,6 +252,19 @@ pub enum Body {
         snapshot: Snapshot,
         config: Membership,
     },
+    /// A piece of a snapshot kept in a file (see `cluster/snapshot_file.rs`):
+    /// `data` is the file's bytes from `offset` on, of `total` in all, of
+    /// the group's snapshot at `index` in term `snap_term`. The pieces go
+    /// out in order ahead of the [`Body::Snapshot`] (or
+    /// [`Body::ConfSnapshot`]) that names the file; the shells handle them,
+    /// the core never sees one.
+    SnapshotChunk {
+        index: u64,
+        snap_term: u64,
+        offset: u64,
+        total: u64,
+        data: Vec<u8>,
+    },
 }
 
 /// One group's [`Body::Heartbeat`] inside [`Body::Beats`].
@@ -315,6 +328,7 @@ impl Body {
             Body::TransferVote { .. } => "TransferVote",
             Body::TimeoutNow => "TimeoutNow",
             Body::ConfSnapshot { .. } => "ConfSnapshot",
+            Body::SnapshotChunk { .. } => "SnapshotChunk",
         }
     }
 }
@@ -393,6 +407,8 @@ const TAG_GROUP: u8 = 12;
 /// from one that may not vote yet.
 const TAG_APPEND_RESP: u8 = 6;
 const TAG_APPEND_RESP_NOT_VOTER: u8 = 18;
+/// Tag of [`Body::SnapshotChunk`].
+const TAG_SNAPSHOT_CHUNK: u8 = 19;
 
 /// Appends the encoding of `m` to `out`. A message of a group other than
 /// [`CONTROL_GROUP`] cannot carry [`Body::Beats`] or [`Body::BeatsResp`]
@@ -533,6 +549,20 @@ fn encode_body(out: &mut Vec<u8>, body: &Body) {
             out.push(17);
             encode_snapshot(out, snapshot);
             encode_membership(out, config);
+        }
+        Body::SnapshotChunk {
+            index,
+            snap_term,
+            offset,
+            total,
+            data,
+        } => {
+            out.push(TAG_SNAPSHOT_CHUNK);
+            put_u64(out, *index);
+            put_u64(out, *snap_term);
+            put_u64(out, *offset);
+            put_u64(out, *total);
+            put_bytes(out, data);
         }
     }
 }
@@ -778,6 +808,13 @@ impl<'a> Reader<'a> {
                 snapshot: self.snapshot()?,
                 config: self.membership()?,
             },
+            TAG_SNAPSHOT_CHUNK => Body::SnapshotChunk {
+                index: self.u64()?,
+                snap_term: self.u64()?,
+                offset: self.u64()?,
+                total: self.u64()?,
+                data: self.bytes()?,
+            },
             t => return Err(CodecError::Tag(tag_at, t)),
         })
     }
@@ -906,6 +943,13 @@ mod tests {
                         },
                     ],
                 },
+            },
+            Body::SnapshotChunk {
+                index: 40,
+                snap_term: 2,
+                offset: 1 << 20,
+                total: 3 << 20,
+                data: vec![7; 300],
             },
         ];
         let mut out: Vec<Message> = Vec::new();
