@@ -26,11 +26,18 @@
 //! itself. Bound connections are held apart, one per member, so no number
 //! of strangers can push a member's connection out.
 //!
+//! A stream group's snapshot kept in a file ([`Transport::send_snapshot_file`])
+//! goes out as [`Body::SnapshotChunk`] pieces read from the file only while
+//! the peer's queue is short, then the message naming it: the file is
+//! never in memory whole, and heartbeats queued behind it wait for little.
+//!
 //! Readiness is a hint: sockets are read and written until `WouldBlock`.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,7 +45,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::raft_auth::{self, ClusterKey, Frame, Role, Transcript, NONCE_BYTES};
-use super::raft_msg::{self, Message, NodeId};
+use super::raft_msg::{self, Body, GroupId, Message, NodeId};
 use crate::storage::record;
 
 const LISTENER: Token = Token(0);
@@ -48,6 +55,18 @@ const INBOUND_BASE: usize = 1_000_000;
 /// One log line of a kind (per peer, or per kind of refusal) at most this
 /// often; the lines left out are counted in the next one.
 const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// A snapshot file goes out in pieces of this size...
+const PIECE_BYTES: u64 = 256 << 10;
+/// ...queued only while fewer bytes than this wait for the peer.
+const PIECES_BELOW: usize = 1 << 20;
+/// Most bytes of pieces queued in one flush of one peer.
+const PIECES_PER_FLUSH: usize = 8 << 20;
+/// A snapshot sent whole to a peer is not sent again this soon (the core
+/// asks again while the peer has not answered yet).
+const RESEND_AFTER: Duration = Duration::from_secs(2);
+/// Most snapshot files going to one peer at once.
+const TRANSFERS_MAX: usize = 8;
 
 /// Bounds and timings of the transport.
 #[derive(Debug, Clone)]
@@ -190,6 +209,20 @@ struct Peer {
     next_dial: Instant,
     backoff: Duration,
     log: Limiter,
+    /// Snapshot files going out, one per group, oldest first.
+    transfers: VecDeque<Transfer>,
+    /// Snapshots (group, index) sent whole, and when.
+    sent_whole: Vec<(GroupId, u64, Instant)>,
+}
+
+/// A snapshot file on its way to a peer: the pieces from `offset` on,
+/// then `last`, the message naming the file.
+struct Transfer {
+    file: File,
+    size: u64,
+    offset: u64,
+    index: u64,
+    last: Message,
 }
 
 /// Where an accepted connection stands.
@@ -260,7 +293,31 @@ fn new_peer(addr: SocketAddr, token: Token, now: Instant, backoff: Duration) -> 
         next_dial: now,
         backoff,
         log: Limiter::default(),
+        transfers: VecDeque::new(),
+        sent_whole: Vec::new(),
     }
+}
+
+/// The snapshot a message carries: (index, term).
+fn snapshot_of(m: &Message) -> Option<(u64, u64)> {
+    match &m.body {
+        Body::Snapshot { snapshot } | Body::ConfSnapshot { snapshot, .. } => {
+            Some((snapshot.index, snapshot.term))
+        }
+        _ => None,
+    }
+}
+
+/// Encodes `m` as a frame at the end of `p`'s queue.
+fn push_frame(p: &mut Peer, m: &Message) -> usize {
+    let mut frame = Vec::new();
+    let start = record::begin(&mut frame);
+    raft_msg::encode(&mut frame, m);
+    record::finish(&mut frame, start);
+    let n = frame.len();
+    p.queued_bytes += n;
+    p.queue.push_back(frame);
+    n
 }
 
 fn would_block(e: &io::Error) -> bool {
@@ -445,6 +502,94 @@ impl Transport {
         self.stats.sent += 1;
     }
 
+    /// Sends the snapshot message `m` (a [`Body::Snapshot`] or
+    /// [`Body::ConfSnapshot`] of a stream group) whose state is in `file`
+    /// (`size` bytes): the file in pieces, then `m`. A snapshot of the
+    /// same group and index already on its way, or sent whole a moment
+    /// ago, is not sent again; one of another index replaces it.
+    pub fn send_snapshot_file(&mut self, m: &Message, file: File, size: u64) {
+        let Some((index, _)) = snapshot_of(m) else {
+            return;
+        };
+        let Some(p) = self.peers.get_mut(&m.to) else {
+            self.stats.misaddressed += 1;
+            return;
+        };
+        let now = Instant::now();
+        p.sent_whole
+            .retain(|&(_, _, at)| now.duration_since(at) < RESEND_AFTER);
+        let same = |g: GroupId, i: u64| g == m.group && i == index;
+        if p.transfers.iter().any(|t| same(t.last.group, t.index))
+            || p.sent_whole.iter().any(|&(g, i, _)| same(g, i))
+        {
+            return;
+        }
+        p.transfers.retain(|t| t.last.group != m.group);
+        if p.transfers.len() >= TRANSFERS_MAX {
+            self.stats.dropped_full += 1;
+            return;
+        }
+        p.transfers.push_back(Transfer {
+            file,
+            size,
+            offset: 0,
+            index,
+            last: m.clone(),
+        });
+        self.stats.sent += 1;
+    }
+
+    /// Queues pieces of the snapshot files going to `id` while its queue
+    /// is short, at most `budget` bytes; how many were queued.
+    fn queue_pieces(&mut self, id: NodeId, budget: usize) -> usize {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return 0;
+        };
+        let mut queued = 0;
+        while p.proven && p.queued_bytes < PIECES_BELOW && queued < budget {
+            let Some(t) = p.transfers.front_mut() else {
+                break;
+            };
+            if t.offset < t.size {
+                let n = PIECE_BYTES.min(t.size - t.offset) as usize;
+                let mut data = vec![0; n];
+                if let Err(e) = t.file.read_exact_at(&mut data, t.offset) {
+                    crate::log_error!(
+                        "stream group {}: reading its snapshot at {}: {e}",
+                        t.last.group,
+                        t.index
+                    );
+                    p.transfers.pop_front();
+                    continue;
+                }
+                let (index, snap_term) = snapshot_of(&t.last).unwrap_or_default();
+                let piece = Message {
+                    group: t.last.group,
+                    from: t.last.from,
+                    to: t.last.to,
+                    term: t.last.term,
+                    body: Body::SnapshotChunk {
+                        index,
+                        snap_term,
+                        offset: t.offset,
+                        total: t.size,
+                        data,
+                    },
+                };
+                t.offset += n as u64;
+                queued += push_frame(p, &piece);
+                continue;
+            }
+            let Some(t) = p.transfers.pop_front() else {
+                break;
+            };
+            queued += push_frame(p, &t.last);
+            p.sent_whole
+                .push((t.last.group, t.index, Instant::now()));
+        }
+        queued
+    }
+
     /// One turn: waits at most `timeout` for I/O, then accepts, reads
     /// (appending whole messages to `inbox`), dials and writes.
     pub fn poll(&mut self, timeout: Duration, inbox: &mut Vec<Message>) -> io::Result<()> {
@@ -461,6 +606,11 @@ impl Transport {
             .map(|t| t.saturating_duration_since(now))
             .min()
             .map_or(timeout, |d| d.min(timeout));
+        // Pieces to queue and room for them: do not sleep.
+        let pieces_due = self.peers.values().any(|p| {
+            p.proven && !p.transfers.is_empty() && p.queued_bytes < PIECES_BELOW
+        });
+        let wait = if pieces_due { Duration::ZERO } else { wait };
         match self.poll.poll(&mut self.events, Some(wait)) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
@@ -1037,9 +1187,25 @@ impl Transport {
         }
     }
 
+    /// Writes queued frames to `id`, and the pieces of snapshot files
+    /// going to it as the queue empties, until done, `WouldBlock`, or
+    /// [`PIECES_PER_FLUSH`] bytes of pieces.
+    fn flush(&mut self, id: NodeId) {
+        let mut budget = PIECES_PER_FLUSH;
+        loop {
+            let queued = self.queue_pieces(id, budget);
+            self.write_queue(id);
+            budget = budget.saturating_sub(queued);
+            let drained = self.peers.get(&id).is_some_and(|p| p.queue.is_empty());
+            if queued == 0 || budget == 0 || !drained {
+                return;
+            }
+        }
+    }
+
     /// Writes queued frames to `id` until done or `WouldBlock`, several
     /// frames per write.
-    fn flush(&mut self, id: NodeId) {
+    fn write_queue(&mut self, id: NodeId) {
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
