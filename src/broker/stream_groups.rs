@@ -52,6 +52,7 @@ use crate::cluster::fsm::{Cmd, MetaCommand};
 use crate::cluster::node::{GroupEvent, ToRaft};
 use crate::cluster::raft::Role;
 use crate::cluster::raft_msg::GroupId;
+use crate::cluster::snapshot_file::{self, FileRef};
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_with, ApiError, Code, OK_BODY};
 use crate::protocol::stream_messages::{
@@ -60,7 +61,7 @@ use crate::protocol::stream_messages::{
 };
 use crate::routing::subs::SubTable;
 use crate::stream::payloads::Payloads;
-use crate::stream::replica::{AckKind, Op, Outcome, Publish, Replica};
+use crate::stream::replica::{AckKind, Malformed, Op, Outcome, Publish, Replica};
 use crate::stream::stream::{Msg, Stored};
 
 /// How long a request may wait for its entry to be committed and
@@ -969,9 +970,20 @@ impl Broker {
         let mut reads = Vec::new();
         let mut pushes: Vec<(String, Vec<(u64, u64)>)> = Vec::new();
         match event {
-            GroupEvent::Restore { index, data } => {
+            GroupEvent::Restore { index, data, file } => {
                 let payloads = fresh.take().unwrap_or_else(Payloads::memory);
-                match Replica::restore_with(&data, now, payloads) {
+                let restored = match (FileRef::decode(&data), file) {
+                    (Some(r), Some(f)) => {
+                        let mut read = snapshot_file::Checked::new(
+                            std::io::BufReader::with_capacity(1 << 20, f),
+                            &r,
+                        );
+                        Replica::restore_from(&mut read, r.size, now, payloads)
+                    }
+                    (Some(_), None) => Err(Malformed("its snapshot file is missing")),
+                    (None, _) => Replica::restore_with(&data, now, payloads),
+                };
+                match restored {
                     Ok(r) => {
                         h.replica = r;
                         h.applied = index;
@@ -1062,15 +1074,23 @@ impl Broker {
             }
             GroupEvent::WantSnapshot => {
                 let index = h.applied;
-                match h.replica.snapshot() {
-                    Ok(data) => {
-                        if let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) {
-                            raft.send(ToRaft::GroupCompact { group, index, data });
-                        }
-                    }
-                    Err(e) => {
+                if let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) {
+                    // With a durable log the snapshot is a file in the
+                    // group's directory, never whole in memory.
+                    let taken = match raft.group_dir(group) {
+                        Some(dir) => snapshot_file::Writer::create(&dir, index)
+                            .and_then(|mut w| {
+                                h.replica.snapshot_to(&mut w)?;
+                                w.finish()
+                            })
+                            .map(|r| r.encode()),
+                        None => h.replica.snapshot(),
+                    };
+                    let data = taken.unwrap_or_else(|e| {
                         crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
-                    }
+                        Vec::new()
+                    });
+                    raft.send(ToRaft::GroupCompact { group, index, data });
                 }
             }
             // Taken above.

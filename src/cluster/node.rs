@@ -25,8 +25,9 @@
 //! peers follow the configuration in effect ([`Worker::follow_members`]).
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -40,9 +41,10 @@ use super::raft::{
 };
 use super::raft_auth::ClusterKey;
 use super::raft_log::{self, DurableLog, LogStore, MembershipFile, MemoryLog, StateFile};
-use super::raft_msg::{EntryKind, GroupId, Membership, NodeId, CONTROL_GROUP};
+use super::raft_msg::{Body, EntryKind, GroupId, Membership, Message, NodeId, CONTROL_GROUP};
 use super::raft_multi::{self, Multi};
 use super::raft_transport::{Transport, TransportConfig, TransportStats};
+use super::snapshot_file::{self, FileRef, Receiving};
 
 /// What the broker asks of the Raft thread.
 pub enum ToRaft {
@@ -80,7 +82,10 @@ pub enum ToRaft {
         data: Vec<u8>,
     },
     /// Stream group `group`'s state at `index`, asked for by
-    /// [`GroupEvent::WantSnapshot`].
+    /// [`GroupEvent::WantSnapshot`]: the state machine's bytes, or (with
+    /// a durable log) a [`FileRef`] to the file written into
+    /// [`RaftNode::group_dir`]. Empty data: the snapshot could not be
+    /// taken; it is asked for again a while later.
     GroupCompact {
         group: GroupId,
         index: u64,
@@ -107,8 +112,13 @@ pub enum ToRaft {
 /// order within the group.
 #[derive(Debug)]
 pub enum GroupEvent {
-    /// Load this snapshot (taken at `index`) before what follows.
-    Restore { index: u64, data: Vec<u8> },
+    /// Load this snapshot (taken at `index`) before what follows. When
+    /// `data` is a [`FileRef`], `file` is that file, opened.
+    Restore {
+        index: u64,
+        data: Vec<u8>,
+        file: Option<File>,
+    },
     /// A committed entry of term `term` (empty data: Raft's own).
     Apply {
         index: u64,
@@ -231,6 +241,10 @@ struct GroupStore {
     conf_file: MembershipFile,
     /// A snapshot was asked of the broker and has not come back yet.
     snapshot_asked: bool,
+    /// The broker could not take a snapshot: not asked again before then.
+    snapshot_retry: Option<Instant>,
+    /// A snapshot file coming from a peer.
+    receiving: Option<Receiving>,
     /// The voters the broker wants (see [`ToRaft::GroupWant`]).
     want: Option<Vec<NodeId>>,
     /// Report [`GroupEvent::Settled`] when the voters are `want`.
@@ -239,6 +253,14 @@ struct GroupStore {
     /// while settled, in case what the broker did with it was lost).
     settled_in: u32,
 }
+
+/// Stream group `group`'s directory under the Raft directory `raft`.
+fn group_dir(raft: &Path, group: GroupId) -> PathBuf {
+    raft.join(format!("g{group}"))
+}
+
+/// How long a group whose snapshot could not be taken waits to ask again.
+const SNAPSHOT_RETRY: Duration = Duration::from_secs(10);
 
 /// How often a stream group leader repeats [`GroupEvent::Settled`]
 /// (in ticks of [`raft::TICK_MS`]).
@@ -269,6 +291,8 @@ pub struct NodeConfig {
 
 /// The broker's handle on the Raft thread.
 pub struct RaftNode {
+    /// `<data>/raft`, unless the log is kept in memory.
+    durable_dir: Option<PathBuf>,
     tx: Sender<ToRaft>,
     rx: Receiver<FromRaft>,
     wake_raft: Arc<Waker>,
@@ -353,6 +377,7 @@ impl RaftNode {
             .spawn(move || worker.run())
             .map_err(|e| format!("raft thread: {e}"))?;
         Ok(RaftNode {
+            durable_dir: (!cfg.memory_log).then(|| cfg.data.join("raft")),
             tx,
             rx,
             wake_raft,
@@ -366,6 +391,12 @@ impl RaftNode {
         if self.tx.send(m).is_ok() {
             let _ = self.wake_raft.wake();
         }
+    }
+
+    /// Where stream group `group` keeps its snapshot files, when its log
+    /// is durable (else its snapshots are bytes in memory).
+    pub fn group_dir(&self, group: GroupId) -> Option<PathBuf> {
+        self.durable_dir.as_ref().map(|d| group_dir(d, group))
     }
 
     /// The next message from the Raft thread, if one waits.
@@ -538,8 +569,8 @@ impl Worker {
                 crate::log_error!("raft transport: {e}");
                 std::thread::sleep(tick);
             }
-            for m in inbox.drain(..) {
-                self.multi.step(m);
+            for m in std::mem::take(&mut inbox) {
+                self.take(m);
             }
             let mut out = Vec::new();
             loop {
@@ -600,6 +631,10 @@ impl Worker {
                     Ok(ToRaft::GroupCompact { group, index, data }) => {
                         if let Some(g) = self.groups.get_mut(&group) {
                             g.snapshot_asked = false;
+                            if data.is_empty() {
+                                g.snapshot_retry = Some(Instant::now() + SNAPSHOT_RETRY);
+                                continue;
+                            }
                         }
                         if let Some(core) =
                             self.multi.get_mut(group).filter(|_| group != CONTROL_GROUP)
@@ -645,6 +680,85 @@ impl Worker {
                     }
                 }
                 let _ = self.notify.wake();
+            }
+        }
+    }
+
+    /// One message from a peer: a piece of a snapshot file is written
+    /// down, a snapshot naming a file goes to its core only once the file
+    /// is here whole, and the rest goes to the cores.
+    fn take(&mut self, m: Message) {
+        if m.group == CONTROL_GROUP || self.memory_log {
+            self.multi.step(m);
+            return;
+        }
+        let dir = group_dir(&self.dir, m.group);
+        let Some(g) = self.groups.get_mut(&m.group) else {
+            self.multi.step(m);
+            return;
+        };
+        match &m.body {
+            Body::SnapshotChunk {
+                index,
+                snap_term,
+                offset,
+                total,
+                data,
+            } => {
+                let (i, t, o, n) = (*index, *snap_term, *offset, *total);
+                if let Err(e) = Receiving::piece(&mut g.receiving, &dir, m.from, i, t, o, n, data) {
+                    crate::log_error!("stream group {}: receiving a snapshot: {e}", m.group);
+                }
+            }
+            Body::Snapshot { snapshot } | Body::ConfSnapshot { snapshot, .. } => {
+                let Some(r) = FileRef::decode(&snapshot.data) else {
+                    self.multi.step(m);
+                    return;
+                };
+                let (index, term) = (snapshot.index, snapshot.term);
+                match Receiving::finish(&mut g.receiving, &dir, m.from, index, term, &r) {
+                    Ok(true) => self.multi.step(m),
+                    // Not all here: the leader sends it again.
+                    Ok(false) => {}
+                    Err(e) => {
+                        crate::log_error!("stream group {}: receiving a snapshot: {e}", m.group)
+                    }
+                }
+            }
+            _ => self.multi.step(m),
+        }
+    }
+
+    /// Sends `m`; a stream group's snapshot kept in a file goes with the
+    /// file.
+    fn send(&mut self, m: &Message) {
+        let file_snapshot = match &m.body {
+            Body::Snapshot { snapshot } | Body::ConfSnapshot { snapshot, .. }
+                if m.group != CONTROL_GROUP && !self.memory_log =>
+            {
+                FileRef::decode(&snapshot.data).map(|r| (snapshot.index, r))
+            }
+            _ => None,
+        };
+        let Some((index, r)) = file_snapshot else {
+            self.net.send(m);
+            return;
+        };
+        match snapshot_file::open(&group_dir(&self.dir, m.group), index, &r) {
+            Ok(f) => self.net.send_snapshot_file(m, f, r.size),
+            Err(e) => crate::log_error!("stream group {}: its snapshot: {e}", m.group),
+        }
+    }
+
+    /// The file a stream group's snapshot names, opened (so that it is
+    /// read whole even if a newer snapshot replaces it meanwhile).
+    fn snapshot_file(&self, group: GroupId, index: u64, data: &[u8]) -> Option<File> {
+        let r = FileRef::decode(data).filter(|_| !self.memory_log)?;
+        match snapshot_file::open(&group_dir(&self.dir, group), index, &r) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                crate::log_error!("stream group {group}: its snapshot at {index}: {e}");
+                None
             }
         }
     }
@@ -766,7 +880,7 @@ impl Worker {
         if !join && !members.contains(&me) {
             return Err("this node is not among its members".into());
         }
-        let dir = self.dir.join(format!("g{group}"));
+        let dir = group_dir(&self.dir, group);
         let state = StateFile::open(&dir).map_err(|e| format!("raft state: {e}"))?;
         let hs = state.load().map_err(|e| format!("raft state: {e}"))?;
         let mut log: Box<dyn LogStore + Send> = if self.memory_log {
@@ -793,11 +907,14 @@ impl Worker {
         rc.voter = raft::starts_as_voter(!join, self.memory_log, &hs, empty);
         rc.forward_proposals = false;
         rc.seed = crate::rand::random_seed() ^ me ^ group.rotate_left(32);
+        if !self.memory_log {
+            snapshot_file::clean(&dir, loaded.snapshot.index, true);
+        }
         if loaded.snapshot.index > 0 {
-            let event = GroupEvent::Restore {
-                index: loaded.snapshot.index,
-                data: loaded.snapshot.data.clone(),
-            };
+            let index = loaded.snapshot.index;
+            let data = loaded.snapshot.data.clone();
+            let file = self.snapshot_file(group, index, &data);
+            let event = GroupEvent::Restore { index, data, file };
             out.push(FromRaft::Group { group, event });
         }
         let core = Raft::new(rc, hs, loaded.snapshot, loaded.entries);
@@ -809,6 +926,8 @@ impl Worker {
                 log,
                 conf_file,
                 snapshot_asked: false,
+                snapshot_retry: None,
+                receiving: None,
                 want: None,
                 report: false,
                 settled_in: 0,
@@ -824,7 +943,7 @@ impl Worker {
             return;
         }
         self.groups.remove(&group);
-        let dir = self.dir.join(format!("g{group}"));
+        let dir = group_dir(&self.dir, group);
         if let Err(e) = std::fs::remove_dir_all(&dir) {
             if e.kind() != std::io::ErrorKind::NotFound {
                 crate::log_warn!("stream group {group}: removing {}: {e}", dir.display());
@@ -923,6 +1042,9 @@ impl Worker {
                     let state = &mut g.state;
                     raft_log::persist(&ready, &mut |hs| state.save(hs), g.log.as_mut())
                         .map_err(|e| format!("stream group {group}: {e}"))?;
+                    if let Some(snap) = ready.snapshot.as_ref().filter(|_| !self.memory_log) {
+                        snapshot_file::clean(&group_dir(&self.dir, group), snap.index, false);
+                    }
                 }
                 let after = ready.persisted();
                 let only_wish = !stored
@@ -939,7 +1061,7 @@ impl Worker {
             // message for it goes out.
             self.follow_members();
             for m in &raft_multi::outgoing(&mut afters) {
-                self.net.send(m);
+                self.send(m);
             }
             for (group, after) in afters {
                 if group != CONTROL_GROUP {
@@ -981,13 +1103,16 @@ impl Worker {
 
     /// What stream group `group`'s persisted round gives the broker.
     fn group_out(&mut self, group: GroupId, after: raft::AfterPersist, out: &mut Vec<FromRaft>) {
-        let mut push = |event| out.push(FromRaft::Group { group, event });
         if let Some(s) = after.restore {
-            push(GroupEvent::Restore {
+            let file = self.snapshot_file(group, s.index, &s.data);
+            let event = GroupEvent::Restore {
                 index: s.index,
                 data: s.data,
-            });
+                file,
+            };
+            out.push(FromRaft::Group { group, event });
         }
+        let mut push = |event| out.push(FromRaft::Group { group, event });
         for e in after.committed {
             let data = if e.kind == EntryKind::Command {
                 e.data
@@ -1004,8 +1129,10 @@ impl Worker {
             push(GroupEvent::Status(s));
         }
         if let Some(g) = self.groups.get_mut(&group) {
-            if after.want_snapshot && !g.snapshot_asked {
+            let waiting = g.snapshot_retry.is_some_and(|t| Instant::now() < t);
+            if after.want_snapshot && !g.snapshot_asked && !waiting {
                 g.snapshot_asked = true;
+                g.snapshot_retry = None;
                 out.push(FromRaft::Group {
                     group,
                     event: GroupEvent::WantSnapshot,

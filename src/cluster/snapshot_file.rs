@@ -86,9 +86,10 @@ pub fn open(dir: &Path, index: u64, r: &FileRef) -> io::Result<File> {
     Ok(f)
 }
 
-/// Deletes the snapshot files of `dir` other than the one at `keep`,
-/// and any half-written one.
-pub fn clean(dir: &Path, keep: u64) {
+/// Deletes the snapshot files of `dir` other than the one at `keep`;
+/// with `all` (at start, when nothing is being written), the half-written
+/// ones too.
+pub fn clean(dir: &Path, keep: u64, all: bool) {
     let Ok(list) = fs::read_dir(dir) else {
         return;
     };
@@ -97,7 +98,8 @@ pub fn clean(dir: &Path, keep: u64) {
         let name = d.file_name();
         let name = name.to_string_lossy();
         let ours = name.starts_with("snapshot.")
-            && (name.ends_with(".data") || name.ends_with(".tmp") || name == "snapshot.recv");
+            && (name.ends_with(".data")
+                || (all && (name.ends_with(".tmp") || name == "snapshot.recv")));
         if ours && name != kept {
             if let Err(e) = fs::remove_file(d.path()) {
                 crate::log_warn!("removing {}: {e}", d.path().display());
@@ -355,7 +357,7 @@ mod tests {
         // Cleaning keeps only the one asked for.
         fs::write(path(&b, 3), b"old").unwrap();
         fs::write(tmp_path(&b, 12), b"half").unwrap();
-        clean(&b, 9);
+        clean(&b, 9, true);
         let left: Vec<String> = fs::read_dir(&b)
             .unwrap()
             .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
