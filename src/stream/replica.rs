@@ -32,15 +32,18 @@
 //! outcome; the files are a local cache rebuilt from the group's snapshot
 //! and log when a member starts.
 //!
-//! [`Replica::snapshot`] encodes the whole state canonically (equal
+//! [`Replica::snapshot_to`] encodes the whole state canonically (equal
 //! states give equal bytes), for a replica that falls behind the log's
-//! start and for comparing replicas. It holds every payload: building it
-//! reads them all back from the files into one buffer, which lives as
-//! long as the snapshot is being handed over.
+//! start and for comparing replicas. The snapshot holds every payload;
+//! it is written to a stream as they are read back, one message at a
+//! time, and [`Replica::restore_from`] reads it back from a stream the
+//! same way, so neither side needs the whole stream in memory.
+//! [`Replica::snapshot`] and [`Replica::restore_with`] are the same over
+//! one buffer.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io;
+use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
 use super::consumer::{Consumer, Event, Source};
@@ -729,42 +732,68 @@ impl Replica {
 
     /// The whole state, canonically encoded: equal states, equal bytes.
     /// Every payload is read back into it; a payload that cannot be read
-    /// fails the snapshot.
+    /// fails the snapshot. The bytes of [`Replica::snapshot_to`], in one
+    /// buffer.
     pub fn snapshot(&self) -> io::Result<Vec<u8>> {
-        let mut w = Vec::new();
-        w.push(SNAPSHOT_VERSION);
-        put_str(&mut w, &config_json(&self.cfg));
-        put_u64(&mut w, self.last_seq);
-        put_u64(&mut w, self.msgs.len() as u64);
+        let mut out = Vec::new();
+        self.snapshot_to(&mut out)?;
+        Ok(out)
+    }
+
+    /// Writes [`Replica::snapshot`]'s bytes to `w` as it reads the
+    /// payloads back, one at a time, and returns how many it wrote. What
+    /// it holds meanwhile is one message and a buffer of about
+    /// [`SNAPSHOT_WRITE_CHUNK`] bytes. On an error `w` has an unfinished
+    /// snapshot in it.
+    pub fn snapshot_to(&self, w: &mut dyn Write) -> io::Result<u64> {
+        let mut out = ChunkWriter {
+            w,
+            buf: Vec::new(),
+            written: 0,
+        };
+        let b = &mut out.buf;
+        b.push(SNAPSHOT_VERSION);
+        put_str(b, &config_json(&self.cfg));
+        put_u64(b, self.last_seq);
+        put_u64(b, self.msgs.len() as u64);
         for (&seq, m) in &self.msgs {
             let p = self.payloads.read(seq, m.loc)?;
-            put_u64(&mut w, seq);
-            put_u64(&mut w, m.time_ms);
-            w.push(u8::from(p.binary));
-            put_str(&mut w, &m.subject);
-            put_opt_str(&mut w, p.headers.as_deref());
-            put_bytes(&mut w, &p.data);
+            let b = &mut out.buf;
+            put_u64(b, seq);
+            put_u64(b, m.time_ms);
+            b.push(u8::from(p.binary));
+            put_str(b, &m.subject);
+            put_opt_str(b, p.headers.as_deref());
+            put_bytes(b, &p.data);
+            out.spill_if_full()?;
         }
-        put_u64(&mut w, self.ids.len() as u64);
+        put_u64(&mut out.buf, self.ids.len() as u64);
         for (t, seq, id) in self.ids.iter() {
-            put_u64(&mut w, t);
-            put_u64(&mut w, seq);
-            put_str(&mut w, id);
+            let b = &mut out.buf;
+            put_u64(b, t);
+            put_u64(b, seq);
+            put_str(b, id);
+            out.spill_if_full()?;
         }
-        put_u64(&mut w, self.consumers.len() as u64);
+        put_u64(&mut out.buf, self.consumers.len() as u64);
         for m in self.consumers.values() {
-            put_str(&mut w, &consumer_json(&m.consumer.cfg));
-            put_u64(&mut w, m.since);
+            let b = &mut out.buf;
+            put_str(b, &consumer_json(&m.consumer.cfg));
+            put_u64(b, m.since);
             let (next, cseq, pending) = m.consumer.snapshot();
-            put_u64(&mut w, next);
-            put_u64(&mut w, cseq);
-            put_u64(&mut w, pending.len() as u64);
+            put_u64(b, next);
+            put_u64(b, cseq);
+            put_u64(b, pending.len() as u64);
             for (s, d) in pending {
-                put_u64(&mut w, s);
-                put_u64(&mut w, d);
+                put_u64(&mut out.buf, s);
+                put_u64(&mut out.buf, d);
+                out.spill_if_full()?;
             }
+            out.spill_if_full()?;
         }
-        Ok(w)
+        out.spill()?;
+        out.w.flush()?;
+        Ok(out.written)
     }
 
     /// A replica from [`Replica::snapshot`]'s bytes, its payloads in
@@ -779,7 +808,23 @@ impl Replica {
         now: Instant,
         payloads: Payloads,
     ) -> Result<Replica, Malformed> {
-        let mut r = Reader { buf: bytes, at: 0 };
+        Replica::restore_from(&mut &bytes[..], bytes.len() as u64, now, payloads)
+    }
+
+    /// [`Replica::restore_with`] reading the snapshot from `r`, which
+    /// must hold exactly `len` bytes of it. Each message's payload goes
+    /// to `payloads` as soon as it is read, so memory holds one message
+    /// at a time besides the index. Every count is checked against the
+    /// bytes left of `len` before anything is reserved; a snapshot that
+    /// ends before `len` is refused, as is a reader that ends before it
+    /// or fails.
+    pub fn restore_from(
+        r: &mut dyn Read,
+        len: u64,
+        now: Instant,
+        payloads: Payloads,
+    ) -> Result<Replica, Malformed> {
+        let mut r = SnapshotReader { r, remaining: len };
         if r.u8()? != SNAPSHOT_VERSION {
             return Err(Malformed("snapshot version"));
         }
@@ -792,18 +837,19 @@ impl Replica {
             let seq = r.u64()?;
             let time_ms = r.u64()?;
             let binary = r.bool()?;
-            let subject = r.str()?;
-            let headers = r.opt_str()?;
-            let data = r.slice()?;
+            let subject = r.string()?;
+            let headers = r.opt_string()?;
+            let data = r.bytes()?;
             if seq > rep.last_seq || rep.msgs.keys().next_back().is_some_and(|&l| l >= seq) {
                 return Err(Malformed("message sequence out of order"));
             }
             if subject.is_empty() || subject.len() > SUBJECT_BYTES_MAX {
                 return Err(Malformed("subject length"));
             }
-            let bytes = msg_record_bytes(subject, headers, data);
+            let headers = headers.as_deref();
+            let bytes = msg_record_bytes(&subject, headers, &data);
             rep.bytes += bytes;
-            rep.put(seq, subject, headers, data, binary, time_ms, bytes);
+            rep.put(seq, &subject, headers, &data, binary, time_ms, bytes);
         }
         if let Err(e) = rep.payloads.flush() {
             crate::log_error!("stream {:?}: writing messages: {e}", rep.cfg.name);
@@ -823,7 +869,7 @@ impl Replica {
             let next = r.u64()?;
             let cseq = r.u64()?;
             let k = r.count(16)?;
-            let mut pending = Vec::with_capacity(k);
+            let mut pending = Vec::with_capacity(k.min(RESERVE_MAX / 16));
             for _ in 0..k {
                 pending.push((r.u64()?, r.u64()?));
             }
@@ -832,7 +878,7 @@ impl Replica {
             consumer.restore(next, cseq, &pending, now);
             rep.consumers.insert(name, Member { consumer, since });
         }
-        if r.at != bytes.len() {
+        if r.remaining != 0 {
             return Err(Malformed("bytes after the snapshot"));
         }
         Ok(rep)
@@ -840,6 +886,122 @@ impl Replica {
 }
 
 const SNAPSHOT_VERSION: u8 = 1;
+
+/// [`Replica::snapshot_to`] hands its writer this many bytes or more at
+/// a time (a message larger than this, whole).
+pub const SNAPSHOT_WRITE_CHUNK: usize = 64 * 1024;
+
+/// The most a snapshot reader reserves ahead of the bytes it has read:
+/// a length or count the snapshot's `len` allows may still be a lie when
+/// the reader ends early, so buffers grow with what actually arrives.
+const RESERVE_MAX: usize = 64 * 1024;
+
+/// Collects a snapshot's bytes and hands them to a writer in chunks.
+struct ChunkWriter<'w> {
+    w: &'w mut dyn Write,
+    buf: Vec<u8>,
+    written: u64,
+}
+
+impl ChunkWriter<'_> {
+    fn spill_if_full(&mut self) -> io::Result<()> {
+        if self.buf.len() >= SNAPSHOT_WRITE_CHUNK {
+            self.spill()?;
+        }
+        Ok(())
+    }
+
+    fn spill(&mut self) -> io::Result<()> {
+        self.w.write_all(&self.buf)?;
+        self.written += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+/// Reads a snapshot's fields from a stream that holds `remaining` more
+/// bytes of it; any read past them is "cut short".
+struct SnapshotReader<'r> {
+    r: &'r mut dyn Read,
+    remaining: u64,
+}
+
+fn read_failed(e: io::Error) -> Malformed {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        Malformed("cut short")
+    } else {
+        Malformed("snapshot could not be read")
+    }
+}
+
+impl SnapshotReader<'_> {
+    fn fill(&mut self, out: &mut [u8]) -> Result<(), Malformed> {
+        if out.len() as u64 > self.remaining {
+            return Err(Malformed("cut short"));
+        }
+        self.r.read_exact(out).map_err(read_failed)?;
+        self.remaining -= out.len() as u64;
+        Ok(())
+    }
+    fn u8(&mut self) -> Result<u8, Malformed> {
+        let mut a = [0; 1];
+        self.fill(&mut a)?;
+        Ok(a[0])
+    }
+    fn bool(&mut self) -> Result<bool, Malformed> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(Malformed("flag")),
+        }
+    }
+    fn u32(&mut self) -> Result<u32, Malformed> {
+        let mut a = [0; 4];
+        self.fill(&mut a)?;
+        Ok(u32::from_le_bytes(a))
+    }
+    fn u64(&mut self) -> Result<u64, Malformed> {
+        let mut a = [0; 8];
+        self.fill(&mut a)?;
+        Ok(u64::from_le_bytes(a))
+    }
+    /// A u64 list length the remaining bytes can hold at `min_each` bytes
+    /// an item.
+    fn count(&mut self, min_each: u64) -> Result<usize, Malformed> {
+        let n = self.u64()?;
+        if n > self.remaining / min_each {
+            return Err(Malformed("count beyond the bytes"));
+        }
+        usize::try_from(n).map_err(|_| Malformed("count beyond the bytes"))
+    }
+    /// A byte string (u32 length, then the bytes), read as it arrives.
+    fn bytes(&mut self) -> Result<Vec<u8>, Malformed> {
+        let n = u64::from(self.u32()?);
+        if n > self.remaining {
+            return Err(Malformed("cut short"));
+        }
+        let mut out = Vec::with_capacity((n as usize).min(RESERVE_MAX));
+        let got = (&mut *self.r)
+            .take(n)
+            .read_to_end(&mut out)
+            .map_err(read_failed)?;
+        if got as u64 != n {
+            return Err(Malformed("cut short"));
+        }
+        self.remaining -= n;
+        Ok(out)
+    }
+    fn string(&mut self) -> Result<String, Malformed> {
+        String::from_utf8(self.bytes()?).map_err(|_| Malformed("text is not UTF-8"))
+    }
+    fn opt_string(&mut self) -> Result<Option<String>, Malformed> {
+        Ok(if self.bool()? {
+            Some(self.string()?)
+        } else {
+            None
+        })
+    }
+}
 
 fn config_json(cfg: &StreamConfig) -> String {
     serde_json::to_string(cfg).unwrap_or_default()
@@ -987,15 +1149,6 @@ impl<'a> Reader<'a> {
         a.copy_from_slice(self.take(8)?);
         Ok(u64::from_le_bytes(a))
     }
-    /// A u64 list length the remaining bytes can hold at `min_each` bytes
-    /// an item.
-    fn count(&mut self, min_each: usize) -> Result<usize, Malformed> {
-        let n = self.u64()?;
-        if n > ((self.buf.len() - self.at) / min_each) as u64 {
-            return Err(Malformed("count beyond the bytes"));
-        }
-        Ok(n as usize)
-    }
     fn count32(&mut self, min_each: usize) -> Result<usize, Malformed> {
         let n = self.u32()? as usize;
         if n > (self.buf.len() - self.at) / min_each {
@@ -1009,16 +1162,6 @@ impl<'a> Reader<'a> {
     fn slice(&mut self) -> Result<&'a [u8], Malformed> {
         let n = self.u32()? as usize;
         self.take(n)
-    }
-    fn str(&mut self) -> Result<&'a str, Malformed> {
-        std::str::from_utf8(self.slice()?).map_err(|_| Malformed("text is not UTF-8"))
-    }
-    fn opt_str(&mut self) -> Result<Option<&'a str>, Malformed> {
-        Ok(if self.bool()? {
-            Some(self.str()?)
-        } else {
-            None
-        })
     }
     fn string(&mut self) -> Result<String, Malformed> {
         String::from_utf8(self.bytes()?).map_err(|_| Malformed("text is not UTF-8"))
