@@ -1722,4 +1722,303 @@ mod tests {
         };
         assert_eq!(free.apply(&[op], far), vec![Outcome::Finished(vec![])]);
     }
+
+    /// Hands out at most `step` bytes a call, and an `Interrupted` error
+    /// every fourth call (which `read_exact` and `read_to_end` retry); an
+    /// `fail_at` offset turns into a hard error there.
+    struct Dribble<'a> {
+        data: &'a [u8],
+        at: usize,
+        step: usize,
+        calls: u64,
+        fail_at: Option<usize>,
+    }
+
+    impl<'a> Dribble<'a> {
+        fn new(data: &'a [u8], step: usize) -> Dribble<'a> {
+            Dribble {
+                data,
+                at: 0,
+                step,
+                calls: 0,
+                fail_at: None,
+            }
+        }
+    }
+
+    impl Read for Dribble<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.calls += 1;
+            if self.calls.is_multiple_of(4) {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
+            if self.fail_at.is_some_and(|f| self.at >= f) {
+                return Err(io::Error::other("device gone"));
+            }
+            let n = buf.len().min(self.step).min(self.data.len() - self.at);
+            buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    /// Records the size of every write it takes.
+    #[derive(Default)]
+    struct Writes {
+        bytes: Vec<u8>,
+        sizes: Vec<usize>,
+    }
+
+    impl Write for Writes {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.bytes.extend_from_slice(buf);
+            self.sizes.push(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A replica with `n` messages of about 1 KiB (text and binary, some
+    /// with a `Msg-Id`), two consumers with pending deliveries (one nak'd,
+    /// one redelivered) and an ack behind them.
+    fn rich_replica(payloads: Payloads, n: u64) -> Replica {
+        let cfg = config(serde_json::json!({"name":"S","subjects":["a.>"],
+                                            "duplicate_window_ms":1_000_000}));
+        let mut rep = Replica::with_payloads(cfg, payloads);
+        let now = Instant::now();
+        for c in [r#"{"name":"c"}"#, r#"{"name":"d","filter_subject":"a.c"}"#] {
+            let op = Op::ConsumerCreate { config: c.into() };
+            assert_eq!(rep.apply(&[op], now), vec![Outcome::Consumer(Ok(()))]);
+        }
+        let ops: Vec<Op> = (0..n)
+            .map(|i| {
+                if i % 3 == 2 {
+                    Op::Publish(Publish {
+                        subject: "a.c".into(),
+                        headers: None,
+                        data: (0..1_000 + i as usize)
+                            .map(|k| (k * 7 + i as usize) as u8)
+                            .collect(),
+                        binary: true,
+                        time_ms: i,
+                    })
+                } else {
+                    let data = format!("\"{}\"", "v".repeat(900 + i as usize));
+                    let id = (i % 2 == 0).then(|| format!("id{i}"));
+                    publish("a.b", &data, id.as_deref(), i)
+                }
+            })
+            .collect();
+        rep.apply(&ops, now);
+        let ops = [
+            Op::Deliver {
+                consumer: "c".into(),
+                seqs: vec![1, 2, 3, 4],
+            },
+            Op::Deliver {
+                consumer: "d".into(),
+                seqs: vec![3, 6],
+            },
+            Op::Acks {
+                consumer: "c".into(),
+                acks: vec![(AckKind::Ack, 2), (AckKind::Nak, 3)],
+            },
+            Op::Deliver {
+                consumer: "c".into(),
+                seqs: vec![3],
+            },
+        ];
+        rep.apply(&ops, now);
+        assert_eq!(rep.consumer("c").unwrap().num_ack_pending(), 3);
+        assert_eq!(rep.consumer("d").unwrap().num_ack_pending(), 2);
+        rep
+    }
+
+    #[test]
+    fn a_snapshot_keeps_its_byte_format() {
+        let cfg = config(serde_json::json!({"name":"S","subjects":["a.>"],
+                                            "duplicate_window_ms":1000}));
+        let mut rep = Replica::new(cfg.clone());
+        let now = Instant::now();
+        let create = Op::ConsumerCreate {
+            config: r#"{"name":"c"}"#.into(),
+        };
+        rep.apply(&[create], now);
+        rep.apply(&[publish("a.b", "1", Some("k"), 5)], now);
+        assert_eq!(deliver(&mut rep, &[1]), vec![(1, 1)]);
+        let ccfg = rep.consumer("c").unwrap().cfg.clone();
+        let mut want = vec![1u8];
+        put_str(&mut want, &config_json(&cfg));
+        for v in [1u64, 1, 1, 5] {
+            put_u64(&mut want, v); // last seq, one message: seq, time
+        }
+        want.push(0);
+        put_str(&mut want, "a.b");
+        put_opt_str(&mut want, Some(r#"{"Msg-Id":"k"}"#));
+        put_bytes(&mut want, b"1");
+        for v in [1u64, 5, 1] {
+            put_u64(&mut want, v); // one id: time, seq
+        }
+        put_str(&mut want, "k");
+        put_u64(&mut want, 1);
+        put_str(&mut want, &consumer_json(&ccfg));
+        for v in [0u64, 2, 1, 1, 1, 1] {
+            put_u64(&mut want, v); // since, next, cseq, one pending (seq, count)
+        }
+        let mut w = Vec::new();
+        assert_eq!(rep.snapshot_to(&mut w).unwrap(), want.len() as u64);
+        assert_eq!(w, want);
+        assert_eq!(rep.snapshot().unwrap(), want);
+    }
+
+    #[test]
+    fn snapshot_to_writes_the_snapshot_in_chunks() {
+        let rep = rich_replica(Payloads::memory(), 250);
+        let snap = rep.snapshot().unwrap();
+        let mut w = Writes::default();
+        assert_eq!(rep.snapshot_to(&mut w).unwrap(), snap.len() as u64);
+        assert_eq!(w.bytes, snap);
+        // About 250 KiB in writes of one chunk and at most one message
+        // over it: never the whole snapshot at once.
+        assert!(snap.len() > 3 * SNAPSHOT_WRITE_CHUNK, "{}", snap.len());
+        assert!(w.sizes.len() >= 3, "{:?}", w.sizes);
+        let biggest = *w.sizes.iter().max().unwrap();
+        assert!(biggest < SNAPSHOT_WRITE_CHUNK + 2_000, "{biggest}");
+        // An empty replica too.
+        let empty = Replica::new(rep.config().clone());
+        let mut w = Vec::new();
+        let n = empty.snapshot_to(&mut w).unwrap();
+        assert_eq!(w, empty.snapshot().unwrap());
+        assert_eq!(n, w.len() as u64);
+    }
+
+    #[test]
+    fn restore_from_reads_a_snapshot_handed_out_in_small_pieces() {
+        let rep = rich_replica(Payloads::memory(), 60);
+        let snap = rep.snapshot().unwrap();
+        let now = Instant::now();
+        for step in [1, 7, 4_096] {
+            let mut r = Dribble::new(&snap, step);
+            let again =
+                Replica::restore_from(&mut r, snap.len() as u64, now, Payloads::memory()).unwrap();
+            assert_eq!(r.at, snap.len(), "step {step}");
+            assert_eq!(again.snapshot().unwrap(), snap, "step {step}");
+            assert_eq!(
+                (again.bytes(), again.messages(), again.last_seq()),
+                (rep.bytes(), rep.messages(), rep.last_seq())
+            );
+            for (seq, _) in rep.iter() {
+                assert_eq!(rep.get(seq).unwrap(), again.get(seq).unwrap(), "{seq}");
+            }
+        }
+        // The wrapper over a slice is the same path.
+        let again = Replica::restore_with(&snap, now, Payloads::memory()).unwrap();
+        assert_eq!(again.snapshot().unwrap(), snap);
+    }
+
+    #[test]
+    fn restore_from_refuses_a_short_reader_a_wrong_len_and_a_failed_read() {
+        let rep = rich_replica(Payloads::memory(), 7);
+        let snap = rep.snapshot().unwrap();
+        let len = snap.len() as u64;
+        let now = Instant::now();
+        let restore = |r: &mut dyn Read, len: u64| {
+            Replica::restore_from(r, len, now, Payloads::memory()).map(|_| ())
+        };
+        for cut in 0..snap.len() {
+            // The reader ends before the len it was given.
+            let mut r = Dribble::new(&snap[..cut], 7);
+            assert_eq!(
+                restore(&mut r, len),
+                Err(Malformed("cut short")),
+                "cut at {cut}"
+            );
+            // The len ends before the snapshot does.
+            let mut r = Dribble::new(&snap, 7);
+            assert!(restore(&mut r, cut as u64).is_err(), "len {cut}");
+        }
+        // A len past the snapshot: it parses, then the bytes are left over.
+        for extra in [1, 1_000, u64::MAX - len] {
+            let mut r = Dribble::new(&snap, 7);
+            assert_eq!(
+                restore(&mut r, len + extra),
+                Err(Malformed("bytes after the snapshot"))
+            );
+        }
+        // A failing reader, wherever it fails.
+        for at in [0, 1, snap.len() / 2, snap.len() - 1] {
+            let mut r = Dribble::new(&snap, 7);
+            r.fail_at = Some(at);
+            assert_eq!(
+                restore(&mut r, len),
+                Err(Malformed("snapshot could not be read")),
+                "fail at {at}"
+            );
+        }
+        // A message count the len cannot hold is refused up front.
+        let head = |count: u64| {
+            let mut b = vec![SNAPSHOT_VERSION];
+            put_str(&mut b, &config_json(rep.config()));
+            put_u64(&mut b, 10);
+            put_u64(&mut b, count);
+            b
+        };
+        let lie = head(1_000);
+        assert_eq!(
+            restore(&mut &lie[..], lie.len() as u64 + 26 * 999),
+            Err(Malformed("count beyond the bytes"))
+        );
+        // A payload length far past what the reader holds, under a len
+        // that allows it, is cut short once the reader ends.
+        let mut lie = head(1);
+        put_u64(&mut lie, 1);
+        put_u64(&mut lie, 0);
+        lie.push(0);
+        put_str(&mut lie, "a.b");
+        lie.push(0);
+        lie.extend_from_slice(&u32::MAX.to_le_bytes());
+        lie.extend_from_slice(b"only this");
+        assert_eq!(
+            restore(&mut &lie[..], u64::MAX),
+            Err(Malformed("cut short"))
+        );
+    }
+
+    #[test]
+    fn a_snapshot_of_payloads_on_disk_streams_through_a_file_into_a_fresh_directory() {
+        let dir = temp_dir();
+        let disk = rich_replica(Payloads::open(&dir, 16_384).unwrap(), 90);
+        assert!(disk.payloads().files() > 3, "{}", disk.payloads().files());
+        let snap = disk.snapshot().unwrap();
+        let file_dir = temp_dir();
+        std::fs::create_dir_all(&file_dir).unwrap();
+        let path = file_dir.join("snapshot");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let n = disk.snapshot_to(&mut f).unwrap();
+        drop(f);
+        assert_eq!(n, std::fs::metadata(&path).unwrap().len());
+        assert_eq!(std::fs::read(&path).unwrap(), snap);
+        let dir2 = temp_dir();
+        let mut f = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
+        let again = Replica::restore_from(
+            &mut f,
+            n,
+            Instant::now(),
+            Payloads::open(&dir2, 16_384).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(again.payloads().dir(), Some(dir2.as_path()));
+        assert_eq!(dir_files(&dir2), again.payloads().files());
+        assert!(again.payloads().files() > 3);
+        assert_eq!(again.snapshot().unwrap(), snap);
+        for (seq, _) in disk.iter() {
+            let want = disk.get(seq).unwrap().unwrap();
+            assert_eq!(again.get(seq).unwrap(), Some(want), "message {seq}");
+        }
+        drop((disk, again));
+        std::fs::remove_dir_all(&file_dir).unwrap();
+        assert!(!dir.exists() && !dir2.exists());
+    }
 }
