@@ -32,15 +32,18 @@
 //! outcome; the files are a local cache rebuilt from the group's snapshot
 //! and log when a member starts.
 //!
-//! [`Replica::snapshot`] encodes the whole state canonically (equal
+//! [`Replica::snapshot_to`] encodes the whole state canonically (equal
 //! states give equal bytes), for a replica that falls behind the log's
-//! start and for comparing replicas. It holds every payload: building it
-//! reads them all back from the files into one buffer, which lives as
-//! long as the snapshot is being handed over.
+//! start and for comparing replicas. The snapshot holds every payload;
+//! it is written to a stream as they are read back, one message at a
+//! time, and [`Replica::restore_from`] reads it back from a stream the
+//! same way, so neither side needs the whole stream in memory.
+//! [`Replica::snapshot`] and [`Replica::restore_with`] are the same over
+//! one buffer.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io;
+use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
 use super::consumer::{Consumer, Event, Source};
@@ -729,42 +732,68 @@ impl Replica {
 
     /// The whole state, canonically encoded: equal states, equal bytes.
     /// Every payload is read back into it; a payload that cannot be read
-    /// fails the snapshot.
+    /// fails the snapshot. The bytes of [`Replica::snapshot_to`], in one
+    /// buffer.
     pub fn snapshot(&self) -> io::Result<Vec<u8>> {
-        let mut w = Vec::new();
-        w.push(SNAPSHOT_VERSION);
-        put_str(&mut w, &config_json(&self.cfg));
-        put_u64(&mut w, self.last_seq);
-        put_u64(&mut w, self.msgs.len() as u64);
+        let mut out = Vec::new();
+        self.snapshot_to(&mut out)?;
+        Ok(out)
+    }
+
+    /// Writes [`Replica::snapshot`]'s bytes to `w` as it reads the
+    /// payloads back, one at a time, and returns how many it wrote. What
+    /// it holds meanwhile is one message and a buffer of about
+    /// [`SNAPSHOT_WRITE_CHUNK`] bytes. On an error `w` has an unfinished
+    /// snapshot in it.
+    pub fn snapshot_to(&self, w: &mut dyn Write) -> io::Result<u64> {
+        let mut out = ChunkWriter {
+            w,
+            buf: Vec::new(),
+            written: 0,
+        };
+        let b = &mut out.buf;
+        b.push(SNAPSHOT_VERSION);
+        put_str(b, &config_json(&self.cfg));
+        put_u64(b, self.last_seq);
+        put_u64(b, self.msgs.len() as u64);
         for (&seq, m) in &self.msgs {
             let p = self.payloads.read(seq, m.loc)?;
-            put_u64(&mut w, seq);
-            put_u64(&mut w, m.time_ms);
-            w.push(u8::from(p.binary));
-            put_str(&mut w, &m.subject);
-            put_opt_str(&mut w, p.headers.as_deref());
-            put_bytes(&mut w, &p.data);
+            let b = &mut out.buf;
+            put_u64(b, seq);
+            put_u64(b, m.time_ms);
+            b.push(u8::from(p.binary));
+            put_str(b, &m.subject);
+            put_opt_str(b, p.headers.as_deref());
+            put_bytes(b, &p.data);
+            out.spill_if_full()?;
         }
-        put_u64(&mut w, self.ids.len() as u64);
+        put_u64(&mut out.buf, self.ids.len() as u64);
         for (t, seq, id) in self.ids.iter() {
-            put_u64(&mut w, t);
-            put_u64(&mut w, seq);
-            put_str(&mut w, id);
+            let b = &mut out.buf;
+            put_u64(b, t);
+            put_u64(b, seq);
+            put_str(b, id);
+            out.spill_if_full()?;
         }
-        put_u64(&mut w, self.consumers.len() as u64);
+        put_u64(&mut out.buf, self.consumers.len() as u64);
         for m in self.consumers.values() {
-            put_str(&mut w, &consumer_json(&m.consumer.cfg));
-            put_u64(&mut w, m.since);
+            let b = &mut out.buf;
+            put_str(b, &consumer_json(&m.consumer.cfg));
+            put_u64(b, m.since);
             let (next, cseq, pending) = m.consumer.snapshot();
-            put_u64(&mut w, next);
-            put_u64(&mut w, cseq);
-            put_u64(&mut w, pending.len() as u64);
+            put_u64(b, next);
+            put_u64(b, cseq);
+            put_u64(b, pending.len() as u64);
             for (s, d) in pending {
-                put_u64(&mut w, s);
-                put_u64(&mut w, d);
+                put_u64(&mut out.buf, s);
+                put_u64(&mut out.buf, d);
+                out.spill_if_full()?;
             }
+            out.spill_if_full()?;
         }
-        Ok(w)
+        out.spill()?;
+        out.w.flush()?;
+        Ok(out.written)
     }
 
     /// A replica from [`Replica::snapshot`]'s bytes, its payloads in
@@ -779,7 +808,23 @@ impl Replica {
         now: Instant,
         payloads: Payloads,
     ) -> Result<Replica, Malformed> {
-        let mut r = Reader { buf: bytes, at: 0 };
+        Replica::restore_from(&mut &bytes[..], bytes.len() as u64, now, payloads)
+    }
+
+    /// [`Replica::restore_with`] reading the snapshot from `r`, which
+    /// must hold exactly `len` bytes of it. Each message's payload goes
+    /// to `payloads` as soon as it is read, so memory holds one message
+    /// at a time besides the index. Every count is checked against the
+    /// bytes left of `len` before anything is reserved; a snapshot that
+    /// ends before `len` is refused, as is a reader that ends before it
+    /// or fails.
+    pub fn restore_from(
+        r: &mut dyn Read,
+        len: u64,
+        now: Instant,
+        payloads: Payloads,
+    ) -> Result<Replica, Malformed> {
+        let mut r = SnapshotReader { r, remaining: len };
         if r.u8()? != SNAPSHOT_VERSION {
             return Err(Malformed("snapshot version"));
         }
@@ -792,18 +837,19 @@ impl Replica {
             let seq = r.u64()?;
             let time_ms = r.u64()?;
             let binary = r.bool()?;
-            let subject = r.str()?;
-            let headers = r.opt_str()?;
-            let data = r.slice()?;
+            let subject = r.string()?;
+            let headers = r.opt_string()?;
+            let data = r.bytes()?;
             if seq > rep.last_seq || rep.msgs.keys().next_back().is_some_and(|&l| l >= seq) {
                 return Err(Malformed("message sequence out of order"));
             }
             if subject.is_empty() || subject.len() > SUBJECT_BYTES_MAX {
                 return Err(Malformed("subject length"));
             }
-            let bytes = msg_record_bytes(subject, headers, data);
+            let headers = headers.as_deref();
+            let bytes = msg_record_bytes(&subject, headers, &data);
             rep.bytes += bytes;
-            rep.put(seq, subject, headers, data, binary, time_ms, bytes);
+            rep.put(seq, &subject, headers, &data, binary, time_ms, bytes);
         }
         if let Err(e) = rep.payloads.flush() {
             crate::log_error!("stream {:?}: writing messages: {e}", rep.cfg.name);
@@ -823,7 +869,7 @@ impl Replica {
             let next = r.u64()?;
             let cseq = r.u64()?;
             let k = r.count(16)?;
-            let mut pending = Vec::with_capacity(k);
+            let mut pending = Vec::with_capacity(k.min(RESERVE_MAX / 16));
             for _ in 0..k {
                 pending.push((r.u64()?, r.u64()?));
             }
@@ -832,7 +878,7 @@ impl Replica {
             consumer.restore(next, cseq, &pending, now);
             rep.consumers.insert(name, Member { consumer, since });
         }
-        if r.at != bytes.len() {
+        if r.remaining != 0 {
             return Err(Malformed("bytes after the snapshot"));
         }
         Ok(rep)
@@ -840,6 +886,122 @@ impl Replica {
 }
 
 const SNAPSHOT_VERSION: u8 = 1;
+
+/// [`Replica::snapshot_to`] hands its writer this many bytes or more at
+/// a time (a message larger than this, whole).
+pub const SNAPSHOT_WRITE_CHUNK: usize = 64 * 1024;
+
+/// The most a snapshot reader reserves ahead of the bytes it has read:
+/// a length or count the snapshot's `len` allows may still be a lie when
+/// the reader ends early, so buffers grow with what actually arrives.
+const RESERVE_MAX: usize = 64 * 1024;
+
+/// Collects a snapshot's bytes and hands them to a writer in chunks.
+struct ChunkWriter<'w> {
+    w: &'w mut dyn Write,
+    buf: Vec<u8>,
+    written: u64,
+}
+
+impl ChunkWriter<'_> {
+    fn spill_if_full(&mut self) -> io::Result<()> {
+        if self.buf.len() >= SNAPSHOT_WRITE_CHUNK {
+            self.spill()?;
+        }
+        Ok(())
+    }
+
+    fn spill(&mut self) -> io::Result<()> {
+        self.w.write_all(&self.buf)?;
+        self.written += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+/// Reads a snapshot's fields from a stream that holds `remaining` more
+/// bytes of it; any read past them is "cut short".
+struct SnapshotReader<'r> {
+    r: &'r mut dyn Read,
+    remaining: u64,
+}
+
+fn read_failed(e: io::Error) -> Malformed {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        Malformed("cut short")
+    } else {
+        Malformed("snapshot could not be read")
+    }
+}
+
+impl SnapshotReader<'_> {
+    fn fill(&mut self, out: &mut [u8]) -> Result<(), Malformed> {
+        if out.len() as u64 > self.remaining {
+            return Err(Malformed("cut short"));
+        }
+        self.r.read_exact(out).map_err(read_failed)?;
+        self.remaining -= out.len() as u64;
+        Ok(())
+    }
+    fn u8(&mut self) -> Result<u8, Malformed> {
+        let mut a = [0; 1];
+        self.fill(&mut a)?;
+        Ok(a[0])
+    }
+    fn bool(&mut self) -> Result<bool, Malformed> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(Malformed("flag")),
+        }
+    }
+    fn u32(&mut self) -> Result<u32, Malformed> {
+        let mut a = [0; 4];
+        self.fill(&mut a)?;
+        Ok(u32::from_le_bytes(a))
+    }
+    fn u64(&mut self) -> Result<u64, Malformed> {
+        let mut a = [0; 8];
+        self.fill(&mut a)?;
+        Ok(u64::from_le_bytes(a))
+    }
+    /// A u64 list length the remaining bytes can hold at `min_each` bytes
+    /// an item.
+    fn count(&mut self, min_each: u64) -> Result<usize, Malformed> {
+        let n = self.u64()?;
+        if n > self.remaining / min_each {
+            return Err(Malformed("count beyond the bytes"));
+        }
+        usize::try_from(n).map_err(|_| Malformed("count beyond the bytes"))
+    }
+    /// A byte string (u32 length, then the bytes), read as it arrives.
+    fn bytes(&mut self) -> Result<Vec<u8>, Malformed> {
+        let n = u64::from(self.u32()?);
+        if n > self.remaining {
+            return Err(Malformed("cut short"));
+        }
+        let mut out = Vec::with_capacity((n as usize).min(RESERVE_MAX));
+        let got = (&mut *self.r)
+            .take(n)
+            .read_to_end(&mut out)
+            .map_err(read_failed)?;
+        if got as u64 != n {
+            return Err(Malformed("cut short"));
+        }
+        self.remaining -= n;
+        Ok(out)
+    }
+    fn string(&mut self) -> Result<String, Malformed> {
+        String::from_utf8(self.bytes()?).map_err(|_| Malformed("text is not UTF-8"))
+    }
+    fn opt_string(&mut self) -> Result<Option<String>, Malformed> {
+        Ok(if self.bool()? {
+            Some(self.string()?)
+        } else {
+            None
+        })
+    }
+}
 
 fn config_json(cfg: &StreamConfig) -> String {
     serde_json::to_string(cfg).unwrap_or_default()
@@ -987,15 +1149,6 @@ impl<'a> Reader<'a> {
         a.copy_from_slice(self.take(8)?);
         Ok(u64::from_le_bytes(a))
     }
-    /// A u64 list length the remaining bytes can hold at `min_each` bytes
-    /// an item.
-    fn count(&mut self, min_each: usize) -> Result<usize, Malformed> {
-        let n = self.u64()?;
-        if n > ((self.buf.len() - self.at) / min_each) as u64 {
-            return Err(Malformed("count beyond the bytes"));
-        }
-        Ok(n as usize)
-    }
     fn count32(&mut self, min_each: usize) -> Result<usize, Malformed> {
         let n = self.u32()? as usize;
         if n > (self.buf.len() - self.at) / min_each {
@@ -1009,16 +1162,6 @@ impl<'a> Reader<'a> {
     fn slice(&mut self) -> Result<&'a [u8], Malformed> {
         let n = self.u32()? as usize;
         self.take(n)
-    }
-    fn str(&mut self) -> Result<&'a str, Malformed> {
-        std::str::from_utf8(self.slice()?).map_err(|_| Malformed("text is not UTF-8"))
-    }
-    fn opt_str(&mut self) -> Result<Option<&'a str>, Malformed> {
-        Ok(if self.bool()? {
-            Some(self.str()?)
-        } else {
-            None
-        })
     }
     fn string(&mut self) -> Result<String, Malformed> {
         String::from_utf8(self.bytes()?).map_err(|_| Malformed("text is not UTF-8"))
@@ -1578,5 +1721,304 @@ mod tests {
             seqs: vec![1],
         };
         assert_eq!(free.apply(&[op], far), vec![Outcome::Finished(vec![])]);
+    }
+
+    /// Hands out at most `step` bytes a call, and an `Interrupted` error
+    /// every fourth call (which `read_exact` and `read_to_end` retry); an
+    /// `fail_at` offset turns into a hard error there.
+    struct Dribble<'a> {
+        data: &'a [u8],
+        at: usize,
+        step: usize,
+        calls: u64,
+        fail_at: Option<usize>,
+    }
+
+    impl<'a> Dribble<'a> {
+        fn new(data: &'a [u8], step: usize) -> Dribble<'a> {
+            Dribble {
+                data,
+                at: 0,
+                step,
+                calls: 0,
+                fail_at: None,
+            }
+        }
+    }
+
+    impl Read for Dribble<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.calls += 1;
+            if self.calls.is_multiple_of(4) {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
+            if self.fail_at.is_some_and(|f| self.at >= f) {
+                return Err(io::Error::other("device gone"));
+            }
+            let n = buf.len().min(self.step).min(self.data.len() - self.at);
+            buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    /// Records the size of every write it takes.
+    #[derive(Default)]
+    struct Writes {
+        bytes: Vec<u8>,
+        sizes: Vec<usize>,
+    }
+
+    impl Write for Writes {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.bytes.extend_from_slice(buf);
+            self.sizes.push(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A replica with `n` messages of about 1 KiB (text and binary, some
+    /// with a `Msg-Id`), two consumers with pending deliveries (one nak'd,
+    /// one redelivered) and an ack behind them.
+    fn rich_replica(payloads: Payloads, n: u64) -> Replica {
+        let cfg = config(serde_json::json!({"name":"S","subjects":["a.>"],
+                                            "duplicate_window_ms":1_000_000}));
+        let mut rep = Replica::with_payloads(cfg, payloads);
+        let now = Instant::now();
+        for c in [r#"{"name":"c"}"#, r#"{"name":"d","filter_subject":"a.c"}"#] {
+            let op = Op::ConsumerCreate { config: c.into() };
+            assert_eq!(rep.apply(&[op], now), vec![Outcome::Consumer(Ok(()))]);
+        }
+        let ops: Vec<Op> = (0..n)
+            .map(|i| {
+                if i % 3 == 2 {
+                    Op::Publish(Publish {
+                        subject: "a.c".into(),
+                        headers: None,
+                        data: (0..1_000 + i as usize)
+                            .map(|k| (k * 7 + i as usize) as u8)
+                            .collect(),
+                        binary: true,
+                        time_ms: i,
+                    })
+                } else {
+                    let data = format!("\"{}\"", "v".repeat(900 + i as usize));
+                    let id = (i % 2 == 0).then(|| format!("id{i}"));
+                    publish("a.b", &data, id.as_deref(), i)
+                }
+            })
+            .collect();
+        rep.apply(&ops, now);
+        let ops = [
+            Op::Deliver {
+                consumer: "c".into(),
+                seqs: vec![1, 2, 3, 4],
+            },
+            Op::Deliver {
+                consumer: "d".into(),
+                seqs: vec![3, 6],
+            },
+            Op::Acks {
+                consumer: "c".into(),
+                acks: vec![(AckKind::Ack, 2), (AckKind::Nak, 3)],
+            },
+            Op::Deliver {
+                consumer: "c".into(),
+                seqs: vec![3],
+            },
+        ];
+        rep.apply(&ops, now);
+        assert_eq!(rep.consumer("c").unwrap().num_ack_pending(), 3);
+        assert_eq!(rep.consumer("d").unwrap().num_ack_pending(), 2);
+        rep
+    }
+
+    #[test]
+    fn a_snapshot_keeps_its_byte_format() {
+        let cfg = config(serde_json::json!({"name":"S","subjects":["a.>"],
+                                            "duplicate_window_ms":1000}));
+        let mut rep = Replica::new(cfg.clone());
+        let now = Instant::now();
+        let create = Op::ConsumerCreate {
+            config: r#"{"name":"c"}"#.into(),
+        };
+        rep.apply(&[create], now);
+        rep.apply(&[publish("a.b", "1", Some("k"), 5)], now);
+        assert_eq!(deliver(&mut rep, &[1]), vec![(1, 1)]);
+        let ccfg = rep.consumer("c").unwrap().cfg.clone();
+        let mut want = vec![1u8];
+        put_str(&mut want, &config_json(&cfg));
+        for v in [1u64, 1, 1, 5] {
+            put_u64(&mut want, v); // last seq, one message: seq, time
+        }
+        want.push(0);
+        put_str(&mut want, "a.b");
+        put_opt_str(&mut want, Some(r#"{"Msg-Id":"k"}"#));
+        put_bytes(&mut want, b"1");
+        for v in [1u64, 5, 1] {
+            put_u64(&mut want, v); // one id: time, seq
+        }
+        put_str(&mut want, "k");
+        put_u64(&mut want, 1);
+        put_str(&mut want, &consumer_json(&ccfg));
+        for v in [0u64, 2, 1, 1, 1, 1] {
+            put_u64(&mut want, v); // since, next, cseq, one pending (seq, count)
+        }
+        let mut w = Vec::new();
+        assert_eq!(rep.snapshot_to(&mut w).unwrap(), want.len() as u64);
+        assert_eq!(w, want);
+        assert_eq!(rep.snapshot().unwrap(), want);
+    }
+
+    #[test]
+    fn snapshot_to_writes_the_snapshot_in_chunks() {
+        let rep = rich_replica(Payloads::memory(), 250);
+        let snap = rep.snapshot().unwrap();
+        let mut w = Writes::default();
+        assert_eq!(rep.snapshot_to(&mut w).unwrap(), snap.len() as u64);
+        assert_eq!(w.bytes, snap);
+        // About 250 KiB in writes of one chunk and at most one message
+        // over it: never the whole snapshot at once.
+        assert!(snap.len() > 3 * SNAPSHOT_WRITE_CHUNK, "{}", snap.len());
+        assert!(w.sizes.len() >= 3, "{:?}", w.sizes);
+        let biggest = *w.sizes.iter().max().unwrap();
+        assert!(biggest < SNAPSHOT_WRITE_CHUNK + 2_000, "{biggest}");
+        // An empty replica too.
+        let empty = Replica::new(rep.config().clone());
+        let mut w = Vec::new();
+        let n = empty.snapshot_to(&mut w).unwrap();
+        assert_eq!(w, empty.snapshot().unwrap());
+        assert_eq!(n, w.len() as u64);
+    }
+
+    #[test]
+    fn restore_from_reads_a_snapshot_handed_out_in_small_pieces() {
+        let rep = rich_replica(Payloads::memory(), 60);
+        let snap = rep.snapshot().unwrap();
+        let now = Instant::now();
+        for step in [1, 7, 4_096] {
+            let mut r = Dribble::new(&snap, step);
+            let again =
+                Replica::restore_from(&mut r, snap.len() as u64, now, Payloads::memory()).unwrap();
+            assert_eq!(r.at, snap.len(), "step {step}");
+            assert_eq!(again.snapshot().unwrap(), snap, "step {step}");
+            assert_eq!(
+                (again.bytes(), again.messages(), again.last_seq()),
+                (rep.bytes(), rep.messages(), rep.last_seq())
+            );
+            for (seq, _) in rep.iter() {
+                assert_eq!(rep.get(seq).unwrap(), again.get(seq).unwrap(), "{seq}");
+            }
+        }
+        // The wrapper over a slice is the same path.
+        let again = Replica::restore_with(&snap, now, Payloads::memory()).unwrap();
+        assert_eq!(again.snapshot().unwrap(), snap);
+    }
+
+    #[test]
+    fn restore_from_refuses_a_short_reader_a_wrong_len_and_a_failed_read() {
+        let rep = rich_replica(Payloads::memory(), 7);
+        let snap = rep.snapshot().unwrap();
+        let len = snap.len() as u64;
+        let now = Instant::now();
+        let restore = |r: &mut dyn Read, len: u64| {
+            Replica::restore_from(r, len, now, Payloads::memory()).map(|_| ())
+        };
+        for cut in 0..snap.len() {
+            // The reader ends before the len it was given.
+            let mut r = Dribble::new(&snap[..cut], 7);
+            assert_eq!(
+                restore(&mut r, len),
+                Err(Malformed("cut short")),
+                "cut at {cut}"
+            );
+            // The len ends before the snapshot does.
+            let mut r = Dribble::new(&snap, 7);
+            assert!(restore(&mut r, cut as u64).is_err(), "len {cut}");
+        }
+        // A len past the snapshot: it parses, then the bytes are left over.
+        for extra in [1, 1_000, u64::MAX - len] {
+            let mut r = Dribble::new(&snap, 7);
+            assert_eq!(
+                restore(&mut r, len + extra),
+                Err(Malformed("bytes after the snapshot"))
+            );
+        }
+        // A failing reader, wherever it fails.
+        for at in [0, 1, snap.len() / 2, snap.len() - 1] {
+            let mut r = Dribble::new(&snap, 7);
+            r.fail_at = Some(at);
+            assert_eq!(
+                restore(&mut r, len),
+                Err(Malformed("snapshot could not be read")),
+                "fail at {at}"
+            );
+        }
+        // A message count the len cannot hold is refused up front.
+        let head = |count: u64| {
+            let mut b = vec![SNAPSHOT_VERSION];
+            put_str(&mut b, &config_json(rep.config()));
+            put_u64(&mut b, 10);
+            put_u64(&mut b, count);
+            b
+        };
+        let lie = head(1_000);
+        assert_eq!(
+            restore(&mut &lie[..], lie.len() as u64 + 26 * 999),
+            Err(Malformed("count beyond the bytes"))
+        );
+        // A payload length far past what the reader holds, under a len
+        // that allows it, is cut short once the reader ends.
+        let mut lie = head(1);
+        put_u64(&mut lie, 1);
+        put_u64(&mut lie, 0);
+        lie.push(0);
+        put_str(&mut lie, "a.b");
+        lie.push(0);
+        lie.extend_from_slice(&u32::MAX.to_le_bytes());
+        lie.extend_from_slice(b"only this");
+        assert_eq!(
+            restore(&mut &lie[..], u64::MAX),
+            Err(Malformed("cut short"))
+        );
+    }
+
+    #[test]
+    fn a_snapshot_of_payloads_on_disk_streams_through_a_file_into_a_fresh_directory() {
+        let dir = temp_dir();
+        let disk = rich_replica(Payloads::open(&dir, 16_384).unwrap(), 90);
+        assert!(disk.payloads().files() > 3, "{}", disk.payloads().files());
+        let snap = disk.snapshot().unwrap();
+        let file_dir = temp_dir();
+        std::fs::create_dir_all(&file_dir).unwrap();
+        let path = file_dir.join("snapshot");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let n = disk.snapshot_to(&mut f).unwrap();
+        drop(f);
+        assert_eq!(n, std::fs::metadata(&path).unwrap().len());
+        assert_eq!(std::fs::read(&path).unwrap(), snap);
+        let dir2 = temp_dir();
+        let mut f = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
+        let again = Replica::restore_from(
+            &mut f,
+            n,
+            Instant::now(),
+            Payloads::open(&dir2, 16_384).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(again.payloads().dir(), Some(dir2.as_path()));
+        assert_eq!(dir_files(&dir2), again.payloads().files());
+        assert!(again.payloads().files() > 3);
+        assert_eq!(again.snapshot().unwrap(), snap);
+        for (seq, _) in disk.iter() {
+            let want = disk.get(seq).unwrap().unwrap();
+            assert_eq!(again.get(seq).unwrap(), Some(want), "message {seq}");
+        }
+        drop((disk, again));
+        std::fs::remove_dir_all(&file_dir).unwrap();
+        assert!(!dir.exists() && !dir2.exists());
     }
 }
