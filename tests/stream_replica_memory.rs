@@ -1,28 +1,37 @@
 //! What a replicated stream keeps in memory (docs/PROTOCOL.md
 //! "Replicated streams"; docs/DESIGN.md): a replica holds an index of its
-//! messages, and their payloads are in segment files.
+//! messages, their payloads are in segment files, and the stream's Raft
+//! group holds a bounded log and snapshots that are files.
 //!
 //! - In process, with an allocator that counts the bytes in use: a
 //!   replica on disk given 200 MB of 64 KB messages holds a few MB.
-//! - Three real `broker` processes with an R3 stream: every node's
-//!   payload files hold what was published, and every message reads back
-//!   whole. Each broker's resident memory is printed for the record (the
-//!   Raft log's own copy of the recent entries is in it; see
-//!   docs/DESIGN.md).
+//! - Three real `broker` processes with an R3 stream given 400 MB of
+//!   64 KB messages: no broker's resident memory (VmRSS, sampled while
+//!   publishing and after, and its peak VmHWM) reaches 200 MB, every
+//!   node's payload files hold what was published, and every acked
+//!   message reads back whole.
+//! - A replica killed while more than a Raft frame's worth (64 MiB) of
+//!   messages is published and the group's leader compacts its log: once
+//!   restarted it catches up (current, lag 0 in `stream.info`), its
+//!   payload files hold every message, and with the old leader frozen
+//!   every acked message reads back whole through it.
 
 mod cluster_support;
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cluster_support::{agreed_stream_group_leader, call_until, Cluster};
+use cluster_support::{agreed_stream_group_leader, call_until, Cluster, IDS};
+use gombus::client::{Client, Options, OutMessage, Payload};
 use gombus::protocol::stream_messages::{read_config, StreamConfig};
 use gombus::stream::payloads::Payloads;
 use gombus::stream::replica::{Op, Outcome, Publish, Replica};
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// The system allocator, counting the bytes in use.
 struct Counting;
@@ -67,8 +76,18 @@ fn temp_dir(what: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("gombus-{what}-{}", std::process::id()))
 }
 
+/// The tests of this file run one at a time: the in-process one counts
+/// every allocation of the test process, which a cluster test's clients
+/// running beside it would add to.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[test]
 fn a_replica_on_disk_keeps_only_an_index_in_memory() {
+    let _turn = one_at_a_time();
     let serde_json::Value::Object(m) = json!({"name": "BIG", "subjects": ["big.>"]}) else {
         unreachable!()
     };
@@ -135,96 +154,381 @@ fn seg_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
-fn vm_rss_kb(pid: u32) -> u64 {
+/// A `kB` field (`VmRSS`, `VmHWM`) of process `pid`'s /proc status; 0 if
+/// it cannot be read.
+fn proc_kb(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
 
-/// A JSON string of about `MSG_BYTES` for message `k` (hex of its pattern).
-fn text(k: u64) -> String {
-    payload(k, MSG_BYTES / 2)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+/// The bound on a broker's resident memory while an R3 stream grows far
+/// past it: the replica's index, the Raft log's 64 MiB budget of entries
+/// not yet in a snapshot, and buffers.
+const RSS_BOUND_KB: u64 = 200 << 10;
+
+/// Samples the resident memory of some processes every 50 ms on a thread
+/// of its own, keeping each one's largest sample.
+struct RssWatch {
+    stop: Arc<AtomicBool>,
+    sampler: thread::JoinHandle<Vec<u64>>,
 }
 
-#[test]
-fn an_r3_stream_keeps_its_payloads_in_files_on_every_node() {
-    let wait = Duration::from_secs(20);
-    let c = Cluster::start();
+impl RssWatch {
+    fn start(pids: Vec<u32>) -> RssWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let sampler = thread::spawn(move || {
+            let mut max = vec![0u64; pids.len()];
+            loop {
+                for (m, &pid) in max.iter_mut().zip(&pids) {
+                    *m = (*m).max(proc_kb(pid, "VmRSS"));
+                }
+                if flag.load(Ordering::Relaxed) {
+                    return max;
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+        });
+        RssWatch { stop, sampler }
+    }
+
+    /// Stops sampling (after one last sample); each process's largest
+    /// VmRSS in kB.
+    fn finish(self) -> Vec<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.sampler.join().expect("the RSS sampler")
+    }
+}
+
+const STREAM: &str = "BIG";
+const SUBJECT: &str = "big.x";
+/// Bound on a wait for a single step (a publish acked, a leader agreed).
+const STEP_WAIT: Duration = Duration::from_secs(20);
+
+/// Message `k`: its number (u64, little-endian), then a pattern no
+/// other message has; `MSG_BYTES` in all.
+fn message(k: u64) -> Vec<u8> {
+    let mut m = k.to_le_bytes().to_vec();
+    m.extend(payload(k, MSG_BYTES - 8));
+    m
+}
+
+/// Creates the R3 stream (limits far above what the tests publish) and
+/// waits until every node names the same leader of its group; returns
+/// that leader's index.
+fn create_r3(c: &Cluster) -> usize {
     call_until(
         &c.client(0),
         "stream.create",
-        json!({"name": "BIG", "subjects": ["big.>"], "replicas": 3}),
-        wait,
+        json!({
+            "name": STREAM,
+            "subjects": ["big.>"],
+            "replicas": 3,
+            "max_msgs": 1_000_000,
+            "max_bytes": 16u64 << 30,
+        }),
+        STEP_WAIT,
     );
-    agreed_stream_group_leader(&c, &[0, 1, 2], "BIG", wait, |_| true);
-    let rss0: Vec<u64> = (0..3).map(|i| vm_rss_kb(c.pid(i))).collect();
-    let n = 640u64;
-    let total = n * MSG_BYTES as u64;
-    let publisher = c.client(1);
-    let began = Instant::now();
-    for k in 1..=n {
-        let deadline = Instant::now() + wait;
-        loop {
-            match publisher.publish_stream("big.x", json!({"k": k, "t": text(k)})) {
-                Ok(ack) => {
-                    assert_eq!(ack.seq, k);
-                    break;
-                }
-                Err(e) => assert!(Instant::now() < deadline, "publish {k}: {e}"),
-            }
-            thread::sleep(Duration::from_millis(20));
+    agreed_stream_group_leader(c, &[0, 1, 2], STREAM, STEP_WAIT, |_| true)
+}
+
+/// A client of node `i` whose calls wait at most 10 s.
+fn client(c: &Cluster, i: usize) -> Client {
+    let opts = Options {
+        timeout: Duration::from_secs(10),
+        reconnect: None,
+        ..Options::default()
+    };
+    Client::connect_with(&c.http[i], opts).unwrap_or_else(|e| panic!("connect to {}: {e}", IDS[i]))
+}
+
+/// Publishes message `k` (binary, with `k` as its `Msg-Id`, so a retry
+/// after an `unavailable` stores it once) through `cl` until it is acked,
+/// for at most `STEP_WAIT`; returns its seq.
+fn publish(cl: &Client, k: u64) -> u64 {
+    let msg = OutMessage::new(SUBJECT, Payload::Bytes(message(k)))
+        .with_header("Msg-Id", &format!("m{k}"));
+    let deadline = Instant::now() + STEP_WAIT;
+    loop {
+        match cl.publish_stream_msg(&msg) {
+            Ok(ack) => return ack.seq,
+            Err(e) => assert!(Instant::now() < deadline, "publish {k}: {e}"),
         }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every acked publish: message number → seq.
+type Acked = BTreeMap<u64, u64>;
+
+/// Publishes messages `ks`, in order, through `cl` and records their seqs.
+fn publish_all(cl: &Client, ks: impl IntoIterator<Item = u64>, acked: &mut Acked) {
+    for k in ks {
+        let seq = publish(cl, k);
+        assert!(
+            acked.insert(k, seq).is_none(),
+            "message {k} published twice"
+        );
+    }
+}
+
+/// Reads the stream whole through `cl` with a new consumer `consumer`
+/// (no acks, batches of 16): every message is some `message(k)` byte for
+/// byte, each `k` once, seqs rising, the messages each publisher made in
+/// the order it made them, and every acked message at its acked seq.
+fn check_read_back(cl: &Client, consumer: &str, acked: &Acked, within: Duration) {
+    let last_seq = acked.values().copied().max().unwrap_or(0);
+    call_until(
+        cl,
+        "consumer.create",
+        json!({"stream": STREAM, "name": consumer, "ack_policy": "none"}),
+        STEP_WAIT,
+    );
+    let mut seen: HashMap<u64, u64> = HashMap::new();
+    let mut last = 0;
+    let deadline = Instant::now() + within;
+    while last < last_seq {
+        let step = Instant::now() + STEP_WAIT;
+        let batch = loop {
+            match cl.fetch(STREAM, consumer, 16, Some(Duration::from_secs(2))) {
+                Ok(b) => break b,
+                Err(e) => assert!(
+                    Instant::now() < step,
+                    "consumer.fetch after seq {last}: {e}"
+                ),
+            }
+            thread::sleep(Duration::from_millis(50));
+        };
+        for m in batch {
+            assert!(m.seq > last, "seq {} delivered after {last}", m.seq);
+            last = m.seq;
+            let bytes = m.bytes.as_deref().unwrap_or_default();
+            let k = bytes
+                .get(..8)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_le_bytes)
+                .unwrap_or_else(|| panic!("seq {} holds {} bytes", m.seq, bytes.len()));
+            assert!(
+                bytes == message(k).as_slice(),
+                "seq {} (message {k}) does not read back whole ({} bytes)",
+                m.seq,
+                bytes.len()
+            );
+            if let Some(before) = seen.insert(k, m.seq) {
+                panic!("message {k} stored twice (seq {before} and {})", m.seq);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "reading {STREAM} back took over {within:?} (at seq {last} of {last_seq})"
+        );
+    }
+    for (k, seq) in acked {
+        assert_eq!(
+            seen.get(k),
+            Some(seq),
+            "acked message {k} (seq {seq}) is not there as acked"
+        );
+    }
+}
+
+/// Waits (at most `within`) until node `i`'s payload files hold `bytes`.
+fn await_payload_files(c: &Cluster, i: usize, bytes: u64, within: Duration) {
+    let dir = c.data_dir(i).join("replicas");
+    let deadline = Instant::now() + within;
+    while seg_bytes(&dir) < bytes {
+        assert!(
+            Instant::now() < deadline,
+            "{}: {} bytes of payload files after {within:?} for {bytes} bytes published",
+            IDS[i],
+            seg_bytes(&dir)
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn resident_memory_stays_bounded_while_an_r3_stream_grows() {
+    let _turn = one_at_a_time();
+    let c = Cluster::start();
+    let leader = create_r3(&c);
+    let pids: Vec<u32> = (0..3).map(|i| c.pid(i)).collect();
+    let rss0: Vec<u64> = pids.iter().map(|&p| proc_kb(p, "VmRSS")).collect();
+    let watch = RssWatch::start(pids.clone());
+    // 400 MB from two publishers, one on the group's leader and one on
+    // another node (which relays to it); each publishes in order.
+    let n = (400u64 << 20) / MSG_BYTES as u64;
+    let began = Instant::now();
+    let publishers: Vec<_> = [leader, (leader + 1) % 3]
+        .into_iter()
+        .enumerate()
+        .map(|(w, node)| {
+            let cl = client(&c, node);
+            thread::spawn(move || {
+                let mut acked = Acked::new();
+                publish_all(&cl, (1..=n).filter(|k| k % 2 == w as u64), &mut acked);
+                acked
+            })
+        })
+        .collect();
+    let mut acked = Acked::new();
+    for p in publishers {
+        let part = p.join().expect("a publisher");
+        let mut prev = 0;
+        for &seq in part.values() {
+            assert!(seq > prev, "one publisher's messages stored out of order");
+            prev = seq;
+        }
+        acked.extend(part);
     }
     let took = began.elapsed();
-    // Every node's replica has written the payloads to its files.
+    assert_eq!(acked.len() as u64, n);
+    let total = n * MSG_BYTES as u64;
+    // Every node's replica has written the payloads to its files; the
+    // sampling goes on meanwhile.
     for i in 0..3 {
-        let dir = c.data_dir(i).join("replicas");
-        let deadline = Instant::now() + wait;
-        while seg_bytes(&dir) < total {
-            assert!(
-                Instant::now() < deadline,
-                "node {i}: {} bytes of payload files for {total} published",
-                seg_bytes(&dir)
-            );
-            thread::sleep(Duration::from_millis(50));
-        }
+        await_payload_files(&c, i, total, STEP_WAIT);
     }
-    let rss: Vec<u64> = (0..3).map(|i| vm_rss_kb(c.pid(i))).collect();
+    let sampled = watch.finish();
+    let hwm: Vec<u64> = pids.iter().map(|&p| proc_kb(p, "VmHWM")).collect();
     eprintln!(
-        "published {n} messages, {} MB, in {took:?}; VmRSS kB before {rss0:?}, after {rss:?}",
+        "published {n} messages, {} MB, in {took:?}; VmRSS kB at the start {rss0:?}, \
+         largest sampled {sampled:?}, peak (VmHWM) {hwm:?}",
         total >> 20
     );
-    // Every message reads back whole.
-    let reader = c.client(2);
-    call_until(
-        &reader,
-        "consumer.create",
-        json!({"stream": "BIG", "name": "check"}),
-        wait,
-    );
-    let mut next = 1;
-    while next <= n {
-        let got = call_until(
-            &reader,
-            "consumer.fetch",
-            json!({"stream": "BIG", "consumer": "check", "batch": 16, "expires_ms": 2000}),
-            wait,
+    for i in 0..3 {
+        let peak = sampled[i].max(hwm[i]);
+        assert!(
+            peak < RSS_BOUND_KB,
+            "{}: resident memory reached {peak} kB (largest VmRSS sample {} kB, VmHWM {} kB) \
+             with {} MB published to an R3 stream; the bound is {RSS_BOUND_KB} kB",
+            IDS[i],
+            sampled[i],
+            hwm[i],
+            total >> 20
         );
-        for m in got["messages"].as_array().cloned().unwrap_or_default() {
-            let seq = m["seq"].as_u64().expect("a seq");
-            assert_eq!(seq, next);
-            assert_eq!(m["data"]["k"].as_u64(), Some(seq));
-            assert!(
-                m["data"]["t"].as_str() == Some(text(seq).as_str()),
-                "message {seq} reads back"
-            );
-            next += 1;
-        }
     }
+    let t0 = Instant::now();
+    check_read_back(
+        &client(&c, (leader + 2) % 3),
+        "check",
+        &acked,
+        Duration::from_secs(60),
+    );
+    eprintln!("read {n} messages back in {:?}", t0.elapsed());
+}
+
+/// Whether some stream group's Raft snapshot (`raft/g<group>/snapshot`;
+/// the control group's is not one) exists in `data`.
+fn has_group_snapshot(data: &Path) -> bool {
+    let Ok(dirs) = std::fs::read_dir(data.join("raft")) else {
+        return false;
+    };
+    dirs.flatten().any(|d| {
+        d.file_name().to_string_lossy().starts_with('g') && d.path().join("snapshot").exists()
+    })
+}
+
+/// The `stream.info` cluster entry of replica `node`, if listed.
+fn replica_entry(info: &Value, node: usize) -> Option<Value> {
+    info.get("cluster")
+        .or_else(|| info["stream"].get("cluster"))?
+        .get("replicas")?
+        .as_array()?
+        .iter()
+        .find(|r| r["node"].as_str() == Some(IDS[node]))
+        .cloned()
+}
+
+#[test]
+fn a_replica_behind_a_snapshot_larger_than_a_frame_catches_up() {
+    let _turn = one_at_a_time();
+    let mut c = Cluster::start();
+    let leader = create_r3(&c);
+    let victim = (leader + 1) % 3;
+    let third = (leader + 2) % 3;
+    assert!(
+        !has_group_snapshot(&c.data_dir(leader)),
+        "a snapshot before anything was published"
+    );
+    let cl = client(&c, third);
+    let mut acked = Acked::new();
+    publish_all(&cl, 1..=16, &mut acked);
+    await_payload_files(&c, victim, 16 * MSG_BYTES as u64, STEP_WAIT);
+    c.kill(victim);
+    // 160 MB (well past the Raft transport's 64 MiB frame) while the
+    // replica is down, then on until the leader has compacted its log.
+    let began = Instant::now();
+    let n = (160u64 << 20) / MSG_BYTES as u64;
+    publish_all(&cl, 17..=n, &mut acked);
+    let mut k = n;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !has_group_snapshot(&c.data_dir(leader)) {
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot on the group's leader after {} acked publishes of {MSG_BYTES} bytes",
+            acked.len()
+        );
+        k += 1;
+        publish_all(&cl, [k], &mut acked);
+    }
+    let total = acked.len() as u64 * MSG_BYTES as u64;
+    eprintln!(
+        "{} messages ({} MB) acked in {:?} with {} down; the leader has a snapshot",
+        acked.len(),
+        total >> 20,
+        began.elapsed(),
+        IDS[victim]
+    );
+
+    c.restart(victim);
+    let restarted = Instant::now();
+    let catch_up = Duration::from_secs(90);
+    let info_client = client(&c, third);
+    let deadline = restarted + catch_up;
+    // While the group changes leaders, stream.info answers `unavailable`:
+    // asked again until the deadline.
+    loop {
+        let last = match info_client.call("stream.info", json!({ "name": STREAM })) {
+            Ok(info) => {
+                let entry = replica_entry(&info, victim);
+                if entry
+                    .as_ref()
+                    .is_some_and(|e| e["current"] == json!(true) && e["lag"] == json!(0))
+                {
+                    break;
+                }
+                format!("its entry {entry:?} in {info}")
+            }
+            Err(e) => format!("stream.info failed: {e}"),
+        };
+        assert!(
+            Instant::now() < deadline,
+            "{} not current with lag 0 within {catch_up:?} of its restart; last seen: {last}",
+            IDS[victim]
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "{} current with lag 0 {:?} after its restart",
+        IDS[victim],
+        restarted.elapsed()
+    );
+    await_payload_files(&c, victim, total, STEP_WAIT);
+    // Freeze the old leader: the stream is served by the restarted
+    // replica and the third node, so it reads back from the restarted
+    // replica's copy.
+    c.pause(leader);
+    agreed_stream_group_leader(&c, &[victim, third], STREAM, STEP_WAIT, |l| l != leader);
+    check_read_back(
+        &client(&c, victim),
+        "check",
+        &acked,
+        Duration::from_secs(60),
+    );
+    c.resume(leader);
 }
