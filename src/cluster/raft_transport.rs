@@ -584,8 +584,7 @@ impl Transport {
                 break;
             };
             queued += push_frame(p, &t.last);
-            p.sent_whole
-                .push((t.last.group, t.index, Instant::now()));
+            p.sent_whole.push((t.last.group, t.index, Instant::now()));
         }
         queued
     }
@@ -607,9 +606,10 @@ impl Transport {
             .min()
             .map_or(timeout, |d| d.min(timeout));
         // Pieces to queue and room for them: do not sleep.
-        let pieces_due = self.peers.values().any(|p| {
-            p.proven && !p.transfers.is_empty() && p.queued_bytes < PIECES_BELOW
-        });
+        let pieces_due = self
+            .peers
+            .values()
+            .any(|p| p.proven && !p.transfers.is_empty() && p.queued_bytes < PIECES_BELOW);
         let wait = if pieces_due { Duration::ZERO } else { wait };
         match self.poll.poll(&mut self.events, Some(wait)) {
             Ok(()) => {}

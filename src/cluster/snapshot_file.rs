@@ -180,7 +180,9 @@ impl<R: Read> Checked<R> {
 
 impl<R: Read> Read for Checked<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let want = buf.len().min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let want = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
         let n = self.inner.read(&mut buf[..want])?;
         self.hasher.update(&buf[..n]);
         self.left -= n as u64;
@@ -301,10 +303,7 @@ mod tests {
     use super::*;
 
     fn tmp_dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!(
-            "gombus-snapfile-{name}-{}",
-            std::process::id()
-        ));
+        let d = std::env::temp_dir().join(format!("gombus-snapfile-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         d
     }
@@ -348,7 +347,10 @@ mod tests {
             .read_to_end(&mut got)
             .unwrap();
         assert_eq!(got, bytes);
-        let bad = FileRef { crc: r.crc ^ 1, ..r };
+        let bad = FileRef {
+            crc: r.crc ^ 1,
+            ..r
+        };
         let mut sink = Vec::new();
         assert!(Checked::new(open(&b, 9, &bad).unwrap(), &bad)
             .read_to_end(&mut sink)
