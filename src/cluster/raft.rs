@@ -103,7 +103,7 @@ impl Config {
             append_bytes_max: 1 << 20,
             inflight_max: 64,
             snapshot_entries: 10_000,
-            snapshot_bytes: 64 << 20,
+            snapshot_bytes: 32 << 20,
             uncommitted_max: 4_096,
             pending_reads_max: 1_024,
             forward_proposals: true,
