@@ -531,3 +531,88 @@ fn strangers_cannot_push_a_member_out_and_leave_after_the_timeout() {
     });
     drop((strangers, quiet, stalled));
 }
+
+/// A snapshot kept in a file, far larger than a frame may be, goes out in
+/// pieces that follow each other, then the message naming it; a heartbeat
+/// sent meanwhile is not stuck behind the whole file; the same snapshot
+/// asked again while it is on its way is not sent twice.
+#[test]
+fn a_snapshot_file_goes_out_in_pieces_then_its_message() {
+    let frame_max = 1 << 20;
+    let mut ts = cluster(2, |c| c.frame_bytes_max = frame_max);
+    let size: u64 = 20 << 20;
+    let path = std::env::temp_dir().join(format!("gombus-transport-snap-{}", std::process::id()));
+    let bytes: Vec<u8> = (0..size).map(|i| (i % 253) as u8).collect();
+    std::fs::write(&path, &bytes).unwrap();
+    let named = Message {
+        group: 7,
+        from: 1,
+        to: 2,
+        term: 4,
+        body: Body::Snapshot {
+            snapshot: raft_msg::Snapshot {
+                index: 90,
+                term: 3,
+                data: b"names the file".to_vec(),
+            },
+        },
+    };
+    let open = || std::fs::File::open(&path).unwrap();
+    ts.get_mut(&1).unwrap().send_snapshot_file(&named, open(), size);
+    ts.get_mut(&1).unwrap().send_snapshot_file(&named, open(), size);
+    let beat = Message {
+        group: 0,
+        from: 1,
+        to: 2,
+        term: 4,
+        body: Body::HeartbeatResp { read_seq: 3 },
+    };
+    let mut inbox = BTreeMap::new();
+    let mut beat_after = None;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !inbox
+        .get(&2)
+        .is_some_and(|v: &Vec<Message>| v.last() == Some(&named))
+    {
+        assert!(Instant::now() < deadline, "the snapshot did not arrive");
+        for (id, t) in ts.iter_mut() {
+            t.poll(Duration::from_millis(1), inbox.entry(*id).or_default())
+                .unwrap();
+        }
+        let got = inbox.get(&2).map_or(0, |v| v.len());
+        if beat_after.is_none() && got > 0 {
+            ts.get_mut(&1).unwrap().send(&beat);
+            beat_after = Some(got);
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+    let got = &inbox[&2];
+    let mut file = Vec::new();
+    let mut beat_at = None;
+    for (k, m) in got.iter().enumerate() {
+        match &m.body {
+            Body::SnapshotChunk {
+                index,
+                snap_term,
+                offset,
+                total,
+                data,
+            } => {
+                assert_eq!((m.group, *index, *snap_term, *total), (7, 90, 3, size));
+                assert_eq!(*offset, file.len() as u64, "pieces follow each other");
+                assert!(data.len() < frame_max);
+                file.extend_from_slice(data);
+            }
+            Body::HeartbeatResp { .. } => beat_at = Some(k),
+            _ => assert_eq!(m, &named),
+        }
+    }
+    assert!(file == bytes, "the pieces make the file");
+    assert_eq!(got.iter().filter(|m| **m == named).count(), 1, "sent once");
+    let beat_at = beat_at.expect("the heartbeat arrived");
+    assert!(
+        beat_at < got.len() / 2,
+        "the heartbeat waited for {beat_at} of {} frames",
+        got.len()
+    );
+}

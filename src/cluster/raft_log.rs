@@ -8,6 +8,8 @@
 //! - `state`: one record, the hard state. Replaced atomically (write
 //!   `state.tmp`, fsync, rename, fsync the directory).
 //! - `snapshot`: one record, the last snapshot. Replaced the same way.
+//!   (A stream group's snapshot data is a reference to a file beside it;
+//!   see `snapshot_file.rs`.)
 //! - `membership`: one record, the configuration at the snapshot's index
 //!   ([`MembershipFile`]); the configuration entries after it are in
 //!   `log` like any other entry. Replaced the same way.

@@ -23,8 +23,8 @@
 //! majority, and its snapshots already reach a follower that fell
 //! behind; making these files the snapshot would need a second way of
 //! syncing and shipping them. The price: a snapshot
-//! ([`super::replica::Replica::snapshot`]) reads every payload back into
-//! one buffer, which the Raft layer then holds.
+//! ([`super::replica::Replica::snapshot_to`]) copies every payload into
+//! the group's snapshot file (`cluster/snapshot_file.rs`).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
