@@ -558,8 +558,12 @@ fn a_snapshot_file_goes_out_in_pieces_then_its_message() {
         },
     };
     let open = || std::fs::File::open(&path).unwrap();
-    ts.get_mut(&1).unwrap().send_snapshot_file(&named, open(), size);
-    ts.get_mut(&1).unwrap().send_snapshot_file(&named, open(), size);
+    ts.get_mut(&1)
+        .unwrap()
+        .send_snapshot_file(&named, open(), size);
+    ts.get_mut(&1)
+        .unwrap()
+        .send_snapshot_file(&named, open(), size);
     let beat = Message {
         group: 0,
         from: 1,

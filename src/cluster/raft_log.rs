@@ -402,24 +402,50 @@ impl DurableLog {
     /// this is done leaves covered entries in the file; [`DurableLog::open`]
     /// sees them and finishes the job.
     fn rewrite_after_snapshot(&mut self) -> Result<(), LogError> {
-        let mut entries = self.read_entries()?;
-        keep_after(&self.snapshot, &mut entries);
-        let mut out = Vec::new();
-        let mut index = Vec::with_capacity(entries.len());
-        for e in &entries {
-            let start = record::begin(&mut out);
-            encode_entry(&mut out, e);
-            record::finish(&mut out, start);
-            index.push((e.index, e.term, start as u64));
-        }
-        statefile::replace(&self.log_path, &out).map_err(io_err(&self.log_path))?;
+        // The entries kept are a tail of the file: copy its bytes as they
+        // are, never the whole log through memory.
+        let snap = (self.snapshot.index, self.snapshot.term);
+        let agrees = self.index.iter().any(|&(i, t, _)| (i, t) == snap);
+        let keep = if agrees {
+            self.index
+                .iter()
+                .take_while(|&&(i, _, _)| i <= snap.0)
+                .count()
+        } else {
+            self.index.len()
+        };
+        let cut = self.index.get(keep).map_or(self.len, |&(_, _, at)| at);
+        let tmp = self.log_path.with_file_name("log.tmp");
+        let copy = || -> io::Result<()> {
+            let mut out = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
+            let mut src = File::open(&self.log_path)?;
+            io::Seek::seek(&mut src, io::SeekFrom::Start(cut))?;
+            let copied = io::copy(&mut io::Read::take(src, self.len - cut), &mut out)?;
+            if copied != self.len - cut {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the log shrank while it was rewritten",
+                ));
+            }
+            out.sync_all()?;
+            fs::rename(&tmp, &self.log_path)?;
+            statefile::sync_dir(&self.log_path)
+        };
+        copy().map_err(io_err(&self.log_path))?;
         self.file = OpenOptions::new()
             .read(true)
             .append(true)
             .open(&self.log_path)
             .map_err(io_err(&self.log_path))?;
-        self.index = index;
-        self.len = out.len() as u64;
+        self.index.drain(..keep);
+        for e in &mut self.index {
+            e.2 -= cut;
+        }
+        self.len -= cut;
         Ok(())
     }
 }
