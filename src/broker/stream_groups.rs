@@ -49,7 +49,7 @@ use super::stream_out::{has_targets, push_accepted, push_message, Push, RemotePu
 use super::streams::{epoch_ms, FETCH_BYTES_MAX, NAK_DELAY_MS_MAX, PUSH_PER_TURN_MAX};
 use super::Broker;
 use crate::cluster::fsm::{Cmd, MetaCommand};
-use crate::cluster::node::{GroupEvent, ToRaft};
+use crate::cluster::node::{GroupEvent, RaftSender, ToRaft};
 use crate::cluster::raft::Role;
 use crate::cluster::raft_msg::GroupId;
 use crate::cluster::snapshot_file::{self, FileRef};
@@ -61,7 +61,7 @@ use crate::protocol::stream_messages::{
 };
 use crate::routing::subs::SubTable;
 use crate::stream::payloads::Payloads;
-use crate::stream::replica::{AckKind, Malformed, Op, Outcome, Publish, Replica};
+use crate::stream::replica::{AckKind, Frozen, Malformed, Op, Outcome, Publish, Replica};
 use crate::stream::stream::{Msg, Stored};
 
 /// How long a request may wait for its entry to be committed and
@@ -1075,22 +1075,29 @@ impl Broker {
             GroupEvent::WantSnapshot => {
                 let index = h.applied;
                 if let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) {
-                    // With a durable log the snapshot is a file in the
-                    // group's directory, never whole in memory.
-                    let taken = match raft.group_dir(group) {
-                        Some(dir) => snapshot_file::Writer::create(&dir, index)
-                            .and_then(|mut w| {
-                                h.replica.snapshot_to(&mut w)?;
-                                w.finish()
-                            })
-                            .map(|r| r.encode()),
-                        None => h.replica.snapshot(),
-                    };
-                    let data = taken.unwrap_or_else(|e| {
-                        crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
-                        Vec::new()
-                    });
-                    raft.send(ToRaft::GroupCompact { group, index, data });
+                    match raft.group_dir(group) {
+                        // With a durable log the snapshot is a file in the
+                        // group's directory, written on a thread of its own
+                        // from the replica's frozen state: never whole in
+                        // memory, and the loop goes on meanwhile.
+                        Some(dir) => match h.replica.freeze() {
+                            Ok(frozen) => {
+                                write_snapshot(raft.sender(), group, index, dir, frozen, &h.name)
+                            }
+                            Err(e) => {
+                                crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
+                                let data = Vec::new();
+                                raft.send(ToRaft::GroupCompact { group, index, data });
+                            }
+                        },
+                        None => {
+                            let data = h.replica.snapshot().unwrap_or_else(|e| {
+                                crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
+                                Vec::new()
+                            });
+                            raft.send(ToRaft::GroupCompact { group, index, data });
+                        }
+                    }
                 }
             }
             // Taken above.
@@ -1403,5 +1410,42 @@ fn answer(
             }
         }
         (r, _) => refuse(r, answers, "unexpected outcome"),
+    }
+}
+
+/// Writes stream `name`'s snapshot at `index` from `frozen` into `dir` on
+/// a thread of its own, then hands the group's Raft thread the file's
+/// reference (empty if it could not be written: it asks again later).
+fn write_snapshot(
+    raft: RaftSender,
+    group: GroupId,
+    index: u64,
+    dir: std::path::PathBuf,
+    frozen: Frozen,
+    name: &str,
+) {
+    let name = name.to_string();
+    let again = raft.clone();
+    let job = move || {
+        let written = snapshot_file::Writer::create(&dir, index).and_then(|mut w| {
+            frozen.write_to(&mut w)?;
+            w.finish()
+        });
+        let data = match written {
+            Ok(r) => r.encode(),
+            Err(e) => {
+                crate::log_error!("stream {name:?}: snapshot at {index}: {e}");
+                Vec::new()
+            }
+        };
+        raft.send(ToRaft::GroupCompact { group, index, data });
+    };
+    let spawned = std::thread::Builder::new()
+        .name(format!("snapshot-g{group}"))
+        .spawn(job);
+    if let Err(e) = spawned {
+        crate::log_error!("snapshot of stream group {group}: {e}");
+        let data = Vec::new();
+        again.send(ToRaft::GroupCompact { group, index, data });
     }
 }

@@ -393,6 +393,14 @@ impl RaftNode {
         }
     }
 
+    /// A handle that sends to the Raft thread from another thread.
+    pub fn sender(&self) -> RaftSender {
+        RaftSender {
+            tx: self.tx.clone(),
+            wake_raft: Arc::clone(&self.wake_raft),
+        }
+    }
+
     /// Where stream group `group` keeps its snapshot files, when its log
     /// is durable (else its snapshots are bytes in memory).
     pub fn group_dir(&self, group: GroupId) -> Option<PathBuf> {
@@ -406,6 +414,21 @@ impl RaftNode {
 
     pub fn view(&self) -> View {
         self.view.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Sends to the Raft thread from any thread (see [`RaftNode::sender`]).
+#[derive(Clone)]
+pub struct RaftSender {
+    tx: Sender<ToRaft>,
+    wake_raft: Arc<Waker>,
+}
+
+impl RaftSender {
+    pub fn send(&self, m: ToRaft) {
+        if self.tx.send(m).is_ok() {
+            let _ = self.wake_raft.wake();
+        }
     }
 }
 

@@ -119,8 +119,9 @@ pub struct Writer {
 }
 
 impl Writer {
+    /// In `dir`, which must exist (the group's directory: a group
+    /// dropped meanwhile is not made again).
     pub fn create(dir: &Path, index: u64) -> io::Result<Writer> {
-        fs::create_dir_all(dir)?;
         let f = File::create(tmp_path(dir, index))?;
         Ok(Writer {
             dir: dir.to_path_buf(),
@@ -324,6 +325,8 @@ mod tests {
         let a = tmp_dir("a");
         let b = tmp_dir("b");
         let bytes: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        assert!(Writer::create(&a, 9).is_err(), "no directory, no file");
+        fs::create_dir_all(&a).unwrap();
         let mut w = Writer::create(&a, 9).unwrap();
         w.write_all(&bytes).unwrap();
         let r = w.finish().unwrap();

@@ -169,11 +169,68 @@ impl Payloads {
         }
     }
 
+    /// What the store holds now, detached from it (see [`Detached`]);
+    /// buffered appends are written first.
+    pub fn detach(&mut self) -> io::Result<Detached> {
+        self.flush()?;
+        self.detached_view()
+    }
+
+    /// [`Payloads::detach`] for a store with no buffered appends (as
+    /// after every applied entry); one with some is an error.
+    pub fn detached_view(&self) -> io::Result<Detached> {
+        match self {
+            Payloads::Memory(map) => Ok(Detached::Memory(map.clone())),
+            Payloads::Disk(d) if !d.pending.is_empty() => {
+                Err(io::Error::other("appends not written yet"))
+            }
+            Payloads::Disk(d) => {
+                let mut files = BTreeMap::new();
+                for &first in d.segs.keys() {
+                    files.insert(first, File::open(d.path(first))?);
+                }
+                Ok(Detached::Disk(files))
+            }
+        }
+    }
+
     /// The directory of a disk store.
     pub fn dir(&self) -> Option<&Path> {
         match self {
             Payloads::Memory(_) => None,
             Payloads::Disk(d) => Some(&d.dir),
+        }
+    }
+}
+
+/// The payloads a store holds at one moment, readable on another thread
+/// while the store goes on: the files open (a file deleted later is
+/// still read whole), or, in memory, a copy of the records.
+pub enum Detached {
+    Memory(BTreeMap<u64, Vec<u8>>),
+    /// Each file by its first seq.
+    Disk(BTreeMap<u64, File>),
+}
+
+impl Detached {
+    /// Reads back message `seq` stored at `loc` when this was taken.
+    pub fn read(&self, seq: u64, loc: Loc) -> io::Result<Payload> {
+        match self {
+            Detached::Memory(map) => map
+                .get(&seq)
+                .filter(|r| r.len() == loc.len as usize && loc.len > 0)
+                .ok_or_else(|| io::Error::other(format!("no message {seq} at {loc:?}")))
+                .and_then(|rec| decode(seq, rec)),
+            Detached::Disk(files) => {
+                let (_, file) = files
+                    .range(..=seq)
+                    .next_back()
+                    .filter(|_| loc.len > 0)
+                    .ok_or_else(|| io::Error::other(format!("no file holds message {seq}")))?;
+                let mut buf = vec![0; loc.len as usize];
+                file.read_exact_at(&mut buf, loc.offset)?;
+                decode(seq, &buf)
+            }
         }
     }
 }

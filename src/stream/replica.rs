@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use super::consumer::{Consumer, Event, Source};
 use super::dedup::IdWindow;
-use super::payloads::{Loc, Payloads};
+use super::payloads::{Detached, Loc, Payloads};
 use super::segment::{msg_record_bytes, MsgRef, SUBJECT_BYTES_MAX};
 use super::stream::{
     msg_id_of, payload_size, Member, Stored, CONSUMERS_PER_STREAM_MAX, STREAM_BYTES_DEFAULT_MAX,
@@ -741,59 +741,58 @@ impl Replica {
     }
 
     /// Writes [`Replica::snapshot`]'s bytes to `w` as it reads the
-    /// payloads back, one at a time, and returns how many it wrote. What
-    /// it holds meanwhile is one message and a buffer of about
-    /// [`SNAPSHOT_WRITE_CHUNK`] bytes. On an error `w` has an unfinished
-    /// snapshot in it.
+    /// payloads back, one at a time, and returns how many it wrote (see
+    /// [`Frozen::write_to`]). On an error `w` has an unfinished snapshot
+    /// in it.
     pub fn snapshot_to(&self, w: &mut dyn Write) -> io::Result<u64> {
-        let mut out = ChunkWriter {
-            w,
-            buf: Vec::new(),
-            written: 0,
-        };
-        let b = &mut out.buf;
-        b.push(SNAPSHOT_VERSION);
-        put_str(b, &config_json(&self.cfg));
-        put_u64(b, self.last_seq);
-        put_u64(b, self.msgs.len() as u64);
-        for (&seq, m) in &self.msgs {
-            let p = self.payloads.read(seq, m.loc)?;
-            let b = &mut out.buf;
-            put_u64(b, seq);
-            put_u64(b, m.time_ms);
-            b.push(u8::from(p.binary));
-            put_str(b, &m.subject);
-            put_opt_str(b, p.headers.as_deref());
-            put_bytes(b, &p.data);
-            out.spill_if_full()?;
-        }
-        put_u64(&mut out.buf, self.ids.len() as u64);
+        self.frozen(self.payloads.detached_view()?).write_to(w)
+    }
+
+    /// The state as it is now, detached from the replica, to write its
+    /// snapshot on another thread while the replica goes on: the index,
+    /// the Msg-Id window and the consumers copied (bytes in proportion to
+    /// the index, not the payloads), the payload files held open.
+    pub fn freeze(&mut self) -> io::Result<Frozen> {
+        let payloads = self.payloads.detach()?;
+        Ok(self.frozen(payloads))
+    }
+
+    fn frozen(&self, payloads: Detached) -> Frozen {
+        let mut head = vec![SNAPSHOT_VERSION];
+        put_str(&mut head, &config_json(&self.cfg));
+        put_u64(&mut head, self.last_seq);
+        put_u64(&mut head, self.msgs.len() as u64);
+        let msgs = self
+            .msgs
+            .iter()
+            .map(|(&seq, m)| (seq, m.time_ms, m.subject.clone(), m.loc))
+            .collect();
+        let mut tail = Vec::new();
+        put_u64(&mut tail, self.ids.len() as u64);
         for (t, seq, id) in self.ids.iter() {
-            let b = &mut out.buf;
-            put_u64(b, t);
-            put_u64(b, seq);
-            put_str(b, id);
-            out.spill_if_full()?;
+            put_u64(&mut tail, t);
+            put_u64(&mut tail, seq);
+            put_str(&mut tail, id);
         }
-        put_u64(&mut out.buf, self.consumers.len() as u64);
+        put_u64(&mut tail, self.consumers.len() as u64);
         for m in self.consumers.values() {
-            let b = &mut out.buf;
-            put_str(b, &consumer_json(&m.consumer.cfg));
-            put_u64(b, m.since);
+            put_str(&mut tail, &consumer_json(&m.consumer.cfg));
+            put_u64(&mut tail, m.since);
             let (next, cseq, pending) = m.consumer.snapshot();
-            put_u64(b, next);
-            put_u64(b, cseq);
-            put_u64(b, pending.len() as u64);
+            put_u64(&mut tail, next);
+            put_u64(&mut tail, cseq);
+            put_u64(&mut tail, pending.len() as u64);
             for (s, d) in pending {
-                put_u64(&mut out.buf, s);
-                put_u64(&mut out.buf, d);
-                out.spill_if_full()?;
+                put_u64(&mut tail, s);
+                put_u64(&mut tail, d);
             }
-            out.spill_if_full()?;
         }
-        out.spill()?;
-        out.w.flush()?;
-        Ok(out.written)
+        Frozen {
+            head,
+            msgs,
+            tail,
+            payloads,
+        }
     }
 
     /// A replica from [`Replica::snapshot`]'s bytes, its payloads in
@@ -897,6 +896,50 @@ pub const SNAPSHOT_WRITE_CHUNK: usize = 64 * 1024;
 const RESERVE_MAX: usize = 64 * 1024;
 
 /// Collects a snapshot's bytes and hands them to a writer in chunks.
+/// A replica's state at one applied index, detached from it
+/// ([`Replica::freeze`]): what its snapshot is written from.
+pub struct Frozen {
+    /// Version, config, last seq and the message count, encoded.
+    head: Vec<u8>,
+    /// Each message's seq, time, subject and where its payload is.
+    msgs: Vec<(u64, u64, Box<str>, Loc)>,
+    /// The Msg-Id window and the consumers, encoded.
+    tail: Vec<u8>,
+    payloads: Detached,
+}
+
+impl Frozen {
+    /// Writes the snapshot's bytes to `w`, reading the payloads back one
+    /// at a time and holding about [`SNAPSHOT_WRITE_CHUNK`] bytes besides
+    /// one message; how many bytes it wrote.
+    pub fn write_to(&self, w: &mut dyn Write) -> io::Result<u64> {
+        let mut out = ChunkWriter {
+            w,
+            buf: Vec::new(),
+            written: 0,
+        };
+        out.buf.extend_from_slice(&self.head);
+        for (seq, time_ms, subject, loc) in &self.msgs {
+            let p = self.payloads.read(*seq, *loc)?;
+            let b = &mut out.buf;
+            put_u64(b, *seq);
+            put_u64(b, *time_ms);
+            b.push(u8::from(p.binary));
+            put_str(b, subject);
+            put_opt_str(b, p.headers.as_deref());
+            put_bytes(b, &p.data);
+            out.spill_if_full()?;
+        }
+        out.spill()?;
+        for piece in self.tail.chunks(SNAPSHOT_WRITE_CHUNK) {
+            out.buf.extend_from_slice(piece);
+            out.spill()?;
+        }
+        out.w.flush()?;
+        Ok(out.written)
+    }
+}
+
 struct ChunkWriter<'w> {
     w: &'w mut dyn Write,
     buf: Vec<u8>,
@@ -1599,6 +1642,39 @@ mod tests {
 
     fn dir_files(dir: &std::path::Path) -> usize {
         std::fs::read_dir(dir).map_or(0, |d| d.count())
+    }
+
+    /// A frozen state writes the snapshot of the moment it was taken,
+    /// while the replica goes on: more messages, files rolled and deleted,
+    /// a purge.
+    #[test]
+    fn a_frozen_state_writes_the_snapshot_of_its_moment() {
+        let cfg = config(serde_json::json!({"name":"S","subjects":["a.>"],"max_msgs":20}));
+        let dir = temp_dir();
+        let mut disk = Replica::with_payloads(cfg, Payloads::open(&dir, 4_096).unwrap());
+        let now = Instant::now();
+        let publish_n = |r: &mut Replica, from: u64, n: u64| {
+            for i in from..from + n {
+                let data = format!("\"{}\"", "z".repeat(150 + (i as usize % 40)));
+                r.apply(&[publish("a.b", &data, None, i)], now);
+            }
+        };
+        publish_n(&mut disk, 0, 60);
+        let then = disk.snapshot().unwrap();
+        let frozen = disk.freeze().unwrap();
+        publish_n(&mut disk, 60, 100);
+        assert_ne!(disk.snapshot().unwrap(), then);
+        disk.apply(&[Op::Purge { filter: None }], now);
+        assert_eq!(
+            dir_files(&dir),
+            0,
+            "every file of the frozen moment is gone"
+        );
+        let mut out = Vec::new();
+        let n = frozen.write_to(&mut out).unwrap();
+        assert_eq!((n, out), (then.len() as u64, then));
+        drop(disk);
+        assert!(!dir.exists());
     }
 
     #[test]
