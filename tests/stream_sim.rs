@@ -103,8 +103,8 @@ fn stats() {
         let done: usize = sim.done.values().map(|a| a.len()).sum();
         println!(
             "seed {seed} {r:?} steps {} acked publishes {acked} handed out {} acks ok {done} \
-             leader changes {} snapshots installed {}",
-            sim.steps, sim.handed_out, sim.leader_changes, sim.snapshots_installed
+             leader changes {} snapshots installed {} finished by max_deliver {}",
+            sim.steps, sim.handed_out, sim.leader_changes, sim.snapshots_installed, sim.exhausted
         );
         assert_eq!(r, Ok(()), "seed {seed}");
     }

@@ -158,6 +158,8 @@ pub struct Sim {
     pub handed_out: u64,
     pub leader_changes: u64,
     pub snapshots_installed: u64,
+    /// Sequences proposed as finished by `max_deliver`.
+    pub exhausted: u64,
     pub steps: u64,
     pub trace: bool,
 }
@@ -227,6 +229,7 @@ impl Sim {
             handed_out: 0,
             leader_changes: 0,
             snapshots_installed: 0,
+            exhausted: 0,
             steps: 0,
             trace: std::env::var_os("SIM_TRACE").is_some(),
         };
@@ -618,7 +621,9 @@ impl Sim {
             .is_some_and(|s| s.replica.consumer(CONSUMER).is_some());
         if !has_consumer && self.rng.chance(300) {
             ops.push(Op::ConsumerCreate {
-                config: format!("{{\"name\":\"{CONSUMER}\",\"ack_wait_ms\":60000}}"),
+                config: format!(
+                    "{{\"name\":\"{CONSUMER}\",\"ack_wait_ms\":1000,\"max_deliver\":2}}"
+                ),
             });
             asked.push(Asked::Other);
         }
@@ -680,6 +685,19 @@ impl Sim {
                 acks: vec![(kind, seq)],
             });
             asked.push(Asked::Ack(kind, seq));
+        }
+        // Deliveries out of max_deliver, finished as the leader does it.
+        if has_consumer && self.rng.chance(400) {
+            let st = &self.nodes[i].streams[&g];
+            let seqs = st.replica.exhausted_deliveries(CONSUMER, self.instant());
+            if !seqs.is_empty() {
+                self.exhausted += seqs.len() as u64;
+                ops.push(Op::Exhausted {
+                    consumer: CONSUMER.into(),
+                    seqs,
+                });
+                asked.push(Asked::Other);
+            }
         }
         if self.rng.chance(30) {
             ops.push(Op::Expire { now_ms });
