@@ -15,6 +15,9 @@
 //!   restarted it catches up (current, lag 0 in `stream.info`), its
 //!   payload files hold every message, and with the old leader frozen
 //!   every acked message reads back whole through it.
+//! - A replica whose snapshot file is deleted while it is down comes back
+//!   without a log and is caught up by the leader, and every acked
+//!   message reads back whole through it.
 
 mod cluster_support;
 
@@ -486,16 +489,32 @@ fn a_replica_behind_a_snapshot_larger_than_a_frame_catches_up() {
     );
 
     c.restart(victim);
-    let restarted = Instant::now();
-    let catch_up = Duration::from_secs(90);
-    let info_client = client(&c, third);
-    let deadline = restarted + catch_up;
-    // While the group changes leaders, stream.info answers `unavailable`:
-    // asked again until the deadline.
+    await_current(&c, third, victim, Duration::from_secs(90));
+    await_payload_files(&c, victim, total, STEP_WAIT);
+    // Freeze the old leader: the stream is served by the restarted
+    // replica and the third node, so it reads back from the restarted
+    // replica's copy.
+    c.pause(leader);
+    agreed_stream_group_leader(&c, &[victim, third], STREAM, STEP_WAIT, |l| l != leader);
+    check_read_back(
+        &client(&c, victim),
+        "check",
+        &acked,
+        Duration::from_secs(60),
+    );
+    c.resume(leader);
+}
+
+/// Waits until `stream.info`, asked on node `ask`, lists replica `node`
+/// as current with lag 0; fails after `within`. While the group changes
+/// leaders `stream.info` answers `unavailable`: asked again until then.
+fn await_current(c: &Cluster, ask: usize, node: usize, within: Duration) {
+    let started = Instant::now();
+    let info_client = client(c, ask);
     loop {
         let last = match info_client.call("stream.info", json!({ "name": STREAM })) {
             Ok(info) => {
-                let entry = replica_entry(&info, victim);
+                let entry = replica_entry(&info, node);
                 if entry
                     .as_ref()
                     .is_some_and(|e| e["current"] == json!(true) && e["lag"] == json!(0))
@@ -507,21 +526,75 @@ fn a_replica_behind_a_snapshot_larger_than_a_frame_catches_up() {
             Err(e) => format!("stream.info failed: {e}"),
         };
         assert!(
-            Instant::now() < deadline,
-            "{} not current with lag 0 within {catch_up:?} of its restart; last seen: {last}",
-            IDS[victim]
+            started.elapsed() < within,
+            "{} not current with lag 0 within {within:?}; last seen: {last}",
+            IDS[node]
         );
         thread::sleep(Duration::from_millis(100));
     }
     eprintln!(
-        "{} current with lag 0 {:?} after its restart",
-        IDS[victim],
-        restarted.elapsed()
+        "{} current with lag 0 after {:?}",
+        IDS[node],
+        started.elapsed()
     );
+}
+
+/// The stream groups' snapshot files under node data directory `data`.
+fn snapshot_files(data: &Path) -> Vec<std::path::PathBuf> {
+    let Ok(groups) = std::fs::read_dir(data.join("raft")) else {
+        return Vec::new();
+    };
+    groups
+        .flatten()
+        .filter(|g| g.file_name().to_string_lossy().starts_with('g'))
+        .filter_map(|g| std::fs::read_dir(g.path()).ok())
+        .flat_map(|files| files.flatten().map(|f| f.path()))
+        .filter(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            name.starts_with("snapshot.") && name.ends_with(".data")
+        })
+        .collect()
+}
+
+/// A replica whose snapshot file is lost while it is down (a disk that
+/// lost it, an operator's mistake) does not start from a state it does
+/// not have: it comes back as a node without a log and is caught up by
+/// the group's leader.
+#[test]
+fn a_replica_whose_snapshot_file_is_lost_is_caught_up_again() {
+    let _turn = one_at_a_time();
+    let mut c = Cluster::start();
+    let leader = create_r3(&c);
+    let victim = (leader + 1) % 3;
+    let third = (leader + 2) % 3;
+    let cl = client(&c, third);
+    let mut acked = Acked::new();
+    // Past the log's 32 MiB budget: every replica takes a snapshot.
+    let n = (48u64 << 20) / MSG_BYTES as u64;
+    publish_all(&cl, 1..=n, &mut acked);
+    let deadline = Instant::now() + STEP_WAIT;
+    while snapshot_files(&c.data_dir(victim)).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot file on {} after {n} publishes",
+            IDS[victim]
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    c.kill(victim);
+    let lost = snapshot_files(&c.data_dir(victim));
+    assert!(!lost.is_empty());
+    for f in &lost {
+        std::fs::remove_file(f).unwrap();
+    }
+    c.restart(victim);
+    await_current(&c, third, victim, Duration::from_secs(60));
+    let total = acked.len() as u64 * MSG_BYTES as u64;
     await_payload_files(&c, victim, total, STEP_WAIT);
-    // Freeze the old leader: the stream is served by the restarted
-    // replica and the third node, so it reads back from the restarted
-    // replica's copy.
+    assert!(
+        !snapshot_files(&c.data_dir(victim)).is_empty(),
+        "the leader's snapshot is a file here again"
+    );
     c.pause(leader);
     agreed_stream_group_leader(&c, &[victim, third], STREAM, STEP_WAIT, |l| l != leader);
     check_read_back(

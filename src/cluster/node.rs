@@ -911,7 +911,33 @@ impl Worker {
         } else {
             Box::new(DurableLog::open(&dir).map_err(|e| format!("raft log: {e}"))?)
         };
-        let loaded = log.load().map_err(|e| format!("raft log: {e}"))?;
+        let mut loaded = log.load().map_err(|e| format!("raft log: {e}"))?;
+        // A snapshot whose file is gone or cut: the group starts here as a
+        // node that lost its log, a non-voter until the leader has caught
+        // it up (by snapshot), rather than from a state it does not have.
+        let mut lost = false;
+        let snap_ref = FileRef::decode(&loaded.snapshot.data).filter(|_| !self.memory_log);
+        if let Some(r) = snap_ref {
+            if let Err(e) = snapshot_file::open(&dir, loaded.snapshot.index, &r) {
+                crate::log_error!(
+                    "stream group {group}: its snapshot at {}: {e}; starting without its log, \
+                     to be caught up by the group's leader",
+                    loaded.snapshot.index
+                );
+                drop(log);
+                for f in ["log", "snapshot"] {
+                    match std::fs::remove_file(dir.join(f)) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(format!("raft log: removing {f}: {e}"));
+                        }
+                        _ => {}
+                    }
+                }
+                log = Box::new(DurableLog::open(&dir).map_err(|e| format!("raft log: {e}"))?);
+                loaded = log.load().map_err(|e| format!("raft log: {e}"))?;
+                lost = true;
+            }
+        }
         let empty = loaded.snapshot.index == 0 && loaded.entries.is_empty();
         let conf_file = MembershipFile::open(&dir).map_err(|e| format!("raft membership: {e}"))?;
         let stored = if self.memory_log {
@@ -927,7 +953,7 @@ impl Worker {
         // The placement, applied, is the group's bootstrap: every member
         // votes from the start. A node placed later joins: with an empty
         // log it waits, as a non-voter, to be added and caught up.
-        rc.voter = raft::starts_as_voter(!join, self.memory_log, &hs, empty);
+        rc.voter = raft::starts_as_voter(!join, self.memory_log || lost, &hs, empty);
         rc.forward_proposals = false;
         rc.seed = crate::rand::random_seed() ^ me ^ group.rotate_left(32);
         if !self.memory_log {
