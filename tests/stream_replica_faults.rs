@@ -11,15 +11,16 @@
 mod cluster_support;
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cluster_support::{agreed_stream_group_leader, Cluster, IDS};
+use cluster_support::{
+    agreed_stream_group_leader, has_group_snapshot, replica_entry, Cluster, IDS,
+};
 use gombus::client::{Client, Error, Options};
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// The contract's bound for an answer (`unavailable`) without a majority
 /// and for publishing again after losing a minority.
@@ -61,14 +62,6 @@ fn create_r3(c: &Cluster) -> usize {
 /// than `not`); returns it.
 fn await_group_leader(c: &Cluster, nodes: &[usize], not: Option<usize>, within: Duration) -> usize {
     agreed_stream_group_leader(c, nodes, STREAM, within, |l| Some(l) != not)
-}
-
-/// The `cluster` field of a `stream.info` answer.
-fn cluster_field(info: &Value) -> Value {
-    info.get("cluster")
-        .or_else(|| info["stream"].get("cluster"))
-        .cloned()
-        .unwrap_or(Value::Null)
 }
 
 /// Every acked publish: payload number → seq.
@@ -246,27 +239,6 @@ fn two_frozen_replicas_answer_unavailable_then_recover() {
         publish(&cl, n, &acked).expect("publish after recovery");
     }
     check_all_acked(&c, keep, &acked, "check");
-}
-
-/// Whether node `i`'s data directory holds a Raft snapshot of a stream
-/// group (`raft/g<group>/snapshot`; the control group is not one).
-fn has_group_snapshot(data: &Path) -> bool {
-    let Ok(dirs) = std::fs::read_dir(data.join("raft")) else {
-        return false;
-    };
-    dirs.flatten().any(|d| {
-        d.file_name().to_string_lossy().starts_with('g') && d.path().join("snapshot").is_file()
-    })
-}
-
-/// The `stream.info` cluster entry of replica `node` (an index into
-/// `IDS`), if listed.
-fn replica_entry(info: &Value, node: usize) -> Option<Value> {
-    cluster_field(info)["replicas"]
-        .as_array()?
-        .iter()
-        .find(|r| r["node"].as_str() == Some(IDS[node]))
-        .cloned()
 }
 
 #[test]

@@ -29,12 +29,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cluster_support::{agreed_stream_group_leader, call_until, Cluster, IDS};
+use cluster_support::{
+    agreed_stream_group_leader, call_until, has_group_snapshot, replica_entry, Cluster, IDS,
+};
 use gombus::client::{Client, Options, OutMessage, Payload};
 use gombus::protocol::stream_messages::{read_config, StreamConfig};
 use gombus::stream::payloads::Payloads;
 use gombus::stream::replica::{Op, Outcome, Publish, Replica};
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// The system allocator, counting the bytes in use.
 struct Counting;
@@ -423,28 +425,6 @@ fn resident_memory_stays_bounded_while_an_r3_stream_grows() {
         Duration::from_secs(60),
     );
     eprintln!("read {n} messages back in {:?}", t0.elapsed());
-}
-
-/// Whether some stream group's Raft snapshot (`raft/g<group>/snapshot`;
-/// the control group's is not one) exists in `data`.
-fn has_group_snapshot(data: &Path) -> bool {
-    let Ok(dirs) = std::fs::read_dir(data.join("raft")) else {
-        return false;
-    };
-    dirs.flatten().any(|d| {
-        d.file_name().to_string_lossy().starts_with('g') && d.path().join("snapshot").exists()
-    })
-}
-
-/// The `stream.info` cluster entry of replica `node`, if listed.
-fn replica_entry(info: &Value, node: usize) -> Option<Value> {
-    info.get("cluster")
-        .or_else(|| info["stream"].get("cluster"))?
-        .get("replicas")?
-        .as_array()?
-        .iter()
-        .find(|r| r["node"].as_str() == Some(IDS[node]))
-        .cloned()
 }
 
 #[test]

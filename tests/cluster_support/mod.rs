@@ -664,3 +664,28 @@ pub fn read_stream(
         assert!(Instant::now() < deadline, "reading {stream} never ended");
     }
 }
+
+/// Whether a node's data directory `data` holds the Raft snapshot record
+/// of some stream group (`raft/g<group>/snapshot`; the control group's is
+/// not one).
+pub fn has_group_snapshot(data: &std::path::Path) -> bool {
+    let Ok(dirs) = std::fs::read_dir(data.join("raft")) else {
+        return false;
+    };
+    dirs.flatten().any(|d| {
+        d.file_name().to_string_lossy().starts_with('g') && d.path().join("snapshot").is_file()
+    })
+}
+
+/// The `stream.info` cluster entry of replica `node` (an index into
+/// `IDS`), if listed; the `cluster` field is read at the top level or
+/// under `stream`.
+pub fn replica_entry(info: &Value, node: usize) -> Option<Value> {
+    info.get("cluster")
+        .or_else(|| info["stream"].get("cluster"))?
+        .get("replicas")?
+        .as_array()?
+        .iter()
+        .find(|r| r["node"].as_str() == Some(IDS[node]))
+        .cloned()
+}
