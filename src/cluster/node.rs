@@ -259,6 +259,20 @@ fn group_dir(raft: &Path, group: GroupId) -> PathBuf {
     raft.join(format!("g{group}"))
 }
 
+/// A stream group's durable log in `dir` emptied: its entries and its
+/// snapshot record removed (the state and membership files stay).
+fn empty_log(dir: &Path) -> Result<DurableLog, String> {
+    for f in ["log", "snapshot"] {
+        match std::fs::remove_file(dir.join(f)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(format!("raft log: removing {f}: {e}"));
+            }
+            _ => {}
+        }
+    }
+    DurableLog::open(dir).map_err(|e| format!("raft log: {e}"))
+}
+
 /// How long a group whose snapshot could not be taken waits to ask again.
 const SNAPSHOT_RETRY: Duration = Duration::from_secs(10);
 
@@ -293,9 +307,8 @@ pub struct NodeConfig {
 pub struct RaftNode {
     /// `<data>/raft`, unless the log is kept in memory.
     durable_dir: Option<PathBuf>,
-    tx: Sender<ToRaft>,
+    to_raft: RaftSender,
     rx: Receiver<FromRaft>,
-    wake_raft: Arc<Waker>,
     view: Arc<Mutex<View>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -378,9 +391,8 @@ impl RaftNode {
             .map_err(|e| format!("raft thread: {e}"))?;
         Ok(RaftNode {
             durable_dir: (!cfg.memory_log).then(|| cfg.data.join("raft")),
-            tx,
+            to_raft: RaftSender { tx, wake_raft },
             rx,
-            wake_raft,
             view,
             stop,
             thread: Some(thread),
@@ -388,17 +400,12 @@ impl RaftNode {
     }
 
     pub fn send(&self, m: ToRaft) {
-        if self.tx.send(m).is_ok() {
-            let _ = self.wake_raft.wake();
-        }
+        self.to_raft.send(m);
     }
 
     /// A handle that sends to the Raft thread from another thread.
     pub fn sender(&self) -> RaftSender {
-        RaftSender {
-            tx: self.tx.clone(),
-            wake_raft: Arc::clone(&self.wake_raft),
-        }
+        self.to_raft.clone()
     }
 
     /// Where stream group `group` keeps its snapshot files, when its log
@@ -435,7 +442,7 @@ impl RaftSender {
 impl Drop for RaftNode {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Release);
-        let _ = self.wake_raft.wake();
+        let _ = self.to_raft.wake_raft.wake();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -915,28 +922,23 @@ impl Worker {
         // A snapshot whose file is gone or cut: the group starts here as a
         // node that lost its log, a non-voter until the leader has caught
         // it up (by snapshot), rather than from a state it does not have.
-        let mut lost = false;
         let snap_ref = FileRef::decode(&loaded.snapshot.data).filter(|_| !self.memory_log);
-        if let Some(r) = snap_ref {
-            if let Err(e) = snapshot_file::open(&dir, loaded.snapshot.index, &r) {
+        let opened = snap_ref.map(|r| snapshot_file::open(&dir, loaded.snapshot.index, &r));
+        let (mut snap_file, mut lost) = (None, false);
+        match opened {
+            Some(Ok(f)) => snap_file = Some(f),
+            Some(Err(e)) => {
                 crate::log_error!(
                     "stream group {group}: its snapshot at {}: {e}; starting without its log, \
                      to be caught up by the group's leader",
                     loaded.snapshot.index
                 );
                 drop(log);
-                for f in ["log", "snapshot"] {
-                    match std::fs::remove_file(dir.join(f)) {
-                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                            return Err(format!("raft log: removing {f}: {e}"));
-                        }
-                        _ => {}
-                    }
-                }
-                log = Box::new(DurableLog::open(&dir).map_err(|e| format!("raft log: {e}"))?);
+                log = Box::new(empty_log(&dir)?);
                 loaded = log.load().map_err(|e| format!("raft log: {e}"))?;
                 lost = true;
             }
+            None => {}
         }
         let empty = loaded.snapshot.index == 0 && loaded.entries.is_empty();
         let conf_file = MembershipFile::open(&dir).map_err(|e| format!("raft membership: {e}"))?;
@@ -962,8 +964,11 @@ impl Worker {
         if loaded.snapshot.index > 0 {
             let index = loaded.snapshot.index;
             let data = loaded.snapshot.data.clone();
-            let file = self.snapshot_file(group, index, &data);
-            let event = GroupEvent::Restore { index, data, file };
+            let event = GroupEvent::Restore {
+                index,
+                data,
+                file: snap_file,
+            };
             out.push(FromRaft::Group { group, event });
         }
         let core = Raft::new(rc, hs, loaded.snapshot, loaded.entries);
