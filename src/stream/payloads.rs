@@ -172,19 +172,10 @@ impl Payloads {
     /// What the store holds now, detached from it (see [`Detached`]);
     /// buffered appends are written first.
     pub fn detach(&mut self) -> io::Result<Detached> {
-        self.flush()?;
-        self.detached_view()
-    }
-
-    /// [`Payloads::detach`] for a store with no buffered appends (as
-    /// after every applied entry); one with some is an error.
-    pub fn detached_view(&self) -> io::Result<Detached> {
         match self {
             Payloads::Memory(map) => Ok(Detached::Memory(map.clone())),
-            Payloads::Disk(d) if !d.pending.is_empty() => {
-                Err(io::Error::other("appends not written yet"))
-            }
             Payloads::Disk(d) => {
+                d.flush()?;
                 let mut files = BTreeMap::new();
                 for &first in d.segs.keys() {
                     files.insert(first, File::open(d.path(first))?);

@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use super::consumer::{Consumer, Event, Source};
 use super::dedup::IdWindow;
-use super::payloads::{Detached, Loc, Payloads};
+use super::payloads::{Detached, Loc, Payload, Payloads};
 use super::segment::{msg_record_bytes, MsgRef, SUBJECT_BYTES_MAX};
 use super::stream::{
     msg_id_of, payload_size, Member, Stored, CONSUMERS_PER_STREAM_MAX, STREAM_BYTES_DEFAULT_MAX,
@@ -745,7 +745,8 @@ impl Replica {
     /// [`Frozen::write_to`]). On an error `w` has an unfinished snapshot
     /// in it.
     pub fn snapshot_to(&self, w: &mut dyn Write) -> io::Result<u64> {
-        self.frozen(self.payloads.detached_view()?).write_to(w)
+        self.state()
+            .write_with(&|seq, loc| self.payloads.read(seq, loc), w)
     }
 
     /// The state as it is now, detached from the replica, to write its
@@ -754,10 +755,14 @@ impl Replica {
     /// the index, not the payloads), the payload files held open.
     pub fn freeze(&mut self) -> io::Result<Frozen> {
         let payloads = self.payloads.detach()?;
-        Ok(self.frozen(payloads))
+        Ok(Frozen {
+            state: self.state(),
+            payloads,
+        })
     }
 
-    fn frozen(&self, payloads: Detached) -> Frozen {
+    /// Everything of the snapshot but the payloads.
+    fn state(&self) -> State {
         let mut head = vec![SNAPSHOT_VERSION];
         put_str(&mut head, &config_json(&self.cfg));
         put_u64(&mut head, self.last_seq);
@@ -787,12 +792,7 @@ impl Replica {
                 put_u64(&mut tail, d);
             }
         }
-        Frozen {
-            head,
-            msgs,
-            tail,
-            payloads,
-        }
+        State { head, msgs, tail }
     }
 
     /// A replica from [`Replica::snapshot`]'s bytes, its payloads in
@@ -895,24 +895,42 @@ pub const SNAPSHOT_WRITE_CHUNK: usize = 64 * 1024;
 /// the reader ends early, so buffers grow with what actually arrives.
 const RESERVE_MAX: usize = 64 * 1024;
 
-/// Collects a snapshot's bytes and hands them to a writer in chunks.
 /// A replica's state at one applied index, detached from it
 /// ([`Replica::freeze`]): what its snapshot is written from.
 pub struct Frozen {
+    state: State,
+    payloads: Detached,
+}
+
+impl Frozen {
+    /// Writes the snapshot's bytes to `w` (see [`Replica::snapshot_to`]);
+    /// how many bytes it wrote.
+    pub fn write_to(&self, w: &mut dyn Write) -> io::Result<u64> {
+        self.state
+            .write_with(&|seq, loc| self.payloads.read(seq, loc), w)
+    }
+}
+
+/// A snapshot but its payloads: where they are, to be read as it is
+/// written.
+struct State {
     /// Version, config, last seq and the message count, encoded.
     head: Vec<u8>,
     /// Each message's seq, time, subject and where its payload is.
     msgs: Vec<(u64, u64, Box<str>, Loc)>,
     /// The Msg-Id window and the consumers, encoded.
     tail: Vec<u8>,
-    payloads: Detached,
 }
 
-impl Frozen {
-    /// Writes the snapshot's bytes to `w`, reading the payloads back one
-    /// at a time and holding about [`SNAPSHOT_WRITE_CHUNK`] bytes besides
-    /// one message; how many bytes it wrote.
-    pub fn write_to(&self, w: &mut dyn Write) -> io::Result<u64> {
+impl State {
+    /// Writes the snapshot's bytes to `w`, reading each payload with
+    /// `read` as it goes and holding about [`SNAPSHOT_WRITE_CHUNK`] bytes
+    /// besides one message; how many bytes it wrote.
+    fn write_with(
+        &self,
+        read: &dyn Fn(u64, Loc) -> io::Result<Payload>,
+        w: &mut dyn Write,
+    ) -> io::Result<u64> {
         let mut out = ChunkWriter {
             w,
             buf: Vec::new(),
@@ -920,7 +938,7 @@ impl Frozen {
         };
         out.buf.extend_from_slice(&self.head);
         for (seq, time_ms, subject, loc) in &self.msgs {
-            let p = self.payloads.read(*seq, *loc)?;
+            let p = read(*seq, *loc)?;
             let b = &mut out.buf;
             put_u64(b, *seq);
             put_u64(b, *time_ms);
@@ -940,6 +958,7 @@ impl Frozen {
     }
 }
 
+/// Collects a snapshot's bytes and hands them to a writer in chunks.
 struct ChunkWriter<'w> {
     w: &'w mut dyn Write,
     buf: Vec<u8>,
