@@ -692,6 +692,33 @@ fn await_replicas(client: &Client, stream: &str, want: &[&str]) -> String {
     }
 }
 
+/// Of the four nodes n1..n4, `removed` is gone: node `at` lists the three
+/// others as members, and stream MOVE's replicas are on them.
+fn await_moved(c: &Nodes, at: usize, removed: &str) {
+    let stay: Vec<&str> = ["n1", "n2", "n3", "n4"]
+        .into_iter()
+        .filter(|n| *n != removed)
+        .collect();
+    c.await_members(at, &stay);
+    await_replicas(&c.client(at), "MOVE", &stay);
+}
+
+/// Lets `publisher` have 200 more publishes acked, stops it, and checks
+/// stream MOVE through node `at` against what was acked.
+fn finish_publishing(
+    c: &Nodes,
+    at: usize,
+    acked: &Mutex<Vec<(u64, u64)>>,
+    stop: &AtomicBool,
+    publisher: thread::JoinHandle<u64>,
+) {
+    let n = acked.lock().unwrap().len();
+    await_acked(acked, n + 200);
+    stop.store(true, Ordering::Release);
+    let published = publisher.join().unwrap();
+    check_stream(&c.client(at), "MOVE", &acked.lock().unwrap(), published);
+}
+
 /// Publishes `{"k": k}` for k = 1, 2, … to `subject` through `client`
 /// until `stop`, recording each acked `(k, seq)`.
 fn stream_publisher(
@@ -783,21 +810,10 @@ fn removing_a_node_moves_its_stream_replicas_first() {
     let t = Instant::now();
     assert_eq!(c.remove(at, &leader), Ok(json!({"ok": true})));
     eprintln!("{leader} removed, its replica moved, in {:?}", t.elapsed());
-    let mut stay: Vec<&str> = ["n1", "n2", "n3", "n4"]
-        .into_iter()
-        .filter(|n| *n != leader)
-        .collect();
-    c.await_members(at, &stay);
     c.await_health(gone, 503, "removed from the cluster");
-    stay.sort();
-    await_replicas(&c.client(at), "MOVE", &stay);
-
+    await_moved(&c, at, &leader);
     // Publishing goes on after the move.
-    let n = acked.lock().unwrap().len();
-    await_acked(&acked, n + 200);
-    stop.store(true, Ordering::Release);
-    let published = publisher.join().unwrap();
-    check_stream(&c.client(n4), "MOVE", &acked.lock().unwrap(), published);
+    finish_publishing(&c, n4, &acked, &stop, publisher);
 }
 
 /// A node holding a replica of an R3 stream dies for good (SIGKILL, its
@@ -837,18 +853,8 @@ fn replacing_a_dead_node_moves_its_stream_replica_to_the_new_one() {
 
     let at = (0..3).find(|&i| i != dead).unwrap();
     assert_eq!(c.remove(at, &dead_name), Ok(json!({"ok": true})));
-    let mut stay: Vec<&str> = ["n1", "n2", "n3", "n4"]
-        .into_iter()
-        .filter(|n| *n != dead_name)
-        .collect();
-    c.await_members(at, &stay);
-    stay.sort();
-    await_replicas(&c.client(at), "MOVE", &stay);
-    let n = acked.lock().unwrap().len();
-    await_acked(&acked, n + 200);
-    stop.store(true, Ordering::Release);
-    let published = publisher.join().unwrap();
-    check_stream(&c.client(n4), "MOVE", &acked.lock().unwrap(), published);
+    await_moved(&c, at, &dead_name);
+    finish_publishing(&c, n4, &acked, &stop, publisher);
 }
 
 /// Grows 3 → 4 → 5 and shrinks back to 3, removing a node added on the
