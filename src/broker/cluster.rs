@@ -60,6 +60,8 @@ const TAG_REMOTE: u64 = 1 << 62;
 const TAG_RELAY: u64 = 1 << 61;
 /// Tags of membership changes and of their relays to the leader.
 const TAG_MEMBER: u64 = 1 << 60;
+/// Tags of `cluster.catchup` calls (`stream_catchup.rs`).
+const TAG_CATCHUP: u64 = 1 << 59;
 
 mod forwards;
 mod membership;
@@ -385,6 +387,34 @@ impl Cluster {
             .and_then(|v| v.peers.iter().find(|p| p.id == node))
             .is_none_or(|p| p.heard);
         heard && self.link_to(node).is_some()
+    }
+
+    /// Calls node-to-node event `event` on `node`'s `/control`; its
+    /// answer comes back as a link answer with the tag returned (`None`:
+    /// no link reaches `node`, or its queue is full).
+    pub fn call_node(
+        &mut self,
+        node: u64,
+        event: &str,
+        args: String,
+        timeout: Duration,
+    ) -> Option<u64> {
+        let link = self.link_to(node)?;
+        let tag = self.tag(TAG_CATCHUP);
+        let queued = self.links.as_ref().is_some_and(|l| {
+            l.call(
+                link,
+                LinkOut::Call {
+                    tag,
+                    event: event.to_string(),
+                    args,
+                    attachments: Vec::new(),
+                    timeout,
+                    root: false,
+                },
+            )
+        });
+        queued.then_some(tag)
     }
 
     fn tag(&mut self, kind: u64) -> u64 {

@@ -40,17 +40,19 @@ impl Broker {
         match route {
             // Node-to-node events: only for connections that presented
             // the cluster token (docs/PROTOCOL.md, "Node-to-node trust").
-            Some(Route::ClusterCommand | Route::ClusterForward | Route::ClusterMembers)
-                if !peer =>
-            {
-                Err(ApiError::new(
-                    Code::Unauthorized,
-                    format!("{name} is for cluster members: it needs the cluster token"),
-                ))
-            }
+            Some(
+                Route::ClusterCommand
+                | Route::ClusterForward
+                | Route::ClusterMembers
+                | Route::ClusterCatchup,
+            ) if !peer => Err(ApiError::new(
+                Code::Unauthorized,
+                format!("{name} is for cluster members: it needs the cluster token"),
+            )),
             Some(Route::ClusterMembers) => Ok(Some(self.cluster_members())),
             Some(Route::ClusterCommand) => self.cluster_command(conn, ack_id, arg),
             Some(Route::ClusterForward) => self.cluster_forward(sink, attachments),
+            Some(Route::ClusterCatchup) => self.cluster_catchup(sink, conn, ack_id, arg),
             other => self.control_query(sink, conn, ack_id, other, name, arg),
         }
     }

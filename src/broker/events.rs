@@ -30,6 +30,7 @@ pub enum Route {
     /// token only.
     ClusterCommand,
     ClusterForward,
+    ClusterCatchup,
     /// `cluster/membership.rs`: the configuration, asked for by a node
     /// waiting to be added.
     ClusterMembers,
@@ -206,6 +207,11 @@ pub const EVENTS: &[Event] = &[
         Route::ClusterForward,
     ),
     control("cluster.members", "{}", Route::ClusterMembers),
+    control(
+        "cluster.catchup",
+        "{group, index, after, max}",
+        Route::ClusterCatchup,
+    ),
 ];
 
 /// The event `name` of namespace `nsp`, if the broker answers it.

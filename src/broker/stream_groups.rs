@@ -37,6 +37,7 @@
 //! directory, and the old one is removed with the replica it replaces.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::fs::File;
 use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
@@ -135,13 +136,13 @@ struct InFlight {
 }
 
 /// One replicated stream held here.
-struct Held {
-    name: String,
-    replica: Replica,
-    applied: u64,
+pub(super) struct Held {
+    pub(super) name: String,
+    pub(super) replica: Replica,
+    pub(super) applied: u64,
     role: Role,
     term: u64,
-    leader: Option<u64>,
+    pub(super) leader: Option<u64>,
     /// The leader has applied an entry of its own term: its state holds
     /// everything it acked.
     serving: bool,
@@ -162,7 +163,29 @@ struct Held {
     delivering: HashSet<String>,
     next_expire: Option<Instant>,
     next_exhaust: Option<Instant>,
+    /// Where the replica's payload files are (`<data>/replicas/g<group>`)
+    /// and the segment size, with a data directory.
+    pub(super) store: Option<(std::path::PathBuf, u64)>,
+    /// The replica's payloads have their store: a snapshot was restored
+    /// from it, or it was emptied for a log applied from its start.
+    pub(super) opened: bool,
+    /// Fetching what a snapshot names from the group's leader (see
+    /// `stream_catchup.rs`); no entry is applied meanwhile.
+    pub(super) catchup: Option<super::stream_catchup::CatchUp>,
+    /// The snapshot index the Raft core takes next, already held here.
+    pub(super) installed: Option<u64>,
+    /// The replica lacks messages its log needs: no entry is applied
+    /// until the leader's snapshot arrives.
+    pub(super) lost: bool,
+    /// This node's latest snapshots, to serve members catching up from
+    /// them (at most [`FROZEN_KEPT`]), and whether one is being written.
+    pub(super) frozen: VecDeque<(u64, std::sync::Arc<Frozen>)>,
+    /// When a snapshot was last taken unasked (for a member catching up).
+    pub(super) forced_at: Option<Instant>,
 }
+
+/// Snapshots a node keeps to serve members catching up from them.
+pub(super) const FROZEN_KEPT: usize = 2;
 
 impl Held {
     fn waiting(&self) -> usize {
@@ -179,20 +202,18 @@ impl Held {
 /// The replicated streams held on this node, by group.
 #[derive(Default)]
 pub(crate) struct StreamGroups {
-    held: HashMap<GroupId, Held>,
+    pub(super) held: HashMap<GroupId, Held>,
     next_tag: u64,
     /// Reused buffer for ack headers.
-    head: Vec<u8>,
+    pub(super) head: Vec<u8>,
     /// Round robin over a deliver group's members.
     pick: usize,
     /// The voters each held group was last told to have (see
     /// `stream_moves.rs`).
     pub(super) wanted: HashMap<GroupId, Vec<u64>>,
     /// Where replicas keep their payloads (`<data>/replicas`), once
-    /// emptied of what an earlier run left; `Some(None)`: in memory.
+    /// cleaned of what an older broker left.
     payload_root: Option<Option<std::path::PathBuf>>,
-    /// Tells apart the payload directories of one group's replicas.
-    next_payload_dir: u64,
 }
 
 impl StreamGroups {
@@ -223,31 +244,28 @@ impl StreamGroups {
         }
     }
 
-    /// An empty payload store for a replica of group `group`: a fresh
-    /// directory under `<data>/replicas`, or memory without a data
-    /// directory (or when the directory cannot be made, which is logged).
-    fn payloads(&mut self, group: GroupId, data: Option<(&std::path::Path, u64)>) -> Payloads {
-        let root = self.payload_root.get_or_insert_with(|| {
-            let root = data?.0.join("replicas");
-            match std::fs::remove_dir_all(&root) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => crate::log_error!("{}: {e}", root.display()),
+    /// Where a replica of group `group` keeps its payload files, with a
+    /// data directory: `<data>/replicas/g<group>`, kept across restarts.
+    /// The first call removes what an older broker left there (payload
+    /// caches named `g<group>.<n>`).
+    fn store_of(
+        &mut self,
+        group: GroupId,
+        data: Option<(&std::path::Path, u64)>,
+    ) -> Option<(std::path::PathBuf, u64)> {
+        let (data, segment_bytes) = data?;
+        let root = data.join("replicas");
+        if self.payload_root.is_none() {
+            if let Ok(entries) = std::fs::read_dir(&root) {
+                for e in entries.flatten() {
+                    if e.file_name().to_string_lossy().contains('.') {
+                        let _ = std::fs::remove_dir_all(e.path());
+                    }
+                }
             }
-            Some(root)
-        });
-        let (Some(root), Some((_, segment_bytes))) = (root.as_ref(), data) else {
-            return Payloads::memory();
-        };
-        self.next_payload_dir += 1;
-        let dir = root.join(format!("g{group}.{}", self.next_payload_dir));
-        match Payloads::open(&dir, segment_bytes) {
-            Ok(p) => p,
-            Err(e) => {
-                crate::log_error!("{}: {e}; keeping the messages in memory", dir.display());
-                Payloads::memory()
-            }
+            self.payload_root = Some(Some(root.clone()));
         }
+        Some((root.join(format!("g{group}")), segment_bytes))
     }
 
     /// The leader of group `group` as this member knows it.
@@ -361,14 +379,14 @@ impl Broker {
                     continue;
                 }
             };
-            let payloads = self
+            let store = self
                 .stream_groups
-                .payloads(p.group, self.streams.data_dir());
+                .store_of(p.group, self.streams.data_dir());
             self.stream_groups.held.insert(
                 p.group,
                 Held {
                     name: name.clone(),
-                    replica: Replica::with_payloads(cfg, payloads),
+                    replica: Replica::new(cfg),
                     applied: 0,
                     role: Role::Follower,
                     term: 0,
@@ -383,13 +401,28 @@ impl Broker {
                     delivering: HashSet::new(),
                     next_expire: None,
                     next_exhaust: None,
+                    opened: store.is_none(),
+                    store,
+                    catchup: None,
+                    installed: None,
+                    lost: false,
+                    frozen: VecDeque::new(),
+                    forced_at: None,
                 },
             );
             if let Some(raft) = c.raft_node() {
                 raft.send(super::stream_moves::hold_group(p, me));
             }
         }
-        self.stream_groups.held.retain(|g, _| placed.contains(g));
+        let gone: Vec<GroupId> = (self.stream_groups.held.keys())
+            .filter(|g| !placed.contains(g))
+            .copied()
+            .collect();
+        for g in gone {
+            if let Some(h) = self.stream_groups.held.remove(&g) {
+                h.replica.destroy();
+            }
+        }
         self.want_group_members();
     }
 
@@ -859,6 +892,7 @@ impl Broker {
             return;
         }
         let now = sink.now();
+        self.catch_up_all(now);
         let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) else {
             return;
         };
@@ -960,8 +994,6 @@ impl Broker {
         if !self.stream_groups.held.contains_key(&group) {
             return;
         }
-        let mut fresh = matches!(event, GroupEvent::Restore { .. })
-            .then(|| self.stream_groups.payloads(group, self.streams.data_dir()));
         let Some(h) = self.stream_groups.held.get_mut(&group) else {
             return;
         };
@@ -971,27 +1003,37 @@ impl Broker {
         let mut pushes: Vec<(String, Vec<(u64, u64)>)> = Vec::new();
         match event {
             GroupEvent::Restore { index, data, file } => {
-                let payloads = fresh.take().unwrap_or_else(Payloads::memory);
-                let restored = match (FileRef::decode(&data), file) {
-                    (Some(r), Some(f)) => {
-                        let mut read = snapshot_file::Checked::new(
-                            std::io::BufReader::with_capacity(1 << 20, f),
-                            &r,
-                        );
-                        Replica::restore_from(&mut read, r.size, now, payloads)
+                if h.installed.take() == Some(index) {
+                    // Held already: the catch-up built it.
+                } else if let Some(lost) = restore(h, index, &data, file, now) {
+                    if lost {
+                        h.lost = true;
+                        if let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) {
+                            raft.send(ToRaft::GroupLost { group });
+                        }
                     }
-                    (Some(_), None) => Err(Malformed("its snapshot file is missing")),
-                    (None, _) => Replica::restore_with(&data, now, payloads),
-                };
-                match restored {
-                    Ok(r) => {
-                        h.replica = r;
-                        h.applied = index;
-                    }
-                    Err(e) => crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name),
                 }
             }
+            GroupEvent::Arrived { index, data, file } => {
+                self.snapshot_arrived(group, index, &data, file, now);
+                return;
+            }
+            GroupEvent::Apply { .. } if h.lost || h.catchup.is_some() => {
+                // The replica is not whole: the group's core is started
+                // again without its log, or waits for it to be.
+            }
             GroupEvent::Apply { index, term, data } => {
+                if !h.opened {
+                    // A log applied from its start: the files of an
+                    // earlier run go.
+                    h.opened = true;
+                    if let Some((dir, segment_bytes)) = &h.store {
+                        match Payloads::open(dir, *segment_bytes) {
+                            Ok(p) => h.replica.set_payloads(p),
+                            Err(e) => crate::log_error!("{}: {e}", dir.display()),
+                        }
+                    }
+                }
                 h.applied = index;
                 if h.role == Role::Leader && term == h.term {
                     h.serving = true;
@@ -1073,32 +1115,7 @@ impl Broker {
                 }
             }
             GroupEvent::WantSnapshot => {
-                let index = h.applied;
-                if let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) {
-                    match raft.group_dir(group) {
-                        // With a durable log the snapshot is a file in the
-                        // group's directory, written on a thread of its own
-                        // from the replica's frozen state: never whole in
-                        // memory, and the loop goes on meanwhile.
-                        Some(dir) => match h.replica.freeze() {
-                            Ok(frozen) => {
-                                write_snapshot(raft.sender(), group, index, dir, frozen, &h.name)
-                            }
-                            Err(e) => {
-                                crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
-                                let data = Vec::new();
-                                raft.send(ToRaft::GroupCompact { group, index, data });
-                            }
-                        },
-                        None => {
-                            let data = h.replica.snapshot().unwrap_or_else(|e| {
-                                crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
-                                Vec::new()
-                            });
-                            raft.send(ToRaft::GroupCompact { group, index, data });
-                        }
-                    }
-                }
+                self.snapshot_now(group);
             }
             // Taken above.
             GroupEvent::Settled { .. } => {}
@@ -1413,21 +1430,80 @@ fn answer(
     }
 }
 
-/// Writes stream `name`'s snapshot at `index` from `frozen` into `dir` on
-/// a thread of its own, then hands the group's Raft thread the file's
-/// reference (empty if it could not be written: it asks again later).
-fn write_snapshot(
+/// Loads the snapshot at `index` (`data`, and the file it names) into
+/// `h`'s replica: a small one with the payload files kept here, an older
+/// full one or one in memory whole. Returns whether the replica lacks
+/// messages the snapshot names (files lost or damaged here); `None` when
+/// it could not be loaded (logged).
+fn restore(
+    h: &mut Held,
+    index: u64,
+    data: &[u8],
+    file: Option<File>,
+    now: Instant,
+) -> Option<bool> {
+    let restored = match (FileRef::decode(data), file, &h.store) {
+        (Some(r), Some(f), Some((dir, segment_bytes))) => {
+            let mut read =
+                snapshot_file::Checked::new(std::io::BufReader::with_capacity(1 << 20, f), &r);
+            Replica::restore_files(&mut read, r.size, now, dir, *segment_bytes)
+                .map(|(rep, target)| (rep.is_whole(&target), rep))
+        }
+        (Some(_), None, _) => Err(Malformed("its snapshot file is missing")),
+        (Some(_), Some(_), None) => Err(Malformed("a snapshot file needs a data directory")),
+        (None, _, store) => {
+            let payloads = match store {
+                Some((dir, segment_bytes)) => {
+                    Payloads::open(dir, *segment_bytes).unwrap_or_else(|e| {
+                        crate::log_error!("{}: {e}; keeping the messages in memory", dir.display());
+                        Payloads::memory()
+                    })
+                }
+                None => Payloads::memory(),
+            };
+            Replica::restore_with(data, now, payloads).map(|rep| (true, rep))
+        }
+    };
+    match restored {
+        Ok((whole, rep)) => {
+            h.replica = rep;
+            h.opened = true;
+            h.applied = index;
+            if !whole {
+                crate::log_warn!(
+                    "stream {:?}: its files here lack messages of its snapshot at {index}",
+                    h.name
+                );
+            }
+            Some(!whole)
+        }
+        Err(e) => {
+            crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
+            None
+        }
+    }
+}
+
+/// Writes stream `name`'s small snapshot at `index` from `frozen` into
+/// `dir` on a thread of its own, after fsyncing the payload files it
+/// names, then hands the group's Raft thread the file's reference (empty
+/// if it could not be written: it asks again later) and the payload
+/// files to delete once it is stored.
+pub(super) fn write_snapshot(
     raft: RaftSender,
     group: GroupId,
     index: u64,
     dir: std::path::PathBuf,
-    frozen: Frozen,
+    frozen: std::sync::Arc<Frozen>,
+    dead: Vec<std::path::PathBuf>,
     name: &str,
 ) {
     let name = name.to_string();
     let again = raft.clone();
+    let dead_again = dead.clone();
     let job = move || {
-        let written = snapshot_file::Writer::create(&dir, index).and_then(|mut w| {
+        let written = frozen.sync().and_then(|()| {
+            let mut w = snapshot_file::Writer::create(&dir, index)?;
             frozen.write_to(&mut w)?;
             w.finish()
         });
@@ -1438,14 +1514,23 @@ fn write_snapshot(
                 Vec::new()
             }
         };
-        raft.send(ToRaft::GroupCompact { group, index, data });
+        raft.send(ToRaft::GroupCompact {
+            group,
+            index,
+            data,
+            dead,
+        });
     };
     let spawned = std::thread::Builder::new()
         .name(format!("snapshot-g{group}"))
         .spawn(job);
     if let Err(e) = spawned {
         crate::log_error!("snapshot of stream group {group}: {e}");
-        let data = Vec::new();
-        again.send(ToRaft::GroupCompact { group, index, data });
+        again.send(ToRaft::GroupCompact {
+            group,
+            index,
+            data: Vec::new(),
+            dead: dead_again,
+        });
     }
 }

@@ -432,13 +432,26 @@ pub(super) fn send_ack(
     body: &[u8],
     attachments: &[Vec<u8>],
 ) {
+    send_ack_in(sink, head, "/", conn, ack_id, body, attachments);
+}
+
+/// [`send_ack`] in namespace `nsp`.
+pub(super) fn send_ack_in(
+    sink: &mut dyn Sink,
+    head: &mut Vec<u8>,
+    nsp: &str,
+    conn: ConnId,
+    ack_id: u64,
+    body: &[u8],
+    attachments: &[Vec<u8>],
+) {
     let kind = if attachments.is_empty() {
         PacketType::Ack
     } else {
         PacketType::BinaryAck
     };
     head.clear();
-    socketio::write_header(head, kind, attachments.len(), "/", Some(ack_id));
+    socketio::write_header(head, kind, attachments.len(), nsp, Some(ack_id));
     if sink.send_text(conn, &[head, body]) {
         for a in attachments {
             sink.send_binary(conn, a);

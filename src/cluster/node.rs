@@ -90,7 +90,18 @@ pub enum ToRaft {
         group: GroupId,
         index: u64,
         data: Vec<u8>,
+        /// Payload files that died before `index`: deleted once the
+        /// snapshot is stored.
+        dead: Vec<PathBuf>,
     },
+    /// The broker holds what the snapshot at `index` that arrived for
+    /// stream group `group` ([`GroupEvent::Arrived`]) names: the core
+    /// takes it now.
+    GroupInstall { group: GroupId, index: u64 },
+    /// Stream group `group`'s replica here lacks messages its log needs:
+    /// the group starts again here without its log, as a non-voter, to
+    /// be caught up by its leader (by snapshot).
+    GroupLost { group: GroupId },
     /// Add `id` to the control group as a non-voter carrying `info`; the
     /// outcome comes back as [`FromRaft::Changed`].
     Add {
@@ -134,6 +145,13 @@ pub enum GroupEvent {
     Status(Status),
     /// The log is long: send [`ToRaft::GroupCompact`].
     WantSnapshot,
+    /// A snapshot in a file came whole from the leader; the core takes it
+    /// once the broker holds what it names ([`ToRaft::GroupInstall`]).
+    Arrived {
+        index: u64,
+        data: Vec<u8>,
+        file: Option<File>,
+    },
     /// This leader's group has exactly the voters last asked for with
     /// [`ToRaft::GroupWant`], and no change in flight.
     Settled { members: Vec<NodeId> },
@@ -252,6 +270,10 @@ struct GroupStore {
     /// Ticks until [`GroupEvent::Settled`] is reported again (it repeats
     /// while settled, in case what the broker did with it was lost).
     settled_in: u32,
+    /// A snapshot that arrived whole, waiting for the broker.
+    install: Option<Message>,
+    /// Payload files to delete once a snapshot at that index is stored.
+    dead: Vec<(u64, Vec<PathBuf>)>,
 }
 
 /// Stream group `group`'s directory under the Raft directory `raft`.
@@ -271,6 +293,14 @@ fn empty_log(dir: &Path) -> Result<DurableLog, String> {
         }
     }
     DurableLog::open(dir).map_err(|e| format!("raft log: {e}"))
+}
+
+/// The index of the snapshot a message carries.
+fn snapshot_index(m: &Message) -> Option<u64> {
+    match &m.body {
+        Body::Snapshot { snapshot } | Body::ConfSnapshot { snapshot, .. } => Some(snapshot.index),
+        _ => None,
+    }
 }
 
 /// How long a group whose snapshot could not be taken waits to ask again.
@@ -599,10 +629,10 @@ impl Worker {
                 crate::log_error!("raft transport: {e}");
                 std::thread::sleep(tick);
             }
-            for m in std::mem::take(&mut inbox) {
-                self.take(m);
-            }
             let mut out = Vec::new();
+            for m in std::mem::take(&mut inbox) {
+                self.take(m, &mut out);
+            }
             loop {
                 match self.rx.try_recv() {
                     Ok(ToRaft::Propose { tag, data }) => {
@@ -628,7 +658,7 @@ impl Worker {
                         members,
                         join,
                     }) => {
-                        if let Err(e) = self.hold_group(group, members, join, &mut out) {
+                        if let Err(e) = self.hold_group(group, members, join, false, &mut out) {
                             crate::log_error!("stream group {group}: {e}");
                         }
                     }
@@ -658,18 +688,43 @@ impl Worker {
                         let event = GroupEvent::Proposed { tag, result };
                         out.push(FromRaft::Group { group, event });
                     }
-                    Ok(ToRaft::GroupCompact { group, index, data }) => {
+                    Ok(ToRaft::GroupCompact {
+                        group,
+                        index,
+                        data,
+                        dead,
+                    }) => {
                         if let Some(g) = self.groups.get_mut(&group) {
                             g.snapshot_asked = false;
                             if data.is_empty() {
                                 g.snapshot_retry = Some(Instant::now() + SNAPSHOT_RETRY);
                                 continue;
                             }
+                            if !dead.is_empty() {
+                                g.dead.push((index, dead));
+                            }
                         }
                         if let Some(core) =
                             self.multi.get_mut(group).filter(|_| group != CONTROL_GROUP)
                         {
                             core.compact(index, data);
+                        }
+                    }
+                    Ok(ToRaft::GroupInstall { group, index }) => {
+                        let held = self.groups.get_mut(&group).and_then(|g| g.install.take());
+                        match held {
+                            Some(m) if snapshot_index(&m) == Some(index) => self.multi.step(m),
+                            Some(m) => {
+                                if let Some(g) = self.groups.get_mut(&group) {
+                                    g.install = Some(m);
+                                }
+                            }
+                            None => {}
+                        }
+                    }
+                    Ok(ToRaft::GroupLost { group }) => {
+                        if let Err(e) = self.lose_group(group, &mut out) {
+                            crate::log_error!("stream group {group}: {e}");
                         }
                     }
                     Ok(ToRaft::Add { tag, id, info }) => {
@@ -717,7 +772,7 @@ impl Worker {
     /// One message from a peer: a piece of a snapshot file is written
     /// down, a snapshot naming a file goes to its core only once the file
     /// is here whole, and the rest goes to the cores.
-    fn take(&mut self, m: Message) {
+    fn take(&mut self, m: Message, out: &mut Vec<FromRaft>) {
         if m.group == CONTROL_GROUP || self.memory_log {
             self.multi.step(m);
             return;
@@ -745,9 +800,24 @@ impl Worker {
                     self.multi.step(m);
                     return;
                 };
+                let group_of = m.group;
                 let (index, term) = (snapshot.index, snapshot.term);
                 match Receiving::finish(&mut g.receiving, &dir, m.from, index, term, &r) {
-                    Ok(true) => self.multi.step(m),
+                    Ok(true) => {
+                        // The broker first fetches what the snapshot names
+                        // and this replica lacks; the core takes it after.
+                        let again = g.install.as_ref().and_then(snapshot_index) == Some(index);
+                        let data = snapshot.data.clone();
+                        g.install = Some(m);
+                        if !again {
+                            let file = self.snapshot_file(group_of, index, &data);
+                            let event = GroupEvent::Arrived { index, data, file };
+                            out.push(FromRaft::Group {
+                                group: group_of,
+                                event,
+                            });
+                        }
+                    }
                     // Not all here: the leader sends it again.
                     Ok(false) => {}
                     Err(e) => {
@@ -901,6 +971,7 @@ impl Worker {
         group: GroupId,
         members: Vec<NodeId>,
         join: bool,
+        lost_log: bool,
         out: &mut Vec<FromRaft>,
     ) -> Result<(), String> {
         if group == CONTROL_GROUP || self.multi.get(group).is_some() {
@@ -924,7 +995,7 @@ impl Worker {
         // it up (by snapshot), rather than from a state it does not have.
         let snap_ref = FileRef::decode(&loaded.snapshot.data).filter(|_| !self.memory_log);
         let opened = snap_ref.map(|r| snapshot_file::open(&dir, loaded.snapshot.index, &r));
-        let (mut snap_file, mut lost) = (None, false);
+        let (mut snap_file, mut lost) = (None, lost_log);
         match opened {
             Some(Ok(f)) => snap_file = Some(f),
             Some(Err(e)) => {
@@ -985,9 +1056,30 @@ impl Worker {
                 want: None,
                 report: false,
                 settled_in: 0,
+                install: None,
+                dead: Vec::new(),
             },
         );
         Ok(())
+    }
+
+    /// Starts stream group `group` again without its log, as a node that
+    /// lost it: a non-voter until its leader has caught it up.
+    fn lose_group(&mut self, group: GroupId, out: &mut Vec<FromRaft>) -> Result<(), String> {
+        if group == CONTROL_GROUP || self.memory_log {
+            return Ok(());
+        }
+        let Some(core) = self.multi.remove(group) else {
+            return Ok(());
+        };
+        let members = core.members().to_vec();
+        self.groups.remove(&group);
+        empty_log(&group_dir(&self.dir, group))?;
+        crate::log_warn!(
+            "stream group {group}: its replica here lacks messages; starting without its log, \
+             to be caught up by the group's leader"
+        );
+        self.hold_group(group, members, false, true, out)
     }
 
     /// Stops holding stream group `group` (its stream was deleted, or its
@@ -1098,6 +1190,13 @@ impl Worker {
                         .map_err(|e| format!("stream group {group}: {e}"))?;
                     if let Some(snap) = ready.snapshot.as_ref().filter(|_| !self.memory_log) {
                         snapshot_file::clean(&group_dir(&self.dir, group), snap.index, false);
+                        let (done, keep) = std::mem::take(&mut g.dead)
+                            .into_iter()
+                            .partition(|(i, _)| *i <= snap.index);
+                        g.dead = keep;
+                        for (_, files) in done {
+                            crate::stream::payloads::delete_dead(&files);
+                        }
                     }
                 }
                 let after = ready.persisted();

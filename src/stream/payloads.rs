@@ -1,32 +1,33 @@
 //! Where a replica of a replicated stream keeps its message payloads: in
 //! segment files on disk (the broker's choice), or in memory (the
-//! deterministic simulation's). The replica itself keeps only a compact
-//! index in memory (seq → subject, time, size and [`Loc`]); apply never
-//! reads a payload, so what a backend holds never changes an outcome.
+//! deterministic simulation's, and a broker without a data directory).
+//! The replica itself keeps only a compact index in memory (seq →
+//! subject, time, size and [`Loc`]); apply never reads a payload, so what
+//! a backend holds never changes an outcome.
 //!
 //! On disk a store is a directory of segment files in the stream's own
 //! format ([`super::segment`]: a Head record, then Msg records, each
 //! framed by [`crate::storage::record`]), named after their first seq.
 //! The active file takes appends until it holds `segment_bytes` (the
-//! broker's `-segment-size`, as for R1 streams); a file is deleted as
-//! soon as every message in it is gone (limits, acks of a work queue,
-//! purge, removal), so the disk a stream takes follows its limits.
+//! broker's `-segment-size`, as for R1 streams). Appends are buffered and
+//! written at the end of each applied entry ([`Payloads::flush`]); a read
+//! of a message still in the buffer is served from it.
 //!
-//! The files are a local cache, not the replica's durable state: the
-//! group's Raft log and its snapshots are. Nothing is fsynced, and
-//! opening a store empties its directory; a restarted member rebuilds the
-//! files from its snapshot and the log's entries after it. Appends are
-//! buffered and written at the end of each applied entry ([`Payloads::flush`]);
-//! a read of a message still in the buffer is served from it.
-//!
-//! Why a cache: the Raft log already keeps every acked entry durable on a
-//! majority, and its snapshots already reach a follower that fell
-//! behind; making these files the snapshot would need a second way of
-//! syncing and shipping them. The price: a snapshot
-//! ([`super::replica::Replica::snapshot_to`]) copies every payload into
-//! the group's snapshot file (`cluster/snapshot_file.rs`).
+//! The files are the replica's durable state, together with the group's
+//! snapshot (the stream's state without its payloads, see
+//! `stream/replica.rs`): before a snapshot at index i is stored, every
+//! file written since the last one is fsynced, and the directory with
+//! them ([`Detached::sync`]). A file whose messages are all gone is not
+//! deleted at once but handed to the next snapshot ([`Detached::dead`]),
+//! and deleted once that snapshot is stored, so the files always hold
+//! every message of the last stored snapshot. A restarted member opens
+//! its store with the live seqs of its snapshot ([`Payloads::reopen`]):
+//! it keeps the longest run of whole records that matches them, cuts the
+//! rest (a torn tail, a record whose crc fails, a lost file and all after
+//! it) and reports what it found; what is missing is fetched from the
+//! group's leader. Nothing is rewritten.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -36,11 +37,13 @@ use super::segment::{self, MsgRef, Rec};
 use crate::storage::record;
 
 /// Where a message's record is: its offset in the file that holds its
-/// seq, and its framed length (0: the write failed; it cannot be read).
+/// seq, its framed length (0: the write failed; it cannot be read) and
+/// the crc32 of its body (what the replicas' digest is made of).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Loc {
     pub offset: u64,
     pub len: u32,
+    pub crc: u32,
 }
 
 /// A message read back from a store.
@@ -51,6 +54,17 @@ pub struct Payload {
     pub data: Box<[u8]>,
     pub binary: bool,
     pub time_ms: u64,
+}
+
+/// A message found in a store's files when it was reopened: what the
+/// replica's index keeps of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub subject: Box<str>,
+    pub time_ms: u64,
+    /// Its framed record's length (what it counts for in `bytes`).
+    pub bytes: u64,
+    pub loc: Loc,
 }
 
 /// Buffered appends past this many bytes are written at once.
@@ -83,6 +97,28 @@ pub struct Disk {
     pending: Vec<u8>,
     /// The last seq appended.
     last: u64,
+    /// Files written to since the last [`Payloads::detach`] (by first
+    /// seq), and whether one was made (the directory changed).
+    unsynced: BTreeSet<u64>,
+    dir_changed: bool,
+    /// Files whose messages are all gone, to delete once a snapshot that
+    /// no longer names their messages is stored.
+    dead: Vec<PathBuf>,
+}
+
+/// Empties `dir` (or makes it).
+fn empty_dir(dir: &Path) -> io::Result<()> {
+    match fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    fs::create_dir_all(dir)
+}
+
+/// Fsyncs directory `dir` (its entries: files made, renamed or deleted).
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 impl Payloads {
@@ -90,22 +126,71 @@ impl Payloads {
         Payloads::Memory(BTreeMap::new())
     }
 
-    /// A disk store in `dir`, emptied of what an earlier run left.
+    /// An empty disk store in `dir`, emptied of what an earlier run left.
     pub fn open(dir: &Path, segment_bytes: u64) -> io::Result<Payloads> {
-        match fs::remove_dir_all(dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
+        empty_dir(dir)?;
+        Ok(Payloads::Disk(Disk::new(dir, segment_bytes)))
+    }
+
+    /// A disk store in `dir` keeping what an earlier run left of the
+    /// messages `want` names (sorted, disjoint, inclusive seq ranges): the
+    /// longest run of whole records, in seq order, that are exactly the
+    /// first messages of `want`. Everything else is cut: records of
+    /// messages not wanted (removed before the snapshot: their files are
+    /// deleted once empty), and from the first message that is missing,
+    /// damaged or unwanted-but-after-it, the rest of the files. Returns the
+    /// store and what it kept, by seq; the messages of `want` it lacks
+    /// are all after the last one it kept.
+    pub fn reopen(
+        dir: &Path,
+        segment_bytes: u64,
+        want: &[(u64, u64)],
+    ) -> io::Result<(Payloads, BTreeMap<u64, Found>)> {
         fs::create_dir_all(dir)?;
-        Ok(Payloads::Disk(Disk {
-            dir: dir.to_path_buf(),
-            segment_bytes: segment_bytes.max(1),
-            segs: BTreeMap::new(),
-            active: None,
-            pending: Vec::new(),
-            last: 0,
-        }))
+        let mut files: Vec<u64> = fs::read_dir(dir)?
+            .filter_map(|e| segment::parse_name(e.ok()?.file_name().to_str()?))
+            .collect();
+        files.sort_unstable();
+        let mut d = Disk::new(dir, segment_bytes);
+        let mut found = BTreeMap::new();
+        let mut wanted = Wanted::new(want);
+        let mut cut = false;
+        for first in files {
+            let path = d.path(first);
+            if cut {
+                fs::remove_file(&path)?;
+                d.dir_changed = true;
+                continue;
+            }
+            let bytes = fs::read(&path)?;
+            let (keep_len, live, stop) = scan_file(&bytes, first, &mut wanted, &mut found);
+            cut = stop;
+            if live == 0 {
+                fs::remove_file(&path)?;
+                d.dir_changed = true;
+                continue;
+            }
+            if keep_len < bytes.len() {
+                let f = OpenOptions::new().write(true).open(&path)?;
+                f.set_len(keep_len as u64)?;
+                f.sync_all()?;
+            }
+            d.segs.insert(
+                first,
+                Seg {
+                    live,
+                    len: keep_len as u64,
+                },
+            );
+        }
+        if d.dir_changed {
+            sync_dir(dir)?;
+            d.dir_changed = false;
+        }
+        d.last = found.keys().next_back().copied().unwrap_or(0);
+        // Appends go to a new file: the last one may be sealed already,
+        // and a new file keeps the kept ones as they are.
+        Ok((Payloads::Disk(d), found))
     }
 
     /// Stores message `m` (its seq above every seq stored before).
@@ -114,10 +199,12 @@ impl Payloads {
             Payloads::Memory(map) => {
                 let mut rec = Vec::new();
                 let len = segment::put_msg(&mut rec, m);
+                let crc = crc_of(&rec);
                 map.insert(m.seq, rec);
                 Ok(Loc {
                     offset: 0,
                     len: len as u32,
+                    crc,
                 })
             }
             Payloads::Disk(d) => d.append(m),
@@ -126,18 +213,21 @@ impl Payloads {
 
     /// Reads back the message `seq` stored at `loc`.
     pub fn read(&self, seq: u64, loc: Loc) -> io::Result<Payload> {
+        decode(seq, &self.record(seq, loc)?)
+    }
+
+    /// The framed record of message `seq` stored at `loc`, as stored.
+    pub fn record(&self, seq: u64, loc: Loc) -> io::Result<Vec<u8>> {
         if loc.len == 0 {
             return Err(io::Error::other(format!("message {seq} was not written")));
         }
         match self {
-            Payloads::Memory(map) => {
-                let rec = map
-                    .get(&seq)
-                    .filter(|r| r.len() == loc.len as usize)
-                    .ok_or_else(|| io::Error::other(format!("no message {seq} at {loc:?}")))?;
-                decode(seq, rec)
-            }
-            Payloads::Disk(d) => d.read(seq, loc),
+            Payloads::Memory(map) => map
+                .get(&seq)
+                .filter(|r| r.len() == loc.len as usize)
+                .cloned()
+                .ok_or_else(|| io::Error::other(format!("no message {seq} at {loc:?}"))),
+            Payloads::Disk(d) => d.record(seq, loc),
         }
     }
 
@@ -153,11 +243,38 @@ impl Payloads {
         }
     }
 
+    /// Drops every message (files deleted at once): the store starts
+    /// over empty.
+    pub fn clear(&mut self) -> io::Result<()> {
+        match self {
+            Payloads::Memory(map) => {
+                map.clear();
+                Ok(())
+            }
+            Payloads::Disk(d) => {
+                let (dir, segment_bytes) = (d.dir.clone(), d.segment_bytes);
+                empty_dir(&dir)?;
+                sync_dir(&dir)?;
+                *d = Disk::new(&dir, segment_bytes);
+                Ok(())
+            }
+        }
+    }
+
     /// Writes the buffered appends (at the end of each entry).
     pub fn flush(&mut self) -> io::Result<()> {
         match self {
             Payloads::Memory(_) => Ok(()),
             Payloads::Disk(d) => d.flush(),
+        }
+    }
+
+    /// Writes the buffered appends and fsyncs every file written since the
+    /// last sync, then the directory.
+    pub fn sync(&mut self) -> io::Result<()> {
+        match self {
+            Payloads::Memory(_) => Ok(()),
+            Payloads::Disk(d) => d.sync(),
         }
     }
 
@@ -170,17 +287,35 @@ impl Payloads {
     }
 
     /// What the store holds now, detached from it (see [`Detached`]);
-    /// buffered appends are written first.
+    /// buffered appends are written first. The files written since the
+    /// last detach and the dead files go with it: whoever takes it
+    /// syncs the first ([`Detached::sync`]) and deletes the others once
+    /// the state it stands for is stored.
     pub fn detach(&mut self) -> io::Result<Detached> {
         match self {
-            Payloads::Memory(map) => Ok(Detached::Memory(map.clone())),
+            Payloads::Memory(map) => Ok(Detached {
+                files: Files::Memory(map.clone()),
+                unsynced: Vec::new(),
+                dir: None,
+                dead: Vec::new(),
+            }),
             Payloads::Disk(d) => {
                 d.flush()?;
                 let mut files = BTreeMap::new();
                 for &first in d.segs.keys() {
                     files.insert(first, File::open(d.path(first))?);
                 }
-                Ok(Detached::Disk(files))
+                let unsynced = std::mem::take(&mut d.unsynced)
+                    .into_iter()
+                    .filter(|f| files.contains_key(f))
+                    .collect();
+                let dir = std::mem::take(&mut d.dir_changed).then(|| d.dir.clone());
+                Ok(Detached {
+                    files: Files::Disk(files),
+                    unsynced,
+                    dir,
+                    dead: std::mem::take(&mut d.dead),
+                })
             }
         }
     }
@@ -192,12 +327,140 @@ impl Payloads {
             Payloads::Disk(d) => Some(&d.dir),
         }
     }
+
+    /// Deletes the store's files and directory (the replica is gone for
+    /// good: its stream was deleted or its replica moved).
+    pub fn destroy(self) {
+        if let Payloads::Disk(d) = self {
+            if let Err(e) = fs::remove_dir_all(&d.dir) {
+                if e.kind() != io::ErrorKind::NotFound {
+                    crate::log_error!("{}: {e}", d.dir.display());
+                }
+            }
+        }
+    }
+}
+
+/// Walks the seqs of `want` (sorted, disjoint, inclusive ranges) in order.
+struct Wanted<'a> {
+    ranges: &'a [(u64, u64)],
+    /// The range the next wanted seq is in, and that seq.
+    at: usize,
+    next: Option<u64>,
+}
+
+/// What [`Wanted::take`] says of a record.
+#[derive(Debug, PartialEq, Eq)]
+enum Take {
+    /// The next wanted message: keep it.
+    Keep,
+    /// A message removed before the snapshot: its record stays where it
+    /// is, not counted live.
+    Skip,
+    /// A wanted message is missing before it, or it is past them all:
+    /// the files end before it.
+    Cut,
+}
+
+impl<'a> Wanted<'a> {
+    fn new(ranges: &'a [(u64, u64)]) -> Wanted<'a> {
+        Wanted {
+            ranges,
+            at: 0,
+            next: ranges.first().map(|r| r.0),
+        }
+    }
+
+    /// Call with increasing seqs.
+    fn take(&mut self, seq: u64) -> Take {
+        let Some(next) = self.next else {
+            return Take::Cut;
+        };
+        if seq < next {
+            return Take::Skip;
+        }
+        if seq > next {
+            return Take::Cut;
+        }
+        let (_, hi) = self.ranges[self.at];
+        if seq < hi {
+            self.next = Some(seq + 1);
+        } else {
+            self.at += 1;
+            self.next = self.ranges.get(self.at).map(|r| r.0);
+        }
+        Take::Keep
+    }
+}
+
+/// Reads the records of segment file `first` (its bytes): the length of
+/// the prefix to keep, the messages kept in it, and whether every later
+/// file goes too. Kept messages go into `found`.
+fn scan_file(
+    bytes: &[u8],
+    first: u64,
+    wanted: &mut Wanted<'_>,
+    found: &mut BTreeMap<u64, Found>,
+) -> (usize, u64, bool) {
+    let mut at = 0;
+    let mut live = 0;
+    loop {
+        let (body, next) = match record::read(bytes, at) {
+            Ok(Some(r)) => r,
+            Ok(None) => return (at, live, false),
+            // A torn tail or a damaged record: nothing after it is trusted.
+            Err(_) => return (at, live, true),
+        };
+        match segment::decode(body) {
+            Ok(Rec::Head { first_seq }) if at == 0 && first_seq == first => {}
+            Ok(Rec::Msg(m)) if at > 0 && m.seq >= first => match wanted.take(m.seq) {
+                Take::Keep => {
+                    let loc = Loc {
+                        offset: at as u64,
+                        len: (next - at) as u32,
+                        crc: crc_of(&bytes[at..next]),
+                    };
+                    found.insert(
+                        m.seq,
+                        Found {
+                            subject: m.subject.into(),
+                            time_ms: m.time_ms,
+                            bytes: (next - at) as u64,
+                            loc,
+                        },
+                    );
+                    live += 1;
+                }
+                Take::Skip => {}
+                Take::Cut => return (at, live, true),
+            },
+            _ => return (at, live, true),
+        }
+        at = next;
+    }
+}
+
+/// The crc32 of a framed record's body, from its head.
+fn crc_of(rec: &[u8]) -> u32 {
+    u32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]])
 }
 
 /// The payloads a store holds at one moment, readable on another thread
 /// while the store goes on: the files open (a file deleted later is
-/// still read whole), or, in memory, a copy of the records.
-pub enum Detached {
+/// still read whole), or, in memory, a copy of the records. It carries
+/// the files written since the store was last detached, to be fsynced
+/// before the state it stands for is stored, and the files that died
+/// meanwhile, to be deleted after.
+pub struct Detached {
+    files: Files,
+    /// First seqs of the files to fsync.
+    unsynced: Vec<u64>,
+    /// The directory, when files were made in it.
+    dir: Option<PathBuf>,
+    dead: Vec<PathBuf>,
+}
+
+enum Files {
     Memory(BTreeMap<u64, Vec<u8>>),
     /// Each file by its first seq.
     Disk(BTreeMap<u64, File>),
@@ -206,13 +469,18 @@ pub enum Detached {
 impl Detached {
     /// Reads back message `seq` stored at `loc` when this was taken.
     pub fn read(&self, seq: u64, loc: Loc) -> io::Result<Payload> {
-        match self {
-            Detached::Memory(map) => map
+        decode(seq, &self.record(seq, loc)?)
+    }
+
+    /// The framed record of message `seq` stored at `loc`.
+    pub fn record(&self, seq: u64, loc: Loc) -> io::Result<Vec<u8>> {
+        match &self.files {
+            Files::Memory(map) => map
                 .get(&seq)
                 .filter(|r| r.len() == loc.len as usize && loc.len > 0)
-                .ok_or_else(|| io::Error::other(format!("no message {seq} at {loc:?}")))
-                .and_then(|rec| decode(seq, rec)),
-            Detached::Disk(files) => {
+                .cloned()
+                .ok_or_else(|| io::Error::other(format!("no message {seq} at {loc:?}"))),
+            Files::Disk(files) => {
                 let (_, file) = files
                     .range(..=seq)
                     .next_back()
@@ -220,13 +488,47 @@ impl Detached {
                     .ok_or_else(|| io::Error::other(format!("no file holds message {seq}")))?;
                 let mut buf = vec![0; loc.len as usize];
                 file.read_exact_at(&mut buf, loc.offset)?;
-                decode(seq, &buf)
+                Ok(buf)
             }
+        }
+    }
+
+    /// Fsyncs the files written since the store was last detached, then
+    /// the directory if files were made in it.
+    pub fn sync(&self) -> io::Result<()> {
+        if let Files::Disk(files) = &self.files {
+            for first in &self.unsynced {
+                if let Some(f) = files.get(first) {
+                    f.sync_all()?;
+                }
+            }
+        }
+        if let Some(dir) = &self.dir {
+            sync_dir(dir)?;
+        }
+        Ok(())
+    }
+
+    /// The files whose messages were all gone when this was taken: to be
+    /// deleted once a snapshot at least this recent is stored.
+    pub fn take_dead(&mut self) -> Vec<PathBuf> {
+        std::mem::take(&mut self.dead)
+    }
+}
+
+/// Deletes files that died before a stored snapshot.
+pub fn delete_dead(files: &[PathBuf]) {
+    for path in files {
+        match fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => crate::log_error!("{}: {e}", path.display()),
         }
     }
 }
 
-fn decode(seq: u64, rec: &[u8]) -> io::Result<Payload> {
+/// Decodes the framed record of message `seq`.
+pub fn decode(seq: u64, rec: &[u8]) -> io::Result<Payload> {
     let bad = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
     let (body, _) = record::read(rec, 0)
         .map_err(|e| bad(format!("message {seq}: {e}")))?
@@ -245,6 +547,20 @@ fn decode(seq: u64, rec: &[u8]) -> io::Result<Payload> {
 }
 
 impl Disk {
+    fn new(dir: &Path, segment_bytes: u64) -> Disk {
+        Disk {
+            dir: dir.to_path_buf(),
+            segment_bytes: segment_bytes.max(1),
+            segs: BTreeMap::new(),
+            active: None,
+            pending: Vec::new(),
+            last: 0,
+            unsynced: BTreeSet::new(),
+            dir_changed: false,
+            dead: Vec::new(),
+        }
+    }
+
     fn path(&self, first: u64) -> PathBuf {
         self.dir.join(segment::file_name(first))
     }
@@ -267,13 +583,17 @@ impl Disk {
                 .open(&path)?;
             self.segs.insert(m.seq, Seg { live: 0, len: 0 });
             self.active = Some((m.seq, file));
+            self.dir_changed = true;
             segment::put_head(&mut self.pending, m.seq);
         }
         let Some((first, _)) = self.active else {
             unreachable!("an active file was just made");
         };
+        self.unsynced.insert(first);
         let offset = self.segs[&first].len + self.pending.len() as u64;
+        let at = self.pending.len();
         let len = segment::put_msg(&mut self.pending, m);
+        let crc = crc_of(&self.pending[at..]);
         self.last = m.seq;
         if let Some(s) = self.segs.get_mut(&first) {
             s.live += 1;
@@ -284,6 +604,7 @@ impl Disk {
         Ok(Loc {
             offset,
             len: len as u32,
+            crc,
         })
     }
 
@@ -307,12 +628,25 @@ impl Disk {
         r
     }
 
+    fn sync(&mut self) -> io::Result<()> {
+        self.flush()?;
+        for first in std::mem::take(&mut self.unsynced) {
+            if self.segs.contains_key(&first) {
+                File::open(self.path(first))?.sync_all()?;
+            }
+        }
+        if std::mem::take(&mut self.dir_changed) {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
     /// The first seq of the file holding `seq`.
     fn seg_of(&self, seq: u64) -> Option<u64> {
         self.segs.range(..=seq).next_back().map(|(&f, _)| f)
     }
 
-    fn read(&self, seq: u64, loc: Loc) -> io::Result<Payload> {
+    fn record(&self, seq: u64, loc: Loc) -> io::Result<Vec<u8>> {
         let first = self
             .seg_of(seq)
             .ok_or_else(|| io::Error::other(format!("no file holds message {seq}")))?;
@@ -326,13 +660,13 @@ impl Disk {
                     .pending
                     .get(at..at + buf.len())
                     .ok_or_else(|| io::Error::other(format!("message {seq} past the buffer")))?;
-                return decode(seq, rec);
+                return Ok(rec.to_vec());
             }
             file.read_exact_at(&mut buf, loc.offset)?;
         } else {
             File::open(self.path(first))?.read_exact_at(&mut buf, loc.offset)?;
         }
-        decode(seq, &buf)
+        Ok(buf)
     }
 
     fn remove(&mut self, seq: u64) {
@@ -351,23 +685,15 @@ impl Disk {
         }
         self.segs.remove(&first);
         if self.active.as_ref().is_some_and(|(f, _)| *f == first) {
+            // Its buffered appends are of removed messages, which no
+            // stored snapshot names (each snapshot fsyncs what it names).
             self.active = None;
             self.pending.clear();
         }
-        let path = self.path(first);
-        if let Err(e) = fs::remove_file(&path) {
-            crate::log_error!("{}: {e}", path.display());
-        }
+        self.unsynced.remove(&first);
+        self.dead.push(self.path(first));
     }
 }
-
-impl Drop for Disk {
-    /// The files are a cache of this replica: they go with it.
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -449,8 +775,15 @@ mod tests {
         }
     }
 
+    /// What a stored snapshot does: the dead files go.
+    fn compact(p: &mut Payloads) {
+        let mut d = p.detach().unwrap();
+        d.sync().unwrap();
+        delete_dead(&d.take_dead());
+    }
+
     #[test]
-    fn files_roll_and_go_with_their_last_message() {
+    fn files_roll_and_go_with_their_last_message_once_a_snapshot_is_stored() {
         let dir = temp_dir();
         let mut p = Payloads::open(&dir, 10_000).unwrap();
         let d = vec![7u8; 3_000];
@@ -465,12 +798,20 @@ mod tests {
         assert_eq!(seg_files(&dir), vec![1, 5, 9], "each file keeps one");
         p.remove(4);
         p.remove(5);
+        assert_eq!(p.files(), 1);
+        assert_eq!(
+            seg_files(&dir),
+            vec![1, 5, 9],
+            "kept until a snapshot is stored"
+        );
+        compact(&mut p);
         assert_eq!(seg_files(&dir), vec![9]);
         check(&p, 10, locs[9], &d);
-        // The active file going empty is deleted too; appends start anew.
+        // The active file going empty goes too; appends start anew.
         for s in 9..=12 {
             p.remove(s);
         }
+        compact(&mut p);
         assert!(seg_files(&dir).is_empty());
         let loc = p.append(&msg(13, &d)).unwrap();
         p.flush().unwrap();
@@ -479,6 +820,7 @@ mod tests {
         // Removing what is not there changes nothing.
         p.remove(3);
         p.remove(99);
+        compact(&mut p);
         assert_eq!(seg_files(&dir), vec![13]);
         // The files are the stream's own segment format.
         let bytes = fs::read(dir.join(segment::file_name(13))).unwrap();
@@ -486,8 +828,66 @@ mod tests {
         assert_eq!((end, bad), (bytes.len(), None));
         assert_eq!(segment::decode(bodies[0]), Ok(Rec::Head { first_seq: 13 }));
         assert!(matches!(segment::decode(bodies[1]), Ok(Rec::Msg(m)) if m.seq == 13));
+        // Dropped, the store leaves its files; destroyed, they go.
         drop(p);
-        assert!(!dir.exists(), "the cache goes with its replica");
+        assert_eq!(seg_files(&dir), vec![13]);
+        let (p, found) = Payloads::reopen(&dir, 10_000, &[(13, 13)]).unwrap();
+        assert_eq!(found.keys().copied().collect::<Vec<_>>(), vec![13]);
+        p.destroy();
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn reopening_keeps_the_wanted_records_and_cuts_the_rest() {
+        let dir = temp_dir();
+        let mut p = Payloads::open(&dir, 10_000).unwrap();
+        let d = vec![3u8; 3_000];
+        let locs: Vec<Loc> = (1..=12).map(|s| p.append(&msg(s, &d)).unwrap()).collect();
+        p.flush().unwrap();
+        drop(p);
+        // 2 and 6 were removed before the snapshot, which ends at 10: 11
+        // and 12 came after it (the log applies them again).
+        let want = [(1, 1), (3, 5), (7, 10)];
+        let (p, found) = Payloads::reopen(&dir, 10_000, &want).unwrap();
+        assert_eq!(
+            found.keys().copied().collect::<Vec<_>>(),
+            vec![1, 3, 4, 5, 7, 8, 9, 10]
+        );
+        for (&s, f) in &found {
+            assert_eq!(f.loc, locs[s as usize - 1], "message {s}");
+            assert_eq!(f.bytes, u64::from(f.loc.len));
+            check(&p, s, f.loc, &d);
+        }
+        drop(p);
+        // The file of 9..=12 was cut after 10.
+        let len = fs::metadata(dir.join(segment::file_name(9))).unwrap().len();
+        assert_eq!(len, locs[10].offset);
+        // A torn tail: the last record cut in half.
+        let f = OpenOptions::new()
+            .write(true)
+            .open(dir.join(segment::file_name(9)))
+            .unwrap();
+        f.set_len(locs[9].offset + 100).unwrap();
+        let (_, found) = Payloads::reopen(&dir, 10_000, &want).unwrap();
+        assert_eq!(found.keys().next_back(), Some(&9));
+        // One flipped bit in a sealed file: it and everything after go.
+        let path = dir.join(segment::file_name(5));
+        let mut bytes = fs::read(&path).unwrap();
+        let at = (locs[5].offset + 40) as usize;
+        bytes[at] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        let (mut p, found) = Payloads::reopen(&dir, 10_000, &want).unwrap();
+        assert_eq!(found.keys().copied().collect::<Vec<_>>(), vec![1, 3, 4, 5]);
+        assert_eq!(seg_files(&dir), vec![1, 5]);
+        // Appends go on after what was kept.
+        let loc = p.append(&msg(7, &d)).unwrap();
+        check(&p, 7, loc, &d);
+        p.flush().unwrap();
+        // A lost file: what it held and everything after is missing.
+        fs::remove_file(dir.join(segment::file_name(1))).unwrap();
+        let (_, found) = Payloads::reopen(&dir, 10_000, &want).unwrap();
+        assert!(found.is_empty());
+        assert!(seg_files(&dir).is_empty());
     }
 
     #[test]

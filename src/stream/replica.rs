@@ -191,8 +191,24 @@ pub struct Replica {
     payloads: Payloads,
     last_seq: u64,
     bytes: u64,
+    /// The sum of every stored message's [`msg_hash`]: equal on replicas
+    /// holding the same messages, whatever order they came in.
+    digest: u64,
     ids: IdWindow,
     consumers: BTreeMap<String, Member>,
+}
+
+/// What a stored message adds to a replica's digest: its seq, time,
+/// size and record crc, mixed.
+fn msg_hash(seq: u64, m: &MsgMeta) -> u64 {
+    let mut x =
+        seq ^ m.time_ms.rotate_left(17) ^ m.bytes.rotate_left(41) ^ u64::from(m.loc.crc) << 32;
+    // splitmix64's finaliser.
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 struct Msgs<'a>(&'a BTreeMap<u64, MsgMeta>, u64);
@@ -230,6 +246,7 @@ impl Replica {
             payloads,
             last_seq: 0,
             bytes: 0,
+            digest: 0,
             ids: IdWindow::default(),
             consumers: BTreeMap::new(),
         }
@@ -491,15 +508,14 @@ impl Replica {
             crate::log_error!("stream {:?}: writing message {seq}: {e}", self.cfg.name);
             Loc::default()
         });
-        self.msgs.insert(
-            seq,
-            MsgMeta {
-                subject: subject.into(),
-                time_ms,
-                bytes,
-                loc,
-            },
-        );
+        let m = MsgMeta {
+            subject: subject.into(),
+            time_ms,
+            bytes,
+            loc,
+        };
+        self.digest = self.digest.wrapping_add(msg_hash(seq, &m));
+        self.msgs.insert(seq, m);
     }
 
     fn has_interest(&self, subj: &str) -> bool {
@@ -519,6 +535,7 @@ impl Replica {
         };
         self.payloads.remove(seq);
         self.bytes -= m.bytes;
+        self.digest = self.digest.wrapping_sub(msg_hash(seq, &m));
         for member in self.consumers.values_mut() {
             member.consumer.forget(seq);
         }
@@ -749,29 +766,45 @@ impl Replica {
             .write_with(&|seq, loc| self.payloads.read(seq, loc), w)
     }
 
-    /// The state as it is now, detached from the replica, to write its
-    /// snapshot on another thread while the replica goes on: the index,
-    /// the Msg-Id window and the consumers copied (bytes in proportion to
-    /// the index, not the payloads), the payload files held open.
+    /// The state as it is now, detached from the replica, for a snapshot
+    /// in a file written on another thread while the replica goes on: the
+    /// stream's state without its payloads ([`Frozen::write_to`], small:
+    /// config, counts, the ranges of live seqs, the digest, the `Msg-Id`
+    /// window, the consumers), and, to serve a member catching up from
+    /// it, where each message's record is, with the payload files held
+    /// open. The files written since the last freeze and those that died
+    /// go with it (see [`Detached`]).
     pub fn freeze(&mut self) -> io::Result<Frozen> {
         let payloads = self.payloads.detach()?;
         Ok(Frozen {
-            state: self.state(),
+            small: self.small_state(),
             payloads,
+            index: self.msgs.iter().map(|(&s, m)| (s, m.loc)).collect(),
+            last_seq: self.last_seq,
         })
     }
 
-    /// Everything of the snapshot but the payloads.
-    fn state(&self) -> State {
-        let mut head = vec![SNAPSHOT_VERSION];
-        put_str(&mut head, &config_json(&self.cfg));
-        put_u64(&mut head, self.last_seq);
-        put_u64(&mut head, self.msgs.len() as u64);
-        let msgs = self
-            .msgs
-            .iter()
-            .map(|(&seq, m)| (seq, m.time_ms, m.subject.clone(), m.loc))
-            .collect();
+    /// The small snapshot's bytes: everything but the messages, which
+    /// are named by ranges of live seqs and checked by the digest.
+    fn small_state(&self) -> Vec<u8> {
+        let mut out = vec![SMALL_VERSION];
+        put_str(&mut out, &config_json(&self.cfg));
+        put_u64(&mut out, self.last_seq);
+        put_u64(&mut out, self.msgs.len() as u64);
+        put_u64(&mut out, self.bytes);
+        put_u64(&mut out, self.digest);
+        let ranges = live_ranges(self.msgs.keys().copied());
+        put_u64(&mut out, ranges.len() as u64);
+        for (lo, hi) in ranges {
+            put_u64(&mut out, lo);
+            put_u64(&mut out, hi);
+        }
+        out.extend_from_slice(&self.tail());
+        out
+    }
+
+    /// The Msg-Id window and the consumers, encoded.
+    fn tail(&self) -> Vec<u8> {
         let mut tail = Vec::new();
         put_u64(&mut tail, self.ids.len() as u64);
         for (t, seq, id) in self.ids.iter() {
@@ -792,6 +825,21 @@ impl Replica {
                 put_u64(&mut tail, d);
             }
         }
+        tail
+    }
+
+    /// Everything of the snapshot but the payloads.
+    fn state(&self) -> State {
+        let mut head = vec![SNAPSHOT_VERSION];
+        put_str(&mut head, &config_json(&self.cfg));
+        put_u64(&mut head, self.last_seq);
+        put_u64(&mut head, self.msgs.len() as u64);
+        let msgs = self
+            .msgs
+            .iter()
+            .map(|(&seq, m)| (seq, m.time_ms, m.subject.clone(), m.loc))
+            .collect();
+        let tail = self.tail();
         State { head, msgs, tail }
     }
 
@@ -827,6 +875,15 @@ impl Replica {
         if r.u8()? != SNAPSHOT_VERSION {
             return Err(Malformed("snapshot version"));
         }
+        Replica::restore_v1(&mut r, now, payloads)
+    }
+
+    /// [`Replica::restore_from`] after the version byte.
+    fn restore_v1(
+        r: &mut SnapshotReader<'_>,
+        now: Instant,
+        payloads: Payloads,
+    ) -> Result<Replica, Malformed> {
         let cfg: StreamConfig =
             serde_json::from_str(&r.string()?).map_err(|_| Malformed("stream config"))?;
         let mut rep = Replica::with_payloads(cfg, payloads);
@@ -853,38 +910,329 @@ impl Replica {
         if let Err(e) = rep.payloads.flush() {
             crate::log_error!("stream {:?}: writing messages: {e}", rep.cfg.name);
         }
-        let n = r.count(20)?;
-        for _ in 0..n {
-            let t = r.u64()?;
-            let seq = r.u64()?;
-            let id: Box<str> = r.string()?.into();
-            rep.ids.remember(id, seq, t);
-        }
-        let n = r.count(36)?;
-        for _ in 0..n {
-            let cfg: ConsumerConfig =
-                serde_json::from_str(&r.string()?).map_err(|_| Malformed("consumer config"))?;
-            let since = r.u64()?;
-            let next = r.u64()?;
-            let cseq = r.u64()?;
-            let k = r.count(16)?;
-            let mut pending = Vec::with_capacity(k.min(RESERVE_MAX / 16));
-            for _ in 0..k {
-                pending.push((r.u64()?, r.u64()?));
-            }
-            let name = cfg.name.clone();
-            let mut consumer = Consumer::new(cfg, next);
-            consumer.restore(next, cseq, &pending, now);
-            rep.consumers.insert(name, Member { consumer, since });
-        }
-        if r.remaining != 0 {
-            return Err(Malformed("bytes after the snapshot"));
-        }
+        (rep.ids, rep.consumers) = read_tail(r, now)?;
         Ok(rep)
+    }
+
+    /// A replica from a snapshot in a file (`r`, `len` bytes) and the
+    /// payload files in `dir`. A small snapshot ([`Replica::freeze`])
+    /// keeps the files that hold its messages ([`Payloads::reopen`]) and
+    /// says, as a [`Target`], what the replica must hold to be whole: the
+    /// messages it lacks are after every message it kept, to be fetched
+    /// from the group's leader ([`Replica::take_records`]). A full one
+    /// (written before snapshots were small) is restored with its
+    /// payloads into the emptied directory.
+    pub fn restore_files(
+        r: &mut dyn Read,
+        len: u64,
+        now: Instant,
+        dir: &std::path::Path,
+        segment_bytes: u64,
+    ) -> Result<(Replica, Target), Malformed> {
+        let mut r = SnapshotReader { r, remaining: len };
+        let files_failed = |e: io::Error| {
+            crate::log_error!("{}: {e}", dir.display());
+            Malformed("its payload files could not be opened")
+        };
+        match r.u8()? {
+            SNAPSHOT_VERSION => {
+                let payloads = Payloads::open(dir, segment_bytes).map_err(files_failed)?;
+                let rep = Replica::restore_v1(&mut r, now, payloads)?;
+                let target = rep.target();
+                Ok((rep, target))
+            }
+            SMALL_VERSION => {
+                let (cfg, target) = read_small_head(&mut r)?;
+                let (payloads, found) =
+                    Payloads::reopen(dir, segment_bytes, &target.ranges).map_err(files_failed)?;
+                let mut rep = Replica::with_payloads(cfg, payloads);
+                rep.last_seq = target.last_seq;
+                for (seq, f) in found {
+                    let m = MsgMeta {
+                        subject: f.subject,
+                        time_ms: f.time_ms,
+                        bytes: f.bytes,
+                        loc: f.loc,
+                    };
+                    rep.bytes += m.bytes;
+                    rep.digest = rep.digest.wrapping_add(msg_hash(seq, &m));
+                    rep.msgs.insert(seq, m);
+                }
+                (rep.ids, rep.consumers) = read_tail(&mut r, now)?;
+                Ok((rep, target))
+            }
+            _ => Err(Malformed("snapshot version")),
+        }
+    }
+
+    /// Takes the state of a small snapshot (`r`, `len` bytes) of the same
+    /// stream at a later index, keeping the messages held here that it
+    /// names and dropping the others; what it names beyond them is to be
+    /// fetched ([`Replica::take_records`]) until [`Replica::is_whole`].
+    /// Messages the snapshot names that are missing below the last one
+    /// held (a replica that lost files) make it start over empty.
+    pub fn rebase(
+        &mut self,
+        r: &mut dyn Read,
+        len: u64,
+        now: Instant,
+    ) -> Result<Target, Malformed> {
+        let mut r = SnapshotReader { r, remaining: len };
+        if r.u8()? != SMALL_VERSION {
+            return Err(Malformed("snapshot version"));
+        }
+        let (cfg, target) = read_small_head(&mut r)?;
+        let (ids, consumers) = read_tail(&mut r, now)?;
+        let gone: Vec<u64> = self
+            .msgs
+            .keys()
+            .copied()
+            .filter(|&s| !target.wants(s))
+            .collect();
+        for s in gone {
+            self.drop_msg(s);
+        }
+        let held = self.msgs.len() as u64;
+        let below = target.count_through(self.held_through());
+        if held != below {
+            self.start_over();
+        }
+        self.cfg = cfg;
+        self.last_seq = target.last_seq;
+        self.ids = ids;
+        self.consumers = consumers;
+        Ok(target)
+    }
+
+    /// Gives an empty replica its payload store.
+    pub fn set_payloads(&mut self, payloads: Payloads) {
+        debug_assert!(
+            self.msgs.is_empty(),
+            "a replica holding messages keeps its store"
+        );
+        self.payloads = payloads;
+    }
+
+    /// Deletes the payload files (the replica is gone for good).
+    pub fn destroy(self) {
+        self.payloads.destroy();
+    }
+
+    /// Deletes the payload files whose messages are all gone, at once:
+    /// for a replica whose snapshots are not kept in files (no restart
+    /// reads them).
+    pub fn delete_dead(&mut self) {
+        if let Ok(mut d) = self.payloads.detach() {
+            super::payloads::delete_dead(&d.take_dead());
+        }
+    }
+
+    /// Forgets every message and empties the payload store.
+    pub fn start_over(&mut self) {
+        if let Err(e) = self.payloads.clear() {
+            crate::log_error!("stream {:?}: emptying its files: {e}", self.cfg.name);
+        }
+        self.msgs.clear();
+        self.bytes = 0;
+        self.digest = 0;
+    }
+
+    /// Removes message `seq` from the index and the store only.
+    fn drop_msg(&mut self, seq: u64) {
+        if let Some(m) = self.msgs.remove(&seq) {
+            self.payloads.remove(seq);
+            self.bytes -= m.bytes;
+            self.digest = self.digest.wrapping_sub(msg_hash(seq, &m));
+        }
+    }
+
+    /// The highest seq held (0: none).
+    pub fn held_through(&self) -> u64 {
+        self.msgs.keys().next_back().copied().unwrap_or(0)
+    }
+
+    /// Whether the replica holds exactly the messages `target` names.
+    pub fn is_whole(&self, target: &Target) -> bool {
+        self.msgs.len() as u64 == target.count
+            && self.bytes == target.bytes
+            && self.digest == target.digest
+    }
+
+    /// What this replica is, as a [`Target`] (whole by definition).
+    fn target(&self) -> Target {
+        Target {
+            last_seq: self.last_seq,
+            count: self.msgs.len() as u64,
+            bytes: self.bytes,
+            digest: self.digest,
+            ranges: live_ranges(self.msgs.keys().copied()),
+        }
+    }
+
+    /// Stores the framed message records in `recs` (as
+    /// [`Frozen::records_after`] gives them), each one `target` names and
+    /// above every seq held; returns how many it stored. Anything else
+    /// is refused, and nothing after it is stored.
+    pub fn take_records(&mut self, recs: &[u8], target: &Target) -> Result<u64, Malformed> {
+        let mut at = 0;
+        let mut n = 0;
+        let result = loop {
+            let (body, next) = match crate::storage::record::read(recs, at) {
+                Ok(Some(r)) => r,
+                Ok(None) => break Ok(n),
+                Err(_) => break Err(Malformed("a record of the catch-up is damaged")),
+            };
+            let m = match super::segment::decode(body) {
+                Ok(super::segment::Rec::Msg(m)) => m,
+                _ => break Err(Malformed("a record of the catch-up is not a message")),
+            };
+            if m.seq <= self.held_through() || !target.wants(m.seq) {
+                break Err(Malformed("a message of the catch-up is not the one wanted"));
+            }
+            let bytes = msg_record_bytes(m.subject, m.headers, m.data);
+            self.put(
+                m.seq, m.subject, m.headers, m.data, m.binary, m.time_ms, bytes,
+            );
+            self.bytes += bytes;
+            n += 1;
+            at = next;
+        };
+        if let Err(e) = self.payloads.flush() {
+            crate::log_error!("stream {:?}: writing messages: {e}", self.cfg.name);
+        }
+        result
+    }
+
+    /// Writes the buffered appends and fsyncs the payload files.
+    pub fn sync(&mut self) -> io::Result<()> {
+        self.payloads.sync()
     }
 }
 
+/// What a replica restored from a small snapshot must hold to be whole:
+/// the snapshot's counts, digest and live seqs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub last_seq: u64,
+    pub count: u64,
+    pub bytes: u64,
+    pub digest: u64,
+    /// Live seqs: sorted, disjoint, inclusive ranges.
+    ranges: Vec<(u64, u64)>,
+}
+
+impl Target {
+    /// Whether the snapshot names message `seq`.
+    pub fn wants(&self, seq: u64) -> bool {
+        let i = self.ranges.partition_point(|&(_, hi)| hi < seq);
+        self.ranges.get(i).is_some_and(|&(lo, _)| lo <= seq)
+    }
+
+    /// Whether it names a message after `seq`.
+    pub fn wants_after(&self, seq: u64) -> bool {
+        self.ranges.last().is_some_and(|&(_, hi)| hi > seq)
+    }
+
+    /// How many messages it names at or below `seq`.
+    fn count_through(&self, seq: u64) -> u64 {
+        self.ranges
+            .iter()
+            .take_while(|&&(lo, _)| lo <= seq)
+            .map(|&(lo, hi)| hi.min(seq) - lo + 1)
+            .sum()
+    }
+}
+
+/// Sorted seqs as inclusive runs.
+fn live_ranges(seqs: impl Iterator<Item = u64>) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for s in seqs {
+        match out.last_mut() {
+            Some((_, hi)) if *hi + 1 == s => *hi = s,
+            _ => out.push((s, s)),
+        }
+    }
+    out
+}
+
+/// A small snapshot's config and target (after its version byte).
+fn read_small_head(r: &mut SnapshotReader<'_>) -> Result<(StreamConfig, Target), Malformed> {
+    let cfg: StreamConfig =
+        serde_json::from_str(&r.string()?).map_err(|_| Malformed("stream config"))?;
+    let last_seq = r.u64()?;
+    let count = r.u64()?;
+    let bytes = r.u64()?;
+    let digest = r.u64()?;
+    let n = r.count(16)?;
+    let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(n.min(RESERVE_MAX / 16));
+    for _ in 0..n {
+        let (lo, hi) = (r.u64()?, r.u64()?);
+        if lo > hi
+            || hi > last_seq
+            || ranges
+                .last()
+                .is_some_and(|&(_, h)| h.saturating_add(1) >= lo)
+        {
+            return Err(Malformed("live ranges out of order"));
+        }
+        ranges.push((lo, hi));
+    }
+    let target = Target {
+        last_seq,
+        count,
+        bytes,
+        digest,
+        ranges,
+    };
+    if target.count_through(u64::MAX) != count {
+        return Err(Malformed("live ranges do not add up to the count"));
+    }
+    Ok((cfg, target))
+}
+
+/// The Msg-Id window and the consumers, the end of every snapshot; the
+/// snapshot must end with them.
+#[allow(clippy::type_complexity)]
+fn read_tail(
+    r: &mut SnapshotReader<'_>,
+    now: Instant,
+) -> Result<(IdWindow, BTreeMap<String, Member>), Malformed> {
+    let mut ids = IdWindow::default();
+    let n = r.count(20)?;
+    for _ in 0..n {
+        let t = r.u64()?;
+        let seq = r.u64()?;
+        let id: Box<str> = r.string()?.into();
+        ids.remember(id, seq, t);
+    }
+    let mut consumers = BTreeMap::new();
+    let n = r.count(36)?;
+    for _ in 0..n {
+        let cfg: ConsumerConfig =
+            serde_json::from_str(&r.string()?).map_err(|_| Malformed("consumer config"))?;
+        let since = r.u64()?;
+        let next = r.u64()?;
+        let cseq = r.u64()?;
+        let k = r.count(16)?;
+        let mut pending = Vec::with_capacity(k.min(RESERVE_MAX / 16));
+        for _ in 0..k {
+            pending.push((r.u64()?, r.u64()?));
+        }
+        let name = cfg.name.clone();
+        let mut consumer = Consumer::new(cfg, next);
+        consumer.restore(next, cseq, &pending, now);
+        consumers.insert(name, Member { consumer, since });
+    }
+    if r.remaining != 0 {
+        return Err(Malformed("bytes after the snapshot"));
+    }
+    Ok((ids, consumers))
+}
+
 const SNAPSHOT_VERSION: u8 = 1;
+
+/// The version byte of a small snapshot ([`Replica::freeze`]).
+pub const SMALL_VERSION: u8 = 2;
 
 /// [`Replica::snapshot_to`] hands its writer this many bytes or more at
 /// a time (a message larger than this, whole).
@@ -896,18 +1244,52 @@ pub const SNAPSHOT_WRITE_CHUNK: usize = 64 * 1024;
 const RESERVE_MAX: usize = 64 * 1024;
 
 /// A replica's state at one applied index, detached from it
-/// ([`Replica::freeze`]): what its snapshot is written from.
+/// ([`Replica::freeze`]): its small snapshot, and what a member catching
+/// up from that snapshot is sent.
 pub struct Frozen {
-    state: State,
+    small: Vec<u8>,
     payloads: Detached,
+    /// Each live message's seq and record, in seq order.
+    index: Vec<(u64, Loc)>,
+    last_seq: u64,
 }
 
 impl Frozen {
-    /// Writes the snapshot's bytes to `w` (see [`Replica::snapshot_to`]);
-    /// how many bytes it wrote.
+    /// Writes the small snapshot's bytes to `w`; how many it wrote.
     pub fn write_to(&self, w: &mut dyn Write) -> io::Result<u64> {
-        self.state
-            .write_with(&|seq, loc| self.payloads.read(seq, loc), w)
+        w.write_all(&self.small)?;
+        w.flush()?;
+        Ok(self.small.len() as u64)
+    }
+
+    /// Fsyncs the payload files written since the replica's last freeze
+    /// (see [`Detached::sync`]): before its snapshot is stored.
+    pub fn sync(&self) -> io::Result<()> {
+        self.payloads.sync()
+    }
+
+    /// The payload files that died before it, to delete once its
+    /// snapshot is stored.
+    pub fn take_dead(&mut self) -> Vec<std::path::PathBuf> {
+        self.payloads.take_dead()
+    }
+
+    /// The framed records of the live messages after seq `after`, in
+    /// order, about `max_bytes` of them (at least one), and the seq they
+    /// cover through: the last one's, or the snapshot's last seq when no
+    /// live message is left after them.
+    pub fn records_after(&self, after: u64, max_bytes: usize) -> io::Result<(Vec<u8>, u64)> {
+        let from = self.index.partition_point(|&(s, _)| s <= after);
+        let mut out = Vec::new();
+        let mut through = after;
+        for &(seq, loc) in &self.index[from..] {
+            if !out.is_empty() && out.len() + loc.len as usize > max_bytes {
+                return Ok((out, through));
+            }
+            out.extend_from_slice(&self.payloads.record(seq, loc)?);
+            through = seq;
+        }
+        Ok((out, self.last_seq.max(through)))
     }
 }
 
@@ -1663,11 +2045,20 @@ mod tests {
         std::fs::read_dir(dir).map_or(0, |d| d.count())
     }
 
-    /// A frozen state writes the snapshot of the moment it was taken,
-    /// while the replica goes on: more messages, files rolled and deleted,
-    /// a purge.
+    /// Dead files are deleted once a snapshot is stored: what the Raft
+    /// thread does after storing a frozen state's snapshot.
+    fn compact(r: &mut Replica) -> Frozen {
+        let mut f = r.freeze().unwrap();
+        f.sync().unwrap();
+        super::super::payloads::delete_dead(&f.take_dead());
+        f
+    }
+
+    /// A frozen state's snapshot is small (no payloads), and the frozen
+    /// state serves the records of its moment to a member catching up,
+    /// even once the replica purged them and their files were deleted.
     #[test]
-    fn a_frozen_state_writes_the_snapshot_of_its_moment() {
+    fn a_frozen_state_serves_its_moment_after_the_files_go() {
         let cfg = config(serde_json::json!({"name":"S","subjects":["a.>"],"max_msgs":20}));
         let dir = temp_dir();
         let mut disk = Replica::with_payloads(cfg, Payloads::open(&dir, 4_096).unwrap());
@@ -1679,21 +2070,43 @@ mod tests {
             }
         };
         publish_n(&mut disk, 0, 60);
-        let then = disk.snapshot().unwrap();
-        let frozen = disk.freeze().unwrap();
+        let then: Vec<StoredMsg> = (41..=60).map(|s| disk.get(s).unwrap().unwrap()).collect();
+        let frozen = compact(&mut disk);
+        let mut small = Vec::new();
+        let n = frozen.write_to(&mut small).unwrap();
+        assert_eq!(n, small.len() as u64);
+        assert!(small.len() < 600, "{} bytes", small.len());
         publish_n(&mut disk, 60, 100);
-        assert_ne!(disk.snapshot().unwrap(), then);
         disk.apply(&[Op::Purge { filter: None }], now);
+        drop(compact(&mut disk));
         assert_eq!(
             dir_files(&dir),
             0,
             "every file of the frozen moment is gone"
         );
-        let mut out = Vec::new();
-        let n = frozen.write_to(&mut out).unwrap();
-        assert_eq!((n, out), (then.len() as u64, then));
-        drop(disk);
-        assert!(!dir.exists());
+        // A member with no files takes the snapshot and fetches it all.
+        let dir2 = temp_dir();
+        let (mut member, target) =
+            Replica::restore_files(&mut &small[..], n, now, &dir2, 4_096).unwrap();
+        assert_eq!((member.messages(), target.count), (0, 20));
+        assert!(!member.is_whole(&target));
+        let mut after = 0;
+        loop {
+            let (recs, through) = frozen.records_after(after, 1_000).unwrap();
+            assert!(!recs.is_empty());
+            member.take_records(&recs, &target).unwrap();
+            after = through;
+            if !target.wants_after(after) {
+                break;
+            }
+        }
+        assert_eq!(after, 60);
+        assert!(member.is_whole(&target));
+        let got: Vec<StoredMsg> = (41..=60).map(|s| member.get(s).unwrap().unwrap()).collect();
+        assert_eq!(got, then);
+        // Records it does not want are refused.
+        let (recs, _) = frozen.records_after(0, 1).unwrap();
+        assert!(member.take_records(&recs, &target).is_err());
     }
 
     #[test]
@@ -1709,6 +2122,7 @@ mod tests {
             assert_eq!(mem.apply(&op, now), disk.apply(&op, now), "publish {i}");
         }
         assert_eq!(mem.snapshot().unwrap(), disk.snapshot().unwrap());
+        assert_eq!(mem.small_state(), disk.small_state(), "the same digest");
         for (seq, _) in mem.iter() {
             assert_eq!(
                 mem.get(seq).unwrap(),
@@ -1717,10 +2131,12 @@ mod tests {
             );
         }
         assert_eq!(disk.get(1).unwrap(), None);
-        // 20 messages of about 300 bytes: at most three 4 KiB files left.
+        // 20 messages of about 300 bytes: at most three 4 KiB files left
+        // once a snapshot is stored.
+        drop(compact(&mut disk));
         assert!(disk.payloads().files() <= 3, "{}", disk.payloads().files());
         assert_eq!(dir_files(&dir), disk.payloads().files());
-        // Rebuilt from the snapshot into a directory of its own.
+        // Rebuilt from a full snapshot into a directory of its own.
         let dir2 = temp_dir();
         let snap = disk.snapshot().unwrap();
         let again =
@@ -1737,8 +2153,10 @@ mod tests {
         // A purge takes every file with it.
         let purge = [Op::Purge { filter: None }];
         assert_eq!(mem.apply(&purge, now), disk.apply(&purge, now));
+        drop(compact(&mut disk));
         assert_eq!((disk.payloads().files(), dir_files(&dir)), (0, 0));
-        drop((disk, again));
+        disk.destroy();
+        again.destroy();
         assert!(!dir.exists() && !dir2.exists());
     }
 
@@ -1763,11 +2181,15 @@ mod tests {
         for s in 1..=29 {
             ack(&mut rep, AckKind::Ack, s).unwrap();
         }
-        // One file holds the last message; every other one is gone.
+        // One file holds the last message; every other one goes once a
+        // snapshot is stored.
+        assert_eq!(dir_files(&dir), files);
+        drop(compact(&mut rep));
         assert_eq!((rep.messages(), dir_files(&dir)), (1, 1));
         let m = rep.get(30).unwrap().unwrap();
         assert_eq!(&*m.data, data.as_bytes());
         ack(&mut rep, AckKind::Ack, 30).unwrap();
+        drop(compact(&mut rep));
         assert_eq!((rep.messages(), dir_files(&dir)), (0, 0));
     }
 
@@ -2112,8 +2534,128 @@ mod tests {
             let want = disk.get(seq).unwrap().unwrap();
             assert_eq!(again.get(seq).unwrap(), Some(want), "message {seq}");
         }
-        drop((disk, again));
+        disk.destroy();
+        again.destroy();
         std::fs::remove_dir_all(&file_dir).unwrap();
         assert!(!dir.exists() && !dir2.exists());
+    }
+
+    /// A member restarted keeps its files: its small snapshot and the
+    /// files give back the replica of the snapshot's moment (what came
+    /// after it is cut, to be applied again from the log), with nothing
+    /// rewritten, and applying the same entries again gives the same
+    /// outcomes.
+    #[test]
+    fn a_restart_keeps_the_files_and_cuts_what_came_after_the_snapshot() {
+        let dir = temp_dir();
+        let mut disk = rich_replica(Payloads::open(&dir, 16_384).unwrap(), 90);
+        let now = Instant::now();
+        let frozen = compact(&mut disk);
+        let mut small = Vec::new();
+        frozen.write_to(&mut small).unwrap();
+        let at_snapshot = disk.small_state();
+        let files_then = dir_files(&dir);
+        let later: Vec<Op> = (0..40)
+            .map(|i| publish("a.b", &format!("\"later {i}\""), None, 1_000 + i))
+            .chain([Op::Remove { seq: 5 }])
+            .collect();
+        let outcomes = disk.apply(&later, now);
+        let state_after = disk.small_state();
+        drop(disk);
+        let modified = |d: &std::path::Path| -> Vec<std::time::SystemTime> {
+            let mut v: Vec<_> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().metadata().unwrap().modified().unwrap())
+                .collect();
+            v.sort();
+            v
+        };
+        let (mut again, target) =
+            Replica::restore_files(&mut &small[..], small.len() as u64, now, &dir, 16_384).unwrap();
+        assert!(again.is_whole(&target));
+        assert_eq!(again.small_state(), at_snapshot);
+        assert_eq!(dir_files(&dir), files_then);
+        let before = modified(&dir);
+        assert_eq!(again.apply(&later, now), outcomes);
+        assert_eq!(again.small_state(), state_after);
+        let after = modified(&dir);
+        assert_eq!(
+            after[..before.len() - 1],
+            before[..before.len() - 1],
+            "kept files untouched"
+        );
+    }
+
+    /// A member with a damaged file, or one that fell behind, rebases on
+    /// the leader's snapshot and fetches only what it lacks from the
+    /// leader's frozen state: the two hold the same messages after.
+    #[test]
+    fn a_member_behind_or_damaged_fetches_what_it_lacks() {
+        let now = Instant::now();
+        let (dir_a, dir_b) = (temp_dir(), temp_dir());
+        let mut a = rich_replica(Payloads::open(&dir_a, 16_384).unwrap(), 90);
+        let mut b = rich_replica(Payloads::open(&dir_b, 16_384).unwrap(), 30);
+        let more: Vec<Op> = (0..60)
+            .map(|i| publish("a.b", &format!("\"more {i}\""), None, 2_000 + i))
+            .chain([Op::Remove { seq: 3 }, Op::Remove { seq: 95 }])
+            .collect();
+        a.apply(&more, now);
+        let frozen = compact(&mut a);
+        let mut small = Vec::new();
+        frozen.write_to(&mut small).unwrap();
+        let fetch = |r: &mut Replica, target: &Target| -> u64 {
+            let mut fetched = 0;
+            while target.wants_after(r.held_through()) {
+                let (recs, _) = frozen.records_after(r.held_through(), 8_192).unwrap();
+                fetched += recs.len() as u64;
+                r.take_records(&recs, target).unwrap();
+            }
+            fetched
+        };
+        // Behind: it keeps what it has and fetches the rest.
+        let target = b.rebase(&mut &small[..], small.len() as u64, now).unwrap();
+        let held = b.messages();
+        assert!(held >= 29, "{held}");
+        let fetched = fetch(&mut b, &target);
+        assert!(b.is_whole(&target));
+        assert_eq!(b.small_state(), a.small_state());
+        let lacked: u64 = a
+            .iter()
+            .filter(|(s, _)| *s > 30)
+            .map(|(_, m)| m.bytes)
+            .sum();
+        assert_eq!(fetched, lacked, "only what it lacked");
+        // Damaged: one bit of a sealed file flipped while it was down.
+        let target_b = b.target();
+        let small_b = compact(&mut b);
+        let mut small_b_bytes = Vec::new();
+        small_b.write_to(&mut small_b_bytes).unwrap();
+        drop(b);
+        let mut names: Vec<_> = std::fs::read_dir(&dir_b)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        let mut bytes = std::fs::read(&names[1]).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x10;
+        std::fs::write(&names[1], &bytes).unwrap();
+        let (mut b, target) = Replica::restore_files(
+            &mut &small_b_bytes[..],
+            small_b_bytes.len() as u64,
+            now,
+            &dir_b,
+            16_384,
+        )
+        .unwrap();
+        assert_eq!(target, target_b);
+        assert!(!b.is_whole(&target));
+        assert!(b.messages() < target.count);
+        fetch(&mut b, &target);
+        assert!(b.is_whole(&target));
+        assert_eq!(b.small_state(), a.small_state());
+        for (seq, _) in a.iter() {
+            assert_eq!(b.get(seq).unwrap(), a.get(seq).unwrap(), "message {seq}");
+        }
     }
 }
