@@ -135,7 +135,7 @@ fn a_replica_on_disk_keeps_only_an_index_in_memory() {
         assert_eq!(&*m.subject, format!("big.{}", k % 8));
         assert!(*m.data == *payload(k, MSG_BYTES), "message {k} reads back");
     }
-    drop(rep);
+    rep.destroy();
     assert!(!dir.exists());
 }
 
@@ -356,13 +356,31 @@ fn await_payload_files(c: &Cluster, i: usize, bytes: u64, within: Duration) {
     }
 }
 
+/// The bytes process `pid` has sent to storage (`write_bytes` less
+/// `cancelled_write_bytes` of its /proc io).
+fn written(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    let field = |name: &str| -> u64 {
+        io.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    field("write_bytes").saturating_sub(field("cancelled_write_bytes"))
+}
+
+/// Bytes a replica may write per byte published to an R3 stream: the
+/// Raft log's copy, the payload files' copy, small snapshots.
+const WRITES_PER_BYTE_MAX: f64 = 2.5;
+
 #[test]
 fn resident_memory_stays_bounded_while_an_r3_stream_grows() {
     let _turn = one_at_a_time();
-    let c = Cluster::start();
+    let mut c = Cluster::start();
     let leader = create_r3(&c);
     let pids: Vec<u32> = (0..3).map(|i| c.pid(i)).collect();
     let rss0: Vec<u64> = pids.iter().map(|&p| proc_kb(p, "VmRSS")).collect();
+    let written0: Vec<u64> = pids.iter().map(|&p| written(p)).collect();
     let watch = RssWatch::start(pids.clone());
     // 400 MB from two publishers, one on the group's leader and one on
     // another node (which relays to it); each publishes in order.
@@ -400,6 +418,36 @@ fn resident_memory_stays_bounded_while_an_r3_stream_grows() {
     }
     let sampled = watch.finish();
     let hwm: Vec<u64> = pids.iter().map(|&p| proc_kb(p, "VmHWM")).collect();
+    // Each replica writes a published byte about twice (its Raft log and
+    // its payload files); its snapshots hold no payloads.
+    let per_byte: Vec<f64> = (0..3)
+        .map(|i| (written(pids[i]) - written0[i]) as f64 / total as f64)
+        .collect();
+    eprintln!("bytes written per byte published, per node: {per_byte:.2?}");
+    for (i, w) in per_byte.iter().enumerate() {
+        assert!(
+            *w <= WRITES_PER_BYTE_MAX,
+            "{} wrote {w:.2} bytes per byte published (at most {WRITES_PER_BYTE_MAX})",
+            IDS[i]
+        );
+    }
+    for i in 0..3 {
+        let files = snapshot_files(&c.data_dir(i));
+        assert!(
+            !files.is_empty(),
+            "{}: no snapshot after {total} bytes",
+            IDS[i]
+        );
+        for f in files {
+            let len = std::fs::metadata(&f).map_or(0, |m| m.len());
+            assert!(
+                len < 1 << 20,
+                "{}: {} holds {len} bytes",
+                IDS[i],
+                f.display()
+            );
+        }
+    }
     eprintln!(
         "published {n} messages, {} MB, in {took:?}; VmRSS kB at the start {rss0:?}, \
          largest sampled {sampled:?}, peak (VmHWM) {hwm:?}",
@@ -425,6 +473,36 @@ fn resident_memory_stays_bounded_while_an_r3_stream_grows() {
         Duration::from_secs(60),
     );
     eprintln!("read {n} messages back in {:?}", t0.elapsed());
+
+    // A member restarted, after kill -9 and after SIGTERM, keeps its
+    // files: it is current again within 5 s and rewrites nothing.
+    for (how, node) in [("kill -9", (leader + 1) % 3), ("SIGTERM", (leader + 2) % 3)] {
+        if how == "kill -9" {
+            c.kill(node);
+        } else {
+            assert!(c.terminate(node, STEP_WAIT), "{} did not stop", IDS[node]);
+        }
+        c.restart(node);
+        let pid = c.pid(node);
+        await_current(&c, leader, node, Duration::from_secs(5));
+        let w = written(pid);
+        eprintln!(
+            "{} after {how}: {} MB written until current",
+            IDS[node],
+            w >> 20
+        );
+        assert!(
+            w < 64 << 20,
+            "{} wrote {w} bytes after {how} until current",
+            IDS[node]
+        );
+    }
+    check_read_back(
+        &client(&c, leader),
+        "again",
+        &acked,
+        Duration::from_secs(60),
+    );
 }
 
 #[test]
@@ -471,6 +549,21 @@ fn a_replica_behind_a_snapshot_larger_than_a_frame_catches_up() {
     c.restart(victim);
     await_current(&c, third, victim, Duration::from_secs(90));
     await_payload_files(&c, victim, total, STEP_WAIT);
+    // It fetched by ranges what it lacked, not the stream again.
+    let log = c.log(victim);
+    assert!(!log.contains("starting over"), "{log}");
+    let fetched: u64 = log
+        .lines()
+        .filter_map(|l| l.split("caught up to its snapshot at ").nth(1))
+        .filter_map(|l| l.split(": ").nth(1)?.split(' ').next()?.parse::<u64>().ok())
+        .sum();
+    let lacked = total - 16 * MSG_BYTES as u64;
+    eprintln!("{} fetched {fetched} bytes, lacking {lacked}", IDS[victim]);
+    assert!(
+        fetched > 0 && fetched as f64 <= 1.1 * lacked as f64,
+        "{} fetched {fetched} bytes for {lacked} it lacked",
+        IDS[victim]
+    );
     // Freeze the old leader: the stream is served by the restarted
     // replica and the third node, so it reads back from the restarted
     // replica's copy.
