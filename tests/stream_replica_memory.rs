@@ -431,21 +431,12 @@ fn resident_memory_stays_bounded_while_an_r3_stream_grows() {
             IDS[i]
         );
     }
-    for i in 0..3 {
+    for (i, id) in IDS.iter().enumerate() {
         let files = snapshot_files(&c.data_dir(i));
-        assert!(
-            !files.is_empty(),
-            "{}: no snapshot after {total} bytes",
-            IDS[i]
-        );
+        assert!(!files.is_empty(), "{id}: no snapshot after {total} bytes");
         for f in files {
             let len = std::fs::metadata(&f).map_or(0, |m| m.len());
-            assert!(
-                len < 1 << 20,
-                "{}: {} holds {len} bytes",
-                IDS[i],
-                f.display()
-            );
+            assert!(len < 1 << 20, "{id}: {} holds {len} bytes", f.display());
         }
     }
     eprintln!(
