@@ -21,6 +21,7 @@
 pub mod consumer;
 pub mod dedup;
 pub mod index;
+pub mod limits;
 pub mod meta;
 pub mod payloads;
 pub mod recover;

@@ -48,14 +48,13 @@ use std::time::{Duration, Instant};
 
 use super::consumer::{Consumer, Event, Source};
 use super::dedup::IdWindow;
+use super::limits;
 use super::payloads::{Detached, Loc, Payload, Payloads};
 use super::segment::{msg_record_bytes, MsgRef, SUBJECT_BYTES_MAX};
-use super::stream::{
-    msg_id_of, payload_size, Member, Stored, CONSUMERS_PER_STREAM_MAX, STREAM_BYTES_DEFAULT_MAX,
-};
+use super::stream::{msg_id_of, Member, Stored, CONSUMERS_PER_STREAM_MAX};
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::stream_messages::{
-    patterns_overlap, ConsumerConfig, DeliverPolicy, Discard, Retention, StreamConfig,
+    patterns_overlap, ConsumerConfig, DeliverPolicy, Retention, StreamConfig,
 };
 use crate::protocol::subject;
 
@@ -401,27 +400,10 @@ impl Replica {
         }
     }
 
-    fn bytes_max(&self) -> u64 {
-        match self.cfg.max_bytes {
-            0 => STREAM_BYTES_DEFAULT_MAX,
-            n => n.min(STREAM_BYTES_DEFAULT_MAX),
-        }
-    }
-
     /// R1's `Stream::store`, rule for rule.
     fn store(&mut self, p: &Publish) -> Result<Stored, ApiError> {
         let headers = p.headers.as_deref();
-        let payload = payload_size(&p.data, headers);
-        if self.cfg.max_msg_size > 0 && payload > self.cfg.max_msg_size {
-            return Err(ApiError::new(
-                Code::PayloadTooLarge,
-                format!(
-                    "message payload is {payload} bytes, stream {:?} takes at most {}",
-                    self.cfg.name, self.cfg.max_msg_size
-                ),
-            ));
-        }
-        let size = p.subject.len() as u64 + payload;
+        let size = limits::check_size(&self.cfg, &p.subject, &p.data, headers)?;
         let id = (self.cfg.duplicate_window_ms > 0)
             .then(|| msg_id_of(headers))
             .flatten();
@@ -431,23 +413,7 @@ impl Replica {
                 return Ok(Stored::Duplicate(seq));
             }
         }
-        let full = (self.cfg.max_msgs > 0 && self.messages() >= self.cfg.max_msgs)
-            || self.bytes + size > self.bytes_max();
-        if full && self.cfg.discard == Discard::New {
-            return Err(ApiError::new(
-                Code::Limit,
-                format!("stream {:?} is full (discard new)", self.cfg.name),
-            ));
-        }
-        if size > self.bytes_max() {
-            return Err(ApiError::new(
-                Code::Limit,
-                format!(
-                    "message is larger than stream {:?}'s max_bytes",
-                    self.cfg.name
-                ),
-            ));
-        }
+        limits::check_room(&self.cfg, self.messages(), self.bytes, size)?;
         if p.subject.is_empty() || p.subject.len() > SUBJECT_BYTES_MAX {
             return Err(internal("subject must be 1..=65535 bytes"));
         }
@@ -462,16 +428,15 @@ impl Replica {
             self.ids.remember(id.into_boxed_str(), seq, p.time_ms);
         }
         let mut removed = Vec::new();
-        if self.cfg.retention == Retention::Interest && !self.has_interest(&p.subject) {
+        if self.cfg.retention == Retention::Interest
+            && !limits::has_interest(&self.consumers, &p.subject)
+        {
             self.remove(seq);
             removed.push(seq);
             return Ok(Stored::New { seq, removed });
         }
         loop {
-            let over = (self.cfg.max_msgs > 0 && self.messages() > self.cfg.max_msgs)
-                || self.bytes > self.bytes_max();
-            // The message just stored stays even if it alone is over.
-            if !over || self.messages() <= 1 {
+            if !limits::over(&self.cfg, self.messages(), self.bytes) {
                 break;
             }
             let first = self.first_seq();
@@ -518,16 +483,6 @@ impl Replica {
         self.msgs.insert(seq, m);
     }
 
-    fn has_interest(&self, subj: &str) -> bool {
-        self.consumers.values().any(|m| {
-            m.consumer
-                .cfg
-                .filter_subject
-                .as_deref()
-                .is_none_or(|f| subject::matches(f, subj))
-        })
-    }
-
     /// Removes `seq` and every consumer's pending delivery of it.
     fn remove(&mut self, seq: u64) -> bool {
         let Some(m) = self.msgs.remove(&seq) else {
@@ -558,26 +513,10 @@ impl Replica {
         n
     }
 
-    /// R1's `Stream::done_with`: whether an acked `seq` may go.
+    /// Whether an acked `seq` may go (see [`limits::done_with`]).
     fn done_with(&self, seq: u64) -> bool {
-        match self.cfg.retention {
-            Retention::Limits => false,
-            Retention::Workqueue => true,
-            Retention::Interest => {
-                let Some(m) = self.msgs.get(&seq) else {
-                    return false;
-                };
-                self.consumers.values().all(|member| {
-                    let c = &member.consumer;
-                    let wants = member.since < seq
-                        && c.cfg
-                            .filter_subject
-                            .as_deref()
-                            .is_none_or(|f| subject::matches(f, &m.subject));
-                    !wants || c.has_acked(seq)
-                })
-            }
-        }
+        let subj = self.msgs.get(&seq).map(|m| &*m.subject);
+        limits::done_with(&self.cfg, &self.consumers, seq, subj)
     }
 
     fn start_seq(&self, cfg: &ConsumerConfig) -> u64 {

@@ -15,9 +15,10 @@ use std::path::Path;
 
 use super::consumer::{Consumer, Source};
 use super::dedup::IdWindow;
+use super::limits;
 use super::store::{Options, Store};
 use crate::protocol::errors::{ApiError, Code};
-use crate::protocol::stream_messages::{Discard, Retention, StreamConfig};
+use crate::protocol::stream_messages::{Retention, StreamConfig};
 use crate::protocol::subject;
 use crate::storage::sync::Ticket;
 
@@ -163,13 +164,6 @@ impl Stream {
         Ok(self.get(seq)?.map(|m| (seq, m)))
     }
 
-    fn bytes_max(&self) -> u64 {
-        match self.cfg.max_bytes {
-            0 => STREAM_BYTES_DEFAULT_MAX,
-            n => n.min(STREAM_BYTES_DEFAULT_MAX),
-        }
-    }
-
     /// Stores a captured publish made at `now_ms` (buffered;
     /// [`Stream::flush`] writes it). `headers` is raw JSON; `data` is raw
     /// JSON, or an attachment's bytes when `binary`.
@@ -181,17 +175,7 @@ impl Stream {
         headers: Option<&str>,
         now_ms: u64,
     ) -> Result<Stored, ApiError> {
-        let payload = payload_size(data, headers);
-        if self.cfg.max_msg_size > 0 && payload > self.cfg.max_msg_size {
-            return Err(ApiError::new(
-                Code::PayloadTooLarge,
-                format!(
-                    "message payload is {payload} bytes, stream {:?} takes at most {}",
-                    self.cfg.name, self.cfg.max_msg_size
-                ),
-            ));
-        }
-        let size = subject.len() as u64 + payload;
+        let size = limits::check_size(&self.cfg, subject, data, headers)?;
         let id = self.msg_id(headers);
         if let Some(id) = &id {
             self.ids.forget(now_ms, self.cfg.duplicate_window_ms);
@@ -200,23 +184,7 @@ impl Stream {
             }
         }
         let st = self.store.state();
-        let full = (self.cfg.max_msgs > 0 && st.messages >= self.cfg.max_msgs)
-            || st.bytes + size > self.bytes_max();
-        if full && self.cfg.discard == Discard::New {
-            return Err(ApiError::new(
-                Code::Limit,
-                format!("stream {:?} is full (discard new)", self.cfg.name),
-            ));
-        }
-        if size > self.bytes_max() {
-            return Err(ApiError::new(
-                Code::Limit,
-                format!(
-                    "message is larger than stream {:?}'s max_bytes",
-                    self.cfg.name
-                ),
-            ));
-        }
+        limits::check_room(&self.cfg, st.messages, st.bytes, size)?;
         let seq = self
             .store
             .append(subject, headers, data, binary, now_ms)
@@ -225,7 +193,9 @@ impl Stream {
             self.ids.remember(id.into_boxed_str(), seq, now_ms);
         }
         let mut removed = Vec::new();
-        if self.cfg.retention == Retention::Interest && !self.has_interest(subject) {
+        if self.cfg.retention == Retention::Interest
+            && !limits::has_interest(&self.consumers, subject)
+        {
             self.store.remove(seq).map_err(store_err)?;
             removed.push(seq);
             return Ok(Stored::New { seq, removed });
@@ -273,23 +243,10 @@ impl Stream {
         msg_id_of(headers)
     }
 
-    fn has_interest(&self, subj: &str) -> bool {
-        self.consumers.values().any(|m| {
-            m.consumer
-                .cfg
-                .filter_subject
-                .as_deref()
-                .is_none_or(|f| subject::matches(f, subj))
-        })
-    }
-
     fn enforce_limits(&mut self, removed: &mut Vec<u64>) -> Result<(), ApiError> {
         loop {
             let st = self.store.state();
-            let over = (self.cfg.max_msgs > 0 && st.messages > self.cfg.max_msgs)
-                || st.bytes > self.bytes_max();
-            // The message just stored stays even if it alone is over.
-            if !over || st.messages <= 1 {
+            if !limits::over(&self.cfg, st.messages, st.bytes) {
                 return Ok(());
             }
             self.store.remove(st.first_seq).map_err(store_err)?;
@@ -341,24 +298,8 @@ impl Stream {
 
     /// Whether an acked `seq` may go under the stream's retention.
     pub fn done_with(&self, seq: u64) -> bool {
-        match self.cfg.retention {
-            Retention::Limits => false,
-            Retention::Workqueue => true,
-            Retention::Interest => {
-                let Some((subj, _)) = self.store.meta(seq) else {
-                    return false;
-                };
-                self.consumers.values().all(|m| {
-                    let c = &m.consumer;
-                    let wants = m.since < seq
-                        && c.cfg
-                            .filter_subject
-                            .as_deref()
-                            .is_none_or(|f| subject::matches(f, subj));
-                    !wants || c.has_acked(seq)
-                })
-            }
-        }
+        let subj = self.store.meta(seq).map(|(s, _)| s);
+        limits::done_with(&self.cfg, &self.consumers, seq, subj)
     }
 
     /// Messages matching `filter` with a seq `>= from` (for `num_pending`).
