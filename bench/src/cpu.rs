@@ -75,6 +75,26 @@ pub fn rss_sum(pids: &[u32]) -> Option<u64> {
     pids.iter().map(|&p| rss_bytes(p)).sum()
 }
 
+/// The bytes a process has sent to storage: `write_bytes` less
+/// `cancelled_write_bytes` of `/proc/PID/io` (readable for one's own
+/// processes; root reads any).
+pub fn written_bytes(pid: u32) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    let field = |name: &str| -> Option<u64> {
+        s.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some(field("write_bytes")?.saturating_sub(field("cancelled_write_bytes")?))
+}
+
+/// Bytes several processes have sent to storage, together.
+pub fn written_sum(pids: &[u32]) -> Option<u64> {
+    pids.iter().map(|&p| written_bytes(p)).sum()
+}
+
 /// Puts the thread `tid` (0: the calling thread) on the given CPUs.
 pub fn pin(tid: i32, cpus: &[usize]) -> bool {
     // SAFETY: cpu_set_t is plain data; the calls only read it.

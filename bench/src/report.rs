@@ -40,6 +40,7 @@ const COLUMNS: &[(&str, &str)] = &[
     ("p50 µs", "p50_us"),
     ("p99 µs", "p99_us"),
     ("bytes/conn", "bytes_per_conn"),
+    ("disk B per B per replica", "write_per_byte"),
 ];
 
 /// Metrics compared between gombus and nats: (heading, field; "" = the rate).
@@ -49,6 +50,7 @@ const RATIOS: &[(&str, &str)] = &[
     ("p50", "p50_us"),
     ("p99", "p99_us"),
     ("bytes/conn", "bytes_per_conn"),
+    ("disk B/B", "write_per_byte"),
 ];
 
 fn field<'a>(workload: &str, f: &'a str) -> &'a str {

@@ -59,6 +59,7 @@ struct Clock {
     srv0: Option<f64>,
     own0: f64,
     host0: Option<(u64, u64)>,
+    written0: Option<u64>,
 }
 
 impl Clock {
@@ -67,6 +68,7 @@ impl Clock {
             srv0: cpu::cpu_secs_sum(pids),
             own0: cpu::own_cpu_secs(),
             host0: cpu::host_ticks(),
+            written0: cpu::written_sum(pids),
             t0: Instant::now(),
         }
     }
@@ -81,6 +83,11 @@ impl Clock {
             _ => None,
         };
         let own = cpu::own_cpu_secs() - self.own0;
+        let written = match (self.written0, cpu::written_sum(pids)) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+            _ => None,
+        };
+        row.insert("server_write_bytes".into(), json!(written));
         row.insert("elapsed_s".into(), json!(round(secs, 4)));
         row.insert("server_cpu_s".into(), json!(srv.map(|s| round(s, 3))));
         row.insert(
@@ -692,6 +699,14 @@ pub fn stream3(s: &Spec, create_wait: Duration) -> Res<Vec<Value>> {
             c.listen_inbox().map_err(e2s)?;
             let mut row = publish_window(s, &mut c, &format!("{prefix}.x"), &workload);
             row.insert("pub_node".into(), json!(format!("n{}", at + 1)));
+            // What every node sent to storage, per byte published, per
+            // replica (the three nodes hold one each).
+            let published = row["acked"].as_u64().unwrap_or(0) * s.size as u64;
+            let per_byte = row["server_write_bytes"]
+                .as_u64()
+                .filter(|_| published > 0)
+                .map(|w| round(w as f64 / published as f64 / s.nodes.len() as f64, 2));
+            row.insert("write_per_byte".into(), json!(per_byte));
             row.insert("stream_leader".into(), json!(format!("n{}", leader + 1)));
             let acked = row["acked"].as_u64().unwrap_or(0);
             let (after, held) = await_view(&mut admin, &name, STREAM3_WAIT, |v| {

@@ -60,8 +60,10 @@ const TAG_REMOTE: u64 = 1 << 62;
 const TAG_RELAY: u64 = 1 << 61;
 /// Tags of membership changes and of their relays to the leader.
 const TAG_MEMBER: u64 = 1 << 60;
-/// Tags of `cluster.catchup` calls (`stream_catchup.rs`).
-const TAG_CATCHUP: u64 = 1 << 59;
+/// Tags of `cluster.catchup` calls (`stream_catchup.rs`) and of
+/// `cluster.publish` batches (`stream_batches.rs`).
+pub(crate) const TAG_CATCHUP: u64 = 1 << 59;
+pub(crate) const TAG_BATCH: u64 = 1 << 58;
 
 mod forwards;
 mod membership;
@@ -395,12 +397,14 @@ impl Cluster {
     pub fn call_node(
         &mut self,
         node: u64,
+        kind: u64,
         event: &str,
         args: String,
+        attachments: Vec<Vec<u8>>,
         timeout: Duration,
     ) -> Option<u64> {
         let link = self.link_to(node)?;
-        let tag = self.tag(TAG_CATCHUP);
+        let tag = self.tag(kind);
         let queued = self.links.as_ref().is_some_and(|l| {
             l.call(
                 link,
@@ -408,7 +412,7 @@ impl Cluster {
                     tag,
                     event: event.to_string(),
                     args,
-                    attachments: Vec::new(),
+                    attachments,
                     timeout,
                     root: false,
                 },

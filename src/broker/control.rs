@@ -44,7 +44,8 @@ impl Broker {
                 Route::ClusterCommand
                 | Route::ClusterForward
                 | Route::ClusterMembers
-                | Route::ClusterCatchup,
+                | Route::ClusterCatchup
+                | Route::ClusterPublish,
             ) if !peer => Err(ApiError::new(
                 Code::Unauthorized,
                 format!("{name} is for cluster members: it needs the cluster token"),
@@ -53,6 +54,7 @@ impl Broker {
             Some(Route::ClusterCommand) => self.cluster_command(conn, ack_id, arg),
             Some(Route::ClusterForward) => self.cluster_forward(sink, attachments),
             Some(Route::ClusterCatchup) => self.cluster_catchup(sink, conn, ack_id, arg),
+            Some(Route::ClusterPublish) => self.cluster_publish(sink, conn, ack_id, attachments),
             other => self.control_query(sink, conn, ack_id, other, name, arg),
         }
     }

@@ -31,6 +31,7 @@ pub enum Route {
     ClusterCommand,
     ClusterForward,
     ClusterCatchup,
+    ClusterPublish,
     /// `cluster/membership.rs`: the configuration, asked for by a node
     /// waiting to be added.
     ClusterMembers,
@@ -211,6 +212,11 @@ pub const EVENTS: &[Event] = &[
         "cluster.catchup",
         "{group, index, after, max}",
         Route::ClusterCatchup,
+    ),
+    control(
+        "cluster.publish",
+        "{} and a publish batch as attachment 0",
+        Route::ClusterPublish,
     ),
 ];
 

@@ -61,6 +61,7 @@ pub mod monitor;
 pub mod replicated;
 pub mod requests;
 pub mod session;
+pub mod stream_batches;
 pub mod stream_catchup;
 pub mod stream_cluster;
 pub mod stream_groups;

@@ -213,7 +213,14 @@ impl Broker {
         })
         .to_string();
         cu.asked = c
-            .call_node(leader, "cluster.catchup", args, CATCHUP_CALL_WAIT)
+            .call_node(
+                leader,
+                super::cluster::TAG_CATCHUP,
+                "cluster.catchup",
+                args,
+                Vec::new(),
+                CATCHUP_CALL_WAIT,
+            )
             .map(|tag| (tag, now));
         if cu.asked.is_none() {
             cu.retry_at = Some(now + CATCHUP_RETRY);

@@ -43,7 +43,6 @@ use std::time::{Duration, Instant};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use super::cluster::send_ack;
 use super::events::StreamOp;
 use super::session::NSP_ROOT;
 use super::stream_out::{has_targets, push_accepted, push_message, Push, RemotePush};
@@ -214,13 +213,55 @@ pub(crate) struct StreamGroups {
     /// Where replicas keep their payloads (`<data>/replicas`), once
     /// cleaned of what an older broker left.
     payload_root: Option<Option<std::path::PathBuf>>,
+    /// Publishes relayed to stream leaders, and those relayed here, in
+    /// batches (`stream_batches.rs`).
+    pub(super) batches: super::stream_batches::Batches,
 }
 
 impl StreamGroups {
+    /// A publish this node takes into the turn's entry of its stream
+    /// group, which it leads; answered on `conn` under `ack_id` once
+    /// applied.
+    pub(super) fn take_publish(
+        &mut self,
+        p: &super::stream_batches::Item<'_>,
+        conn: ConnId,
+        ack_id: Option<u64>,
+    ) -> Result<(), ApiError> {
+        let Some(h) = self
+            .held
+            .get_mut(&p.group)
+            .filter(|h| h.role == Role::Leader)
+        else {
+            return Err(unavailable(
+                "this node does not lead the stream (its leader changed)",
+            ));
+        };
+        if h.waiting() >= WAITING_MAX {
+            return Err(ApiError::new(
+                Code::Limit,
+                "too many publishes are waiting for the stream's replicas",
+            ));
+        }
+        h.ops.push(Op::Publish(Publish {
+            subject: p.subject.to_string(),
+            headers: p.headers.map(str::to_string),
+            data: p.data.to_vec(),
+            binary: p.binary,
+            time_ms: epoch_ms(),
+        }));
+        h.replies.push(match ack_id {
+            Some(ack_id) => Reply::Publish { conn, ack_id },
+            None => Reply::None,
+        });
+        Ok(())
+    }
+
     /// Socket `conn` closed: nothing waiting is answered on it any more
     /// (its slot may be reused by another socket). Its requests' ops
     /// still go through.
     pub(crate) fn forget_conn(&mut self, conn: ConnId) {
+        self.batches.forget_conn(conn);
         let gone = |r: &Reply| match r {
             Reply::None | Reply::Push { .. } => false,
             Reply::Publish { conn: c, .. }
@@ -491,9 +532,24 @@ impl Broker {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
         };
+        let bytes = match super::streams::stream_attachment(data, attachments) {
+            Ok(Some(b)) => (b, true),
+            Ok(None) => (data.as_bytes(), false),
+            Err(e) => return Some(Err(e)),
+        };
         if let Route::Relay(node) = route {
             if node == me {
                 return Some(Err(unavailable("the stream has no leader")));
+            }
+            if self.stream_groups.held.contains_key(&group) {
+                // A member: the turn's publishes go to the leader in one
+                // batch; this node delivers the message to subscribers.
+                let waiter = ack_id.map(|a| (conn, a));
+                let (b, binary) = bytes;
+                self.stream_groups
+                    .batches
+                    .add(node, group, waiter, subject, headers, b, binary);
+                return Some(Ok(true));
             }
             let arg = super::dispatch::pub_arg(subject, data, reply, headers);
             return Some(
@@ -509,30 +565,18 @@ impl Broker {
                 .map(|_| false),
             );
         }
-        let bytes = match super::streams::stream_attachment(data, attachments) {
-            Ok(Some(b)) => (b.to_vec(), true),
-            Ok(None) => (data.as_bytes().to_vec(), false),
-            Err(e) => return Some(Err(e)),
-        };
-        let h = self.stream_groups.held.get_mut(&group)?;
-        if h.waiting() >= WAITING_MAX {
-            return Some(Err(ApiError::new(
-                Code::Limit,
-                "too many publishes are waiting for the stream's replicas",
-            )));
-        }
-        h.ops.push(Op::Publish(Publish {
-            subject: subject.to_string(),
-            headers: headers.map(str::to_string),
+        let item = super::stream_batches::Item {
+            group,
+            subject,
+            headers,
             data: bytes.0,
             binary: bytes.1,
-            time_ms: epoch_ms(),
-        }));
-        h.replies.push(match ack_id {
-            Some(ack_id) => Reply::Publish { conn, ack_id },
-            None => Reply::None,
-        });
-        Some(Ok(true))
+        };
+        Some(
+            self.stream_groups
+                .take_publish(&item, conn, ack_id)
+                .map(|()| true),
+        )
     }
 
     /// A stream event naming a replicated stream (`None`: `name` is not
@@ -893,6 +937,7 @@ impl Broker {
         }
         let now = sink.now();
         self.catch_up_all(now);
+        self.send_batches(sink);
         let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) else {
             return;
         };
@@ -979,7 +1024,7 @@ impl Broker {
             }
         }
         for (conn, ack_id, body) in answers {
-            send_ack(sink, conn, NSP_ROOT, ack_id, &body);
+            self.stream_groups.answer(sink, conn, ack_id, body);
         }
     }
 
@@ -1142,7 +1187,7 @@ impl Broker {
             }
         }
         for (conn, ack_id, body) in answers {
-            send_ack(sink, conn, NSP_ROOT, ack_id, &body);
+            self.stream_groups.answer(sink, conn, ack_id, body);
         }
         for (conn, ack_id, body, attachments) in binary {
             let head = &mut self.stream_groups.head;

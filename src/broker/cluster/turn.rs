@@ -176,6 +176,10 @@ impl Broker {
                     self.catchup_answered(sink.now(), tag, result);
                     return;
                 }
+                if tag & TAG_BATCH != 0 {
+                    self.batch_answered(sink, tag, result);
+                    return;
+                }
                 let ok = result.as_ref().is_ok_and(|(text, _)| {
                     serde_json::from_str::<Value>(text)
                         .is_ok_and(|v| v.get("ok") == Some(&Value::Bool(true)))
