@@ -271,13 +271,17 @@ impl Broker {
         let Some(waiters) = self.stream_groups.batches.sent.remove(&tag) else {
             return;
         };
-        let answer = result.as_ref().ok().and_then(|(text, _)| {
-            let v: Vec<Answer<'_>> = serde_json::from_str(text).ok()?;
-            v.into_iter().next()
-        });
-        let failed = match (&result, &answer) {
-            (Err(e), _) => ApiError::new(Code::Unavailable, e.message.clone()),
-            _ => ApiError::new(Code::Unavailable, "the stream's leader gave no answer"),
+        // The answer's first argument: `{ok, results}`.
+        let answer = result
+            .as_ref()
+            .ok()
+            .and_then(|(text, _)| serde_json::from_str::<Answer<'_>>(text).ok());
+        let failed = match &result {
+            Err(e) => ApiError::new(Code::Unavailable, e.message.clone()),
+            Ok((text, _)) => ApiError::new(
+                Code::Unavailable,
+                format!("the stream's leader gave no answer: {text}"),
+            ),
         };
         for (i, w) in waiters.into_iter().enumerate() {
             let Some((conn, ack_id)) = w else {
