@@ -976,8 +976,8 @@ fn run_with(seed: u64, n: usize, memory_log: bool, split: bool) -> (Sim, Check) 
         doom_per_mille: 0,
     };
     let chaos_per_mille = pick.range(20, 300);
-    // Drawn apart from the rest, which stay what they were before these
-    // faults existed.
+    // Split Appends and doomed leaders are drawn from their own generator,
+    // so the draws above stay what they were before these faults existed.
     // Half the runs are leader storms: many Appends split and most
     // leaders crashing right after they append, and after 7 s of that
     // with the other faults, 8 s of it alone on a network that neither
