@@ -8,7 +8,7 @@ RUSTFLAGS_STATIC := -C target-feature=+crt-static
 BIN := bin/broker
 CLI := bin/gombus
 
-.PHONY: all build run cluster test test-deps fmt fmt-check clippy bench bench-cluster conformance clean sim fuzz soak
+.PHONY: all build run cluster test test-deps fmt fmt-check clippy bench bench-cluster conformance clean sim fuzz soak mutants
 
 all: build
 
@@ -88,6 +88,15 @@ soak: build
 	GOMBUS_BIN=$(CURDIR)/$(BIN) SOAK_DURATION=$(DURATION) SOAK_SEED=$(SEED) \
 	  SOAK_REPORT_DIR=$(CURDIR)/data/soak/$$(date -u +%Y%m%dT%H%M%SZ) \
 	  $(CARGO) test --locked --test soak chaos_soak -- --nocapture
+
+# Safety mutants (scripts/mutants.sh): each patch under tests/mutants/
+# breaks one safety rule; the tests it names must catch it. Rebuilds for
+# each mutant, so not part of `make test`: run it after touching a safety
+# rule. `make mutants MUTANTS=raft-figure8,...` picks some; prints a
+# table of mutant, rule, catching test and seconds.
+MUTANTS ?=
+mutants:
+	MUTANTS=$(MUTANTS) scripts/mutants.sh
 
 # The conformance fixture for the official Engine.IO/Socket.IO suites.
 conformance:

@@ -3,8 +3,13 @@
 //! partitions, nodes that crash and restart from what they persisted, and
 //! clients proposing and reading throughout, and (with spare nodes)
 //! membership changes: adds, removes, removing the leader, a change cut
-//! short by a crash or a partition. Every step is followed by the safety
-//! checks; a run ends with a liveness check after healing.
+//! short by a crash or a partition. Appends are split (a follower gets
+//! only a prefix of an Append's entries, so an older term's entries can
+//! reach a majority without the new leader's no-op) and leaders crash
+//! right after they append, the schedule that Raft's Figure 8 rule (a
+//! leader commits only entries of its own term by counting) is there for.
+//! Every step is followed by the safety checks; a run ends with a
+//! liveness check after healing.
 
 #![allow(dead_code)]
 
@@ -14,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use gombus::cluster::raft::{self, ChangeState, Config, Proposed, Raft, Role};
 use gombus::cluster::raft_log::{LogStore, MemoryLog};
 use gombus::cluster::raft_msg::{
-    Entry, EntryKind, HardState, Membership, Message, NodeId, Snapshot,
+    Body, Entry, EntryKind, HardState, Membership, Message, NodeId, Snapshot,
 };
 
 /// SplitMix64 ([`gombus::rand`]): tiny, seeded, reproducible.
@@ -50,6 +55,15 @@ pub struct Faults {
     pub slow_per_mille: u64,
     /// Chaos actions (partitions, crashes) at all.
     pub chaos: bool,
+    /// An Append with entries arrives with only a prefix of them (maybe
+    /// none), as if the leader had sent fewer.
+    pub split_per_mille: u64,
+    /// A node that becomes leader, a leader that appends a proposal, or
+    /// one whose commit index moves, crashes: half the time once its
+    /// round is on disk and applied but before any of its messages leave,
+    /// else within 40 ms (some of its Appends out, some not). It restarts
+    /// 1 ms to 2 s later.
+    pub doom_per_mille: u64,
 }
 
 impl Faults {
@@ -60,6 +74,8 @@ impl Faults {
             slow_ms: 0,
             slow_per_mille: 0,
             chaos: false,
+            split_per_mille: 0,
+            doom_per_mille: 0,
         }
     }
 }
@@ -126,6 +142,19 @@ pub struct Sim {
     msg_seq: u64,
     /// Blocked directed links (from, to).
     pub cut: BTreeSet<(NodeId, NodeId)>,
+    /// Draws for splitting Appends and dooming leaders, apart from `rng`
+    /// so that a run without those faults is the run it was before them.
+    shake: Rng,
+    /// Leaders to crash: (when, node, the term it leads).
+    doomed: Vec<(u64, usize, u64)>,
+    /// A leader to crash at the end of its current round, its messages
+    /// unsent.
+    doomed_now: Option<(usize, u64)>,
+    /// Doomed leaders to restart: (when, node).
+    revive: Vec<(u64, usize)>,
+    /// Appends split, and leaders crashed right after appending.
+    pub splits: u64,
+    pub dooms: u64,
     // What the checks remember.
     leaders: BTreeMap<u64, NodeId>,
     pub committed: BTreeMap<u64, (u64, Option<u64>)>,
@@ -195,6 +224,12 @@ impl Sim {
             in_flight: BTreeMap::new(),
             msg_seq: 0,
             cut: BTreeSet::new(),
+            shake: Rng::new(seed ^ 0xf188),
+            doomed: Vec::new(),
+            doomed_now: None,
+            revive: Vec::new(),
+            splits: 0,
+            dooms: 0,
             leaders: BTreeMap::new(),
             committed: BTreeMap::new(),
             commit_term: BTreeMap::new(),
@@ -356,8 +391,54 @@ impl Sim {
             }
             self.msg_seq += 1;
             self.net.push(Reverse((self.now + delay, self.msg_seq)));
-            self.in_flight.insert(self.msg_seq, m.clone());
+            let m = self.maybe_split(m.clone());
+            self.in_flight.insert(self.msg_seq, m);
         }
+    }
+
+    /// With `split_per_mille`, keeps only a prefix of an Append's entries.
+    fn maybe_split(&mut self, mut m: Message) -> Message {
+        if let Body::Append { entries, .. } = &mut m.body {
+            if !entries.is_empty() && self.shake.chance(self.faults.split_per_mille) {
+                let keep = self.shake.below(entries.len() as u64) as usize;
+                entries.truncate(keep);
+                self.splits += 1;
+            }
+        }
+        m
+    }
+
+    /// With `doom_per_mille`, crashes leader `i` of `term`: half the
+    /// time at the end of its current round with nothing sent, else
+    /// within 40 ms, among the deliveries of what it sent.
+    fn maybe_doom(&mut self, i: usize, term: u64) {
+        if self.shake.chance(self.faults.doom_per_mille) {
+            if self.shake.chance(500) {
+                self.doomed_now = Some((i, term));
+            } else {
+                let at = self.now + self.shake.range(1, 40);
+                self.doomed.push((at, i, term));
+            }
+        }
+    }
+
+    /// Crashes node `i` if it still leads `term`, and restarts it 1 ms to
+    /// 2 s later. Whether it crashed.
+    fn doom(&mut self, i: usize, term: u64) -> bool {
+        let leads = self.nodes[i]
+            .raft
+            .as_ref()
+            .is_some_and(|r| r.role() == Role::Leader && r.term() == term);
+        // A memory log forgets what it acked: as in `chaos`, only one node
+        // may be catching up at a time.
+        if leads && (!self.memory_log || !self.non_voter_exists()) {
+            self.crash(i);
+            self.dooms += 1;
+            let back = self.now + self.shake.range(1, 2000);
+            self.revive.push((back, i));
+            return true;
+        }
+        false
     }
 
     /// Runs Ready rounds at node `i` until it is quiet, checking as it goes.
@@ -401,8 +482,12 @@ impl Sim {
                     self.on_new_leader(i, st.term)?;
                 }
             }
-            for m in after.messages {
-                self.send(m);
+            // A leader doomed now applies this round but sends nothing.
+            let doomed_now = self.doomed_now.filter(|d| d.0 == i);
+            if doomed_now.is_none() {
+                for m in after.messages {
+                    self.send(m);
+                }
             }
             if let Some(snap) = after.restore {
                 self.restore(i, snap)?;
@@ -434,6 +519,12 @@ impl Sim {
                 }
             }
             self.check_log_matching(i)?;
+            if let Some((_, term)) = doomed_now {
+                self.doomed_now = None;
+                if self.doom(i, term) {
+                    return Ok(());
+                }
+            }
         }
     }
 
@@ -446,6 +537,7 @@ impl Sim {
         }
         self.leaders.insert(term, id);
         self.leader_changes.push((self.now, id, term));
+        self.maybe_doom(i, term);
         let r = self.nodes[i].raft.as_ref().unwrap();
         if !r.configuration().is_voter(id) && r.configuration_index() <= r.commit() {
             return Err(format!(
@@ -610,6 +702,7 @@ impl Sim {
         match r.propose(data) {
             Ok(Proposed::Appended { index, term }) => {
                 self.nodes[i].awaiting.insert(index, (term, cmd));
+                self.maybe_doom(i, term);
             }
             Ok(Proposed::Forwarded { seq }) => {
                 self.nodes[i].forwarded.insert(seq, cmd);
@@ -643,11 +736,32 @@ impl Sim {
         let msg = self.net.peek().map(|Reverse(x)| *x);
         let tick_at = tick.map_or(u64::MAX, |t| t.0);
         let msg_at = msg.map_or(u64::MAX, |m| m.0);
-        if tick_at.min(msg_at) > until {
+        // A doomed leader's crash or its restart goes before a tick or a
+        // delivery due at the same time.
+        let doom = (0..self.doomed.len()).min_by_key(|&k| self.doomed[k].0);
+        let doom_at = doom.map_or(u64::MAX, |k| self.doomed[k].0);
+        let back = (0..self.revive.len()).min_by_key(|&k| self.revive[k].0);
+        let back_at = back.map_or(u64::MAX, |k| self.revive[k].0);
+        if tick_at.min(msg_at).min(doom_at).min(back_at) > until {
             self.now = until;
             return Ok(false);
         }
         self.steps += 1;
+        if doom_at <= tick_at.min(msg_at).min(back_at) {
+            self.now = doom_at;
+            let (_, i, term) = self.doomed.swap_remove(doom.unwrap());
+            self.doom(i, term);
+            return Ok(true);
+        }
+        if back_at <= tick_at.min(msg_at) {
+            self.now = back_at;
+            let (_, i) = self.revive.swap_remove(back.unwrap());
+            if !self.alive(i) && self.nodes[i].exists {
+                self.start(i);
+                self.process(i)?;
+            }
+            return Ok(true);
+        }
         if msg_at < tick_at {
             self.now = msg_at;
             self.net.pop();
@@ -659,7 +773,12 @@ impl Sim {
             if self.trace {
                 println!("{} deliver {:?}", self.now, m);
             }
-            self.nodes[to].raft.as_mut().unwrap().step(m);
+            let r = self.nodes[to].raft.as_mut().unwrap();
+            let (role, term, commit) = (r.role(), r.term(), r.commit());
+            r.step(m);
+            if role == Role::Leader && r.role() == role && r.term() == term && r.commit() > commit {
+                self.maybe_doom(to, term);
+            }
             self.process(to)?;
         } else {
             let (at, i) = tick.unwrap();
@@ -834,17 +953,55 @@ pub fn run_seed(seed: u64, n: usize, memory_log: bool) -> Check {
     run(seed, n, memory_log).1
 }
 
+/// [`run_seed`] without split Appends or doomed leaders: the run a seed
+/// made before those faults existed, for seeds that failed then.
+pub fn run_seed_unsplit(seed: u64, n: usize, memory_log: bool) -> Check {
+    run_with(seed, n, memory_log, false).1
+}
+
 /// [`run_seed`], also handing back the simulation for its figures.
 pub fn run(seed: u64, n: usize, memory_log: bool) -> (Sim, Check) {
+    run_with(seed, n, memory_log, true)
+}
+
+fn run_with(seed: u64, n: usize, memory_log: bool, split: bool) -> (Sim, Check) {
     let mut pick = Rng::new(seed ^ 0x5eed);
-    let faults = Faults {
+    let mut faults = Faults {
         drop_per_mille: pick.below(150),
         dup_per_mille: pick.below(50),
         slow_ms: 300,
         slow_per_mille: pick.below(100),
         chaos: true,
+        split_per_mille: 0,
+        doom_per_mille: 0,
     };
     let chaos_per_mille = pick.range(20, 300);
+    // Split Appends and doomed leaders are drawn from their own generator,
+    // so the draws above stay what they were before these faults existed.
+    // Half the runs are leader storms: many Appends split and most
+    // leaders crashing right after they append, and after 7 s of that
+    // with the other faults, 8 s of it alone on a network that neither
+    // drops nor delays (clients then at the leader). Logs left ragged by
+    // the first part are settled there by split Appends and short-lived
+    // leaders: an entry of an older term reaches a majority without its
+    // leader's no-op while a node that never saw it holds a newer one,
+    // the case of Raft's Figure 8.
+    let mut storm = None;
+    if split {
+        let mut pick_more = Rng::new(seed ^ 0xf188eed);
+        if pick_more.chance(500) {
+            faults.split_per_mille = pick_more.range(200, 600);
+            faults.doom_per_mille = pick_more.range(500, 1000);
+            storm = Some(Faults {
+                split_per_mille: faults.split_per_mille,
+                doom_per_mille: faults.doom_per_mille,
+                ..Faults::calm()
+            });
+        } else {
+            faults.split_per_mille = pick_more.below(300);
+            faults.doom_per_mille = pick_more.below(200);
+        }
+    }
     // Durable-log runs change membership too; memory-log runs keep theirs
     // (a node that forgets its log cannot safely be counted on to hold a
     // configuration change either; see docs/DESIGN.md).
@@ -853,28 +1010,52 @@ pub fn run(seed: u64, n: usize, memory_log: bool) -> (Sim, Check) {
     } else {
         (Sim::with_spares(seed, n, 2, faults), pick.range(20, 120))
     };
-    let r = chaos_then_heal(&mut sim, chaos_per_mille, changes);
+    let r = chaos_then_heal(&mut sim, chaos_per_mille, changes, storm);
     (sim, r)
 }
 
-fn chaos_then_heal(sim: &mut Sim, chaos_per_mille: u64, changes_per_mille: u64) -> Check {
+fn chaos_then_heal(
+    sim: &mut Sim,
+    chaos_per_mille: u64,
+    changes_per_mille: u64,
+    storm: Option<Faults>,
+) -> Check {
     let chaos_end = 15_000;
+    let storm_from = 7_000;
+    let mut storming = false;
     let mut t = 0;
     while t < chaos_end {
         t += 20;
         sim.run_until(t)?;
+        if let Some(f) = storm.filter(|_| !storming && t >= storm_from) {
+            sim.heal();
+            sim.faults = f;
+            storming = true;
+            for i in 0..sim.nodes.len() {
+                if !sim.alive(i) && sim.nodes[i].exists {
+                    sim.start(i);
+                    sim.process(i)?;
+                }
+            }
+        }
         if sim.rng.chance(changes_per_mille) {
             sim.change_membership()?;
         }
         let n = sim.nodes.len();
         let i = sim.rng.below(n as u64) as usize;
-        if sim.rng.chance(600) {
+        if storming {
+            if sim.rng.chance(25) {
+                if let Some(l) = sim.leader() {
+                    sim.propose(l)?;
+                }
+            }
+        } else if sim.rng.chance(600) {
             sim.propose(i)?;
         }
         if sim.rng.chance(100) {
             sim.read(i)?;
         }
-        if sim.rng.chance(chaos_per_mille) {
+        if sim.rng.chance(chaos_per_mille) && !storming {
             sim.chaos()?;
         }
     }
@@ -887,6 +1068,8 @@ fn chaos_then_heal(sim: &mut Sim, chaos_per_mille: u64, changes_per_mille: u64) 
 pub fn liveness(sim: &mut Sim, healed_at: u64) -> Check {
     sim.heal();
     sim.faults = Faults::calm();
+    sim.doomed.clear();
+    sim.doomed_now = None;
     for i in 0..sim.nodes.len() {
         if !sim.alive(i) && sim.nodes[i].exists {
             sim.start(i);
