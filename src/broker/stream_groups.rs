@@ -1197,18 +1197,31 @@ impl Broker {
                 json!({"node": super::replicated::node_id(c, n), "current": current, "lag": lag})
             })
             .collect();
+        // Only the group's leader knows each member's lag; elsewhere this
+        // is what this node knows, and says so (`from_leader: false`).
+        let from_leader = g.is_some_and(|g| g.role == Role::Leader);
         let leader = leader.map(|l| super::replicated::node_id(c, l));
-        Some(json!({"leader": leader, "replicas": replicas}))
+        Some(json!({"leader": leader, "replicas": replicas, "from_leader": from_leader}))
     }
 
     /// `stream.list` entries of the replicated streams, from the replicas
-    /// held here (zero state where this node holds none).
-    pub(crate) fn replicated_list_entries(&self) -> Vec<Value> {
+    /// held here (zero state where this node holds none); with `led_only`,
+    /// only those of the groups this node leads (what a peer gathering
+    /// the list takes over its own view, see `cluster/relays.rs`).
+    pub(crate) fn replicated_list_entries(&self, led_only: bool) -> Vec<Value> {
         let mut out = Vec::new();
         for (name, s) in &self.fsm.streams {
             let Some((group, _)) = self.placed(name) else {
                 continue;
             };
+            let leads = self
+                .stream_groups
+                .held
+                .get(&group)
+                .is_some_and(|h| h.role == Role::Leader);
+            if led_only && !leads {
+                continue;
+            }
             let mut config = s.config.clone();
             if let Some(o) = config.as_object_mut() {
                 o.remove("replicas");

@@ -132,7 +132,9 @@ impl Broker {
             if let Ok((text, _)) = &result {
                 let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
                 if let Some(list) = v.get("streams").and_then(Value::as_array) {
-                    g.streams.extend(list.iter().cloned());
+                    for entry in list {
+                        merge_entry(&mut g.streams, entry.clone());
+                    }
                 }
             }
             if g.left == 0 {
@@ -161,5 +163,19 @@ impl Broker {
                 relay_ack(sink, r.conn, ack_id, &call_error_value(&e), &[]);
             }
         }
+    }
+}
+
+/// Adds a peer's `stream.list` entry to a gathered list. A name listed
+/// already is a replicated stream this node knows only as a member or
+/// bystander; the peer that sent it leads the stream's group (a peer
+/// lists only those, see `stream_cluster.rs`), so its entry, with each
+/// replica's lag, replaces this node's own.
+fn merge_entry(streams: &mut Vec<Value>, entry: Value) {
+    let name = |v: &Value| v["config"]["name"].as_str().map(str::to_string);
+    let key = name(&entry);
+    match streams.iter_mut().find(|s| key.is_some() && name(s) == key) {
+        Some(known) => *known = entry,
+        None => streams.push(entry),
     }
 }
