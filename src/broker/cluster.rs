@@ -29,6 +29,7 @@ use crate::cluster::fsm::{Change, Cmd, MetaCommand};
 use crate::cluster::link::{CallError, LinkEvent, LinkOut, Links};
 use crate::cluster::node::{FromRaft, NodeConfig, RaftNode, ToRaft, View};
 use crate::cluster::raft::Role;
+use crate::cluster::raft_msg::GroupId;
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::socketio::{self, PacketType};
@@ -108,6 +109,9 @@ struct Waiter {
 struct Relay {
     conn: ConnId,
     ack_id: Option<u64>,
+    /// For a replicated stream's event: its group, and the node relayed
+    /// to as that group's leader.
+    group: Option<(GroupId, u64)>,
 }
 
 /// A `stream.list` gathered from every node.

@@ -91,6 +91,7 @@ impl Broker {
             let text = arg.map_or("{}", RawValue::get).to_string();
             return Some(self.relay(
                 owner,
+                None,
                 conn,
                 ack_id,
                 event,

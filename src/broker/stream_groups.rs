@@ -425,6 +425,13 @@ impl Broker {
             .ok_or_else(|| unavailable("no replica of the stream is reachable"))
     }
 
+    /// `Some(group)` when `node` is relayed to as the leader of group
+    /// `group` that this node is a member of (a non-member relays to any
+    /// member, whose own relay watches the leader).
+    fn led_by(&self, group: GroupId, node: u64) -> Option<GroupId> {
+        (self.stream_groups.leader(group) == Some(node)).then_some(group)
+    }
+
     /// A publish captured by a replicated stream: `Some(true)` when this
     /// node leads it and the publish joins the turn's entry (its ack
     /// waits for the apply), `Some(false)` when it was relayed to the
@@ -466,6 +473,7 @@ impl Broker {
             return Some(
                 self.relay(
                     node,
+                    self.led_by(group, node),
                     conn,
                     ack_id,
                     "pub",
@@ -550,6 +558,7 @@ impl Broker {
             let text = arg.map_or("{}", RawValue::get).to_string();
             return Some(self.relay(
                 node,
+                self.led_by(group, node),
                 conn,
                 ack_id,
                 event,

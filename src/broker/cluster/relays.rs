@@ -7,10 +7,15 @@ use super::*;
 impl Broker {
     #[allow(clippy::too_many_arguments)]
     /// Relays a client's event to node `node` over the peer link's `/`
-    /// socket; its answer is relayed back as this event's ack.
+    /// socket; its answer is relayed back as this event's ack. With
+    /// `group`, `node` is that stream group's leader as this node knows
+    /// it, and the relay is answered `unavailable` as soon as this node
+    /// learns the group has another leader or none
+    /// ([`Broker::group_leader_moved`]), rather than at its timeout.
     pub(crate) fn relay(
         &mut self,
         node: u64,
+        group: Option<GroupId>,
         conn: ConnId,
         ack_id: Option<u64>,
         event: &str,
@@ -52,8 +57,52 @@ impl Broker {
         if !queued {
             return Err(unreachable());
         }
-        c.relays.insert(tag, Relay { conn, ack_id });
+        c.relays.insert(
+            tag,
+            Relay {
+                conn,
+                ack_id,
+                group: group.map(|g| (g, node)),
+            },
+        );
         Ok(None)
+    }
+
+    /// Stream group `group` now has `leader` (or none) as this node sees
+    /// it: a request relayed to another node as the group's leader will
+    /// not be served there, or its answer may never come (a leader frozen
+    /// or cut off); it is answered `unavailable` now, so that a stream
+    /// without a reachable leader answers within the contract's 5 s
+    /// (docs/PROTOCOL.md, "Replicated streams").
+    pub(crate) fn group_leader_moved(
+        &mut self,
+        sink: &mut dyn Sink,
+        group: GroupId,
+        leader: Option<u64>,
+    ) {
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        let moved: Vec<u64> = c
+            .relays
+            .iter()
+            .filter(|(_, r)| {
+                r.group
+                    .is_some_and(|(g, n)| g == group && Some(n) != leader)
+            })
+            .map(|(&tag, _)| tag)
+            .collect();
+        let gone: Vec<Relay> = moved.iter().filter_map(|t| c.relays.remove(t)).collect();
+        let e = ApiError::new(
+            Code::Unavailable,
+            "the stream's leader changed or cannot be reached; try again",
+        );
+        for r in gone {
+            if let Some(ack_id) = r.ack_id {
+                self.count_error(Code::Unavailable);
+                send_ack(sink, r.conn, NSP_ROOT, ack_id, &e.ack_body());
+            }
+        }
     }
 
     /// `stream.list` in a cluster: this node's streams plus every other

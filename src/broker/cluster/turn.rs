@@ -121,7 +121,12 @@ impl Broker {
                 }
                 self.retry_waiters(sink.now());
             }
-            FromRaft::Group { group, event } => self.on_group(sink, group, event),
+            FromRaft::Group { group, event } => {
+                if let crate::cluster::node::GroupEvent::Status(s) = &event {
+                    self.group_leader_moved(sink, group, s.leader);
+                }
+                self.on_group(sink, group, event)
+            }
             FromRaft::Changed { tag, result } => self.member_proposed(sink, tag, result),
             FromRaft::WantSnapshot => {
                 let data = self.fsm.snapshot();
