@@ -274,10 +274,16 @@ impl Cluster {
             self.settings.raft.clone(),
             Arc::clone(&waker),
         )?);
+        // On `/` the links relay clients' events, whose rights were
+        // checked where each client is connected: they log in with
+        // -auth-token, else with the cluster token, which a member admits
+        // on `/` with every right (docs/PROTOCOL.md, "Users and
+        // permissions"), so `-users` needs no all-rights user.
+        let root_token = auth_token.or_else(|| cluster_token.clone());
         self.links = Some(Links::start(
             &self.settings.peers_http,
             cluster_token,
-            auth_token,
+            root_token,
             waker,
         ));
         Ok(())
