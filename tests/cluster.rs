@@ -242,6 +242,11 @@ fn shared_cluster_cases() {
         "r3_leader_current_and_lag_agree_on_every_node",
         || r3_cluster_field_agrees(&c),
     );
+    step(
+        &mut failed,
+        "an_r3_stream_takes_publishes_right_after_its_create",
+        || r3_serves_after_create(&c),
+    );
     step(&mut failed, "python_socketio_across_nodes", || {
         python_across_nodes(&c)
     });
@@ -861,6 +866,27 @@ fn r3_cluster_field_agrees(c: &Cluster) {
             "the nodes never agreed on R3LAG's leader, current and integer lag: {views:#?}"
         );
         thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// docs/PROTOCOL.md "Replicated streams": the create of an R3 stream is
+/// acked once its group has a leader, so publishes made right after it
+/// (no sleep, no retry) are each acked with the next seq.
+fn r3_serves_after_create(c: &Cluster) {
+    let client = c.client(1);
+    client
+        .call(
+            "stream.create",
+            json!({"name": "R3NOW", "subjects": ["r3now.>"], "replicas": 3}),
+        )
+        .expect("stream.create R3NOW");
+    // 4 MiB in 64 KiB messages.
+    let pad = "x".repeat(64 << 10);
+    for k in 1..=64u64 {
+        let ack = client
+            .publish_stream("r3now.k", json!({ "k": k, "pad": pad }))
+            .unwrap_or_else(|e| panic!("publish {k} right after the create: {e}"));
+        assert_eq!((ack.stream.as_str(), ack.seq), ("R3NOW", k));
     }
 }
 

@@ -165,6 +165,8 @@ pub(crate) struct Cluster {
     /// Proposals made for peers: tag -> the peer's control socket and ack.
     remote: HashMap<u64, (ConnId, u64)>,
     relays: HashMap<u64, Relay>,
+    /// Creates of replicated streams waiting for their group's leader.
+    created: Vec<proposals::CreateWait>,
     gathers: HashMap<u64, Gather>,
     /// Relay tag -> gather it belongs to.
     gather_of: HashMap<u64, u64>,
@@ -237,6 +239,7 @@ impl Cluster {
             next_op: boot << 32,
             remote: HashMap::new(),
             relays: HashMap::new(),
+            created: Vec::new(),
             gathers: HashMap::new(),
             gather_of: HashMap::new(),
             next_tag: 0,
@@ -414,6 +417,7 @@ impl Cluster {
             }
         }
         self.relays.retain(|_, r| r.conn != conn);
+        self.created.retain(|w| w.reply.conn != conn);
         self.gathers.retain(|_, g| g.conn != conn);
     }
 
@@ -427,6 +431,7 @@ impl Cluster {
         }
         self.remote.retain(|_, (c, _)| *c != conn);
         self.relays.retain(|_, r| r.conn != conn);
+        self.created.retain(|w| w.reply.conn != conn);
         self.gathers.retain(|_, g| g.conn != conn);
         self.changes.retain(|_, p| p.conn != conn);
     }
