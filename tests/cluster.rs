@@ -874,12 +874,17 @@ fn r3_cluster_field_agrees(c: &Cluster) {
 /// (no sleep, no retry) are each acked with the next seq.
 fn r3_serves_after_create(c: &Cluster) {
     let client = c.client(1);
+    let t0 = Instant::now();
     client
         .call(
             "stream.create",
             json!({"name": "R3NOW", "subjects": ["r3now.>"], "replicas": 3}),
         )
         .expect("stream.create R3NOW");
+    eprintln!(
+        "stream.create of an R3 stream acked after {:?}",
+        t0.elapsed()
+    );
     // 4 MiB in 64 KiB messages.
     let pad = "x".repeat(64 << 10);
     for k in 1..=64u64 {
