@@ -109,8 +109,8 @@ struct Waiter {
 struct Relay {
     conn: ConnId,
     ack_id: Option<u64>,
-    /// For a replicated stream's event: its group, and the node relayed
-    /// to as that group's leader.
+    /// For a fetch on a replicated stream: its group, and the node
+    /// relayed to as that group's leader.
     group: Option<(GroupId, u64)>,
 }
 

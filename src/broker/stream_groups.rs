@@ -425,11 +425,19 @@ impl Broker {
             .ok_or_else(|| unavailable("no replica of the stream is reachable"))
     }
 
-    /// `Some(group)` when `node` is relayed to as the leader of group
-    /// `group` that this node is a member of (a non-member relays to any
-    /// member, whose own relay watches the leader).
-    fn led_by(&self, group: GroupId, node: u64) -> Option<GroupId> {
-        (self.stream_groups.leader(group) == Some(node)).then_some(group)
+    /// `Some(group)` when a fetch relayed to `node` is to be answered
+    /// `unavailable` as soon as this member sees group `group` lose that
+    /// leader: `node` leads the group as this member knows it (a
+    /// non-member relays to any member, whose own relay watches the
+    /// leader). A fetch's relay waits its `expires_ms` plus
+    /// [`ENTRY_WAIT`], past the contract's 5 s; every other relay is
+    /// answered within [`ENTRY_WAIT`] anyway, and keeps waiting for the
+    /// old leader's answer, which tells whether its entry was applied
+    /// (an early `unavailable` would leave a publisher retrying one that
+    /// was stored).
+    fn watched_fetch(&self, op: StreamOp, group: GroupId, node: u64) -> Option<GroupId> {
+        let leads = self.stream_groups.leader(group) == Some(node);
+        (op == StreamOp::ConsumerFetch && leads).then_some(group)
     }
 
     /// A publish captured by a replicated stream: `Some(true)` when this
@@ -473,7 +481,7 @@ impl Broker {
             return Some(
                 self.relay(
                     node,
-                    self.led_by(group, node),
+                    None,
                     conn,
                     ack_id,
                     "pub",
@@ -558,7 +566,7 @@ impl Broker {
             let text = arg.map_or("{}", RawValue::get).to_string();
             return Some(self.relay(
                 node,
-                self.led_by(group, node),
+                self.watched_fetch(op, group, node),
                 conn,
                 ack_id,
                 event,

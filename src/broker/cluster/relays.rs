@@ -8,9 +8,9 @@ impl Broker {
     #[allow(clippy::too_many_arguments)]
     /// Relays a client's event to node `node` over the peer link's `/`
     /// socket; its answer is relayed back as this event's ack. With
-    /// `group`, `node` is that stream group's leader as this node knows
-    /// it, and the relay is answered `unavailable` as soon as this node
-    /// learns the group has another leader or none
+    /// `group` (a fetch's relay), `node` is that stream group's leader as
+    /// this node knows it, and the relay is answered `unavailable` as
+    /// soon as this node learns the group has another leader or none
     /// ([`Broker::group_leader_moved`]), rather than at its timeout.
     pub(crate) fn relay(
         &mut self,
@@ -69,11 +69,12 @@ impl Broker {
     }
 
     /// Stream group `group` now has `leader` (or none) as this node sees
-    /// it: a request relayed to another node as the group's leader will
-    /// not be served there, or its answer may never come (a leader frozen
-    /// or cut off); it is answered `unavailable` now, so that a stream
+    /// it: a fetch relayed to another node as the group's leader will not
+    /// be served there, or its answer may never come (a leader frozen or
+    /// cut off); it is answered `unavailable` now, so that a stream
     /// without a reachable leader answers within the contract's 5 s
-    /// (docs/PROTOCOL.md, "Replicated streams").
+    /// (docs/PROTOCOL.md, "Replicated streams"), not after its
+    /// `expires_ms` and 4.5 s more.
     pub(crate) fn group_leader_moved(
         &mut self,
         sink: &mut dyn Sink,
