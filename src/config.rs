@@ -785,11 +785,14 @@ impl Config {
         if self.cluster_token.as_deref() == Some("") {
             return Err(invalid("-cluster-token: must not be empty"));
         }
-        if self.users.is_some() && !self.raft_peers.is_empty() && self.auth_token.is_none() {
+        let relays_unproven = self.auth_token.is_none() && self.cluster_secret().is_none();
+        if self.users.is_some() && !self.raft_peers.is_empty() && relays_unproven {
             // Nodes relay clients' events to each other on `/` with the
-            // -auth-token, a user with every right.
+            // cluster token (or -auth-token): with neither, a peer's
+            // relays could not be told from an unknown client.
             return Err(invalid(
-                "-users: cluster mode needs -auth-token too (the nodes' relays use it)",
+                "-users: cluster mode needs a cluster token (-cluster-token or -control-token) \
+                 for the nodes' relays",
             ));
         }
         if self.max_payload == 0 || self.max_payload > MAX_MAX_PAYLOAD {
@@ -1636,10 +1639,14 @@ mod tests {
             "-cluster=127.0.0.1:8002",
             "-users=u.json",
         ];
-        assert!(bad(&cluster).contains("-auth-token"));
-        let mut with_token = cluster.to_vec();
-        with_token.push("-auth-token=relay");
-        assert!(ok(&with_token).users.is_some());
+        assert!(bad(&cluster).contains("cluster token"));
+        // The relays prove the cluster token (or use -auth-token): no
+        // user with every right is needed.
+        for token in ["-auth-token=relay", "-cluster-token=c", "-control-token=k"] {
+            let mut with_token = cluster.to_vec();
+            with_token.push(token);
+            assert!(ok(&with_token).users.is_some(), "{token}");
+        }
     }
 
     #[test]

@@ -237,6 +237,16 @@ fn shared_cluster_cases() {
         "replicas_checked_and_the_placement_known_on_every_node",
         || replicated_stream_placement(&c),
     );
+    step(
+        &mut failed,
+        "r3_leader_current_and_lag_agree_on_every_node",
+        || r3_cluster_field_agrees(&c),
+    );
+    step(
+        &mut failed,
+        "an_r3_stream_takes_publishes_right_after_its_create",
+        || r3_serves_after_create(&c),
+    );
     step(&mut failed, "python_socketio_across_nodes", || {
         python_across_nodes(&c)
     });
@@ -784,6 +794,105 @@ fn replicated_stream_placement(c: &Cluster) {
     assert!(entry("R3")["leader"].is_string(), "{listed}");
     assert_eq!(entry("R3")["replicas"].as_array().map(Vec::len), Some(2));
     assert_eq!(entry("C5")["replicas"], json!([]), "{listed}");
+}
+
+/// A replica as a `cluster` field lists it: node, `current`, `lag`.
+type ReplicaView = (String, bool, u64);
+
+/// A `cluster` field reduced to what every node must agree on: the
+/// leader, and each replica's node, `current` and `lag` (None: a field
+/// is missing, or `lag` is not an integer).
+fn cluster_view(cluster: &Value) -> Option<(String, Vec<ReplicaView>)> {
+    let leader = cluster["leader"].as_str()?.to_string();
+    let mut replicas = Vec::new();
+    for r in cluster["replicas"].as_array()? {
+        let node = r["node"].as_str()?.to_string();
+        replicas.push((node, r["current"].as_bool()?, r["lag"].as_u64()?));
+    }
+    replicas.sort();
+    Some((leader, replicas))
+}
+
+/// docs/PROTOCOL.md "Replicated streams": `stream.info` carries `cluster`
+/// in its `stream` object (beside `config` and `state`) as each
+/// `stream.list` entry does, and whichever node is asked, leader,
+/// `current` and `lag` (an integer) are the leader's: a node that does
+/// not lead the stream asks its leader.
+fn r3_cluster_field_agrees(c: &Cluster) {
+    let clients = [c.client(0), c.client(1), c.client(2)];
+    cluster_support::call_until(
+        &clients[1],
+        "stream.create",
+        json!({"name": "R3LAG", "subjects": ["r3lag.>"], "replicas": 3}),
+        DELIVERY_WAIT,
+    );
+    agreed_stream_group_leader(c, &[0, 1, 2], "R3LAG", DELIVERY_WAIT, |_| true);
+    for k in 1..=5u64 {
+        let ack = clients[(k % 3) as usize]
+            .publish_stream("r3lag.k", json!({ "k": k }))
+            .unwrap_or_else(|e| panic!("publish {k} to R3LAG: {e}"));
+        assert_eq!(ack.seq, k);
+    }
+    // Polled: the replicas catch up within a heartbeat or two.
+    let deadline = Instant::now() + DELIVERY_WAIT;
+    loop {
+        let mut views = Vec::new();
+        for (i, client) in clients.iter().enumerate() {
+            let info = client.call("stream.info", json!({ "name": "R3LAG" }));
+            let info = info.map(|v| v["stream"]["cluster"].clone());
+            let list = client.call("stream.list", json!({}));
+            let entry = list.map(|l| {
+                l["streams"]
+                    .as_array()
+                    .and_then(|l| l.iter().find(|s| s["config"]["name"] == json!("R3LAG")))
+                    .map_or(Value::Null, |s| s["cluster"].clone())
+            });
+            views.push((IDS[i], "stream.info", info));
+            views.push((IDS[i], "stream.list", entry));
+        }
+        let seen: Vec<_> = views
+            .iter()
+            .map(|(_, _, v)| v.as_ref().ok().and_then(cluster_view))
+            .collect();
+        let agreed = seen[0]
+            .as_ref()
+            .is_some_and(|first| first.1.len() == 2 && first.1.iter().all(|r| r.1 && r.2 == 0))
+            && seen.iter().all(|v| *v == seen[0]);
+        if agreed {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the nodes never agreed on R3LAG's leader, current and integer lag: {views:#?}"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// docs/PROTOCOL.md "Replicated streams": the create of an R3 stream is
+/// acked once its group has a leader, so publishes made right after it
+/// (no sleep, no retry) are each acked with the next seq.
+fn r3_serves_after_create(c: &Cluster) {
+    let client = c.client(1);
+    let t0 = Instant::now();
+    client
+        .call(
+            "stream.create",
+            json!({"name": "R3NOW", "subjects": ["r3now.>"], "replicas": 3}),
+        )
+        .expect("stream.create R3NOW");
+    eprintln!(
+        "stream.create of an R3 stream acked after {:?}",
+        t0.elapsed()
+    );
+    // 4 MiB in 64 KiB messages.
+    let pad = "x".repeat(64 << 10);
+    for k in 1..=64u64 {
+        let ack = client
+            .publish_stream("r3now.k", json!({ "k": k, "pad": pad }))
+            .unwrap_or_else(|e| panic!("publish {k} right after the create: {e}"));
+        assert_eq!((ack.stream.as_str(), ack.seq), ("R3NOW", k));
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -3,11 +3,15 @@
 //! rights with deny cuts, one answer per delivered request, stream
 //! rights, `forbidden` counted in /metrics without tokens, and SIGHUP
 //! reloads (narrowed rights, removed users, a refused file, and a reload
-//! under load that loses nothing for users whose rights stayed).
+//! under load that loses nothing for users whose rights stayed); and a
+//! three-node cluster started with `-users` and no `-auth-token`, where
+//! users on different nodes reach each other and each node enforces the
+//! rights of the clients connected to it.
 //! tests/users/users.json is the file the tests start from; the
 //! python-socketio and socket.io-client runs of the same rules are in
 //! tests/interop.rs.
 
+mod cluster_support;
 mod common;
 
 use std::io::{Read, Write};
@@ -558,4 +562,105 @@ fn a_reload_under_load_loses_nothing_for_users_whose_rights_stayed() {
     }
     assert!(reloads >= 2);
     let _: Value = json!(reloads);
+}
+
+/// A user's client of cluster node `i`.
+fn cluster_user(c: &cluster_support::Cluster, i: usize, token: &str) -> Client {
+    let opts = Options {
+        token: Some(token.to_string()),
+        ..Options::default()
+    };
+    Client::connect_with(&c.http[i], opts)
+        .unwrap_or_else(|e| panic!("connect to {} as {token}: {e}", c.http[i]))
+}
+
+/// docs/PROTOCOL.md §11: `-users` in a cluster needs no `-auth-token`.
+/// The nodes relay to each other with the cluster token, so a user on
+/// one node receives what a user on another publishes, a stream on one
+/// node serves a user on another, and each node refuses what its own
+/// clients may not do.
+#[test]
+fn users_work_in_a_cluster_without_an_auth_token() {
+    let path = write_users(&users_file());
+    let mut c = cluster_support::Cluster::prepare();
+    let users = format!("-users={}", path.display());
+    c.edit_args = Some(Box::new(move |_, args| args.push(users.clone())));
+    c.launch();
+    c.await_leader(&[0, 1, 2], cluster_support::LEADER_WAIT);
+    c.await_healthy(&[0, 1, 2], cluster_support::LEADER_WAIT);
+    // No token, or an unknown one, is refused on every node.
+    for i in 0..3 {
+        assert!(Client::connect(&c.http[i]).is_err(), "no token on node {i}");
+    }
+    let billing = cluster_user(&c, 0, "tok-billing");
+    let reader = cluster_user(&c, 1, "tok-reader");
+    let service = cluster_user(&c, 2, "tok-service");
+    // billing on n1 reaches reader on n2 (once the subscription is known
+    // on n1: probes until one arrives).
+    let sub = reader
+        .subscribe("orders.>")
+        .expect("reader subscribes on n2");
+    wait_until("a probe from n1 reaches n2", || {
+        billing
+            .publish_acked("orders.probe", json!({}))
+            .expect("billing publishes on n1");
+        sub.recv_timeout(Duration::from_millis(100)).is_ok()
+    });
+    while sub.recv_timeout(Duration::from_millis(200)).is_ok() {}
+    billing
+        .publish_acked("orders.new", json!({"n": 1}))
+        .expect("billing publishes orders.new on n1");
+    let m = next(&sub);
+    assert_eq!(
+        (m.subject.as_str(), m.data.clone()),
+        ("orders.new", json!({"n": 1}))
+    );
+    // Rights are enforced where each client is connected.
+    assert_forbidden(
+        billing.publish_acked("svc.x", json!({})),
+        "billing pub svc.x on n1",
+    );
+    assert_forbidden(
+        reader.publish_acked("orders.new", json!({})),
+        "reader pub on n2",
+    );
+    assert_forbidden(service.subscribe("orders.>"), "service sub orders.> on n3");
+    // A stream on n1, used by billing from n3 (relayed to n1 on the
+    // nodes' link); billing may not create one, nor read another stream.
+    let admin = cluster_user(&c, 0, "tok-admin");
+    for name in ["ORDERS", "OTHER"] {
+        let subjects = format!("{}.>", name.to_lowercase());
+        admin
+            .call(
+                "stream.create",
+                json!({"name": name, "subjects": [subjects]}),
+            )
+            .unwrap_or_else(|e| panic!("admin creates {name} on n1: {e}"));
+    }
+    let billing3 = cluster_user(&c, 2, "tok-billing");
+    let info = wait_for_stream(&billing3, "ORDERS");
+    assert_eq!(info["stream"]["config"]["name"], json!("ORDERS"));
+    assert_forbidden(
+        billing3.call("stream.info", json!({"name": "OTHER"})),
+        "billing stream.info OTHER on n3",
+    );
+    assert_forbidden(
+        billing3.call(
+            "stream.create",
+            json!({"name": "MINE", "subjects": ["mine.>"]}),
+        ),
+        "billing stream.create on n3",
+    );
+}
+
+/// `stream.info` of `name` through `client`, once the node knows it.
+fn wait_for_stream(client: &Client, name: &str) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match client.call("stream.info", json!({ "name": name })) {
+            Ok(v) => return v,
+            Err(e) => assert!(Instant::now() < deadline, "stream.info {name}: {e}"),
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -98,10 +98,15 @@ impl Broker {
     }
 
     /// Who a CONNECT to `/` with `given` as its token is. `-auth-token`
-    /// stays valid beside `-users` as a user with every right.
+    /// stays valid beside `-users` as a user with every right; in a
+    /// cluster so is the cluster token, with which the other members'
+    /// links relay their clients' events (rights are enforced on the
+    /// node each client is connected to).
     pub(crate) fn admit_root(&self, given: &str) -> Admission {
+        let holds = |t: &str| crate::crypto::token_eq(given.as_bytes(), t.as_bytes());
         let auth_token = self.cfg.auth_token.as_deref();
-        if auth_token.is_some_and(|t| crate::crypto::token_eq(given.as_bytes(), t.as_bytes())) {
+        let cluster_token = self.cluster.as_ref().and(self.cfg.cluster_token.as_deref());
+        if auth_token.is_some_and(holds) || cluster_token.is_some_and(holds) {
             return Admission::All;
         }
         match &self.access.users {

@@ -29,6 +29,7 @@ use crate::cluster::fsm::{Change, Cmd, MetaCommand};
 use crate::cluster::link::{CallError, LinkEvent, LinkOut, Links};
 use crate::cluster::node::{FromRaft, NodeConfig, RaftNode, ToRaft, View};
 use crate::cluster::raft::Role;
+use crate::cluster::raft_msg::GroupId;
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::socketio::{self, PacketType};
@@ -112,6 +113,9 @@ struct Waiter {
 struct Relay {
     conn: ConnId,
     ack_id: Option<u64>,
+    /// For a fetch on a replicated stream: its group, and the node
+    /// relayed to as that group's leader.
+    group: Option<(GroupId, u64)>,
 }
 
 /// A `stream.list` gathered from every node.
@@ -165,6 +169,8 @@ pub(crate) struct Cluster {
     /// Proposals made for peers: tag -> the peer's control socket and ack.
     remote: HashMap<u64, (ConnId, u64)>,
     relays: HashMap<u64, Relay>,
+    /// Creates of replicated streams waiting for their group's leader.
+    created: Vec<proposals::CreateWait>,
     gathers: HashMap<u64, Gather>,
     /// Relay tag -> gather it belongs to.
     gather_of: HashMap<u64, u64>,
@@ -237,6 +243,7 @@ impl Cluster {
             next_op: boot << 32,
             remote: HashMap::new(),
             relays: HashMap::new(),
+            created: Vec::new(),
             gathers: HashMap::new(),
             gather_of: HashMap::new(),
             next_tag: 0,
@@ -274,10 +281,16 @@ impl Cluster {
             self.settings.raft.clone(),
             Arc::clone(&waker),
         )?);
+        // On `/` the links relay clients' events, whose rights were
+        // checked where each client is connected: they log in with
+        // -auth-token, else with the cluster token, which a member admits
+        // on `/` with every right (docs/PROTOCOL.md, "Users and
+        // permissions"), so `-users` needs no all-rights user.
+        let root_token = auth_token.or_else(|| cluster_token.clone());
         self.links = Some(Links::start(
             &self.settings.peers_http,
             cluster_token,
-            auth_token,
+            root_token,
             waker,
         ));
         Ok(())
@@ -438,6 +451,7 @@ impl Cluster {
             }
         }
         self.relays.retain(|_, r| r.conn != conn);
+        self.created.retain(|w| w.reply.conn != conn);
         self.gathers.retain(|_, g| g.conn != conn);
     }
 
@@ -451,6 +465,7 @@ impl Cluster {
         }
         self.remote.retain(|_, (c, _)| *c != conn);
         self.relays.retain(|_, r| r.conn != conn);
+        self.created.retain(|w| w.reply.conn != conn);
         self.gathers.retain(|_, g| g.conn != conn);
         self.changes.retain(|_, p| p.conn != conn);
     }

@@ -619,6 +619,7 @@ impl Broker {
                 let arg = pub_arg(&p.subject, data, p.reply.as_deref(), headers);
                 self.relay(
                     owner,
+                    None,
                     conn,
                     ack_id,
                     "pub",

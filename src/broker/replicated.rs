@@ -129,7 +129,10 @@ impl Broker {
     }
 
     /// A `stream.info` answer (`body`, the ack's JSON array) with the
-    /// stream's `cluster` field.
+    /// stream's `cluster` field inside its `stream` object, beside
+    /// `config` and `state`, as in each `stream.list` entry. For one
+    /// release it is also beside `stream`, where earlier versions put it
+    /// (docs/PROTOCOL.md, "Replicated streams").
     pub(crate) fn with_cluster_field(&self, name: &str, body: String) -> String {
         let Some(cluster) = self.cluster_field(name) else {
             return body;
@@ -137,13 +140,14 @@ impl Broker {
         let Ok(mut answer) = serde_json::from_str::<Value>(&body) else {
             return body;
         };
-        match answer.get_mut(0).and_then(Value::as_object_mut) {
-            Some(first) => {
-                first.insert("cluster".into(), cluster);
-                answer.to_string()
-            }
-            None => body,
+        let Some(first) = answer.get_mut(0).and_then(Value::as_object_mut) else {
+            return body;
+        };
+        if let Some(stream) = first.get_mut("stream").and_then(Value::as_object_mut) {
+            stream.insert("cluster".into(), cluster.clone());
         }
+        first.insert("cluster".into(), cluster);
+        answer.to_string()
     }
 
     /// A `stream.list` answer of this node's streams with each entry's

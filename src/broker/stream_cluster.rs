@@ -56,7 +56,10 @@ impl Broker {
                 .event(sink, conn, op, event, arg, ack_id)
                 .map(|b| b.map(|b| self.with_cluster_fields(b)));
             if from_peer {
-                return Some(local);
+                // With the replicated streams this node leads: the asking
+                // node takes their entries (each replica's lag) over its own.
+                let led = self.replicated_list_entries(true);
+                return Some(local.map(|b| b.map(|b| with_entries(b, led))));
             }
             let streams = match local {
                 Ok(Some(body)) => serde_json::from_str::<Value>(&body)
@@ -66,7 +69,7 @@ impl Broker {
                 other => return Some(other),
             };
             let mut streams = streams;
-            streams.extend(self.replicated_list_entries());
+            streams.extend(self.replicated_list_entries(false));
             return Some(self.gather_stream_list(conn, ack_id, streams));
         }
         let field = op.names_stream_by()?;
@@ -88,6 +91,7 @@ impl Broker {
             let text = arg.map_or("{}", RawValue::get).to_string();
             return Some(self.relay(
                 owner,
+                None,
                 conn,
                 ack_id,
                 event,
@@ -248,6 +252,27 @@ impl Broker {
         for (stream, cursors) in moved {
             self.submit_internal(sink, Cmd::Meta(MetaCommand::Cursors { stream, cursors }));
         }
+    }
+}
+
+/// A `stream.list` answer (`body`) with `more` entries appended.
+fn with_entries(body: String, more: Vec<Value>) -> String {
+    if more.is_empty() {
+        return body;
+    }
+    let Ok(mut answer) = serde_json::from_str::<Value>(&body) else {
+        return body;
+    };
+    match answer
+        .get_mut(0)
+        .and_then(|a| a.get_mut("streams"))
+        .and_then(Value::as_array_mut)
+    {
+        Some(list) => {
+            list.extend(more);
+            answer.to_string()
+        }
+        None => body,
     }
 }
 

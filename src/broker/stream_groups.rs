@@ -499,6 +499,21 @@ impl Broker {
             .ok_or_else(|| unavailable("no replica of the stream is reachable"))
     }
 
+    /// `Some(group)` when a fetch relayed to `node` is to be answered
+    /// `unavailable` as soon as this member sees group `group` lose that
+    /// leader: `node` leads the group as this member knows it (a
+    /// non-member relays to any member, whose own relay watches the
+    /// leader). A fetch's relay waits its `expires_ms` plus
+    /// [`ENTRY_WAIT`], past the contract's 5 s; every other relay is
+    /// answered within [`ENTRY_WAIT`] anyway, and keeps waiting for the
+    /// old leader's answer, which tells whether its entry was applied
+    /// (an early `unavailable` would leave a publisher retrying one that
+    /// was stored).
+    fn watched_fetch(&self, op: StreamOp, group: GroupId, node: u64) -> Option<GroupId> {
+        let leads = self.stream_groups.leader(group) == Some(node);
+        (op == StreamOp::ConsumerFetch && leads).then_some(group)
+    }
+
     /// A publish captured by a replicated stream: `Some(true)` when this
     /// node leads it and the publish joins the turn's entry (its ack
     /// waits for the apply), `Some(false)` when it was relayed to the
@@ -555,6 +570,7 @@ impl Broker {
             return Some(
                 self.relay(
                     node,
+                    None,
                     conn,
                     ack_id,
                     "pub",
@@ -627,6 +643,7 @@ impl Broker {
             let text = arg.map_or("{}", RawValue::get).to_string();
             return Some(self.relay(
                 node,
+                self.watched_fetch(op, group, node),
                 conn,
                 ack_id,
                 event,
@@ -1259,18 +1276,31 @@ impl Broker {
                 json!({"node": super::replicated::node_id(c, n), "current": current, "lag": lag})
             })
             .collect();
+        // Only the group's leader knows each member's lag; elsewhere this
+        // is what this node knows, and says so (`from_leader: false`).
+        let from_leader = g.is_some_and(|g| g.role == Role::Leader);
         let leader = leader.map(|l| super::replicated::node_id(c, l));
-        Some(json!({"leader": leader, "replicas": replicas}))
+        Some(json!({"leader": leader, "replicas": replicas, "from_leader": from_leader}))
     }
 
     /// `stream.list` entries of the replicated streams, from the replicas
-    /// held here (zero state where this node holds none).
-    pub(crate) fn replicated_list_entries(&self) -> Vec<Value> {
+    /// held here (zero state where this node holds none); with `led_only`,
+    /// only those of the groups this node leads (what a peer gathering
+    /// the list takes over its own view, see `cluster/relays.rs`).
+    pub(crate) fn replicated_list_entries(&self, led_only: bool) -> Vec<Value> {
         let mut out = Vec::new();
         for (name, s) in &self.fsm.streams {
             let Some((group, _)) = self.placed(name) else {
                 continue;
             };
+            let leads = self
+                .stream_groups
+                .held
+                .get(&group)
+                .is_some_and(|h| h.role == Role::Leader);
+            if led_only && !leads {
+                continue;
+            }
             let mut config = s.config.clone();
             if let Some(o) = config.as_object_mut() {
                 o.remove("replicas");

@@ -295,3 +295,86 @@ impl Broker {
         }
     }
 }
+
+/// How long after its `stream.create` was taken a new replicated stream
+/// may wait for its group's first leader before the create is answered
+/// `unavailable` (the contract's bound is 5 s).
+pub(crate) const FIRST_LEADER_WAIT: Duration = Duration::from_millis(4_500);
+
+/// The `stream.create` of a new replicated stream, applied and waiting for
+/// its group's first leader.
+pub(super) struct CreateWait {
+    pub(super) reply: ChangeAck,
+    group: GroupId,
+    deadline: Instant,
+}
+
+impl Broker {
+    /// The change of `w` (its reply `r`) applied: sent now, except for a
+    /// new replicated stream's placement, whose create is acked once the
+    /// stream's group has a leader, so that the publishes that follow are
+    /// taken at once (docs/PROTOCOL.md, "Replicated streams").
+    pub(super) fn answer_applied(
+        &mut self,
+        sink: &mut dyn Sink,
+        cmd: &Cmd,
+        r: ChangeAck,
+        taken: Instant,
+    ) {
+        let group = match cmd {
+            Cmd::Meta(MetaCommand::StreamPlace { placement, .. })
+                if placement.replicas.len() > 1 =>
+            {
+                placement.group
+            }
+            _ => {
+                send_ack(sink, r.conn, r.nsp, r.ack_id, &r.ok_body);
+                return;
+            }
+        };
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        c.created.push(CreateWait {
+            reply: r,
+            group,
+            deadline: taken + FIRST_LEADER_WAIT,
+        });
+        let now = sink.now();
+        self.answer_created(sink, now);
+    }
+
+    /// Acks each create waiting for its group's first leader once this
+    /// node knows one; past its deadline, answers `unavailable` (the
+    /// stream exists: a repeated create answers like the first).
+    pub(super) fn answer_created(&mut self, sink: &mut dyn Sink, now: Instant) {
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        if c.created.is_empty() {
+            return;
+        }
+        let groups = &self.stream_groups;
+        let (done, wait): (Vec<CreateWait>, Vec<CreateWait>) = std::mem::take(&mut c.created)
+            .into_iter()
+            .partition(|w| groups.leader(w.group).is_some() || w.deadline <= now);
+        c.created = wait;
+        for w in done {
+            if self.stream_groups.leader(w.group).is_some() {
+                send_ack(
+                    sink,
+                    w.reply.conn,
+                    w.reply.nsp,
+                    w.reply.ack_id,
+                    &w.reply.ok_body,
+                );
+            } else {
+                let e = ApiError::new(
+                    Code::Unavailable,
+                    "the stream was created but its replicas have not elected a leader yet; try again",
+                );
+                self.refuse(sink, &w.reply, &e);
+            }
+        }
+    }
+}

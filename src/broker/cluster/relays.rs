@@ -7,10 +7,15 @@ use super::*;
 impl Broker {
     #[allow(clippy::too_many_arguments)]
     /// Relays a client's event to node `node` over the peer link's `/`
-    /// socket; its answer is relayed back as this event's ack.
+    /// socket; its answer is relayed back as this event's ack. With
+    /// `group` (a fetch's relay), `node` is that stream group's leader as
+    /// this node knows it, and the relay is answered `unavailable` as
+    /// soon as this node learns the group has another leader or none
+    /// ([`Broker::group_leader_moved`]), rather than at its timeout.
     pub(crate) fn relay(
         &mut self,
         node: u64,
+        group: Option<GroupId>,
         conn: ConnId,
         ack_id: Option<u64>,
         event: &str,
@@ -52,8 +57,53 @@ impl Broker {
         if !queued {
             return Err(unreachable());
         }
-        c.relays.insert(tag, Relay { conn, ack_id });
+        c.relays.insert(
+            tag,
+            Relay {
+                conn,
+                ack_id,
+                group: group.map(|g| (g, node)),
+            },
+        );
         Ok(None)
+    }
+
+    /// Stream group `group` now has `leader` (or none) as this node sees
+    /// it: a fetch relayed to another node as the group's leader will not
+    /// be served there, or its answer may never come (a leader frozen or
+    /// cut off); it is answered `unavailable` now, so that a stream
+    /// without a reachable leader answers within the contract's 5 s
+    /// (docs/PROTOCOL.md, "Replicated streams"), not after its
+    /// `expires_ms` and 4.5 s more.
+    pub(crate) fn group_leader_moved(
+        &mut self,
+        sink: &mut dyn Sink,
+        group: GroupId,
+        leader: Option<u64>,
+    ) {
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        let moved: Vec<u64> = c
+            .relays
+            .iter()
+            .filter(|(_, r)| {
+                r.group
+                    .is_some_and(|(g, n)| g == group && Some(n) != leader)
+            })
+            .map(|(&tag, _)| tag)
+            .collect();
+        let gone: Vec<Relay> = moved.iter().filter_map(|t| c.relays.remove(t)).collect();
+        let e = ApiError::new(
+            Code::Unavailable,
+            "the stream's leader changed or cannot be reached; try again",
+        );
+        for r in gone {
+            if let Some(ack_id) = r.ack_id {
+                self.count_error(Code::Unavailable);
+                send_ack(sink, r.conn, NSP_ROOT, ack_id, &e.ack_body());
+            }
+        }
     }
 
     /// `stream.list` in a cluster: this node's streams plus every other
@@ -132,7 +182,9 @@ impl Broker {
             if let Ok((text, _)) = &result {
                 let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
                 if let Some(list) = v.get("streams").and_then(Value::as_array) {
-                    g.streams.extend(list.iter().cloned());
+                    for entry in list {
+                        merge_entry(&mut g.streams, entry.clone());
+                    }
                 }
             }
             if g.left == 0 {
@@ -161,5 +213,19 @@ impl Broker {
                 relay_ack(sink, r.conn, ack_id, &call_error_value(&e), &[]);
             }
         }
+    }
+}
+
+/// Adds a peer's `stream.list` entry to a gathered list. A name listed
+/// already is a replicated stream this node knows only as a member or
+/// bystander; the peer that sent it leads the stream's group (a peer
+/// lists only those, see `stream_cluster.rs`), so its entry, with each
+/// replica's lag, replaces this node's own.
+fn merge_entry(streams: &mut Vec<Value>, entry: Value) {
+    let name = |v: &Value| v["config"]["name"].as_str().map(str::to_string);
+    let key = name(&entry);
+    match streams.iter_mut().find(|s| key.is_some() && name(s) == key) {
+        Some(known) => *known = entry,
+        None => streams.push(entry),
     }
 }

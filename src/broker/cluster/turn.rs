@@ -70,8 +70,9 @@ impl Broker {
                 else {
                     return;
                 };
+                let taken = w.deadline.checked_sub(PROPOSE_WAIT).unwrap_or(w.deadline);
                 match (w.reply, result) {
-                    (Some(r), Ok(())) => send_ack(sink, r.conn, r.nsp, r.ack_id, &r.ok_body),
+                    (Some(r), Ok(())) => self.answer_applied(sink, &entry.cmd, r, taken),
                     (Some(r), Err(e)) => self.refuse(sink, &r, &e),
                     (None, _) => {}
                 }
@@ -121,7 +122,17 @@ impl Broker {
                 }
                 self.retry_waiters(sink.now());
             }
-            FromRaft::Group { group, event } => self.on_group(sink, group, event),
+            FromRaft::Group { group, event } => {
+                let status = matches!(event, crate::cluster::node::GroupEvent::Status(_));
+                if let crate::cluster::node::GroupEvent::Status(s) = &event {
+                    self.group_leader_moved(sink, group, s.leader);
+                }
+                self.on_group(sink, group, event);
+                if status {
+                    let now = sink.now();
+                    self.answer_created(sink, now);
+                }
+            }
             FromRaft::Changed { tag, result } => self.member_proposed(sink, tag, result),
             FromRaft::WantSnapshot => {
                 let data = self.fsm.snapshot();
@@ -224,6 +235,7 @@ impl Broker {
         }
         self.retry_waiters(now);
         self.expire_waiters(sink, now);
+        self.answer_created(sink, now);
         if let Some(c) = self.cluster.as_mut() {
             // The Raft thread's view, every VIEW_EVERY rather than every
             // turn of a busy loop.
