@@ -5,7 +5,9 @@
 //! peers (its own publisher keeps publishing to it), heals it, drops the
 //! packets of the new leader to one follower one way, loses packets on
 //! one node's link and slows it (netem delay, or a rate limit where the
-//! kernel has no netem), and cuts the leader again. Afterwards each
+//! kernel has no netem), and cuts the leader twice more, shortly, so that
+//! a deposed leader still has proposals in flight when it hears of the
+//! new leader's entries. Afterwards each
 //! node in turn is made the group's leader and its replica read whole;
 //! the history checker (tests/netns_support/history.rs) holds every
 //! publisher's history against every replica. Skips (passing, with a
@@ -365,13 +367,18 @@ fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
     log.faults
         .push((start, Instant::now(), format!("{} lossy", IDS[lossy])));
 
-    // 4. The leader cut again, for less than the server's 4.5 s bound on
-    // a proposal, so that its publishes are still in flight at the heal.
-    let l3 = nc
-        .agreed_stream_leader(&[0, 1, 2], STREAM, ELECT_WAIT)
-        .expect("no leader after the lossy period");
-    let hold = Duration::from_millis(3000 + rng.below(1000) as u64);
-    log.cut_leader(&mut nc, l3, hold, "the stream's leader, short");
+    // 4. The leader cut twice more, each time for less than the server's
+    // 4.5 s bound on a proposal and more than an election takes, so that
+    // its proposals are still in flight when the new leader's entries
+    // reach it.
+    for round in 0..2 {
+        let l = nc
+            .agreed_stream_leader(&[0, 1, 2], STREAM, ELECT_WAIT)
+            .expect("no leader before a short cut");
+        let hold = Duration::from_millis(1500 + rng.below(1000) as u64);
+        let what = format!("the stream's leader, short cut {}", round + 1);
+        log.cut_leader(&mut nc, l, hold, &what);
+    }
 
     stop.store(true, Ordering::Release);
     let histories: Vec<History> = pubs
@@ -426,6 +433,16 @@ fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
     eprintln!(
         "partitions: failover (first ack on the majority side after a cut): {:?}",
         log.failovers
+    );
+    let late: Vec<String> = sum
+        .late_unacked
+        .iter()
+        .filter(|(node, _)| *node == replicas[0].node)
+        .map(|(_, (p, k))| format!("p{p} k{k}"))
+        .collect();
+    eprintln!(
+        "partitions: publishes refused or unanswered yet stored after later ones of their \
+         publisher: {late:?}"
     );
     for (node, per) in &sum.recoveries {
         eprintln!(
