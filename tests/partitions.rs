@@ -5,7 +5,7 @@
 //! peers (its own publisher keeps publishing to it), heals it, drops the
 //! packets of the new leader to one follower one way, loses packets on
 //! one node's link and slows it (netem delay, or a rate limit where the
-//! kernel has no netem), and cuts the leader twice more, shortly, so that
+//! kernel has no netem), and cuts the leader three times more, shortly, so that
 //! a deposed leader still has proposals in flight when it hears of the
 //! new leader's entries. Afterwards each
 //! node in turn is made the group's leader and its replica read whole;
@@ -226,7 +226,8 @@ struct Faults {
     seen: Vec<Arc<Pub>>,
     faults: Vec<(Instant, Instant, String)>,
     cuts: Vec<Cut>,
-    /// Per cut, how long the majority side took to ack again.
+    /// Per cut, how long the majority side took to ack a publish sent
+    /// after the cut began (None: not while the cut lasted).
     failovers: Vec<Option<Duration>>,
 }
 
@@ -243,8 +244,9 @@ impl Faults {
         );
         nc.net.cut(l);
         let start = Instant::now();
+        // The majority side acks again (measured while the cut lasts).
         self.failovers
-            .push(self.seen[other].await_served(start, ELECT_WAIT));
+            .push(self.seen[other].await_served(start, hold));
         thread::sleep(hold.saturating_sub(start.elapsed()));
         let end = Instant::now();
         nc.net.heal(l);
@@ -367,15 +369,15 @@ fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
     log.faults
         .push((start, Instant::now(), format!("{} lossy", IDS[lossy])));
 
-    // 4. The leader cut twice more, each time for less than the server's
-    // 4.5 s bound on a proposal and more than an election takes, so that
-    // its proposals are still in flight when the new leader's entries
-    // reach it.
-    for round in 0..2 {
+    // 4. The leader cut three times more, each time for well under the
+    // server's 4.5 s bound on a proposal and more than an election takes
+    // (400-800 ms), so that its proposals are still in flight when the
+    // new leader's entries reach it.
+    for round in 0..3 {
         let l = nc
             .agreed_stream_leader(&[0, 1, 2], STREAM, ELECT_WAIT)
             .expect("no leader before a short cut");
-        let hold = Duration::from_millis(1500 + rng.below(1000) as u64);
+        let hold = Duration::from_millis(1000 + rng.below(500) as u64);
         let what = format!("the stream's leader, short cut {}", round + 1);
         log.cut_leader(&mut nc, l, hold, &what);
     }

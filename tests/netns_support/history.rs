@@ -330,7 +330,11 @@ pub fn report(
             format!("  [{}]", names.join(", "))
         }
     };
-    let _ = writeln!(out, "{} violation(s)", violations.len());
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+    for viol in violations {
+        *kinds.entry(viol.kind).or_default() += 1;
+    }
+    let _ = writeln!(out, "{} violation(s): {kinds:?}", violations.len());
     for viol in violations.iter().take(max) {
         let _ = writeln!(out, "VIOLATION {}: {}", viol.kind, viol.text);
         for &(p, k) in &viol.around {
