@@ -14,6 +14,11 @@
 //! message) where network namespaces cannot be made.
 //!
 //! `PARTITION_SEED=N` replays a seed; the default is fixed.
+//! `PARTITION_DURATION=30m` (`make soak` sets it) goes on after the fixed
+//! schedule with faults drawn from the seed (leader and control-leader
+//! cuts, cuts of any node, one-way drops either way, lossy and slow links
+//! on one or every node, short leader cuts, a flapping link) until the
+//! time is up; the checks are the same.
 
 mod cluster_support;
 mod netns_support;
@@ -256,18 +261,176 @@ impl Faults {
             start,
             end,
         });
+        self.settle(end);
+    }
+
+    /// Waits (bounded, not checked here) until every node's publisher is
+    /// acked for a publish sent after `after`.
+    fn settle(&self, after: Instant) {
         for s in &self.seen {
-            s.await_served(end, ELECT_WAIT);
+            s.await_served(after, ELECT_WAIT);
         }
     }
+
+    /// Drops node `from`'s packets to node `to` for `hold`.
+    fn one_way(&mut self, nc: &mut NetCluster, from: usize, to: usize, hold: Duration) {
+        eprintln!(
+            "partitions: {:.1}s drop {} -> {} for {hold:?}",
+            self.t0.elapsed().as_secs_f64(),
+            IDS[from],
+            IDS[to]
+        );
+        nc.net.drop_one_way(from, to);
+        let start = Instant::now();
+        thread::sleep(hold);
+        nc.net.clear(from);
+        let end = Instant::now();
+        self.faults
+            .push((start, end, format!("{}->{} dropped", IDS[from], IDS[to])));
+        self.settle(end);
+    }
+
+    /// Makes the links of `nodes` lossy and slow for `hold`.
+    fn lossy(
+        &mut self,
+        nc: &mut NetCluster,
+        nodes: &[usize],
+        loss: u32,
+        delay: u32,
+        hold: Duration,
+    ) {
+        let mut applied = String::new();
+        for &i in nodes {
+            applied = nc.net.impair(i, loss, delay, delay / 2, 256);
+        }
+        let names: Vec<&str> = nodes.iter().map(|&i| IDS[i]).collect();
+        eprintln!(
+            "partitions: {:.1}s links of {names:?}: {applied}, for {hold:?}",
+            self.t0.elapsed().as_secs_f64(),
+        );
+        let start = Instant::now();
+        thread::sleep(hold);
+        for &i in nodes {
+            nc.net.clear(i);
+        }
+        let end = Instant::now();
+        self.faults.push((start, end, format!("{names:?} lossy")));
+        self.settle(end);
+    }
+
+    /// Takes node `i`'s link down and up `times` times (each down
+    /// `down`, up `up`), then waits until every node serves again.
+    fn flap(&mut self, nc: &mut NetCluster, i: usize, times: u32, down: Duration, up: Duration) {
+        eprintln!(
+            "partitions: {:.1}s flap {}'s link {times} times ({down:?} down, {up:?} up)",
+            self.t0.elapsed().as_secs_f64(),
+            IDS[i]
+        );
+        for _ in 0..times {
+            nc.net.cut(i);
+            let start = Instant::now();
+            thread::sleep(down);
+            let end = Instant::now();
+            nc.net.heal(i);
+            self.faults.push((start, end, format!("{} flap", IDS[i])));
+            thread::sleep(up);
+        }
+        self.settle(Instant::now());
+    }
+}
+
+/// After the fixed schedule, a longer run (`PARTITION_DURATION`, e.g.
+/// `30m`, as `make soak` sets it) goes on with faults drawn from `rng`
+/// until `until`.
+fn random_faults(nc: &mut NetCluster, log: &mut Faults, rng: &mut SplitMix64, until: Instant) {
+    let ms = |rng: &mut SplitMix64, lo: u64, hi: u64| {
+        Duration::from_millis(lo + rng.below((hi - lo + 1) as usize) as u64)
+    };
+    while Instant::now() < until {
+        let leader = nc.agreed_stream_leader(&[0, 1, 2], STREAM, ELECT_WAIT);
+        let leader = leader.unwrap_or_else(|| rng.below(3));
+        match rng.below(7) {
+            0 => {
+                let hold = ms(rng, 3000, 9000);
+                log.cut_leader(nc, leader, hold, "the stream's leader");
+            }
+            1 => {
+                let l = nc.control_leader(rng.below(3)).unwrap_or(leader);
+                let hold = ms(rng, 3000, 9000);
+                log.cut_leader(nc, l, hold, "the control group's leader");
+            }
+            2 => {
+                let hold = ms(rng, 1000, 9000);
+                log.cut_leader(nc, rng.below(3), hold, "a node");
+            }
+            3 => {
+                let other = (leader + 1 + rng.below(2)) % 3;
+                let (from, to) = if rng.below(2) == 0 {
+                    (leader, other)
+                } else {
+                    (other, leader)
+                };
+                let hold = ms(rng, 2000, 8000);
+                log.one_way(nc, from, to, hold);
+            }
+            4 => {
+                let nodes: Vec<usize> = if rng.below(2) == 0 {
+                    vec![rng.below(3)]
+                } else {
+                    vec![0, 1, 2]
+                };
+                let loss = 5 + rng.below(26) as u32;
+                let delay = 20 + rng.below(181) as u32;
+                let hold = ms(rng, 5000, 15000);
+                log.lossy(nc, &nodes, loss, delay, hold);
+            }
+            5 => {
+                let hold = ms(rng, 1000, 1500);
+                log.cut_leader(nc, leader, hold, "the stream's leader, short");
+            }
+            _ => {
+                let times = 3 + rng.below(4) as u32;
+                let down = ms(rng, 200, 800);
+                let up = ms(rng, 300, 1000);
+                log.flap(nc, leader, times, down, up);
+            }
+        }
+        // A quiet spell between faults.
+        thread::sleep(ms(rng, 1000, 3000));
+    }
+}
+
+/// `90s`, `30m`, `2h` or plain seconds.
+fn parse_duration(s: &str) -> Option<Duration> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num.parse().ok()?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => return None,
+    };
+    Some(Duration::from_secs(secs))
 }
 
 #[test]
 fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
+    let duration = std::env::var("PARTITION_DURATION")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .map(|s| parse_duration(&s).unwrap_or_else(|| panic!("PARTITION_DURATION {s:?}")));
+    // A fixed seed in `make test`; a fresh one for a longer run unless
+    // one is given.
     let seed = std::env::var("PARTITION_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(DEFAULT_SEED);
+        .unwrap_or_else(|| {
+            if duration.is_some() {
+                gombus::rand::random_seed()
+            } else {
+                DEFAULT_SEED
+            }
+        });
     let mut nc = match NetCluster::start() {
         Ok(nc) => nc,
         Err(why) => {
@@ -275,7 +438,13 @@ fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
             return;
         }
     };
-    eprintln!("partitions: seed {seed} (replay: PARTITION_SEED={seed})");
+    eprintln!(
+        "partitions: seed {seed} for {duration:?} (replay: PARTITION_SEED={seed}{})",
+        duration.map_or(String::new(), |d| format!(
+            " PARTITION_DURATION={}s",
+            d.as_secs()
+        ))
+    );
     let mut rng = SplitMix64(seed);
     let t0 = Instant::now();
     for i in 0..3 {
@@ -336,38 +505,14 @@ fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
     let followers: Vec<usize> = (0..3).filter(|&i| i != l2).collect();
     let to = followers[rng.below(2)];
     let hold = Duration::from_millis(3000 + rng.below(2000) as u64);
-    eprintln!(
-        "partitions: {:.1}s drop {} -> {} for {hold:?}",
-        t0.elapsed().as_secs_f64(),
-        IDS[l2],
-        IDS[to]
-    );
-    nc.net.drop_one_way(l2, to);
-    let start = Instant::now();
-    thread::sleep(hold);
-    nc.net.clear(l2);
-    log.faults.push((
-        start,
-        Instant::now(),
-        format!("{}->{} dropped", IDS[l2], IDS[to]),
-    ));
+    log.one_way(&mut nc, l2, to, hold);
 
     // 3. A lossy, slow link.
     let lossy = rng.below(3);
     let loss = 5 + rng.below(11) as u32;
     let delay = 20 + rng.below(61) as u32;
     let hold = Duration::from_millis(6000 + rng.below(2000) as u64);
-    let applied = nc.net.impair(lossy, loss, delay, delay / 2, 256);
-    eprintln!(
-        "partitions: {:.1}s {}'s link: {applied}, for {hold:?}",
-        t0.elapsed().as_secs_f64(),
-        IDS[lossy],
-    );
-    let start = Instant::now();
-    thread::sleep(hold);
-    nc.net.clear(lossy);
-    log.faults
-        .push((start, Instant::now(), format!("{} lossy", IDS[lossy])));
+    log.lossy(&mut nc, &[lossy], loss, delay, hold);
 
     // 4. The leader cut three times more, each time for well under the
     // server's 4.5 s bound on a proposal and more than an election takes
@@ -382,6 +527,10 @@ fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
         log.cut_leader(&mut nc, l, hold, &what);
     }
 
+    if let Some(d) = duration {
+        random_faults(&mut nc, &mut log, &mut rng, t0 + d);
+    }
+
     stop.store(true, Ordering::Release);
     let histories: Vec<History> = pubs
         .into_iter()
@@ -392,7 +541,7 @@ fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
     // Every node's replica, read while it leads the group: the leader is
     // read, then cut off so another is elected, until all three are read.
     let mut replicas: Vec<Replica> = Vec::new();
-    for round in 0..6 {
+    for round in 0..12 {
         let l = nc
             .agreed_stream_leader(&[0, 1, 2], STREAM, ELECT_WAIT)
             .expect("no leader to read through");
@@ -446,6 +595,27 @@ fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
         "partitions: publishes refused or unanswered yet stored after later ones of their \
          publisher: {late:?}"
     );
+    if !sum.answered_out_of_order.is_empty() {
+        // A known fault of the relay between nodes, printed with the
+        // publisher's history (see `Summary::answered_out_of_order`).
+        let pairs: Vec<history::Violation> = sum
+            .answered_out_of_order
+            .iter()
+            .map(|&(a, b)| history::Violation {
+                kind: "answered-out-of-order",
+                text: format!(
+                    "p{} k{} was stored and acked after the later k{}",
+                    a.0, a.1, b.1
+                ),
+                around: vec![a, b],
+            })
+            .collect();
+        eprintln!(
+            "partitions: FINDING (not failed): acked publishes of one connection stored and \
+             answered out of the order sent, across a cut of the leader they were relayed to:\n{}",
+            history::report(&pairs, &histories, &log.faults, t0, 3)
+        );
+    }
     for (node, per) in &sum.recoveries {
         eprintln!(
             "partitions: after {} healed, first ack per node: {:?}",
@@ -454,7 +624,11 @@ fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
     }
     assert!(
         violations.is_empty(),
-        "seed {seed} (replay: PARTITION_SEED={seed}):\n{}",
+        "seed {seed} (replay: PARTITION_SEED={seed}{}):\n{}",
+        duration.map_or(String::new(), |d| format!(
+            " PARTITION_DURATION={}s",
+            d.as_secs()
+        )),
         history::report(&violations, &histories, &log.faults, t0, 20)
     );
     assert_eq!(replicas.len(), 3, "not every replica could be read");
