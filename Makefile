@@ -81,13 +81,20 @@ fuzz:
 # seeded schedule kills, freezes and restarts one node at a time (see
 # tests/soak/). `make soak DURATION=30m SEED=42`; the report (report.md,
 # memory.svg) goes to data/soak/<time>/. A failure prints its seed and the
-# command that replays it. `make test` runs it for 60 s.
+# command that replays it. `make test` runs it for 60 s. Then the network
+# partition run (tests/partitions.rs, as root: nodes in network
+# namespaces, an R3 stream, leader cuts, one-way drops, lossy and slow
+# links, flapping links) for PARTITION_DURATION (default DURATION) with the
+# same SEED; it skips, saying why, where namespaces cannot be made.
 DURATION ?= 30m
+PARTITION_DURATION ?= $(DURATION)
 SEED ?=
 soak: build
 	GOMBUS_BIN=$(CURDIR)/$(BIN) SOAK_DURATION=$(DURATION) SOAK_SEED=$(SEED) \
 	  SOAK_REPORT_DIR=$(CURDIR)/data/soak/$$(date -u +%Y%m%dT%H%M%SZ) \
 	  $(CARGO) test --locked --test soak chaos_soak -- --nocapture
+	GOMBUS_BIN=$(CURDIR)/$(BIN) PARTITION_DURATION=$(PARTITION_DURATION) PARTITION_SEED=$(SEED) \
+	  $(CARGO) test --locked --test partitions -- --nocapture
 
 # Safety mutants (scripts/mutants.sh): each patch under tests/mutants/
 # breaks one safety rule; the tests it names must catch it. Rebuilds for

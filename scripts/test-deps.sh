@@ -8,7 +8,9 @@
 #   - prometheus_client in the same .venv, whose strict text-format parser
 #     checks /metrics (tests/metrics.rs);
 #   - Debian's chromium (apt-get), the headless browser that loads the
-#     dashboard (tests/dashboard.rs).
+#     dashboard (tests/dashboard.rs);
+#   - Debian's nftables (apt-get), which drops packets on the links of the
+#     network-namespace cluster (tests/partitions.rs).
 # Idempotent: a stamp file records what was installed, and a second run that
 # finds the same pins (and a working install) does nothing. Quiet on success;
 # on failure the failing tool's output is shown and the exit code is non-zero.
@@ -154,7 +156,19 @@ install_chromium() {
     command -v chromium >/dev/null 2>&1 || die "chromium is still not on PATH after installing"
 }
 
+# ---- nftables -------------------------------------------------------------
+
+install_nftables() {
+    command -v apt-get >/dev/null 2>&1 ||
+        die "nft is not installed and apt-get is not available; install nftables so that 'nft' is on PATH"
+    quietly apt-get install -y --no-install-recommends nftables ||
+        quietly sh -c 'apt-get update && apt-get install -y --no-install-recommends nftables' ||
+        die "could not install nftables with apt-get"
+    command -v nft >/dev/null 2>&1 || die "nft is still not on PATH after installing"
+}
+
 python_is_current || install_python
 node_is_current || install_node
 node2_is_current || install_node2
 command -v chromium >/dev/null 2>&1 || install_chromium
+command -v nft >/dev/null 2>&1 || install_nftables

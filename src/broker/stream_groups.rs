@@ -1100,7 +1100,17 @@ impl Broker {
                 if h.role == Role::Leader && term == h.term {
                     h.serving = true;
                 }
-                let flight = h.at.remove(&index).filter(|f| f.data == data);
+                let flight = match h.at.remove(&index) {
+                    Some(f) if f.data == data => Some(f),
+                    // Another leader's entry took the index this node's
+                    // proposal had: that proposal is not in the log, and
+                    // its requests are answered now, not left waiting.
+                    Some(f) => {
+                        give_up(h, &f, &mut answers);
+                        None
+                    }
+                    None => None,
+                };
                 if data.is_empty() {
                     if let Some(f) = flight {
                         give_up(h, &f, &mut answers);

@@ -1,6 +1,8 @@
 //! Test harness for cluster mode: three real `broker` processes on loopback
 //! (fixed free ports picked up front, since every node must know the
-//! others' addresses), each with its own data directory under one temporary
+//! others' addresses), or on addresses the caller gives with a launcher
+//! command each is started through (tests/netns_support puts each in a
+//! network namespace), each with its own data directory under one temporary
 //! root. Nodes can be killed (SIGKILL), stopped and continued (SIGSTOP /
 //! SIGCONT, to cut one node off from the others), terminated (SIGTERM) and
 //! restarted on the same ports and data. Dropping the cluster continues
@@ -85,6 +87,10 @@ pub struct Cluster {
     pub raft: Vec<String>,
     /// Applied to every node's flags at each start.
     pub edit_args: Option<ArgsEdit>,
+    /// A command node `i`'s broker is started through, the broker's path
+    /// and flags appended (e.g. `ip netns exec NS`, which execs it, so the
+    /// process is still the broker's PID); none when empty.
+    pub launcher: Vec<Vec<String>>,
     root: PathBuf,
     procs: Vec<Option<Proc>>,
     logs: Vec<Arc<Mutex<VecDeque<String>>>>,
@@ -117,13 +123,19 @@ impl Cluster {
 
     /// [`Cluster::prepare`] with the flags written as `launch` says.
     pub fn prepare_with(launch: Launch) -> Cluster {
-        let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let http: Vec<String> = (0..3)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
         let raft: Vec<String> = (0..3)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
+        Cluster::prepare_at(launch, http, raft)
+    }
+
+    /// [`Cluster::prepare_with`] on the given HTTP and Raft addresses
+    /// (e.g. each node's own address in a network namespace).
+    pub fn prepare_at(launch: Launch, http: Vec<String>, raft: Vec<String>) -> Cluster {
+        let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
@@ -136,6 +148,7 @@ impl Cluster {
             http,
             raft,
             edit_args: None,
+            launcher: vec![Vec::new(); 3],
             root,
             procs: (0..3).map(|_| None).collect(),
             logs: (0..3)
@@ -246,7 +259,15 @@ impl Cluster {
 
     fn spawn(&mut self, i: usize) -> mpsc::Receiver<String> {
         let bin = broker_bin();
-        let mut child = Command::new(&bin)
+        let mut command = match self.launcher[i].split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
+        let mut child = command
             .args(self.args(i))
             .current_dir(&self.root)
             .stdin(Stdio::null())
