@@ -1195,7 +1195,9 @@ impl Worker {
                             .partition(|(i, _)| *i <= snap.index);
                         g.dead = keep;
                         for (_, files) in done {
-                            crate::stream::payloads::delete_dead(&files);
+                            for (path, e) in crate::storage::delete_files(&files) {
+                                crate::log_error!("{}: {e}", path.display());
+                            }
                         }
                     }
                 }

@@ -9,6 +9,22 @@
 //!   snapshot, Raft's hard state and snapshot).
 //! - [`sync`]: the broker's fsync thread for stream files (group commit,
 //!   tickets, `-sync` policies).
+//! - [`delete_files`]: files whose contents no stored state needs any
+//!   more, deleted.
 pub mod record;
 pub mod statefile;
 pub mod sync;
+
+/// Deletes `files` (one already gone is fine); every one is tried, and
+/// the failures are returned with their paths.
+pub fn delete_files(files: &[std::path::PathBuf]) -> Vec<(&std::path::Path, std::io::Error)> {
+    let mut failed = Vec::new();
+    for path in files {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => failed.push((path.as_path(), e)),
+        }
+    }
+    failed
+}

@@ -516,17 +516,6 @@ impl Detached {
     }
 }
 
-/// Deletes files that died before a stored snapshot.
-pub fn delete_dead(files: &[PathBuf]) {
-    for path in files {
-        match fs::remove_file(path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => crate::log_error!("{}: {e}", path.display()),
-        }
-    }
-}
-
 /// Decodes the framed record of message `seq`.
 pub fn decode(seq: u64, rec: &[u8]) -> io::Result<Payload> {
     let bad = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
@@ -779,7 +768,7 @@ mod tests {
     fn compact(p: &mut Payloads) {
         let mut d = p.detach().unwrap();
         d.sync().unwrap();
-        delete_dead(&d.take_dead());
+        assert!(crate::storage::delete_files(&d.take_dead()).is_empty());
     }
 
     #[test]

@@ -962,7 +962,9 @@ impl Replica {
     /// reads them).
     pub fn delete_dead(&mut self) {
         if let Ok(mut d) = self.payloads.detach() {
-            super::payloads::delete_dead(&d.take_dead());
+            for (path, e) in crate::storage::delete_files(&d.take_dead()) {
+                crate::log_error!("{}: {e}", path.display());
+            }
         }
     }
 
@@ -1989,7 +1991,7 @@ mod tests {
     fn compact(r: &mut Replica) -> Frozen {
         let mut f = r.freeze().unwrap();
         f.sync().unwrap();
-        super::super::payloads::delete_dead(&f.take_dead());
+        let _ = crate::storage::delete_files(&f.take_dead());
         f
     }
 
