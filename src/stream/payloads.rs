@@ -29,7 +29,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -162,24 +162,26 @@ impl Payloads {
                 d.dir_changed = true;
                 continue;
             }
-            let bytes = fs::read(&path)?;
-            let (keep_len, live, stop) = scan_file(&bytes, first, &mut wanted, &mut found);
+            let mut reader = io::BufReader::with_capacity(1 << 20, File::open(&path)?);
+            let (keep_len, live, stop) = scan_file(&mut reader, first, &mut wanted, &mut found);
+            let file_len = reader.get_ref().metadata()?.len();
+            drop(reader);
             cut = stop;
             if live == 0 {
                 fs::remove_file(&path)?;
                 d.dir_changed = true;
                 continue;
             }
-            if keep_len < bytes.len() {
+            if keep_len < file_len {
                 let f = OpenOptions::new().write(true).open(&path)?;
-                f.set_len(keep_len as u64)?;
+                f.set_len(keep_len)?;
                 f.sync_all()?;
             }
             d.segs.insert(
                 first,
                 Seg {
                     live,
-                    len: keep_len as u64,
+                    len: keep_len,
                 },
             );
         }
@@ -393,39 +395,55 @@ impl<'a> Wanted<'a> {
     }
 }
 
-/// Reads the records of segment file `first` (its bytes): the length of
-/// the prefix to keep, the messages kept in it, and whether every later
-/// file goes too. Kept messages go into `found`.
+/// Reads the records of segment file `first` from `r`, one at a time:
+/// the length of the prefix to keep, the messages kept in it, and
+/// whether every later file goes too. Kept messages go into `found`.
 fn scan_file(
-    bytes: &[u8],
+    r: &mut impl io::Read,
     first: u64,
     wanted: &mut Wanted<'_>,
     found: &mut BTreeMap<u64, Found>,
-) -> (usize, u64, bool) {
-    let mut at = 0;
+) -> (u64, u64, bool) {
+    let mut at = 0u64;
     let mut live = 0;
+    let mut rec = Vec::new();
     loop {
-        let (body, next) = match record::read(bytes, at) {
-            Ok(Some(r)) => r,
-            Ok(None) => return (at, live, false),
+        // One whole record: its head, then its body, checked.
+        let mut head = [0u8; record::HEAD_BYTES];
+        match read_full(r, &mut head) {
+            Ok(0) => return (at, live, false),
+            Ok(n) if n == record::HEAD_BYTES => {}
             // A torn tail or a damaged record: nothing after it is trusted.
-            Err(_) => return (at, live, true),
+            _ => return (at, live, true),
+        }
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as u64;
+        if len > record::BODY_BYTES_MAX as u64 {
+            return (at, live, true);
+        }
+        rec.clear();
+        rec.extend_from_slice(&head);
+        if !matches!(r.by_ref().take(len).read_to_end(&mut rec), Ok(n) if n as u64 == len) {
+            return (at, live, true);
+        }
+        let Ok(Some((body, _))) = record::read(&rec, 0) else {
+            return (at, live, true);
         };
+        let next = at + rec.len() as u64;
         match segment::decode(body) {
             Ok(Rec::Head { first_seq }) if at == 0 && first_seq == first => {}
             Ok(Rec::Msg(m)) if at > 0 && m.seq >= first => match wanted.take(m.seq) {
                 Take::Keep => {
                     let loc = Loc {
-                        offset: at as u64,
-                        len: (next - at) as u32,
-                        crc: crc_of(&bytes[at..next]),
+                        offset: at,
+                        len: rec.len() as u32,
+                        crc: crc_of(&rec),
                     };
                     found.insert(
                         m.seq,
                         Found {
                             subject: m.subject.into(),
                             time_ms: m.time_ms,
-                            bytes: (next - at) as u64,
+                            bytes: rec.len() as u64,
                             loc,
                         },
                     );
@@ -438,6 +456,21 @@ fn scan_file(
         }
         at = next;
     }
+}
+
+/// Reads into `buf` until it is full or the reader ends; how many bytes
+/// it read.
+fn read_full(r: &mut impl io::Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 /// The crc32 of a framed record's body, from its head.
