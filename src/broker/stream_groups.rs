@@ -113,6 +113,10 @@ enum Reply {
         ack_id: u64,
         op: StreamOp,
         arg: String,
+        /// The index applied when the read came: a replica's `lag` counts
+        /// the entries up to it that the replica lacks, not the read's
+        /// own no-op.
+        as_of: u64,
     },
 }
 
@@ -216,6 +220,9 @@ pub(crate) struct StreamGroups {
     /// Publishes relayed to stream leaders, and those relayed here, in
     /// batches (`stream_batches.rs`).
     pub(super) batches: super::stream_batches::Batches,
+    /// While a read is answered: the index applied when it came, which
+    /// replicas' `lag` is counted against.
+    lag_as_of: Option<u64>,
 }
 
 impl StreamGroups {
@@ -753,6 +760,7 @@ impl Broker {
                 ack_id,
                 op,
                 arg: arg.map_or("{}", RawValue::get).to_string(),
+                as_of: h.applied,
             });
             return Ok(None);
         }
@@ -1137,7 +1145,8 @@ impl Broker {
                                     ack_id,
                                     op,
                                     arg,
-                                } => reads.push((conn, ack_id, op, arg)),
+                                    as_of,
+                                } => reads.push((conn, ack_id, op, arg, as_of)),
                                 Reply::Push { consumer } => {
                                     if let Outcome::Delivered(list) = out {
                                         pushes.push((consumer, list));
@@ -1195,7 +1204,8 @@ impl Broker {
         if !pushes.is_empty() {
             self.push_delivered(sink, group, pushes);
         }
-        for (conn, ack_id, op, arg) in reads {
+        for (conn, ack_id, op, arg, as_of) in reads {
+            self.stream_groups.lag_as_of = Some(as_of);
             let raw = RawValue::from_string(arg).ok();
             let r = self.serve(
                 sink,
@@ -1212,6 +1222,7 @@ impl Broker {
                 Ok(None) => {}
                 Err(e) => answers.push((conn, ack_id, e.ack_body())),
             }
+            self.stream_groups.lag_as_of = None;
         }
         for (conn, ack_id, body) in answers {
             self.stream_groups.answer(sink, conn, ack_id, body);
@@ -1279,9 +1290,12 @@ impl Broker {
             .iter()
             .filter(|&&n| Some(n) != leader)
             .map(|&n| {
+                let upto = |g: &crate::cluster::node::GroupView| {
+                    self.stream_groups.lag_as_of.unwrap_or(g.last_index)
+                };
                 let lag = g
                     .filter(|g| g.role == Role::Leader)
-                    .and_then(|g| g.progress.get(&n).map(|m| g.last_index.saturating_sub(*m)));
+                    .and_then(|g| g.progress.get(&n).map(|m| upto(g).saturating_sub(*m)));
                 let current = lag.is_some_and(|l| l == 0) && c.reachable(n);
                 json!({"node": super::replicated::node_id(c, n), "current": current, "lag": lag})
             })
