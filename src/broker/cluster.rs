@@ -418,20 +418,14 @@ impl Cluster {
     ) -> Option<u64> {
         let link = self.link_to(node)?;
         let tag = self.tag(kind);
-        let queued = self.links.as_ref().is_some_and(|l| {
-            l.call(
-                link,
-                LinkOut::Call {
-                    tag,
-                    event: event.to_string(),
-                    args,
-                    attachments,
-                    timeout,
-                    root: false,
-                },
-            )
-        });
+        let out = LinkOut::control(tag, event, args, timeout).with_attachments(attachments);
+        let queued = self.call_link(link, out);
         queued.then_some(tag)
+    }
+
+    /// Queues `out` on link `link`; false when the link's queue is full.
+    fn call_link(&self, link: usize, out: LinkOut) -> bool {
+        self.links.as_ref().is_some_and(|l| l.call(link, out))
     }
 
     fn tag(&mut self, kind: u64) -> u64 {

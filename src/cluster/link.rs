@@ -50,6 +50,34 @@ pub enum LinkOut {
 }
 
 impl LinkOut {
+    /// A call of `event` on the peer's `/control` socket, without
+    /// attachments.
+    pub fn control(tag: u64, event: &str, args: String, timeout: Duration) -> LinkOut {
+        LinkOut::Call {
+            tag,
+            event: event.to_string(),
+            args,
+            attachments: Vec::new(),
+            timeout,
+            root: false,
+        }
+    }
+
+    /// The same call with these attachments.
+    pub fn with_attachments(mut self, with: Vec<Vec<u8>>) -> LinkOut {
+        if let LinkOut::Call { attachments, .. } = &mut self {
+            *attachments = with;
+        }
+        self
+    }
+
+    /// The same call on the peer's `/` socket (a relayed client request).
+    pub fn on_root(mut self) -> LinkOut {
+        if let LinkOut::Call { root, .. } = &mut self {
+            *root = true;
+        }
+        self
+    }
     /// What it counts against the link's queue (the same when queued and
     /// when taken off).
     fn bytes(&self) -> usize {

@@ -191,19 +191,11 @@ impl Broker {
             let unreachable = || ApiError::new(Code::Unavailable, "no leader is reachable");
             let leader = c.leader.ok_or_else(unreachable)?;
             let link = c.link_to(leader).ok_or_else(unreachable)?;
-            let queued = c.links.as_ref().is_some_and(|l| {
-                l.call(
-                    link,
-                    LinkOut::Call {
-                        tag,
-                        event: event.to_string(),
-                        args: args.to_string(),
-                        attachments: Vec::new(),
-                        timeout: wait + Duration::from_secs(1),
-                        root: false,
-                    },
-                )
-            });
+            let timeout = wait + Duration::from_secs(1);
+            let queued = c.call_link(
+                link,
+                LinkOut::control(tag, event, args.to_string(), timeout),
+            );
             if !queued {
                 return Err(unreachable());
             }
@@ -326,19 +318,8 @@ impl Broker {
         c.next_ask = now + ASK_EVERY;
         for link in 0..c.link_addrs.len() {
             let tag = c.tag(TAG_MEMBER);
-            let queued = c.links.as_ref().is_some_and(|l| {
-                l.call(
-                    link,
-                    LinkOut::Call {
-                        tag,
-                        event: "cluster.members".into(),
-                        args: "{}".into(),
-                        attachments: Vec::new(),
-                        timeout: ASK_EVERY,
-                        root: false,
-                    },
-                )
-            });
+            let out = LinkOut::control(tag, "cluster.members", "{}".into(), ASK_EVERY);
+            let queued = c.call_link(link, out);
             if queued {
                 c.asks.insert(tag);
             }

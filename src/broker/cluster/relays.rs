@@ -41,19 +41,10 @@ impl Broker {
             ));
         }
         let tag = c.tag(TAG_RELAY);
-        let queued = c.links.as_ref().is_some_and(|l| {
-            l.call(
-                link,
-                LinkOut::Call {
-                    tag,
-                    event: event.to_string(),
-                    args: arg,
-                    attachments,
-                    timeout,
-                    root: true,
-                },
-            )
-        });
+        let out = LinkOut::control(tag, event, arg, timeout)
+            .with_attachments(attachments)
+            .on_root();
+        let queued = c.call_link(link, out);
         if !queued {
             return Err(unreachable());
         }
@@ -139,19 +130,9 @@ impl Broker {
         };
         for link in links {
             let tag = c.tag(TAG_RELAY);
-            let queued = c.links.as_ref().is_some_and(|l| {
-                l.call(
-                    link,
-                    LinkOut::Call {
-                        tag,
-                        event: "stream.list".into(),
-                        args: r#"{"local":true}"#.to_string(),
-                        attachments: Vec::new(),
-                        timeout: PROPOSE_WAIT,
-                        root: true,
-                    },
-                )
-            });
+            let args = r#"{"local":true}"#.to_string();
+            let out = LinkOut::control(tag, "stream.list", args, PROPOSE_WAIT).on_root();
+            let queued = c.call_link(link, out);
             if queued {
                 g.left += 1;
                 c.gather_of.insert(tag, gid);
