@@ -685,13 +685,22 @@ fn damaged_replica_heals(what: &str, damage: impl Fn(&Path)) {
     damage(&c.data_dir(victim));
     eprintln!("{}: {what}", IDS[victim]);
     c.restart(victim);
+    // The leader may count it current from before it was killed until an
+    // entry goes out (stream.info makes one): then it sends its snapshot.
+    await_current(&c, third, victim, Duration::from_secs(60));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while snapshot_files(&c.data_dir(victim)).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{} has no snapshot file again after {:?}",
+            IDS[victim],
+            Duration::from_secs(60)
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
     await_current(&c, third, victim, Duration::from_secs(60));
     let total = acked.len() as u64 * MSG_BYTES as u64;
     await_payload_files(&c, victim, total, STEP_WAIT);
-    assert!(
-        !snapshot_files(&c.data_dir(victim)).is_empty(),
-        "the leader's snapshot is a file here again"
-    );
     c.pause(leader);
     agreed_stream_group_leader(&c, &[victim, third], STREAM, STEP_WAIT, |l| l != leader);
     check_read_back(

@@ -810,6 +810,9 @@ impl Worker {
                         let data = snapshot.data.clone();
                         g.install = Some(m);
                         if !again {
+                            crate::log_info!(
+                                "stream group {group_of}: the leader's snapshot at {index} arrived"
+                            );
                             let file = self.snapshot_file(group_of, index, &data);
                             let event = GroupEvent::Arrived { index, data, file };
                             out.push(FromRaft::Group {
