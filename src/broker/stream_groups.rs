@@ -474,6 +474,28 @@ impl Broker {
         self.want_group_members();
     }
 
+    /// The peer link to `node` came up (it may have restarted, perhaps
+    /// without its files): each stream group this node leads that `node`
+    /// is a member of gets an empty entry this turn. Heartbeats do not
+    /// tell a leader that a follower's log is shorter than it was; an
+    /// Append does, and a follower that lost its log is then sent the
+    /// snapshot it needs at once rather than at the stream's next write.
+    pub(super) fn nudge_stream_groups(&mut self, node: u64) {
+        let groups: Vec<GroupId> = (self.fsm.streams.values())
+            .filter_map(|s| s.placement.as_ref())
+            .filter(|p| p.replicas.len() > 1 && p.replicas.contains(&node))
+            .map(|p| p.group)
+            .collect();
+        for g in groups {
+            if let Some(h) = self.stream_groups.held.get_mut(&g) {
+                if h.role == Role::Leader {
+                    h.ops.push(Op::Expire { now_ms: 0 });
+                    h.replies.push(Reply::None);
+                }
+            }
+        }
+    }
+
     /// The group and members of replicated stream `name`, if it is one.
     fn placed(&self, name: &str) -> Option<(GroupId, Vec<u64>)> {
         let p = self.fsm.streams.get(name)?.placement.as_ref()?;
@@ -1296,7 +1318,11 @@ impl Broker {
                 let lag = g
                     .filter(|g| g.role == Role::Leader)
                     .and_then(|g| g.progress.get(&n).map(|m| upto(g).saturating_sub(*m)));
-                let current = lag.is_some_and(|l| l == 0) && c.reachable(n);
+                // Current: holds everything, answers, and may vote (a
+                // replica restarted without its files may not until its
+                // catch-up is done).
+                let votes = g.is_some_and(|g| g.voting.contains(&n));
+                let current = lag.is_some_and(|l| l == 0) && c.reachable(n) && votes;
                 json!({"node": super::replicated::node_id(c, n), "current": current, "lag": lag})
             })
             .collect();

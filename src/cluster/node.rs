@@ -248,6 +248,9 @@ pub struct GroupView {
     pub last_index: u64,
     /// On the group's leader: how far each other member's log matches.
     pub progress: BTreeMap<NodeId, u64>,
+    /// On the group's leader: the other members that may vote (one that
+    /// restarted without its log may not until it is caught up).
+    pub voting: std::collections::BTreeSet<NodeId>,
 }
 
 /// The state file and log of one stream group.
@@ -568,6 +571,7 @@ fn view_of(multi: &Multi, net: &Transport, was_member: bool) -> View {
                     commit: r.commit(),
                     last_index: r.last_index(),
                     progress: r.progress().iter().map(|(k, v)| (*k, *v)).collect(),
+                    voting: r.may_vote(),
                 };
                 (g, view)
             })
@@ -1076,6 +1080,13 @@ impl Worker {
             return Ok(());
         };
         let members = core.members().to_vec();
+        // The new core's life must be a new epoch: what the old one told
+        // the leader (that it may vote) does not hold for it.
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.state
+                .save(&core.hard_state())
+                .map_err(|e| format!("raft state: {e}"))?;
+        }
         self.groups.remove(&group);
         empty_log(&group_dir(&self.dir, group))?;
         crate::log_warn!(

@@ -710,6 +710,19 @@ impl Raft {
             .collect()
     }
 
+    /// On a leader, the followers that said in this life that they may
+    /// vote (a node restarted without its log says so once caught up);
+    /// empty on other roles.
+    pub fn may_vote(&self) -> std::collections::BTreeSet<NodeId> {
+        if self.role != Role::Leader {
+            return std::collections::BTreeSet::new();
+        }
+        (self.progress.iter())
+            .filter(|(_, pr)| pr.may_vote)
+            .map(|(p, _)| *p)
+            .collect()
+    }
+
     /// A leader's count of ticks since it last heard from each follower
     /// (empty on other roles): how long a peer has been silent, whatever
     /// its TCP connection says.

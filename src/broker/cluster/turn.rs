@@ -163,6 +163,7 @@ impl Broker {
                 if let Some(n) = node {
                     c.down_since.remove(&n);
                     c.removing.remove(&n);
+                    self.nudge_stream_groups(n);
                 }
                 self.retry_waiters(sink.now());
             }
