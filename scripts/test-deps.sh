@@ -145,27 +145,20 @@ install_node2() {
     cp "${node2_dir}/package-lock.json" "${node2_stamp}"
 }
 
-# ---- Chromium -------------------------------------------------------------
+# ---- Debian packages (Chromium, nftables) ---------------------------------
 
-install_chromium() {
+# apt_install PACKAGE COMMAND: installs PACKAGE so that COMMAND is on PATH.
+apt_install() {
     command -v apt-get >/dev/null 2>&1 ||
-        die "chromium is not installed and apt-get is not available; install Chromium so that 'chromium' is on PATH"
-    quietly apt-get install -y --no-install-recommends chromium ||
-        quietly sh -c 'apt-get update && apt-get install -y --no-install-recommends chromium' ||
-        die "could not install chromium with apt-get"
-    command -v chromium >/dev/null 2>&1 || die "chromium is still not on PATH after installing"
+        die "$2 is not installed and apt-get is not available; install $1 so that '$2' is on PATH"
+    quietly apt-get install -y --no-install-recommends "$1" ||
+        quietly sh -c "apt-get update && apt-get install -y --no-install-recommends $1" ||
+        die "could not install $1 with apt-get"
+    command -v "$2" >/dev/null 2>&1 || die "$2 is still not on PATH after installing $1"
 }
 
-# ---- nftables -------------------------------------------------------------
-
-install_nftables() {
-    command -v apt-get >/dev/null 2>&1 ||
-        die "nft is not installed and apt-get is not available; install nftables so that 'nft' is on PATH"
-    quietly apt-get install -y --no-install-recommends nftables ||
-        quietly sh -c 'apt-get update && apt-get install -y --no-install-recommends nftables' ||
-        die "could not install nftables with apt-get"
-    command -v nft >/dev/null 2>&1 || die "nft is still not on PATH after installing"
-}
+install_chromium() { apt_install chromium chromium; }
+install_nftables() { apt_install nftables nft; }
 
 python_is_current || install_python
 node_is_current || install_node
