@@ -305,7 +305,7 @@ impl Broker {
             let due = h
                 .forced_at
                 .is_none_or(|t| now.saturating_duration_since(t) >= FORCED_SNAPSHOT_EVERY);
-            if due && h.applied > index {
+            if due && h.applied >= index {
                 h.forced_at = Some(now);
                 self.snapshot_now(group);
             }
