@@ -214,9 +214,9 @@ pub(crate) struct StreamGroups {
     /// The voters each held group was last told to have (see
     /// `stream_moves.rs`).
     pub(super) wanted: HashMap<GroupId, Vec<u64>>,
-    /// Where replicas keep their payloads (`<data>/replicas`), once
-    /// cleaned of what an older broker left.
-    payload_root: Option<Option<std::path::PathBuf>>,
+    /// What an older broker left under `<data>/replicas` (payload caches
+    /// named `g<group>.<n>`) has been removed.
+    old_payload_dirs_gone: bool,
     /// Publishes relayed to stream leaders, and those relayed here, in
     /// batches (`stream_batches.rs`).
     pub(super) batches: super::stream_batches::Batches,
@@ -303,7 +303,7 @@ impl StreamGroups {
     ) -> Option<(std::path::PathBuf, u64)> {
         let (data, segment_bytes) = data?;
         let root = data.join("replicas");
-        if self.payload_root.is_none() {
+        if !self.old_payload_dirs_gone {
             if let Ok(entries) = std::fs::read_dir(&root) {
                 for e in entries.flatten() {
                     if e.file_name().to_string_lossy().contains('.') {
@@ -311,7 +311,7 @@ impl StreamGroups {
                     }
                 }
             }
-            self.payload_root = Some(Some(root.clone()));
+            self.old_payload_dirs_gone = true;
         }
         Some((root.join(format!("g{group}")), segment_bytes))
     }

@@ -500,12 +500,8 @@ enum Files {
 }
 
 impl Detached {
-    /// Reads back message `seq` stored at `loc` when this was taken.
-    pub fn read(&self, seq: u64, loc: Loc) -> io::Result<Payload> {
-        decode(seq, &self.record(seq, loc)?)
-    }
-
-    /// The framed record of message `seq` stored at `loc`.
+    /// The framed record of message `seq` stored at `loc` when this was
+    /// taken.
     pub fn record(&self, seq: u64, loc: Loc) -> io::Result<Vec<u8>> {
         match &self.files {
             Files::Memory(map) => map
