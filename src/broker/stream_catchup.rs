@@ -111,20 +111,20 @@ impl Broker {
             Some((dir, segment_bytes)) if !h.opened => {
                 Replica::restore_files(&mut read, r.size, now, dir, *segment_bytes).map(
                     |(rep, target)| {
-                        h.replica = rep;
+                        h.core.replica = rep;
                         h.opened = true;
                         target
                     },
                 )
             }
-            _ => h.replica.rebase(&mut read, r.size, now),
+            _ => h.core.replica.rebase(&mut read, r.size, now),
         };
         match taken {
             Ok(target) => {
                 crate::log_info!(
                     "stream {:?}: catching up to its snapshot at {index}: holds {} of {} messages",
                     h.name,
-                    h.replica.messages(),
+                    h.core.replica.messages(),
                     target.count
                 );
                 h.lost = false;
@@ -166,18 +166,18 @@ impl Broker {
         let Some(cu) = h.catchup.as_mut() else {
             return;
         };
-        let held = h.replica.held_through();
+        let held = h.core.replica.held_through();
         if !cu.target.wants_after(held) {
-            if !h.replica.is_whole(&cu.target) {
+            if !h.core.replica.is_whole(&cu.target) {
                 crate::log_warn!(
                     "stream {:?}: its messages disagree with the snapshot at {}; starting over",
                     h.name,
                     cu.index
                 );
-                h.replica.start_over();
+                h.core.replica.start_over();
                 return;
             }
-            if let Err(e) = h.replica.sync() {
+            if let Err(e) = h.core.replica.sync() {
                 crate::log_error!("stream {:?}: syncing its files: {e}", h.name);
                 return;
             }
@@ -189,7 +189,7 @@ impl Broker {
                 now.saturating_duration_since(cu.since).as_millis()
             );
             h.catchup = None;
-            h.applied = index;
+            h.core.applied = index;
             h.installed = Some(index);
             if let Some(raft) = c.raft_node() {
                 raft.send(ToRaft::GroupInstall { group, index });
@@ -202,7 +202,7 @@ impl Broker {
         if waiting || cu.retry_at.is_some_and(|t| now < t) {
             return;
         }
-        let Some(leader) = h.leader.filter(|&l| l != me) else {
+        let Some(leader) = h.core.leader().filter(|&l| l != me) else {
             return;
         };
         let args = json!({
@@ -263,9 +263,9 @@ impl Broker {
         let recs = attachments.first().map_or(&[][..], Vec::as_slice);
         cu.received += recs.len() as u64;
         let target = cu.target.clone();
-        if let Err(e) = h.replica.take_records(recs, &target) {
+        if let Err(e) = h.core.replica.take_records(recs, &target) {
             crate::log_warn!("stream {:?}: catching up: {e}; starting over", h.name);
-            h.replica.start_over();
+            h.core.replica.start_over();
         }
         self.catch_up(group, now);
     }
@@ -305,7 +305,7 @@ impl Broker {
             let due = h
                 .forced_at
                 .is_none_or(|t| now.saturating_duration_since(t) >= FORCED_SNAPSHOT_EVERY);
-            if due && h.applied >= index {
+            if due && h.core.applied >= index {
                 h.forced_at = Some(now);
                 self.snapshot_now(group);
             }
@@ -347,7 +347,7 @@ impl Broker {
         let Some(h) = self.stream_groups.held.get_mut(&group) else {
             return;
         };
-        let index = h.applied;
+        let index = h.core.applied;
         let empty = |raft: &crate::cluster::node::RaftNode| {
             raft.send(ToRaft::GroupCompact {
                 group,
@@ -361,7 +361,7 @@ impl Broker {
             return;
         }
         match raft.group_dir(group) {
-            Some(dir) => match h.replica.freeze() {
+            Some(dir) => match h.core.replica.freeze() {
                 Ok(mut frozen) => {
                     let dead = frozen.take_dead();
                     let frozen = std::sync::Arc::new(frozen);
@@ -386,8 +386,8 @@ impl Broker {
                 }
             },
             None => {
-                h.replica.delete_dead();
-                let data = h.replica.snapshot().unwrap_or_else(|e| {
+                h.core.replica.delete_dead();
+                let data = h.core.replica.snapshot().unwrap_or_else(|e| {
                     crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
                     Vec::new()
                 });

@@ -13,8 +13,12 @@
 //!
 //! Clients publish (with a `Msg-Id`, retried under the same id when no
 //! answer comes), fetch from and ack a consumer, at whichever node leads
-//! each stream. Each node's leader batches what it is given into one
-//! entry of [`replica::Op`]s and answers when that entry applies.
+//! each stream. Each node holds each of its streams as the broker does:
+//! a [`Group`] (`stream/group.rs`), the very component that batches what
+//! a leader is given into one entry of [`replica::Op`]s, answers a request
+//! only when the entry this node proposed applies, and proposes the
+//! leader's own entries (its first empty one, expiry, deliveries out of
+//! `max_deliver`).
 //!
 //! Checked at every step: one leader per group and term; every replica
 //! applies the same entry and gets the same outcomes at each index; no
@@ -35,6 +39,7 @@ use gombus::cluster::raft_log::{LogStore, MemoryLog};
 use gombus::cluster::raft_msg::{Entry, EntryKind, GroupId, HardState, Message, NodeId};
 use gombus::cluster::raft_multi::{self, Multi};
 use gombus::protocol::stream_messages::StreamConfig;
+use gombus::stream::group::{Done, Group};
 use gombus::stream::replica::{self, AckKind, Op, Outcome, Publish, Replica};
 use gombus::stream::stream::Stored;
 
@@ -99,13 +104,8 @@ enum Asked {
     Other,
 }
 
-/// One stream replica's state at a node.
-struct StreamState {
-    replica: Replica,
-    applied: u64,
-    /// Proposals this node made as leader: index -> (term, what each op was).
-    awaiting: BTreeMap<u64, (u64, Vec<Asked>)>,
-}
+/// One stream replica's state at a node, as the broker holds it.
+type StreamState = Group<Asked>;
 
 /// What one node has on disk, per group.
 #[derive(Default)]
@@ -291,14 +291,9 @@ impl Sim {
                 } else {
                     Replica::new(self.stream_cfg.clone())
                 };
-                self.nodes[i].streams.insert(
-                    g,
-                    StreamState {
-                        replica,
-                        applied: snap.index,
-                        awaiting: BTreeMap::new(),
-                    },
-                );
+                let mut group = Group::new(replica);
+                group.applied = snap.index;
+                self.nodes[i].streams.insert(g, group);
             } else {
                 self.nodes[i].control_applied = snap.index;
             }
@@ -399,6 +394,9 @@ impl Sim {
                 if st.role == Role::Leader {
                     self.on_new_leader(i, *g, st.term)?;
                 }
+                if let Some(group) = self.nodes[i].streams.get_mut(g) {
+                    group.status(st.role == Role::Leader, st.term, st.leader);
+                }
             }
             if let Some(snap) = a.restore.take() {
                 self.restore(i, *g, &snap.data, snap.index)?;
@@ -459,7 +457,6 @@ impl Sim {
         let st = self.nodes[i].streams.get_mut(&g).unwrap();
         st.replica = replica;
         st.applied = index;
-        st.awaiting.clear();
         Ok(())
     }
 
@@ -506,10 +503,6 @@ impl Sim {
             return Ok(());
         }
         let now = self.instant();
-        let (is_leader_of_term, term) = {
-            let r = self.nodes[i].multi.as_ref().unwrap().get(g).unwrap();
-            (r.role() == Role::Leader && r.term() == e.term, e.term)
-        };
         let st = self.nodes[i].streams.get_mut(&g).unwrap();
         if e.index != st.applied + 1 {
             return Err(format!(
@@ -517,17 +510,24 @@ impl Sim {
                 e.index, st.applied
             ));
         }
-        st.applied = e.index;
-        let ops = match e.kind {
-            EntryKind::Noop | EntryKind::Config => Vec::new(),
-            EntryKind::Command => replica::decode_entry(&e.data).map_err(|e| e.to_string())?,
+        // As the Raft thread hands entries to the broker: Raft's own
+        // entries as empty data.
+        let data: &[u8] = match e.kind {
+            EntryKind::Noop | EntryKind::Config => &[],
+            EntryKind::Command => &e.data,
         };
-        let outcomes = st.replica.apply(&ops, now);
-        let asked = st
-            .awaiting
-            .remove(&e.index)
-            .filter(|(t, _)| *t == term)
-            .map(|(_, a)| a);
+        let mut done = Vec::new();
+        let mut outcomes = Vec::new();
+        st.apply(e.index, e.term, data, now, &mut done, Some(&mut outcomes))
+            .map_err(|e| e.to_string())?;
+        if !data.is_empty() {
+            let ops = replica::decode_entry(data).map_err(|e| e.to_string())?;
+            for op in ops {
+                if let Op::Exhausted { seqs, .. } = op {
+                    self.exhausted += seqs.len() as u64;
+                }
+            }
+        }
         match self.outcomes.get(&(g, e.index)) {
             Some(had) if *had != outcomes => {
                 return Err(format!(
@@ -537,14 +537,20 @@ impl Sim {
             }
             Some(_) => {}
             None => {
-                self.outcomes.insert((g, e.index), outcomes.clone());
+                self.outcomes.insert((g, e.index), outcomes);
             }
         }
-        let Some(asked) = asked else {
-            return Ok(());
-        };
-        // This node proposed the entry: answer the clients.
-        for (a, o) in asked.into_iter().zip(outcomes) {
+        self.answered(i, g, done)
+    }
+
+    /// What node `i`'s stream `g` answered its clients.
+    fn answered(&mut self, i: usize, g: GroupId, done: Vec<Done<Asked>>) -> Check {
+        let id = self.nodes[i].id;
+        for d in done {
+            let Done::Applied(a, o) = d else {
+                // Refused: a publish stays unanswered (its client retries).
+                continue;
+            };
             match (a, o) {
                 (Asked::Publish(pid), Outcome::Published(Ok(stored))) => {
                     let seq = match stored {
@@ -559,7 +565,7 @@ impl Sim {
                     }
                     self.unanswered.entry(g).or_default().remove(&pid);
                 }
-                (Asked::Deliver, Outcome::Delivered(ds)) if is_leader_of_term => {
+                (Asked::Deliver, Outcome::Delivered(ds)) => {
                     for (seq, _) in ds {
                         if self.done.get(&g).is_some_and(|d| d.contains(&seq)) {
                             return Err(format!(
@@ -581,18 +587,40 @@ impl Sim {
         Ok(())
     }
 
-    /// A leader (or a node that believes it leads) of stream `g` takes
-    /// `asked` as one entry.
-    fn propose(&mut self, i: usize, g: GroupId, ops: Vec<Op>, asked: Vec<Asked>) -> Check {
-        let Some(r) = self.nodes[i].multi.as_mut().and_then(|m| m.get_mut(g)) else {
+    /// The end of node `i`'s turn for stream `g`: what its [`Group`] has
+    /// to propose goes to the group's Raft core, as the broker sends it.
+    fn flush(&mut self, i: usize, g: GroupId) -> Check {
+        let now = self.instant();
+        let now_ms = self.now;
+        let mut done = Vec::new();
+        let node = &mut self.nodes[i];
+        let (Some(multi), Some(st)) = (node.multi.as_mut(), node.streams.get_mut(&g)) else {
             return Ok(());
         };
-        if let Ok(Proposed::Appended { index, term }) = r.propose(replica::encode_entry(&ops)) {
-            if let Some(st) = self.nodes[i].streams.get_mut(&g) {
-                st.awaiting.insert(index, (term, asked));
+        for p in st.flush(now, now_ms, &mut done) {
+            let at = match multi.get_mut(g).map(|r| r.propose(p.data)) {
+                Some(Ok(Proposed::Appended { index, term })) => Some((index, term)),
+                _ => None,
+            };
+            st.proposed(p.tag, at, &mut done);
+        }
+        self.answered(i, g, done)?;
+        self.process(i)
+    }
+
+    /// A node that leads stream `g` (or believes it does) takes `ops`,
+    /// each answered to the client that asked, and ends its turn.
+    fn propose(&mut self, i: usize, g: GroupId, ops: Vec<(Op, Asked)>) -> Check {
+        let Some(st) = self.nodes[i].streams.get_mut(&g) else {
+            return Ok(());
+        };
+        for (op, asked) in ops {
+            match op {
+                Op::Deliver { consumer, seqs } => st.deliver(&consumer, seqs, asked),
+                op => st.take(op, Some(asked)),
             }
         }
-        self.process(i)
+        self.flush(i, g)
     }
 
     /// Where a client of stream `g` goes: mostly the leader, sometimes
@@ -613,19 +641,18 @@ impl Sim {
         };
         let now_ms = self.now;
         let mut ops = Vec::new();
-        let mut asked = Vec::new();
         // The consumer exists once its creation applied anywhere.
         let has_consumer = self.nodes[i]
             .streams
             .get(&g)
             .is_some_and(|s| s.replica.consumer(CONSUMER).is_some());
         if !has_consumer && self.rng.chance(300) {
-            ops.push(Op::ConsumerCreate {
+            let op = Op::ConsumerCreate {
                 config: format!(
                     "{{\"name\":\"{CONSUMER}\",\"ack_wait_ms\":1000,\"max_deliver\":2}}"
                 ),
-            });
-            asked.push(Asked::Other);
+            };
+            ops.push((op, Asked::Other));
         }
         // Publishes: new ones, and retries of unanswered ones.
         for _ in 0..self.rng.below(4) {
@@ -644,26 +671,27 @@ impl Sim {
                 }
             };
             self.unanswered.entry(g).or_default().insert(pid, now_ms);
-            ops.push(Op::Publish(Publish {
+            let op = Op::Publish(Publish {
                 subject: format!("s.{}", pid % 3),
                 headers: Some(format!("{{\"Msg-Id\":\"p{pid}\"}}")),
                 data: pid.to_string().into_bytes(),
                 binary: false,
                 time_ms: now_ms,
-            }));
-            asked.push(Asked::Publish(pid));
+            });
+            ops.push((op, Asked::Publish(pid)));
         }
-        // A fetch.
+        // A fetch, planned as a leader plans it: one delivery entry in
+        // flight per consumer.
         if has_consumer && self.rng.chance(500) {
             let st = &self.nodes[i].streams[&g];
             let max = self.rng.range(1, 6) as usize;
             let seqs = st.replica.next_deliveries(CONSUMER, max, self.instant());
-            if !seqs.is_empty() {
-                ops.push(Op::Deliver {
+            if !seqs.is_empty() && !st.delivering(CONSUMER) {
+                let op = Op::Deliver {
                     consumer: CONSUMER.into(),
                     seqs,
-                });
-                asked.push(Asked::Deliver);
+                };
+                ops.push((op, Asked::Deliver));
             }
         }
         // Acks of what the consumer client holds.
@@ -680,33 +708,15 @@ impl Sim {
             if kind == AckKind::Wip {
                 self.held.entry(g).or_default().push(seq);
             }
-            ops.push(Op::Acks {
+            let op = Op::Acks {
                 consumer: CONSUMER.into(),
                 acks: vec![(kind, seq)],
-            });
-            asked.push(Asked::Ack(kind, seq));
+            };
+            ops.push((op, Asked::Ack(kind, seq)));
         }
-        // Deliveries out of max_deliver, finished as the leader does it.
-        if has_consumer && self.rng.chance(400) {
-            let st = &self.nodes[i].streams[&g];
-            let seqs = st.replica.exhausted_deliveries(CONSUMER, self.instant());
-            if !seqs.is_empty() {
-                self.exhausted += seqs.len() as u64;
-                ops.push(Op::Exhausted {
-                    consumer: CONSUMER.into(),
-                    seqs,
-                });
-                asked.push(Asked::Other);
-            }
-        }
-        if self.rng.chance(30) {
-            ops.push(Op::Expire { now_ms });
-            asked.push(Asked::Other);
-        }
-        if ops.is_empty() {
-            return Ok(());
-        }
-        self.propose(i, g, ops, asked)
+        // Expiry and deliveries out of max_deliver: the leader's own
+        // entries, proposed by its group at the end of each turn.
+        self.propose(i, g, ops)
     }
 
     /// Something for the control group now and then.
@@ -766,6 +776,11 @@ impl Sim {
             self.nodes[i].next_tick = first + raft::TICK_MS;
             self.nodes[i].multi.as_mut().unwrap().tick();
             self.process(i)?;
+            // A turn of the broker's loop ends on every tick too.
+            let groups: Vec<GroupId> = self.nodes[i].streams.keys().copied().collect();
+            for g in groups {
+                self.flush(i, g)?;
+            }
         }
         Ok(true)
     }
@@ -926,7 +941,7 @@ pub fn final_checks(sim: &mut Sim, healed_at: u64) -> Check {
                         binary: false,
                         time_ms: t,
                     });
-                    sim.propose(l, g, vec![op], vec![Asked::Publish(pid)])?;
+                    sim.propose(l, g, vec![(op, Asked::Publish(pid))])?;
                 }
             }
             t += 10;
