@@ -70,6 +70,16 @@ pub(crate) struct CatchUp {
     since: Instant,
     /// Record bytes received.
     received: u64,
+    /// The last entry the core committed meanwhile (it is skipped): past
+    /// `index`, the snapshot no longer covers what the core applied.
+    skipped_through: u64,
+}
+
+impl CatchUp {
+    /// The core committed the entry at `index` during the catch-up.
+    pub(crate) fn skipped(&mut self, index: u64) {
+        self.skipped_through = self.skipped_through.max(index);
+    }
 }
 
 impl Broker {
@@ -136,6 +146,7 @@ impl Broker {
                     retry_at: None,
                     since: now,
                     received: 0,
+                    skipped_through: 0,
                 });
                 self.catch_up(group, now);
             }
@@ -166,6 +177,23 @@ impl Broker {
         let Some(cu) = h.catchup.as_mut() else {
             return;
         };
+        if cu.skipped_through > cu.index {
+            // A leader fed the core entries past the snapshot (it holds
+            // a longer log than the one that sent it): they were not
+            // applied, so the replica starts again from a fresh snapshot.
+            crate::log_warn!(
+                "stream {:?}: entries past its snapshot at {} came during its catch-up; \
+                 fetching again",
+                h.name,
+                cu.index
+            );
+            h.catchup = None;
+            h.lost = true;
+            if let Some(raft) = c.raft_node() {
+                raft.send(ToRaft::GroupLost { group });
+            }
+            return;
+        }
         let held = h.core.replica.held_through();
         if !cu.target.wants_after(held) {
             if !h.core.replica.is_whole(&cu.target) {

@@ -957,9 +957,14 @@ impl Broker {
                 self.snapshot_arrived(group, index, &data, file, now);
                 return;
             }
-            GroupEvent::Apply { .. } if h.lost || h.catchup.is_some() => {
+            GroupEvent::Apply { index, .. } if h.lost || h.catchup.is_some() => {
                 // The replica is not whole: the group's core is started
-                // again without its log, or waits for it to be.
+                // again without its log, or waits for it to be. An entry
+                // past the snapshot being fetched (a new leader fed the
+                // core meanwhile) is noted: the catch-up cannot end there.
+                if let Some(cu) = h.catchup.as_mut() {
+                    cu.skipped(index);
+                }
             }
             GroupEvent::Apply { index, term, data } => {
                 if !h.opened {
@@ -1419,9 +1424,8 @@ pub(super) fn write_snapshot(
     let again = raft.clone();
     let dead_again = dead.clone();
     let job = move || {
-        let written = frozen.sync().and_then(|()| {
-            let mut w = snapshot_file::Writer::create(&dir, index)?;
-            frozen.write_to(&mut w)?;
+        let written = snapshot_file::Writer::create(&dir, index).and_then(|mut w| {
+            frozen.store(&mut w)?;
             w.finish()
         });
         let data = match written {

@@ -801,7 +801,12 @@ impl Worker {
                 }
             }
             Body::Snapshot { snapshot } | Body::ConfSnapshot { snapshot, .. } => {
-                let Some(r) = FileRef::decode(&snapshot.data) else {
+                let taken = (self.multi.get(m.group))
+                    .is_some_and(|c| c.takes_snapshot(m.term, snapshot.index, snapshot.term));
+                let Some(r) = FileRef::decode(&snapshot.data).filter(|_| taken) else {
+                    // A snapshot the core will not install (its log holds
+                    // that entry, or it is stale) goes to it as it is: the
+                    // replica must not rebase onto it.
                     self.multi.step(m);
                     return;
                 };

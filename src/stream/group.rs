@@ -314,9 +314,10 @@ impl<R> Group<R> {
     }
 
     /// The committed entry at `index` (of `term`; `data` empty for Raft's
-    /// own entries) applies. Its outcomes answer this node's requests only
-    /// if it is the entry this node proposed there; with `seen`, every
-    /// op's outcome is copied there too (for a checker).
+    /// own entries) applies, unless the replica's state is past it. Its
+    /// outcomes answer this node's requests only if it is the entry this
+    /// node proposed there; with `seen`, every op's outcome is copied
+    /// there too (for a checker).
     pub fn apply(
         &mut self,
         index: u64,
@@ -326,6 +327,12 @@ impl<R> Group<R> {
         done: &mut Vec<Done<R>>,
         seen: Option<&mut Vec<Outcome>>,
     ) -> Result<(), Malformed> {
+        if index <= self.applied {
+            // The replica's state holds it already: it was made whole for
+            // a snapshot at or after it while the entry was on its way.
+            // Requests waiting on it are refused when their wait ends.
+            return Ok(());
+        }
         self.applied = index;
         if self.leading && term == self.term {
             self.serving = true;
