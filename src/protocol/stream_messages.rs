@@ -86,6 +86,15 @@ pub struct StreamConfig {
     pub discard: Discard,
     #[serde(default)]
     pub duplicate_window_ms: u64,
+    /// At most this many messages of one subject are kept (0: no limit).
+    /// Left out of the JSON when 0, so that configs and snapshots written
+    /// before it existed read and compare the same.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_msgs_per_subject: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl StreamConfig {
