@@ -66,6 +66,17 @@ const PY_STREAM_CHECKS: [&str; 12] = [
     "delete",
 ];
 
+/// The checks of py_kv.py (contract §14 and `max_msgs_per_subject`).
+const PY_KV_CHECKS: [&str; 7] = [
+    "per_subject",
+    "buckets",
+    "put_get",
+    "cas_delete_purge",
+    "race",
+    "watch",
+    "delete_bucket",
+];
+
 const DEPS_HINT: &str =
     "run `scripts/test-deps.sh` (or `make test`) to install the interop clients";
 
@@ -262,6 +273,11 @@ fn python_socketio_streams_contract() {
         "default",
         &PY_STREAM_CHECKS,
     );
+}
+
+#[test]
+fn python_socketio_kv_contract() {
+    python_script("py_kv.py", "python-socketio kv", "default", &PY_KV_CHECKS);
 }
 
 #[test]

@@ -1,0 +1,322 @@
+//! Key-value reads on the stream of a bucket held here as an R1 stream
+//! (docs/PROTOCOL.md §14): a key's latest write, found through the
+//! store's per-subject index (one read), a key's kept writes, the latest
+//! write of every key matching a filter (`kv.keys`, a watch's start) and
+//! a bucket's state. Writes are publishes ([`Streams::publish`]), decided
+//! by the stream's write rules (`stream/limits.rs`).
+
+use super::*;
+use crate::stream::limits::{self, KvOp};
+use crate::stream::stream::Msg;
+
+/// One write of a key, read back.
+#[derive(Debug, Clone)]
+pub struct KvEntry {
+    pub seq: u64,
+    pub op: KvOp,
+    pub msg: Msg,
+}
+
+/// A bucket's stream config and `state`.
+#[derive(Debug, Clone)]
+pub struct KvState {
+    pub config: StreamConfig,
+    pub values: u64,
+    pub bytes: u64,
+    pub revision: u64,
+}
+
+fn entry(s: &Stream, seq: u64) -> Result<Option<KvEntry>, ApiError> {
+    Ok(s.get(seq)?.map(|msg| KvEntry {
+        seq,
+        op: limits::asks_of(msg.headers.as_deref()).op,
+        msg,
+    }))
+}
+
+impl Streams {
+    /// Whether stream `name` is held here.
+    pub fn holds(&self, name: &str) -> bool {
+        self.set.contains_key(name)
+    }
+
+    /// The names of the streams held here.
+    pub fn names(&self) -> Vec<String> {
+        self.set.keys().cloned().collect()
+    }
+
+    /// Stream `name`'s config and its state as a bucket.
+    pub fn kv_state(&mut self, name: &str) -> Result<KvState, ApiError> {
+        let latest = self.kv_latest_all(name, ">")?;
+        let s = &self.slot(name)?.stream;
+        let st = s.state();
+        Ok(KvState {
+            config: s.cfg.clone(),
+            values: latest.iter().filter(|e| e.op == KvOp::Put).count() as u64,
+            bytes: st.bytes,
+            revision: st.last_seq,
+        })
+    }
+
+    /// The latest write of exactly `subject` (a put or a marker).
+    pub fn kv_latest(&mut self, name: &str, subject: &str) -> Result<Option<KvEntry>, ApiError> {
+        let s = &self.slot(name)?.stream;
+        match s.last_by_subject(subject)? {
+            Some((seq, _)) => entry(s, seq),
+            None => Ok(None),
+        }
+    }
+
+    /// Write `seq` of stream `name`, if it is still kept.
+    pub fn kv_at(&mut self, name: &str, seq: u64) -> Result<Option<KvEntry>, ApiError> {
+        entry(&self.slot(name)?.stream, seq)
+    }
+
+    /// Every kept write of exactly `subject`, oldest first.
+    pub fn kv_history(&mut self, name: &str, subject: &str) -> Result<Vec<KvEntry>, ApiError> {
+        let s = &self.slot(name)?.stream;
+        let seqs = s.seqs_of(subject);
+        seqs.into_iter()
+            .filter_map(|q| entry(s, q).transpose())
+            .collect()
+    }
+
+    /// The latest write of every subject matching `filter`, in seq order.
+    pub fn kv_latest_all(&mut self, name: &str, filter: &str) -> Result<Vec<KvEntry>, ApiError> {
+        let s = &self.slot(name)?.stream;
+        s.last_per_subject(filter)
+            .into_iter()
+            .filter_map(|q| entry(s, q).transpose())
+            .collect()
+    }
+
+    /// Every kept write of the subjects matching `filter`, in seq order.
+    pub fn kv_all(&mut self, name: &str, filter: &str) -> Result<Vec<KvEntry>, ApiError> {
+        let s = &self.slot(name)?.stream;
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some(seq) = crate::stream::consumer::Source::next_matching(s, at, Some(filter)) {
+            if let Some(e) = entry(s, seq)? {
+                out.push(e);
+            }
+            at = seq + 1;
+        }
+        Ok(out)
+    }
+
+    /// The last seq of stream `name`.
+    pub fn last_seq_of(&mut self, name: &str) -> Result<u64, ApiError> {
+        Ok(self.slot(name)?.stream.last_seq())
+    }
+}
+
+/// Most watch deliveries per watch per loop turn (fairness).
+const WATCH_PER_TURN_MAX: usize = 256;
+/// Most watches one connection may hold.
+pub const WATCHES_PER_CONN_MAX: usize = 256;
+
+/// A `kv.watch`: an in-memory consumer of the bucket's stream (filtered
+/// to the watched keys, no acks) that delivers each new write to one
+/// socket as a `msg`. Nothing of it is written; it ends with its socket.
+pub(super) struct Watch {
+    pub(super) conn: ConnId,
+    pub(super) sid: String,
+    stream: Rc<str>,
+    bucket: String,
+    consumer: Consumer,
+    /// The user's `subscribe` rules, when not every key may be read.
+    readable: Option<crate::auth::rights::Rules>,
+}
+
+/// Appends a `msg` event's entry `{sid?, bucket, key, value?, revision,
+/// op, time}` to `out` (for `kv.get`, `kv.history` and watches); binary
+/// values go to `attachments`.
+pub fn push_entry(
+    out: &mut Vec<u8>,
+    attachments: &mut Vec<Vec<u8>>,
+    bucket: Option<&str>,
+    key: &str,
+    e: &KvEntry,
+) {
+    out.push(b'{');
+    if let Some(b) = bucket {
+        out.extend_from_slice(b"\"bucket\":");
+        push_str(out, b);
+        out.push(b',');
+    }
+    out.extend_from_slice(b"\"key\":");
+    push_str(out, key);
+    if e.op == KvOp::Put {
+        out.extend_from_slice(b",\"value\":");
+        super::super::stream_out::push_data(out, &e.msg, attachments.len());
+        if e.msg.binary {
+            attachments.push(e.msg.data.to_vec());
+        }
+    }
+    out.extend_from_slice(
+        format!(
+            ",\"revision\":{},\"time\":{},\"op\":\"{}\"}}",
+            e.seq,
+            e.msg.time_ms,
+            e.op.as_str()
+        )
+        .as_bytes(),
+    );
+}
+
+/// Sends one watch `msg` (its `sid` and `entry`, or `caught_up`).
+fn send_watch_msg(
+    sink: &mut dyn Sink,
+    head: &mut Vec<u8>,
+    body: &mut Vec<u8>,
+    conn: ConnId,
+    sid: &str,
+    bucket: &str,
+    e: Option<&KvEntry>,
+) {
+    body.clear();
+    body.extend_from_slice(b"[\"msg\",{\"sid\":");
+    push_str(body, sid);
+    body.extend_from_slice(b",\"bucket\":");
+    push_str(body, bucket);
+    let mut attachments = Vec::new();
+    match e {
+        Some(e) => {
+            let key = crate::protocol::kv_messages::key_of(bucket, &e.msg.subject).unwrap_or("");
+            body.push(b',');
+            let mut one = Vec::new();
+            push_entry(&mut one, &mut attachments, None, key, e);
+            // The entry's fields, inside the msg's object.
+            body.extend_from_slice(&one[1..one.len() - 1]);
+        }
+        None => body.extend_from_slice(b",\"caught_up\":true"),
+    }
+    body.extend_from_slice(b"}]");
+    let kind = if attachments.is_empty() {
+        PacketType::Event
+    } else {
+        PacketType::BinaryEvent
+    };
+    head.clear();
+    socketio::write_header(head, kind, attachments.len(), "/", None);
+    if sink.send_text(conn, &[head, body]) {
+        for a in &attachments {
+            sink.send_binary(conn, a);
+        }
+    }
+}
+
+/// What a new watch is to send before it is caught up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchStart {
+    /// The latest write of each matching key.
+    Latest,
+    /// Every kept write of the matching keys.
+    History,
+    /// Nothing: new writes only.
+    UpdatesOnly,
+}
+
+impl Streams {
+    /// Starts watch `sid` of socket `conn` on the keys of bucket `bucket`
+    /// (stream `name`) matching subject pattern `filter`: answers
+    /// `ack_id` with `{ok, sid}`, sends what `start` asks for and the
+    /// `caught_up` marker, and from then on every new write, in order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_watch(
+        &mut self,
+        sink: &mut dyn Sink,
+        conn: ConnId,
+        ack_id: Option<u64>,
+        sid: &str,
+        name: &str,
+        bucket: &str,
+        filter: &str,
+        start: WatchStart,
+        readable: Option<crate::auth::rights::Rules>,
+    ) -> Result<(), ApiError> {
+        if self.watches.iter().filter(|w| w.conn == conn).count() >= WATCHES_PER_CONN_MAX {
+            return Err(ApiError::new(
+                Code::Limit,
+                format!("a socket holds at most {WATCHES_PER_CONN_MAX} watches"),
+            ));
+        }
+        let first = match start {
+            WatchStart::Latest => self.kv_latest_all(name, filter)?,
+            WatchStart::History => self.kv_all(name, filter)?,
+            WatchStart::UpdatesOnly => Vec::new(),
+        };
+        let slot = self.slot(name)?;
+        let next = slot.stream.last_seq() + 1;
+        let stream = Rc::clone(&slot.name);
+        let mut cfg = serde_json::Map::new();
+        cfg.insert("name".into(), "watch".into());
+        cfg.insert("filter_subject".into(), filter.into());
+        cfg.insert("ack_policy".into(), "none".into());
+        let cfg: ConsumerConfig = sm::read_config(cfg)?;
+        if let Some(ack_id) = ack_id {
+            let body = ok_with(json!({ "sid": sid }));
+            send_ack(sink, &mut self.head, conn, ack_id, body.as_bytes(), &[]);
+        }
+        let may = |subj: &str| readable.as_ref().is_none_or(|r| r.allows_subject(subj));
+        let sends = first.iter().filter(|e| may(&e.msg.subject)).map(Some);
+        for e in sends.chain([None]) {
+            let (head, body) = (&mut self.head, &mut self.body);
+            send_watch_msg(sink, head, body, conn, sid, bucket, e);
+        }
+        self.watches.push(Watch {
+            conn,
+            sid: sid.to_string(),
+            stream,
+            bucket: bucket.to_string(),
+            consumer: Consumer::new(cfg, next),
+            readable,
+        });
+        Ok(())
+    }
+
+    /// Whether socket `conn` holds watch `sid`.
+    pub fn has_watch(&self, conn: ConnId, sid: &str) -> bool {
+        self.watches.iter().any(|w| w.conn == conn && w.sid == sid)
+    }
+
+    /// Ends watch `sid` of socket `conn`; false when there is none.
+    pub fn unwatch(&mut self, conn: ConnId, sid: &str) -> bool {
+        let before = self.watches.len();
+        self.watches.retain(|w| !(w.conn == conn && w.sid == sid));
+        self.watches.len() != before
+    }
+
+    /// Hands every watch the writes it has not seen yet (up to
+    /// [`WATCH_PER_TURN_MAX`] each); true when some have more.
+    pub(super) fn serve_watches(&mut self, sink: &mut dyn Sink, now: Instant) -> bool {
+        let mut more = false;
+        let set = &self.set;
+        let (head, body) = (&mut self.head, &mut self.body);
+        self.watches.retain_mut(|w| {
+            let Some(slot) = set.get(&*w.stream) else {
+                return false;
+            };
+            let s = &slot.stream;
+            let mut events = Vec::new();
+            for _ in 0..WATCH_PER_TURN_MAX {
+                let Some(d) = w.consumer.next(now, s, &mut events) else {
+                    return true;
+                };
+                events.clear();
+                let Ok(Some(e)) = entry(s, d.seq) else {
+                    continue;
+                };
+                if w.readable
+                    .as_ref()
+                    .is_none_or(|r| r.allows_subject(&e.msg.subject))
+                {
+                    send_watch_msg(sink, head, body, w.conn, &w.sid, &w.bucket, Some(&e));
+                }
+            }
+            more = true;
+            true
+        });
+        more
+    }
+}
