@@ -765,7 +765,7 @@ impl Broker {
     /// [`Messaging::deliver`]) and counts the deliveries; `until` is how
     /// long a request being delivered may be answered.
     #[allow(clippy::too_many_arguments)]
-    fn deliver(
+    pub(super) fn deliver(
         &mut self,
         sink: &mut dyn Sink,
         subject: &str,

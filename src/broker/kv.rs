@@ -1,22 +1,35 @@
 //! The key-value events (docs/PROTOCOL.md §14) on the broker: each is
-//! checked (names, rights) and carried out on the bucket's stream with
-//! the stream machinery. A write is a publish to `$KV.<bucket>.<key>`
-//! (so subscribers see it live and the stream's write rules decide
-//! compare-and-set), reads use the stream's per-subject index, a watch
-//! is an in-memory consumer (`streams/kv.rs`). In a cluster an event for
-//! a bucket held by another node is relayed there whole.
+//! checked (names, rights) where the client is connected, then carried
+//! out where the bucket's stream is served: here when this node holds the
+//! R1 stream or leads the replicated one, else relayed whole to the node
+//! that does (a replicated stream's member relays on to its leader).
+//!
+//! A write is a publish to `$KV.<bucket>.<key>` with the write's headers:
+//! subscribers see it live, and the stream's write rules
+//! (`stream/limits.rs`) decide compare-and-set in the step that gives the
+//! write its sequence (an R1 store, or the replicated leader's apply).
+//! Reads use the stream's per-subject index through
+//! [`KvSource`](super::streams::KvSource); a watch is an in-memory
+//! consumer of an R1 bucket's stream (`streams/kv.rs`).
 
 use serde_json::value::RawValue;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::events::{KvOp, StreamOp};
-use super::streams::{push_entry, KvEntry, KvState, WatchStart};
+use super::stream_groups::{Route, ENTRY_WAIT};
+use super::streams::{
+    kv_at, kv_history, kv_latest, kv_latest_all, kv_state, push_entry, KvEntry, KvSource, KvState,
+    WatchStart,
+};
 use super::Broker;
+use crate::auth::rights::{Rules, SubDecision};
+use crate::cluster::raft_msg::GroupId;
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_with, ApiError, Code};
 use crate::protocol::kv_messages::{self as kvm, BucketReq, CreateReq, KeyReq, KeysReq, WatchReq};
 use crate::protocol::messages::PubArg;
 use crate::protocol::socketio;
+use crate::protocol::stream_messages::StreamConfig;
 use crate::stream::limits::KvOp as WriteOp;
 
 fn parse<'a, T: serde::Deserialize<'a>>(arg: Option<&'a RawValue>) -> Result<T, ApiError> {
@@ -26,16 +39,49 @@ fn parse<'a, T: serde::Deserialize<'a>>(arg: Option<&'a RawValue>) -> Result<T, 
         .map_err(|e| ApiError::new(Code::BadRequest, format!("bad arguments: {e}")))
 }
 
-fn not_found(what: String) -> ApiError {
-    ApiError::new(Code::NotFound, what)
+fn no_bucket(bucket: &str) -> ApiError {
+    ApiError::new(Code::NotFound, format!("no bucket named {bucket:?}"))
+}
+
+fn unavailable(why: &str) -> ApiError {
+    ApiError::new(Code::Unavailable, why)
+}
+
+fn internal(e: &dyn std::fmt::Display) -> ApiError {
+    ApiError::new(Code::Internal, e.to_string())
 }
 
 /// `{config, state}` of a bucket.
-fn bucket_json(st: &KvState) -> Value {
+fn bucket_json(st: &KvState, replicas: u64) -> Value {
     json!({
-        "config": kvm::bucket_config(&st.config, 1),
+        "config": kvm::bucket_config(&st.config, replicas),
         "state": {"values": st.values, "bytes": st.bytes, "revision": st.revision},
     })
+}
+
+/// Where a bucket's stream is served, seen from this node.
+enum Place {
+    /// An R1 stream held here.
+    Local,
+    /// A replicated stream this node leads.
+    Leader(GroupId),
+    /// Another node serves it.
+    Relay(u64),
+    /// No such stream.
+    Missing,
+}
+
+/// A bucket event's key and the subject it stands for.
+struct Keyed<'a> {
+    req: KeyReq<'a>,
+    subject: String,
+}
+
+fn keyed<'a>(bucket: &str, arg: Option<&'a RawValue>) -> Result<Keyed<'a>, ApiError> {
+    let req: KeyReq = parse(arg)?;
+    kvm::check_key(&req.key)?;
+    let subject = kvm::subject_of(bucket, &req.key);
+    Ok(Keyed { req, subject })
 }
 
 impl Broker {
@@ -54,89 +100,206 @@ impl Broker {
         if op == KvOp::List {
             return self.kv_list(conn);
         }
-        let bucket: BucketReq = parse(arg)?;
-        kvm::check_bucket(&bucket.bucket)?;
-        let b = bucket.bucket;
+        let BucketReq { bucket: b } = parse(arg)?;
+        kvm::check_bucket(&b)?;
         let stream = kvm::stream_name(&b);
-        if let Some(r) = self.kv_elsewhere(conn, &stream, name, arg, ack_id, attachments) {
-            return r;
+        self.kv_rights(sink, conn, op, &b, arg)?;
+        let place = self.kv_place(&stream)?;
+        if op == KvOp::Create && !matches!(place, Place::Relay(_)) {
+            return self.kv_create(sink, conn, arg, ack_id, &place);
+        }
+        match place {
+            Place::Missing => return Err(no_bucket(&b)),
+            Place::Relay(_) if op == KvOp::Watch => {
+                return Err(unavailable(
+                    "a watch is served by the node holding the bucket's stream \
+                     (its leader for a replicated bucket): connect there",
+                ));
+            }
+            Place::Relay(node) => {
+                let text = arg.map_or("{}", RawValue::get).to_string();
+                return self.relay(
+                    node,
+                    None,
+                    conn,
+                    ack_id,
+                    name,
+                    text,
+                    attachments.to_vec(),
+                    ENTRY_WAIT,
+                );
+            }
+            Place::Local | Place::Leader(_) => {}
         }
         match op {
-            KvOp::Create => self.kv_create(sink, conn, arg),
             KvOp::DeleteBucket => {
-                self.kv_admin_check(conn, "stream.delete", &stream)?;
-                self.kv_state_of(&b)?;
-                let arg = json!({ "name": stream }).to_string();
-                let raw = RawValue::from_string(arg).map_err(|e| internal(&e))?;
-                self.kv_stream_event(sink, conn, StreamOp::StreamDelete, &raw, ack_id)
+                let raw = name_arg(&stream)?;
+                self.kv_stream_event(sink, conn, StreamOp::StreamDelete, &raw, ack_id, None)
             }
             KvOp::Info => {
-                self.kv_use_check(conn, &stream)?;
-                let st = self.kv_state_of(&b)?;
-                Ok(Some(ok_with(json!({ "bucket": bucket_json(&st) }))))
+                let replicas = self.kv_replicas(&stream);
+                let st = self.kv_read(&place, &stream, kv_state)?;
+                Ok(Some(ok_with(
+                    json!({ "bucket": bucket_json(&st, replicas) }),
+                )))
             }
             KvOp::Put | KvOp::Delete | KvOp::Purge => {
-                self.kv_write(sink, conn, op, &b, arg, ack_id, attachments)
+                self.kv_write(sink, conn, op, &place, &b, arg, ack_id, attachments)
             }
-            KvOp::Get => self.kv_read(sink, conn, &b, arg, ack_id, false),
-            KvOp::History => self.kv_read(sink, conn, &b, arg, ack_id, true),
-            KvOp::Keys => self.kv_keys(conn, &b, arg),
-            KvOp::Watch => self.kv_watch(sink, conn, &b, arg, ack_id),
-            KvOp::List => unreachable!("answered above"),
+            KvOp::Get | KvOp::History => {
+                let k = keyed(&b, arg)?;
+                let entries = self.kv_read(&place, &stream, |s| match (op, k.req.revision) {
+                    (KvOp::History, _) => kv_history(s, &k.subject),
+                    (_, None) => Ok(kv_latest(s, &k.subject)?
+                        .filter(|e| e.op == WriteOp::Put)
+                        .into_iter()
+                        .collect()),
+                    (_, Some(rev)) => Ok(kv_at(s, rev)?
+                        .filter(|e| *e.msg.subject == *k.subject)
+                        .into_iter()
+                        .collect()),
+                })?;
+                if entries.is_empty() {
+                    let key = &k.req.key;
+                    return Err(ApiError::new(
+                        Code::NotFound,
+                        format!("no value for key {key:?}"),
+                    ));
+                }
+                let one = op == KvOp::Get;
+                Ok(entries_answer(sink, conn, ack_id, &b, &entries, one))
+            }
+            KvOp::Keys => {
+                let req: KeysReq = parse(arg)?;
+                let filter = req.filter.unwrap_or_else(|| ">".to_string());
+                kvm::check_key_filter(&filter)?;
+                let rules = self.readable_rules(conn);
+                let latest = self.kv_read(&place, &stream, |s| {
+                    kv_latest_all(s, &kvm::subject_of(&b, &filter))
+                })?;
+                let keys: Vec<&str> = latest
+                    .iter()
+                    .filter(|e| e.op == WriteOp::Put)
+                    .filter(|e| {
+                        rules
+                            .as_ref()
+                            .is_none_or(|r| r.allows_subject(&e.msg.subject))
+                    })
+                    .filter_map(|e| kvm::key_of(&b, &e.msg.subject))
+                    .collect();
+                Ok(Some(ok_with(json!({ "keys": keys }))))
+            }
+            KvOp::Watch => match place {
+                Place::Local => self.kv_watch(sink, conn, &b, arg, ack_id),
+                _ => Err(unavailable(
+                    "a watch of a replicated bucket is not served yet",
+                )),
+            },
+            KvOp::Create | KvOp::List => Err(internal(&"answered above")),
         }
     }
 
-    /// In a cluster: an event for a bucket whose stream another node
-    /// holds is relayed there (`None`: it is served here).
-    fn kv_elsewhere(
+    /// The rights an event needs (docs/PROTOCOL.md §14), checked on the
+    /// node the client is connected to, before anything is relayed.
+    fn kv_rights(
         &mut self,
+        sink: &mut dyn Sink,
         conn: ConnId,
-        stream: &str,
-        event: &str,
+        op: KvOp,
+        bucket: &str,
         arg: Option<&RawValue>,
-        ack_id: Option<u64>,
-        attachments: &[Vec<u8>],
-    ) -> Option<Result<Option<String>, ApiError>> {
-        let me = self.cluster.as_ref()?.me();
+    ) -> Result<(), ApiError> {
+        let stream = kvm::stream_name(bucket);
+        let raw = name_arg(&stream)?;
+        match op {
+            KvOp::Create => self.check_stream(conn, "stream.create", Some(&raw)),
+            KvOp::DeleteBucket => self.check_stream(conn, "stream.delete", Some(&raw)),
+            KvOp::Info => self.check_stream(conn, "stream.info", Some(&raw)),
+            KvOp::Put | KvOp::Delete | KvOp::Purge => {
+                let k = keyed(bucket, arg)?;
+                self.check_publish(conn, "publish to", &k.subject, sink.now())
+            }
+            KvOp::Get | KvOp::History => {
+                let k = keyed(bucket, arg)?;
+                self.kv_read_check(conn, &k.subject)
+            }
+            KvOp::Keys | KvOp::Watch => {
+                let filter = match op {
+                    KvOp::Keys => parse::<KeysReq>(arg)?.filter,
+                    _ => parse::<WatchReq>(arg)?.key,
+                };
+                let filter = filter.unwrap_or_else(|| ">".to_string());
+                kvm::check_key_filter(&filter)?;
+                let pattern = kvm::subject_of(bucket, &filter);
+                let whole = self.readable_rules(conn).is_none_or(
+                    |r| matches!(r.decide_sub(&pattern), SubDecision::Allowed(c) if c.is_empty()),
+                );
+                match (crate::protocol::subject::has_wildcard(&filter), whole) {
+                    (_, true) => Ok(()),
+                    (false, false) => self.kv_read_check(conn, &pattern),
+                    // Only the keys the user may read are shown; that is
+                    // decided here, so the bucket must be served here.
+                    (true, false) => match self.kv_place(&stream)? {
+                        Place::Relay(_) => Err(ApiError::new(
+                            Code::Forbidden,
+                            format!("not allowed to read every key of {pattern}"),
+                        )),
+                        _ => Ok(()),
+                    },
+                }
+            }
+            KvOp::List => Ok(()),
+        }
+    }
+
+    /// Where stream `stream` is served, seen from this node.
+    fn kv_place(&self, stream: &str) -> Result<Place, ApiError> {
         if self.streams.holds(stream) {
-            return None;
+            return Ok(Place::Local);
         }
-        let record = self.fsm.streams.get(stream)?;
-        if record
-            .placement
-            .as_ref()
-            .is_some_and(|p| p.replicas.len() > 1)
-        {
-            return Some(Err(ApiError::new(
-                Code::Unavailable,
-                "buckets with replicas are not served yet",
-            )));
+        let Some(me) = self.cluster.as_ref().map(|c| c.me()) else {
+            return Ok(Place::Missing);
+        };
+        if let Some((group, members)) = self.placed(stream) {
+            return Ok(match self.route(group, &members)? {
+                Route::Here => Place::Leader(group),
+                Route::Relay(node) => Place::Relay(node),
+            });
         }
-        let owner = self.fsm.stream_owner(stream).filter(|&o| o != me)?;
-        let text = arg.map_or("{}", RawValue::get).to_string();
-        Some(self.relay(
-            owner,
-            None,
-            conn,
-            ack_id,
-            event,
-            text,
-            attachments.to_vec(),
-            super::cluster::PROPOSE_WAIT,
-        ))
+        Ok(match self.fsm.stream_owner(stream) {
+            Some(o) if o != me => Place::Relay(o),
+            _ => Place::Missing,
+        })
     }
 
-    fn kv_admin_check(&mut self, conn: ConnId, event: &str, stream: &str) -> Result<(), ApiError> {
-        let arg = json!({ "name": stream }).to_string();
-        let raw = RawValue::from_string(arg).map_err(|e| internal(&e))?;
-        self.check_stream(conn, event, Some(&raw))
+    /// The replica count of a bucket's stream.
+    fn kv_replicas(&self, stream: &str) -> u64 {
+        self.placed(stream).map_or(1, |(_, m)| m.len() as u64)
     }
 
-    fn kv_use_check(&mut self, conn: ConnId, stream: &str) -> Result<(), ApiError> {
-        self.kv_admin_check(conn, "stream.info", stream)
+    /// Runs `f` over the stream of a bucket served here.
+    fn kv_read<T>(
+        &mut self,
+        place: &Place,
+        stream: &str,
+        f: impl FnOnce(&dyn KvSource) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
+        match place {
+            Place::Local => f(self.streams.kv_source(stream)?),
+            Place::Leader(group) => {
+                let h = self
+                    .stream_groups
+                    .held
+                    .get(group)
+                    .filter(|h| h.serving)
+                    .ok_or_else(|| unavailable("the bucket's leader is not serving yet"))?;
+                f(&h.replica)
+            }
+            _ => Err(unavailable("the bucket is not served here")),
+        }
     }
 
-    /// A stream event made for a bucket event, as a client's would be.
+    /// A stream event made for a bucket event (its rights were checked).
     fn kv_stream_event(
         &mut self,
         sink: &mut dyn Sink,
@@ -144,24 +307,18 @@ impl Broker {
         op: StreamOp,
         arg: &RawValue,
         ack_id: Option<u64>,
+        shape: Option<&dyn Fn(&str) -> String>,
     ) -> Result<Option<String>, ApiError> {
         let event = match op {
             StreamOp::StreamCreate => "stream.create",
             _ => "stream.delete",
         };
-        if let Some(r) = self.clustered_stream_event(sink, conn, op, event, Some(arg), ack_id, &[])
-        {
-            return r;
+        let clustered =
+            self.clustered_stream_event_as(sink, conn, op, event, Some(arg), ack_id, &[], shape);
+        match clustered {
+            Some(r) => r,
+            None => self.streams.event(sink, conn, op, event, Some(arg), ack_id),
         }
-        self.streams.event(sink, conn, op, event, Some(arg), ack_id)
-    }
-
-    fn kv_state_of(&mut self, bucket: &str) -> Result<KvState, ApiError> {
-        let stream = kvm::stream_name(bucket);
-        if !self.streams.holds(&stream) {
-            return Err(not_found(format!("no bucket named {bucket:?}")));
-        }
-        self.streams.kv_state(&stream)
     }
 
     fn kv_create(
@@ -169,49 +326,71 @@ impl Broker {
         sink: &mut dyn Sink,
         conn: ConnId,
         arg: Option<&RawValue>,
+        ack_id: Option<u64>,
+        place: &Place,
     ) -> Result<Option<String>, ApiError> {
         let req: CreateReq = parse(arg)?;
-        let stream = kvm::stream_name(&req.bucket);
-        self.kv_admin_check(conn, "stream.create", &stream)?;
-        if req.replicas.is_some_and(|r| r > 1) {
-            return Err(ApiError::new(
-                Code::Unavailable,
-                "buckets with replicas are not served yet",
-            ));
-        }
         let fields = req.stream_create(self.cfg.max_payload as u64)?;
+        let replicas = req.replicas.unwrap_or(1);
         let raw =
             RawValue::from_string(Value::Object(fields).to_string()).map_err(|e| internal(&e))?;
-        if self.cluster.is_some() {
-            // Created here, then recorded by the cluster; the answer is
-            // the bucket as it stands now.
-            self.kv_stream_event(sink, conn, StreamOp::StreamCreate, &raw, None)?;
-        } else {
-            self.streams.event(
+        if matches!(place, Place::Missing) {
+            // A new bucket: answered once the cluster has recorded it (at
+            // once on a single node), empty.
+            let shape = move |body: &str| new_bucket_body(body, replicas);
+            let r = self.kv_stream_event(
                 sink,
                 conn,
                 StreamOp::StreamCreate,
-                "stream.create",
-                Some(&raw),
-                None,
+                &raw,
+                ack_id,
+                Some(&shape),
             )?;
+            return Ok(r.map(|b| shape(&b)));
         }
-        let st = self.kv_state_of(&req.bucket)?;
-        Ok(Some(ok_with(json!({ "bucket": bucket_json(&st) }))))
+        // The same config again answers the bucket as it is; another is
+        // `exists`.
+        self.kv_stream_event(sink, conn, StreamOp::StreamCreate, &raw, None, None)?;
+        let info = json!({ "bucket": req.bucket }).to_string();
+        let info = RawValue::from_string(info).map_err(|e| internal(&e))?;
+        self.kv_event(sink, conn, KvOp::Info, "kv.info", Some(&info), ack_id, &[])
     }
 
     fn kv_list(&mut self, conn: ConnId) -> Result<Option<String>, ApiError> {
         let mut list = Vec::new();
         for name in self.streams.names() {
-            let Some(bucket) = kvm::bucket_of_stream(&name).map(str::to_string) else {
+            if kvm::bucket_of_stream(&name).is_none() || self.kv_use_check(conn, &name).is_err() {
                 continue;
-            };
+            }
+            let st = kv_state(self.streams.kv_source(&name)?)?;
+            list.push(bucket_json(&st, 1));
+        }
+        let led: Vec<(String, GroupId)> = self
+            .stream_groups
+            .held
+            .iter()
+            .filter(|(_, h)| h.serving && kvm::bucket_of_stream(&h.name).is_some())
+            .map(|(g, h)| (h.name.clone(), *g))
+            .collect();
+        for (name, group) in led {
             if self.kv_use_check(conn, &name).is_err() {
                 continue;
             }
-            list.push(bucket_json(&self.kv_state_of(&bucket)?));
+            let replicas = self.kv_replicas(&name);
+            let st = self.kv_read(&Place::Leader(group), &name, kv_state)?;
+            list.push(bucket_json(&st, replicas));
         }
+        list.sort_by(|a, b| {
+            a["config"]["bucket"]
+                .as_str()
+                .cmp(&b["config"]["bucket"].as_str())
+        });
         Ok(Some(ok_with(json!({ "buckets": list }))))
+    }
+
+    fn kv_use_check(&mut self, conn: ConnId, stream: &str) -> Result<(), ApiError> {
+        let raw = name_arg(stream)?;
+        self.check_stream(conn, "stream.info", Some(&raw))
     }
 
     /// `kv.put`, `kv.delete`, `kv.purge`: a publish to the key's subject
@@ -222,18 +401,13 @@ impl Broker {
         sink: &mut dyn Sink,
         conn: ConnId,
         op: KvOp,
+        place: &Place,
         bucket: &str,
         arg: Option<&RawValue>,
         ack_id: Option<u64>,
         attachments: &[Vec<u8>],
     ) -> Result<Option<String>, ApiError> {
-        let req: KeyReq = parse(arg)?;
-        kvm::check_key(&req.key)?;
-        let stream = kvm::stream_name(bucket);
-        if !self.streams.holds(&stream) {
-            return Err(not_found(format!("no bucket named {bucket:?}")));
-        }
-        let subject = kvm::subject_of(bucket, &req.key);
+        let Keyed { req, subject } = keyed(bucket, arg)?;
         let (marker, expected, data) = match op {
             KvOp::Put => (None, req.revision, req.value.map_or("null", RawValue::get)),
             KvOp::Delete => (Some("DEL"), req.revision, "null"),
@@ -253,10 +427,27 @@ impl Broker {
                 ),
             ));
         }
-        self.check_publish(conn, "publish to", &subject, sink.now())?;
         let headers = kvm::write_headers(marker, expected);
+        if let Place::Leader(group) = place {
+            // The leader's apply decides the write, on every replica alike.
+            let (bytes, binary) = match super::streams::stream_attachment(data, attachments)? {
+                Some(b) => (b, true),
+                None => (data.as_bytes(), false),
+            };
+            let item = super::stream_batches::Item {
+                group: *group,
+                subject: &subject,
+                headers: headers.as_deref(),
+                data: bytes,
+                binary,
+            };
+            self.stream_groups.take_publish(&item, conn, ack_id, true)?;
+            let h = headers.as_deref();
+            self.deliver(sink, &subject, data, None, h, attachments, size, None);
+            return Ok(None);
+        }
         let p = PubArg {
-            subject: subject.into(),
+            subject: subject.as_str().into(),
             data: Some(data),
             reply: None,
             headers: headers.as_deref(),
@@ -279,120 +470,9 @@ impl Broker {
     }
 
     /// The socket's `subscribe` rules, `None` with every right.
-    fn readable_rules(&self, conn: ConnId) -> Option<crate::auth::rights::Rules> {
+    fn readable_rules(&self, conn: ConnId) -> Option<Rules> {
         let s = self.sessions.get(conn)?.as_ref()?;
         s.rights.as_ref().map(|r| r.rights().subscribe.clone())
-    }
-
-    /// Sends (or returns) an entry answer: `[{ok, <field>: …}]`.
-    fn kv_entries_answer(
-        &mut self,
-        sink: &mut dyn Sink,
-        conn: ConnId,
-        ack_id: Option<u64>,
-        bucket: &str,
-        entries: &[KvEntry],
-        one: bool,
-    ) -> Result<Option<String>, ApiError> {
-        let mut out = Vec::new();
-        let mut attachments = Vec::new();
-        out.extend_from_slice(if one {
-            b"[{\"ok\":true,\"entry\":".as_slice()
-        } else {
-            b"[{\"ok\":true,\"entries\":[".as_slice()
-        });
-        for (i, e) in entries.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            let key = kvm::key_of(bucket, &e.msg.subject).unwrap_or("");
-            push_entry(&mut out, &mut attachments, None, key, e);
-        }
-        out.extend_from_slice(if one { b"}]".as_slice() } else { b"]}]" });
-        let body = String::from_utf8(out).map_err(|e| internal(&e))?;
-        if attachments.is_empty() {
-            return Ok(Some(body));
-        }
-        if let Some(ack_id) = ack_id {
-            let mut head = Vec::new();
-            socketio::write_header(
-                &mut head,
-                socketio::PacketType::BinaryAck,
-                attachments.len(),
-                "/",
-                Some(ack_id),
-            );
-            if sink.send_text(conn, &[&head, body.as_bytes()]) {
-                for a in &attachments {
-                    sink.send_binary(conn, a);
-                }
-            }
-        }
-        Ok(None)
-    }
-
-    /// `kv.get` (`history` false) and `kv.history` (true).
-    fn kv_read(
-        &mut self,
-        sink: &mut dyn Sink,
-        conn: ConnId,
-        bucket: &str,
-        arg: Option<&RawValue>,
-        ack_id: Option<u64>,
-        history: bool,
-    ) -> Result<Option<String>, ApiError> {
-        let req: KeyReq = parse(arg)?;
-        kvm::check_key(&req.key)?;
-        let subject = kvm::subject_of(bucket, &req.key);
-        self.kv_read_check(conn, &subject)?;
-        self.kv_state_of(bucket).map(drop)?;
-        let stream = kvm::stream_name(bucket);
-        let entries = match (history, req.revision) {
-            (true, _) => self.streams.kv_history(&stream, &subject)?,
-            (false, None) => self
-                .streams
-                .kv_latest(&stream, &subject)?
-                .filter(|e| e.op == WriteOp::Put)
-                .into_iter()
-                .collect(),
-            (false, Some(rev)) => self
-                .streams
-                .kv_at(&stream, rev)?
-                .filter(|e| *e.msg.subject == *subject)
-                .into_iter()
-                .collect(),
-        };
-        if entries.is_empty() {
-            return Err(not_found(format!("no value for key {:?}", req.key)));
-        }
-        self.kv_entries_answer(sink, conn, ack_id, bucket, &entries, !history)
-    }
-
-    fn kv_keys(
-        &mut self,
-        conn: ConnId,
-        bucket: &str,
-        arg: Option<&RawValue>,
-    ) -> Result<Option<String>, ApiError> {
-        let req: KeysReq = parse(arg)?;
-        let filter = req.filter.unwrap_or_else(|| ">".to_string());
-        kvm::check_key_filter(&filter)?;
-        self.kv_state_of(bucket).map(drop)?;
-        let rules = self.readable_rules(conn);
-        let latest = self
-            .streams
-            .kv_latest_all(&kvm::stream_name(bucket), &kvm::subject_of(bucket, &filter))?;
-        let keys: Vec<&str> = latest
-            .iter()
-            .filter(|e| e.op == WriteOp::Put)
-            .filter(|e| {
-                rules
-                    .as_ref()
-                    .is_none_or(|r| r.allows_subject(&e.msg.subject))
-            })
-            .filter_map(|e| kvm::key_of(bucket, &e.msg.subject))
-            .collect();
-        Ok(Some(ok_with(json!({ "keys": keys }))))
     }
 
     fn kv_watch(
@@ -405,12 +485,7 @@ impl Broker {
     ) -> Result<Option<String>, ApiError> {
         let req: WatchReq = parse(arg)?;
         let filter = req.key.unwrap_or_else(|| ">".to_string());
-        kvm::check_key_filter(&filter)?;
         let subject = kvm::subject_of(bucket, &filter);
-        if !crate::protocol::subject::has_wildcard(&filter) {
-            self.kv_read_check(conn, &subject)?;
-        }
-        self.kv_state_of(bucket).map(drop)?;
         let start = match (req.updates_only, req.include_history) {
             (Some(true), _) => WatchStart::UpdatesOnly,
             (_, Some(true)) => WatchStart::History,
@@ -441,6 +516,68 @@ impl Broker {
     }
 }
 
-fn internal(e: &dyn std::fmt::Display) -> ApiError {
-    ApiError::new(Code::Internal, e.to_string())
+/// `{"name": stream}` as a raw argument.
+fn name_arg(stream: &str) -> Result<Box<RawValue>, ApiError> {
+    RawValue::from_string(json!({ "name": stream }).to_string()).map_err(|e| internal(&e))
+}
+
+/// The `kv.create` answer of a new bucket, from its `stream.create` one.
+fn new_bucket_body(stream_body: &str, replicas: u64) -> String {
+    let v: Value = serde_json::from_str(stream_body).unwrap_or(Value::Null);
+    let cfg = v[0]["stream"]["config"]
+        .as_object()
+        .cloned()
+        .unwrap_or_else(Map::new);
+    let Ok(cfg) = serde_json::from_value::<StreamConfig>(Value::Object(cfg)) else {
+        return stream_body.to_string();
+    };
+    let st = KvState {
+        config: cfg,
+        values: 0,
+        bytes: 0,
+        revision: 0,
+    };
+    ok_with(json!({ "bucket": bucket_json(&st, replicas) }))
+}
+
+/// An entry answer, `[{ok, entry}]` or `[{ok, entries:[…]}]`: returned as
+/// text, or sent here as a BINARY_ACK when a value is bytes.
+fn entries_answer(
+    sink: &mut dyn Sink,
+    conn: ConnId,
+    ack_id: Option<u64>,
+    bucket: &str,
+    entries: &[KvEntry],
+    one: bool,
+) -> Option<String> {
+    let mut out = Vec::new();
+    let mut attachments = Vec::new();
+    out.extend_from_slice(if one {
+        b"[{\"ok\":true,\"entry\":".as_slice()
+    } else {
+        b"[{\"ok\":true,\"entries\":[".as_slice()
+    });
+    for (i, e) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let key = kvm::key_of(bucket, &e.msg.subject).unwrap_or("");
+        push_entry(&mut out, &mut attachments, None, key, e);
+    }
+    out.extend_from_slice(if one { b"}]".as_slice() } else { b"]}]" });
+    let body = String::from_utf8(out).unwrap_or_default();
+    if attachments.is_empty() {
+        return Some(body);
+    }
+    if let Some(ack_id) = ack_id {
+        let mut head = Vec::new();
+        let kind = socketio::PacketType::BinaryAck;
+        socketio::write_header(&mut head, kind, attachments.len(), "/", Some(ack_id));
+        if sink.send_text(conn, &[&head, body.as_bytes()]) {
+            for a in &attachments {
+                sink.send_binary(conn, a);
+            }
+        }
+    }
+    None
 }

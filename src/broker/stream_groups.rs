@@ -83,9 +83,11 @@ const FETCH_WAITS_MAX: usize = 10_000;
 #[derive(Debug, Clone)]
 enum Reply {
     None,
+    /// With `revision`, a bucket write: `{ok, revision}`.
     Publish {
         conn: ConnId,
         ack_id: u64,
+        revision: bool,
     },
     Ok {
         conn: ConnId,
@@ -148,7 +150,7 @@ pub(super) struct Held {
     pub(super) leader: Option<u64>,
     /// The leader has applied an entry of its own term: its state holds
     /// everything it acked.
-    serving: bool,
+    pub(super) serving: bool,
     /// An empty entry was proposed in this term so that one of its
     /// entries applies (and the leader starts serving) even when no
     /// request comes.
@@ -234,6 +236,7 @@ impl StreamGroups {
         p: &super::stream_batches::Item<'_>,
         conn: ConnId,
         ack_id: Option<u64>,
+        revision: bool,
     ) -> Result<(), ApiError> {
         let Some(h) = self
             .held
@@ -258,7 +261,11 @@ impl StreamGroups {
             time_ms: epoch_ms(),
         }));
         h.replies.push(match ack_id {
-            Some(ack_id) => Reply::Publish { conn, ack_id },
+            Some(ack_id) => Reply::Publish {
+                conn,
+                ack_id,
+                revision,
+            },
             None => Reply::None,
         });
         Ok(())
@@ -392,7 +399,7 @@ fn parse<T: serde::de::DeserializeOwned>(arg: Option<&RawValue>) -> Result<T, Ap
 }
 
 /// Where a replicated stream's event is served.
-enum Route {
+pub(super) enum Route {
     Here,
     Relay(u64),
 }
@@ -497,12 +504,12 @@ impl Broker {
     }
 
     /// The group and members of replicated stream `name`, if it is one.
-    fn placed(&self, name: &str) -> Option<(GroupId, Vec<u64>)> {
+    pub(super) fn placed(&self, name: &str) -> Option<(GroupId, Vec<u64>)> {
         let p = self.fsm.streams.get(name)?.placement.as_ref()?;
         (p.replicas.len() > 1).then(|| (p.group, p.replicas.clone()))
     }
 
-    fn route(&self, group: GroupId, members: &[u64]) -> Result<Route, ApiError> {
+    pub(super) fn route(&self, group: GroupId, members: &[u64]) -> Result<Route, ApiError> {
         let c = self
             .cluster
             .as_ref()
@@ -619,7 +626,7 @@ impl Broker {
         };
         Some(
             self.stream_groups
-                .take_publish(&item, conn, ack_id)
+                .take_publish(&item, conn, ack_id, false)
                 .map(|()| true),
         )
     }
@@ -1372,7 +1379,7 @@ fn refuse(r: &Reply, answers: &mut Vec<(ConnId, u64, String)>, why: &str) {
     let body = unavailable(why).ack_body();
     match r {
         Reply::None => {}
-        Reply::Publish { conn, ack_id }
+        Reply::Publish { conn, ack_id, .. }
         | Reply::Ok { conn, ack_id }
         | Reply::Purge { conn, ack_id }
         | Reply::Consumer { conn, ack_id, .. } => answers.push((*conn, *ack_id, body)),
@@ -1485,7 +1492,18 @@ fn answer(
     let err = |e: ApiError| e.ack_body();
     match (reply, out) {
         (Reply::None, _) => {}
-        (Reply::Publish { conn, ack_id }, Outcome::Published(r)) => {
+        (Reply::Publish { conn, ack_id, .. }, Outcome::Published(r))
+            if matches!(reply, Reply::Publish { revision: true, .. }) =>
+        {
+            let body = match r {
+                Ok(Stored::New { seq, .. } | Stored::Duplicate(seq)) => {
+                    json!([{"ok": true, "revision": seq}]).to_string()
+                }
+                Err(e) => err(e),
+            };
+            answers.push((*conn, *ack_id, body));
+        }
+        (Reply::Publish { conn, ack_id, .. }, Outcome::Published(r)) => {
             let body = match r {
                 Ok(Stored::New { seq, .. }) => {
                     json!([{"ok": true, "stream": h.name, "seq": seq}]).to_string()

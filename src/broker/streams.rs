@@ -57,7 +57,10 @@ mod fetch;
 mod kv;
 mod upkeep;
 
-pub use kv::{push_entry, KvEntry, KvState, WatchStart};
+pub use kv::{
+    kv_all, kv_at, kv_history, kv_latest, kv_latest_all, kv_state, push_entry, KvEntry, KvSource,
+    KvState, WatchStart,
+};
 
 /// Most streams one broker holds.
 pub const STREAMS_MAX: usize = 1_000;

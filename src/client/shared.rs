@@ -609,6 +609,9 @@ pub(super) fn check_ack(reply: ReceivedAck) -> Result<ReceivedAck, Error> {
             Err(Error::Server {
                 code: field("code"),
                 message: field("message"),
+                revision: error
+                    .and_then(|e| e.get("revision"))
+                    .and_then(Value::as_u64),
             })
         }
         None => Err(Error::Protocol(format!(

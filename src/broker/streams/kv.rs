@@ -6,7 +6,10 @@
 //! by the stream's write rules (`stream/limits.rs`).
 
 use super::*;
+use crate::protocol::subject;
+use crate::stream::consumer::Source;
 use crate::stream::limits::{self, KvOp};
+use crate::stream::replica::Replica;
 use crate::stream::stream::Msg;
 
 /// One write of a key, read back.
@@ -26,12 +29,133 @@ pub struct KvState {
     pub revision: u64,
 }
 
-fn entry(s: &Stream, seq: u64) -> Result<Option<KvEntry>, ApiError> {
-    Ok(s.get(seq)?.map(|msg| KvEntry {
+/// What the bucket reads need of a stream, from either engine: an R1
+/// [`Stream`] or a replicated stream's [`Replica`] (on its leader).
+pub trait KvSource {
+    fn config(&self) -> &StreamConfig;
+    /// Bytes held and the last seq.
+    fn totals(&self) -> (u64, u64);
+    /// Message `seq`, if kept.
+    fn msg(&self, seq: u64) -> Result<Option<Msg>, ApiError>;
+    /// The last seq of each subject matching `filter`, in seq order.
+    fn last_per_subject(&self, filter: &str) -> Vec<u64>;
+    /// Every kept seq of exactly `subject`, oldest first.
+    fn seqs_of(&self, subject: &str) -> Vec<u64>;
+    /// Every kept seq whose subject matches `filter`, in order.
+    fn matching(&self, filter: &str) -> Vec<u64>;
+}
+
+impl KvSource for Stream {
+    fn config(&self) -> &StreamConfig {
+        &self.cfg
+    }
+    fn totals(&self) -> (u64, u64) {
+        let st = self.state();
+        (st.bytes, st.last_seq)
+    }
+    fn msg(&self, seq: u64) -> Result<Option<Msg>, ApiError> {
+        self.get(seq)
+    }
+    fn last_per_subject(&self, filter: &str) -> Vec<u64> {
+        Stream::last_per_subject(self, filter)
+    }
+    fn seqs_of(&self, subject: &str) -> Vec<u64> {
+        Stream::seqs_of(self, subject)
+    }
+    fn matching(&self, filter: &str) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some(seq) = Source::next_matching(self, at, Some(filter)) {
+            out.push(seq);
+            at = seq + 1;
+        }
+        out
+    }
+}
+
+impl KvSource for Replica {
+    fn config(&self) -> &StreamConfig {
+        Replica::config(self)
+    }
+    fn totals(&self) -> (u64, u64) {
+        (self.bytes(), self.last_seq())
+    }
+    fn msg(&self, seq: u64) -> Result<Option<Msg>, ApiError> {
+        let m = self.get(seq).map_err(internal)?;
+        Ok(m.map(|m| Msg {
+            subject: m.subject,
+            data: m.data,
+            binary: m.binary,
+            headers: m.headers,
+            time_ms: m.time_ms,
+        }))
+    }
+    fn last_per_subject(&self, filter: &str) -> Vec<u64> {
+        Replica::last_per_subject(self, filter)
+    }
+    fn seqs_of(&self, subject: &str) -> Vec<u64> {
+        Replica::seqs_of(self, subject)
+    }
+    fn matching(&self, filter: &str) -> Vec<u64> {
+        self.iter()
+            .filter(|(_, m)| subject::matches(filter, &m.subject))
+            .map(|(s, _)| s)
+            .collect()
+    }
+}
+
+fn entry(s: &dyn KvSource, seq: u64) -> Result<Option<KvEntry>, ApiError> {
+    Ok(s.msg(seq)?.map(|msg| KvEntry {
         seq,
         op: limits::asks_of(msg.headers.as_deref()).op,
         msg,
     }))
+}
+
+fn entries(s: &dyn KvSource, seqs: Vec<u64>) -> Result<Vec<KvEntry>, ApiError> {
+    seqs.into_iter()
+        .filter_map(|q| entry(s, q).transpose())
+        .collect()
+}
+
+/// The latest write of exactly `subject` (a put or a marker).
+pub fn kv_latest(s: &dyn KvSource, subject: &str) -> Result<Option<KvEntry>, ApiError> {
+    match s.seqs_of(subject).last() {
+        Some(&seq) => entry(s, seq),
+        None => Ok(None),
+    }
+}
+
+/// Write `seq`, if it is still kept.
+pub fn kv_at(s: &dyn KvSource, seq: u64) -> Result<Option<KvEntry>, ApiError> {
+    entry(s, seq)
+}
+
+/// Every kept write of exactly `subject`, oldest first.
+pub fn kv_history(s: &dyn KvSource, subject: &str) -> Result<Vec<KvEntry>, ApiError> {
+    entries(s, s.seqs_of(subject))
+}
+
+/// The latest write of every subject matching `filter`, in seq order.
+pub fn kv_latest_all(s: &dyn KvSource, filter: &str) -> Result<Vec<KvEntry>, ApiError> {
+    entries(s, s.last_per_subject(filter))
+}
+
+/// Every kept write of the subjects matching `filter`, in seq order.
+pub fn kv_all(s: &dyn KvSource, filter: &str) -> Result<Vec<KvEntry>, ApiError> {
+    entries(s, s.matching(filter))
+}
+
+/// A bucket's config and `state`.
+pub fn kv_state(s: &dyn KvSource) -> Result<KvState, ApiError> {
+    let latest = kv_latest_all(s, ">")?;
+    let (bytes, revision) = s.totals();
+    Ok(KvState {
+        config: s.config().clone(),
+        values: latest.iter().filter(|e| e.op == KvOp::Put).count() as u64,
+        bytes,
+        revision,
+    })
 }
 
 impl Streams {
@@ -45,68 +169,9 @@ impl Streams {
         self.set.keys().cloned().collect()
     }
 
-    /// Stream `name`'s config and its state as a bucket.
-    pub fn kv_state(&mut self, name: &str) -> Result<KvState, ApiError> {
-        let latest = self.kv_latest_all(name, ">")?;
-        let s = &self.slot(name)?.stream;
-        let st = s.state();
-        Ok(KvState {
-            config: s.cfg.clone(),
-            values: latest.iter().filter(|e| e.op == KvOp::Put).count() as u64,
-            bytes: st.bytes,
-            revision: st.last_seq,
-        })
-    }
-
-    /// The latest write of exactly `subject` (a put or a marker).
-    pub fn kv_latest(&mut self, name: &str, subject: &str) -> Result<Option<KvEntry>, ApiError> {
-        let s = &self.slot(name)?.stream;
-        match s.last_by_subject(subject)? {
-            Some((seq, _)) => entry(s, seq),
-            None => Ok(None),
-        }
-    }
-
-    /// Write `seq` of stream `name`, if it is still kept.
-    pub fn kv_at(&mut self, name: &str, seq: u64) -> Result<Option<KvEntry>, ApiError> {
-        entry(&self.slot(name)?.stream, seq)
-    }
-
-    /// Every kept write of exactly `subject`, oldest first.
-    pub fn kv_history(&mut self, name: &str, subject: &str) -> Result<Vec<KvEntry>, ApiError> {
-        let s = &self.slot(name)?.stream;
-        let seqs = s.seqs_of(subject);
-        seqs.into_iter()
-            .filter_map(|q| entry(s, q).transpose())
-            .collect()
-    }
-
-    /// The latest write of every subject matching `filter`, in seq order.
-    pub fn kv_latest_all(&mut self, name: &str, filter: &str) -> Result<Vec<KvEntry>, ApiError> {
-        let s = &self.slot(name)?.stream;
-        s.last_per_subject(filter)
-            .into_iter()
-            .filter_map(|q| entry(s, q).transpose())
-            .collect()
-    }
-
-    /// Every kept write of the subjects matching `filter`, in seq order.
-    pub fn kv_all(&mut self, name: &str, filter: &str) -> Result<Vec<KvEntry>, ApiError> {
-        let s = &self.slot(name)?.stream;
-        let mut out = Vec::new();
-        let mut at = 0;
-        while let Some(seq) = crate::stream::consumer::Source::next_matching(s, at, Some(filter)) {
-            if let Some(e) = entry(s, seq)? {
-                out.push(e);
-            }
-            at = seq + 1;
-        }
-        Ok(out)
-    }
-
-    /// The last seq of stream `name`.
-    pub fn last_seq_of(&mut self, name: &str) -> Result<u64, ApiError> {
-        Ok(self.slot(name)?.stream.last_seq())
+    /// Stream `name`, for the bucket reads.
+    pub fn kv_source(&mut self, name: &str) -> Result<&dyn KvSource, ApiError> {
+        Ok(&self.slot(name)?.stream)
     }
 }
 
@@ -241,12 +306,12 @@ impl Streams {
                 format!("a socket holds at most {WATCHES_PER_CONN_MAX} watches"),
             ));
         }
+        let slot = self.slot(name)?;
         let first = match start {
-            WatchStart::Latest => self.kv_latest_all(name, filter)?,
-            WatchStart::History => self.kv_all(name, filter)?,
+            WatchStart::Latest => kv_latest_all(&slot.stream, filter)?,
+            WatchStart::History => kv_all(&slot.stream, filter)?,
             WatchStart::UpdatesOnly => Vec::new(),
         };
-        let slot = self.slot(name)?;
         let next = slot.stream.last_seq() + 1;
         let stream = Rc::clone(&slot.name);
         let mut cfg = serde_json::Map::new();
