@@ -7,7 +7,9 @@
 mod common;
 
 use common::Broker;
-use gombus::client::{BucketConfig, Client, Error, Payload};
+use std::time::Duration;
+
+use gombus::client::{BucketConfig, Client, Error, KvWatchEvent, Payload, WatchFrom};
 use serde_json::json;
 
 #[test]
@@ -19,12 +21,29 @@ fn a_bucket_through_the_client_survives_kill9() {
     let made = c.kv_create(&cfg).expect("kv.create");
     assert_eq!(made["config"]["history"], 2);
     let kv = c.kv("cfg");
+    let w = kv.watch(Some("site.*"), WatchFrom::Latest).expect("watch");
+    let next = || {
+        w.next_timeout(Duration::from_secs(5))
+            .expect("a watch event")
+    };
+    assert_eq!(next(), KvWatchEvent::CaughtUp, "an empty bucket");
     let r1 = kv.put("site.eu", json!({"on": true})).expect("put");
     let r2 = kv.put("site.eu", json!({"on": false})).expect("put");
     let r3 = kv
         .put("site.us", Payload::Bytes(vec![0, 255, 7]))
         .expect("put bytes");
     assert!(r1 < r2 && r2 < r3);
+    for (rev, value) in [
+        (r1, Payload::Json(json!({"on": true}))),
+        (r2, Payload::Json(json!({"on": false}))),
+        (r3, Payload::Bytes(vec![0, 255, 7])),
+    ] {
+        match next() {
+            KvWatchEvent::Entry(e) => assert_eq!((e.revision, e.value), (rev, Some(value))),
+            other => panic!("a watch event: {other:?}"),
+        }
+    }
+    w.stop().expect("stop the watch");
     match kv.update("site.eu", json!(1), r1) {
         Err(Error::Server { code, revision, .. }) => {
             assert_eq!((code.as_str(), revision), ("wrong_revision", Some(r2)));

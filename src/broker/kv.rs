@@ -30,6 +30,7 @@ use crate::protocol::kv_messages::{self as kvm, BucketReq, CreateReq, KeyReq, Ke
 use crate::protocol::messages::PubArg;
 use crate::protocol::socketio;
 use crate::protocol::stream_messages::StreamConfig;
+use crate::routing::subs::SID_BYTES_MAX;
 use crate::stream::limits::KvOp as WriteOp;
 
 fn parse<'a, T: serde::Deserialize<'a>>(arg: Option<&'a RawValue>) -> Result<T, ApiError> {
@@ -499,7 +500,17 @@ impl Broker {
             .get_mut(conn)
             .and_then(Option::as_mut)
             .ok_or_else(|| internal(&"no session"))?;
-        let sid = session.assign_sid(|c| subs.conn_has_sid(owner, c) || streams.has_watch(conn, c));
+        let taken = |c: &str| subs.conn_has_sid(owner, c) || streams.has_watch(conn, c);
+        let sid = match req.sid {
+            Some(sid) if sid.is_empty() || sid.len() > SID_BYTES_MAX || taken(&sid) => {
+                return Err(ApiError::new(
+                    Code::BadRequest,
+                    format!("sid {sid:?} is in use or not 1 to {SID_BYTES_MAX} bytes"),
+                ))
+            }
+            Some(sid) => sid,
+            None => session.assign_sid(taken),
+        };
         let rules = self.readable_rules(conn);
         self.streams.kv_watch(
             sink,

@@ -142,6 +142,18 @@ fn kv_revision_opts(o: &mut Options) {
     );
 }
 
+fn kv_watch_opts(o: &mut Options) {
+    o.optopt(
+        "",
+        "key",
+        "only keys matching this pattern (e.g. site.>)",
+        "PATTERN",
+    );
+    o.optflag("", "history", "start with every kept write");
+    o.optflag("", "updates-only", "print only writes made from now on");
+    o.optopt("", "count", "exit after N new writes", "N");
+}
+
 fn kv_keys_opts(o: &mut Options) {
     o.optopt(
         "",
@@ -403,6 +415,12 @@ pub const COMMANDS: &[Command] = &[
         args: "BUCKET KEY",
         about: "Show every kept write of a key.",
         opts: no_opts,
+    },
+    Command {
+        path: &["kv", "watch"],
+        args: "BUCKET",
+        about: "Print each key's latest value, then every new write as it comes.",
+        opts: kv_watch_opts,
     },
     Command {
         path: &["kv", "rm"],

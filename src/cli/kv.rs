@@ -1,4 +1,4 @@
-//! `kv add|put|get|del|purge|ls|keys|history|rm`: the key-value events of
+//! `kv add|put|get|del|purge|ls|keys|history|watch|rm`: the key-value events of
 //! the contract's section 14, each one call through the client's
 //! [`Kv`](crate::client::Kv) handle.
 
@@ -8,7 +8,7 @@ use super::args::Parsed;
 use super::commands::parse_data;
 use super::output::{self, Failure};
 use super::{connect, Namespace, Run};
-use crate::client::{BucketConfig, Client, KvEntry, Payload};
+use crate::client::{BucketConfig, Client, KvEntry, KvWatchEvent, Payload, WatchFrom};
 
 pub fn kv(p: &Parsed) -> Result<(), Run> {
     let sub = p.command.path[1];
@@ -100,6 +100,7 @@ fn run(p: &Parsed, client: &Client, sub: &str) -> Result<(), Run> {
                 .ok_or_else(|| Failure(format!("no value for key {:?}", arg(1))))?;
             show_entries(&[e], json);
         }
+        "watch" => watch(p, client, arg(0))?,
         "history" => {
             let list = client
                 .kv(arg(0))
@@ -122,6 +123,56 @@ fn run(p: &Parsed, client: &Client, sub: &str) -> Result<(), Run> {
         }
     }
     Ok(())
+}
+
+/// `kv watch`: prints each event until `--count` new writes (or the
+/// connection ends).
+fn watch(p: &Parsed, client: &Client, bucket: &str) -> Result<(), Run> {
+    let from = match (p.flag("history"), p.flag("updates-only")) {
+        (true, true) => {
+            let msg = "give at most one of --history and --updates-only";
+            return Err(p.usage_error(msg.into()).into());
+        }
+        (true, false) => WatchFrom::History,
+        (false, true) => WatchFrom::UpdatesOnly,
+        _ => WatchFrom::Latest,
+    };
+    let count = p.opt_u64("count")?;
+    let key = p.opt("key");
+    let w = client
+        .kv(bucket)
+        .watch(key.as_deref(), from)
+        .map_err(failed("kv.watch"))?;
+    eprintln!("watching {bucket}");
+    let mut live = false;
+    let mut seen = 0;
+    for event in w.iter() {
+        match event {
+            KvWatchEvent::CaughtUp => {
+                live = true;
+                if !p.global.json {
+                    println!("-- caught up --");
+                }
+            }
+            KvWatchEvent::Entry(e) => {
+                show_line(&e, p.global.json);
+                if live {
+                    seen += 1;
+                }
+            }
+        }
+        if count.is_some_and(|n| seen >= n) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn show_line(e: &KvEntry, json: bool) {
+    if json {
+        return output::json_line(&entry_json(e));
+    }
+    println!("{} @{} {} {}", e.key, e.revision, e.op, value_text(e));
 }
 
 fn show_bucket(b: &Value, json: bool) {
@@ -152,20 +203,18 @@ fn value_text(e: &KvEntry) -> String {
     }
 }
 
+fn entry_json(e: &KvEntry) -> Value {
+    let value = match &e.value {
+        Some(Payload::Json(v)) => v.clone(),
+        Some(Payload::Bytes(b)) => json!({ "bytes": b.len() }),
+        None => Value::Null,
+    };
+    json!({"key": e.key, "revision": e.revision, "op": e.op, "time": e.time_ms, "value": value})
+}
+
 fn show_entries(list: &[KvEntry], json: bool) {
     if json {
-        let v: Vec<Value> = list
-            .iter()
-            .map(|e| {
-                let value = match &e.value {
-                    Some(Payload::Json(v)) => v.clone(),
-                    Some(Payload::Bytes(b)) => json!({ "bytes": b.len() }),
-                    None => Value::Null,
-                };
-                json!({"key": e.key, "revision": e.revision, "op": e.op, "time": e.time_ms,
-                       "value": value})
-            })
-            .collect();
+        let v: Vec<Value> = list.iter().map(entry_json).collect();
         return output::json_pretty(&json!(v));
     }
     let rows: Vec<Vec<String>> = list

@@ -1,7 +1,8 @@
 //! The client's key-value API (contract section 14): [`Client::kv_create`]
 //! and a [`Kv`] handle on one bucket with `put`, `update` (compare-and-
-//! set), `get`, `delete`, `purge`, `keys` and `history`, each one `kv.*`
-//! call. Values are JSON or bytes ([`Payload`]).
+//! set), `get`, `delete`, `purge`, `keys`, `history`, each one `kv.*`
+//! call, and `watch` ([`KvWatch`], routed like a subscription under a sid
+//! the client picks). Values are JSON or bytes ([`Payload`]).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -217,5 +218,81 @@ impl Kv<'_> {
             .client
             .call("kv.info", json!({ "bucket": self.bucket }))?["bucket"]
             .take())
+    }
+}
+
+/// What a [`KvWatch`] hands out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KvWatchEvent {
+    /// A write: first the starting values, later each new write.
+    Entry(KvEntry),
+    /// The starting values are all there; what follows is new.
+    CaughtUp,
+}
+
+/// Where a watch starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WatchFrom {
+    /// The latest write of each key (default).
+    #[default]
+    Latest,
+    /// Every kept write.
+    History,
+    /// Only writes made from now on.
+    UpdatesOnly,
+}
+
+/// A `kv.watch`: the writes of the watched keys, in revision order. After
+/// a reconnect the client watches again (the starting values and
+/// [`KvWatchEvent::CaughtUp`] come again). Dropping it ends the watch.
+#[derive(Debug)]
+pub struct KvWatch {
+    sub: super::Subscription,
+}
+
+impl KvWatch {
+    /// Waits at most `timeout` for the next event.
+    pub fn next_timeout(&self, timeout: std::time::Duration) -> Result<KvWatchEvent, Error> {
+        let m = self.sub.recv_timeout(timeout)?;
+        if m.data.get("caught_up") == Some(&Value::Bool(true)) {
+            return Ok(KvWatchEvent::CaughtUp);
+        }
+        KvEntry::from_json(&m.data, &m.attachments).map(KvWatchEvent::Entry)
+    }
+
+    /// Events as they come, until the client closes for good.
+    pub fn iter(&self) -> impl Iterator<Item = KvWatchEvent> + '_ {
+        self.sub.iter().filter_map(|m| {
+            if m.data.get("caught_up") == Some(&Value::Bool(true)) {
+                return Some(KvWatchEvent::CaughtUp);
+            }
+            KvEntry::from_json(&m.data, &m.attachments)
+                .ok()
+                .map(KvWatchEvent::Entry)
+        })
+    }
+
+    /// Ends the watch on the server.
+    pub fn stop(self) -> Result<(), Error> {
+        self.sub.unsubscribe()
+    }
+}
+
+impl Kv<'_> {
+    /// `kv.watch` of the keys matching `key` (a key pattern; `None`: every
+    /// key), starting as `from` says.
+    pub fn watch(&self, key: Option<&str>, from: WatchFrom) -> Result<KvWatch, Error> {
+        let mut arg = json!({ "bucket": self.bucket });
+        if let Some(k) = key {
+            arg["key"] = json!(k);
+        }
+        match from {
+            WatchFrom::Latest => {}
+            WatchFrom::History => arg["include_history"] = json!(true),
+            WatchFrom::UpdatesOnly => arg["updates_only"] = json!(true),
+        }
+        let subject = format!("$KV.{}.{}", self.bucket, key.unwrap_or(">"));
+        let sub = self.client.open_route(&subject, None, None, Some(arg))?;
+        Ok(KvWatch { sub })
     }
 }

@@ -112,7 +112,7 @@ mod supervisor;
 mod wire;
 
 pub use backoff::Reconnect;
-pub use kv::{BucketConfig, Kv, KvEntry};
+pub use kv::{BucketConfig, Kv, KvEntry, KvWatch, KvWatchEvent, WatchFrom};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -340,7 +340,23 @@ impl Message {
             return None;
         };
         let sid = take_string(&mut fields, "sid")?;
-        let subject = take_string(&mut fields, "subject")?;
+        let Some(subject) = take_string(&mut fields, "subject") else {
+            // A bucket watch's delivery: its fields are the data.
+            let bucket = fields.get("bucket")?.as_str()?;
+            let subject = match fields.get("key").and_then(Value::as_str) {
+                Some(key) => format!("$KV.{bucket}.{key}"),
+                None => format!("$KV.{bucket}"),
+            };
+            return Some(Message {
+                sid,
+                subject,
+                data: Value::Object(fields),
+                reply: None,
+                headers: None,
+                attachments,
+                stream: None,
+            });
+        };
         Some(Message {
             sid,
             subject,
@@ -619,11 +635,26 @@ impl Client {
         queue: Option<&str>,
         max: Option<u64>,
     ) -> Result<Subscription, Error> {
+        self.open_route(subject, queue, max, None)
+    }
+
+    /// A subscription, or with `watch` a bucket watch (its `kv.watch`
+    /// argument, `sid` filled in here), routed before it is asked for.
+    pub(super) fn open_route(
+        &self,
+        subject: &str,
+        queue: Option<&str>,
+        max: Option<u64>,
+        mut watch: Option<Value>,
+    ) -> Result<Subscription, Error> {
         let sid = self
             .shared
             .next_sid
             .fetch_add(1, Ordering::Relaxed)
             .to_string();
+        if let Some(w) = watch.as_mut() {
+            w["sid"] = json!(sid);
+        }
         let opts = &self.shared.opts;
         let inbox = Arc::new(Inbox::new(
             opts.subscription_capacity,
@@ -641,10 +672,15 @@ impl Client {
                 queue: queue.map(str::to_string),
                 left: max,
                 inbox: Arc::clone(&inbox),
+                watch: watch.clone(),
             };
             state.subs.insert(sid.clone(), route);
         }
-        if let Err(e) = self.call("sub", sub_arg(&sid, subject, queue, max)) {
+        let asked = match watch {
+            Some(w) => self.call("kv.watch", w),
+            None => self.call("sub", sub_arg(&sid, subject, queue, max)),
+        };
+        if let Err(e) = asked {
             self.shared.state().subs.remove(&sid);
             if e == Error::Disconnected {
                 // A reconnect may have re-sent it already: undo that.

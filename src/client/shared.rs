@@ -65,6 +65,9 @@ pub(super) struct SubRoute {
     /// Deliveries left before the server ends it (`max`, `unsub after`).
     pub(super) left: Option<u64>,
     pub(super) inbox: Arc<Inbox<Message>>,
+    /// A bucket watch's `kv.watch` argument, sent again instead of a
+    /// `sub` after a reconnect.
+    pub(super) watch: Option<Value>,
 }
 
 /// A fire-and-forget or acked publish written while the link was down,
@@ -674,6 +677,7 @@ mod tests {
             queue: None,
             left,
             inbox: Arc::clone(&inbox),
+            watch: None,
         };
         shared.state().subs.insert(sid.to_string(), route);
         inbox

@@ -19,6 +19,13 @@ pub const KEY_BYTES_MAX: usize = 256;
 pub const STREAM_PREFIX: &str = "KV_";
 /// The first token of every bucket subject.
 pub const SUBJECT_PREFIX: &str = "$KV.";
+/// The header naming what a bucket write is: `DEL` (a delete marker) or
+/// `PURGE` (a purge marker); a message without it is a put.
+pub const KV_OP_HEADER: &str = "KV-Operation";
+/// The header a compare-and-set publish carries: the revision (stream
+/// sequence) its subject's latest message must have, in decimal; `0`
+/// also stands for "none, or a delete or purge marker".
+pub const EXPECTED_REVISION_HEADER: &str = "KV-Expected-Revision";
 
 fn bad(msg: impl Into<String>) -> ApiError {
     ApiError::new(Code::BadRequest, msg)
@@ -178,6 +185,9 @@ pub struct KeysReq {
 #[derive(Debug, Deserialize)]
 pub struct WatchReq {
     pub bucket: String,
+    /// The watch's sid, chosen by the client (else the broker picks one).
+    #[serde(default)]
+    pub sid: Option<String>,
     #[serde(default)]
     pub key: Option<String>,
     #[serde(default)]
@@ -189,7 +199,6 @@ pub struct WatchReq {
 /// The headers of a bucket write: its operation (none for a put) and the
 /// revision it expects, as raw JSON, or `None` when it needs none.
 pub fn write_headers(op: Option<&str>, expected: Option<u64>) -> Option<String> {
-    use crate::stream::limits::{EXPECTED_REVISION_HEADER, KV_OP_HEADER};
     let mut m = Map::new();
     if let Some(op) = op {
         m.insert(KV_OP_HEADER.into(), op.into());

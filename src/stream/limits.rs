@@ -83,13 +83,7 @@ pub fn over(cfg: &StreamConfig, messages: u64, bytes: u64) -> bool {
     over && messages > 1
 }
 
-/// The header naming what a bucket write is: `DEL` (a delete marker) or
-/// `PURGE` (a purge marker); a message without it is a put.
-pub const KV_OP_HEADER: &str = "KV-Operation";
-/// The header a compare-and-set publish carries: the revision (stream
-/// sequence) its subject's latest message must have, in decimal; `0`
-/// also stands for "none, or a delete or purge marker".
-pub const EXPECTED_REVISION_HEADER: &str = "KV-Expected-Revision";
+pub use crate::protocol::kv_messages::{EXPECTED_REVISION_HEADER, KV_OP_HEADER};
 
 /// What a bucket write is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
