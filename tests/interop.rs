@@ -26,7 +26,7 @@ const SCRIPT_RUN_MAX: Duration = Duration::from_secs(60);
 const CONTROL_TOKEN: &str = "secret";
 
 /// socket.io-client 4.x's checks: the shared ones and streams.
-const NODE_CHECKS: [&str; 9] = [
+const NODE_CHECKS: [&str; 10] = [
     "connect",
     "control_info",
     "control_unauthorized",
@@ -36,6 +36,7 @@ const NODE_CHECKS: [&str; 9] = [
     "binary",
     "streams",
     "stream_binary",
+    "kv",
 ];
 
 /// The python-socketio script's checks: the shared ones and streams.
