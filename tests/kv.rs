@@ -94,3 +94,43 @@ fn a_bucket_through_the_client_survives_kill9() {
     c.kv_delete_bucket("cfg").expect("delete bucket");
     assert!(c.kv_list().expect("list").is_empty());
 }
+
+/// docs/PROTOCOL.md "Key-value buckets", watch: with `history` 1 a burst
+/// of writes to one key (sent without waiting for acks, so many land in
+/// one loop turn and each removes the one before) still reaches a watch
+/// whole: every revision once, in order.
+#[test]
+fn a_watch_misses_no_write_of_a_burst() {
+    let b = Broker::start(&[]);
+    let c = Client::connect(&b.addr).expect("connect");
+    c.kv_create(&BucketConfig::new("burst")).expect("kv.create");
+    let w = c
+        .kv("burst")
+        .watch(None, WatchFrom::UpdatesOnly)
+        .expect("watch");
+    assert_eq!(
+        w.next_timeout(Duration::from_secs(5)).expect("caught up"),
+        KvWatchEvent::CaughtUp
+    );
+    let writer = Client::connect(&b.addr).expect("connect");
+    const N: u64 = 2_000;
+    for i in 0..N {
+        writer
+            .emit("kv.put", json!({"bucket": "burst", "key": "k", "value": i}))
+            .expect("emit");
+    }
+    writer.ping().expect("the writes were handled");
+    for i in 0..N {
+        match w.next_timeout(Duration::from_secs(5)).expect("a write") {
+            KvWatchEvent::Entry(e) => {
+                assert_eq!(
+                    (e.revision, e.value),
+                    (i + 1, Some(Payload::Json(json!(i))))
+                )
+            }
+            other => panic!("write {i}: {other:?}"),
+        }
+    }
+    let info = c.kv("burst").info().expect("kv.info");
+    assert_eq!(info["state"]["values"], 1, "history 1 kept one write");
+}

@@ -14,7 +14,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use cluster_support::{agreed_stream_group_leader, call_until, Cluster};
-use gombus::client::{Client, Error};
+use gombus::client::{Client, Error, KvWatchEvent, WatchFrom};
 use serde_json::{json, Value};
 
 /// How long an R3 bucket may take to be placed and serve.
@@ -126,6 +126,17 @@ fn compare_and_set_across_a_cluster_and_a_leader_loss() {
         other => panic!("another config: {other:?}"),
     }
 
+    // A watch on a follower sees every applied write, in order.
+    let follower = c.client((leader + 1) % 3);
+    let w = follower
+        .kv("ctr")
+        .watch(Some("n"), WatchFrom::UpdatesOnly)
+        .expect("a watch on a follower");
+    assert_eq!(
+        w.next_timeout(SERVE_WAIT).expect("caught up"),
+        KvWatchEvent::CaughtUp
+    );
+
     let acked = Arc::new(Mutex::new(Vec::new()));
     race(&c, &[0, 1, 2], Duration::from_secs(2), &acked);
     let (value, revision) = settled(&c, (leader + 1) % 3);
@@ -136,6 +147,23 @@ fn compare_and_set_across_a_cluster_and_a_leader_loss() {
         before.len()
     );
     check(&before, value, revision);
+    let mut watched = Vec::new();
+    while watched.last() != Some(&revision) {
+        match w.next_timeout(SERVE_WAIT).expect("a watched write") {
+            KvWatchEvent::Entry(e) => watched.push(e.revision),
+            other => panic!("a watch event: {other:?}"),
+        }
+    }
+    assert!(
+        watched.windows(2).all(|p| p[0] < p[1]),
+        "watched out of order: {watched:?}"
+    );
+    let seen: BTreeSet<u64> = watched.iter().copied().collect();
+    assert!(
+        before.iter().all(|r| seen.contains(r)),
+        "an acked write was not watched"
+    );
+    w.stop().expect("stop the watch");
 
     // The leader goes; the others go on from where it was.
     c.kill(leader);

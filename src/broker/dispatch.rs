@@ -1023,6 +1023,7 @@ impl Handler for Broker {
         self.cluster_tick(sink);
         self.replicate_cursors(sink);
         self.flush_stream_groups(sink);
+        self.serve_kv_watches(sink);
         for _ in 0..self.messaging.expire_requests(sink) {
             self.monitor.count_error(Code::Timeout);
         }

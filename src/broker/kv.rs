@@ -18,8 +18,8 @@ use serde_json::{json, Map, Value};
 use super::events::{KvOp, StreamOp};
 use super::stream_groups::{Route, ENTRY_WAIT};
 use super::streams::{
-    kv_at, kv_history, kv_latest, kv_latest_all, kv_state, push_entry, KvEntry, KvSource, KvState,
-    WatchStart,
+    kv_at, kv_history, kv_latest, kv_latest_all, kv_state, push_entry, start_watch, KvEntry,
+    KvSource, KvState, WatchStart,
 };
 use super::Broker;
 use crate::auth::rights::{Rules, SubDecision};
@@ -32,6 +32,7 @@ use crate::protocol::socketio;
 use crate::protocol::stream_messages::StreamConfig;
 use crate::routing::subs::SID_BYTES_MAX;
 use crate::stream::limits::KvOp as WriteOp;
+use crate::stream::replica::Replica;
 
 fn parse<'a, T: serde::Deserialize<'a>>(arg: Option<&'a RawValue>) -> Result<T, ApiError> {
     let arg =
@@ -111,11 +112,9 @@ impl Broker {
         }
         match place {
             Place::Missing => return Err(no_bucket(&b)),
+            // A replica here serves a watch (`kv_watch` says when not).
             Place::Relay(_) if op == KvOp::Watch => {
-                return Err(unavailable(
-                    "a watch is served by the node holding the bucket's stream \
-                     (its leader for a replicated bucket): connect there",
-                ));
+                return self.kv_watch(sink, conn, &b, arg, ack_id);
             }
             Place::Relay(node) => {
                 let text = arg.map_or("{}", RawValue::get).to_string();
@@ -190,12 +189,7 @@ impl Broker {
                     .collect();
                 Ok(Some(ok_with(json!({ "keys": keys }))))
             }
-            KvOp::Watch => match place {
-                Place::Local => self.kv_watch(sink, conn, &b, arg, ack_id),
-                _ => Err(unavailable(
-                    "a watch of a replicated bucket is not served yet",
-                )),
-            },
+            KvOp::Watch => self.kv_watch(sink, conn, &b, arg, ack_id),
             KvOp::Create | KvOp::List => Err(internal(&"answered above")),
         }
     }
@@ -512,19 +506,79 @@ impl Broker {
             None => session.assign_sid(taken),
         };
         let rules = self.readable_rules(conn);
-        self.streams.kv_watch(
-            sink,
-            conn,
-            ack_id,
-            &sid,
-            &kvm::stream_name(bucket),
-            bucket,
-            &subject,
-            start,
-            rules,
+        self.streams.watch_room(conn)?;
+        let stream = kvm::stream_name(bucket);
+        let src: &dyn KvSource = if self.streams.holds(&stream) {
+            self.streams.kv_source(&stream)?
+        } else {
+            self.watchable_replica(&stream).ok_or_else(|| {
+                unavailable(
+                    "a watch is served by a node holding the bucket's stream \
+                     (any replica of a replicated bucket): connect there",
+                )
+            })?
+        };
+        let w = start_watch(
+            sink, src, conn, ack_id, &sid, &stream, bucket, &subject, start, rules,
         )?;
+        // From now on every write of the stream is caught for the watches.
+        let tap = match self.streams.tap_of(&stream) {
+            Some(t) => Some(t),
+            None => self
+                .stream_groups
+                .held
+                .values_mut()
+                .find(|h| h.name == stream)
+                .map(|h| &mut h.replica.tap),
+        };
+        if let Some(t) = tap {
+            t.get_or_insert_with(Vec::new);
+        }
+        self.streams.add_watch(w);
         Ok(None)
     }
+
+    /// The replica of a replicated stream held here that a watch may read:
+    /// one caught up with its group's log, a leader's or a follower's
+    /// alike, since every member applies the same entries in order.
+    fn watchable_replica(&self, stream: &str) -> Option<&Replica> {
+        watchable(&self.stream_groups.held, stream)
+    }
+
+    /// Each loop turn, after the stores were written and entries applied:
+    /// every watch gets the writes its stream's tap caught, and taps no
+    /// watch reads are turned off.
+    pub(super) fn serve_kv_watches(&mut self, sink: &mut dyn Sink) {
+        let watched = self.streams.watched();
+        for name in &watched {
+            let tap = match self.streams.tap_of(name) {
+                Some(t) => Some(t.replace(Vec::new())),
+                None => self
+                    .stream_groups
+                    .held
+                    .values_mut()
+                    .find(|h| *h.name == **name && h.opened && !h.lost && h.catchup.is_none())
+                    .map(|h| h.replica.tap.replace(Vec::new())),
+            };
+            let stored = tap.map(Option::unwrap_or_default);
+            self.streams.feed_watches(sink, name, stored.as_deref());
+        }
+        self.streams.untap(&watched);
+        for h in self.stream_groups.held.values_mut() {
+            if h.replica.tap.is_some() && !watched.contains(h.name.as_str()) {
+                h.replica.tap = None;
+            }
+        }
+    }
+}
+
+fn watchable<'a>(
+    held: &'a std::collections::HashMap<GroupId, super::stream_groups::Held>,
+    stream: &str,
+) -> Option<&'a Replica> {
+    held.values()
+        .find(|h| h.name == stream && h.opened && !h.lost && h.catchup.is_none())
+        .map(|h| &h.replica)
 }
 
 /// `{"name": stream}` as a raw argument.

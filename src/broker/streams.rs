@@ -58,8 +58,8 @@ mod kv;
 mod upkeep;
 
 pub use kv::{
-    kv_all, kv_at, kv_history, kv_latest, kv_latest_all, kv_state, push_entry, KvEntry, KvSource,
-    KvState, WatchStart,
+    kv_all, kv_at, kv_history, kv_latest, kv_latest_all, kv_state, push_entry, start_watch,
+    KvEntry, KvSource, KvState, Watch, WatchStart,
 };
 
 /// Most streams one broker holds.

@@ -51,7 +51,7 @@ use super::dedup::IdWindow;
 use super::limits;
 use super::payloads::{Detached, Loc, Payload, Payloads};
 use super::segment::{msg_record_bytes, MsgRef, SUBJECT_BYTES_MAX};
-use super::stream::{msg_id_of, Member, Stored, CONSUMERS_PER_STREAM_MAX};
+use super::stream::{msg_id_of, tap_msg, Member, Stored, Tap, CONSUMERS_PER_STREAM_MAX};
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::stream_messages::{
     patterns_overlap, ConsumerConfig, DeliverPolicy, Retention, StreamConfig,
@@ -226,6 +226,9 @@ pub struct Replica {
     /// a bucket's keys and latest values). Derived from `msgs`, so never
     /// in a snapshot.
     subjects: BTreeMap<Box<str>, VecDeque<u64>>,
+    /// Copies of the messages stored while a bucket watch reads this
+    /// replica (see [`Tap`]); not replica state.
+    pub tap: Tap,
 }
 
 /// What a stored message adds to a replica's digest: its seq, time,
@@ -258,6 +261,19 @@ impl Source for Msgs<'_> {
     }
 }
 
+/// The stored messages, as a consumer reads them (a bucket's watch).
+impl Source for Replica {
+    fn next_matching(&self, from: u64, filter: Option<&str>) -> Option<u64> {
+        Msgs(&self.msgs, self.last_seq).next_matching(from, filter)
+    }
+    fn contains(&self, seq: u64) -> bool {
+        self.msgs.contains_key(&seq)
+    }
+    fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+}
+
 fn internal(what: &str) -> ApiError {
     ApiError::new(Code::Internal, what)
 }
@@ -280,6 +296,7 @@ impl Replica {
             ids: IdWindow::default(),
             consumers: BTreeMap::new(),
             subjects: BTreeMap::new(),
+            tap: None,
         }
     }
 
@@ -464,6 +481,15 @@ impl Replica {
         if let Some(id) = id {
             self.ids.remember(id.into_boxed_str(), seq, p.time_ms);
         }
+        tap_msg(
+            &mut self.tap,
+            seq,
+            &p.subject,
+            &p.data,
+            p.binary,
+            headers,
+            p.time_ms,
+        );
         let mut removed = Vec::new();
         if self.cfg.retention == Retention::Interest
             && !limits::has_interest(&self.consumers, &p.subject)

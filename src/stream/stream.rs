@@ -75,6 +75,39 @@ pub struct Stream {
     store: Store,
     ids: IdWindow,
     pub consumers: BTreeMap<String, Member>,
+    /// While a bucket watch reads this stream: a copy of each message
+    /// stored since the watches were last served ([`Tap`]).
+    pub tap: Tap,
+}
+
+/// Copies of the messages a stream stored, kept while something (a
+/// bucket watch) must see every one of them even when a limit removes it
+/// before it is read: `None` when nothing is tapping. Not stream state:
+/// never written, never in a snapshot.
+pub type Tap = Option<Vec<(u64, Msg)>>;
+
+/// Adds message `seq` to a tap that is on.
+pub fn tap_msg(
+    tap: &mut Tap,
+    seq: u64,
+    subject: &str,
+    data: &[u8],
+    binary: bool,
+    headers: Option<&str>,
+    time_ms: u64,
+) {
+    if let Some(t) = tap.as_mut() {
+        t.push((
+            seq,
+            Msg {
+                subject: subject.into(),
+                data: data.into(),
+                binary,
+                headers: headers.map(Into::into),
+                time_ms,
+            },
+        ));
+    }
 }
 
 impl std::fmt::Debug for Stream {
@@ -115,6 +148,7 @@ impl Stream {
             store,
             ids: IdWindow::default(),
             consumers: BTreeMap::new(),
+            tap: None,
         };
         s.relearn_ids(now_ms);
         Ok(s)
@@ -198,6 +232,7 @@ impl Stream {
         if let Some(id) = id {
             self.ids.remember(id.into_boxed_str(), seq, now_ms);
         }
+        tap_msg(&mut self.tap, seq, subject, data, binary, headers, now_ms);
         let mut removed = Vec::new();
         if self.cfg.retention == Retention::Interest
             && !limits::has_interest(&self.consumers, subject)

@@ -6,11 +6,11 @@
 //! by the stream's write rules (`stream/limits.rs`).
 
 use super::*;
-use crate::protocol::subject;
 use crate::stream::consumer::Source;
 use crate::stream::limits::{self, KvOp};
 use crate::stream::replica::Replica;
-use crate::stream::stream::Msg;
+use crate::stream::stream::{Msg, Tap};
+use std::collections::BTreeSet;
 
 /// One write of a key, read back.
 #[derive(Debug, Clone)]
@@ -31,7 +31,7 @@ pub struct KvState {
 
 /// What the bucket reads need of a stream, from either engine: an R1
 /// [`Stream`] or a replicated stream's [`Replica`] (on its leader).
-pub trait KvSource {
+pub trait KvSource: Source {
     fn config(&self) -> &StreamConfig;
     /// Bytes held and the last seq.
     fn totals(&self) -> (u64, u64);
@@ -42,7 +42,50 @@ pub trait KvSource {
     /// Every kept seq of exactly `subject`, oldest first.
     fn seqs_of(&self, subject: &str) -> Vec<u64>;
     /// Every kept seq whose subject matches `filter`, in order.
-    fn matching(&self, filter: &str) -> Vec<u64>;
+    fn matching(&self, filter: &str) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some(seq) = self.next_matching(at, Some(filter)) {
+            out.push(seq);
+            at = seq + 1;
+        }
+        out
+    }
+}
+
+/// The writes a stream's tap caught, as a watch's consumer reads them.
+struct Tapped<'a>(&'a [(u64, Msg)]);
+
+impl Tapped<'_> {
+    fn find(&self, seq: u64) -> Option<&Msg> {
+        let i = self.0.binary_search_by_key(&seq, |(s, _)| *s).ok()?;
+        Some(&self.0[i].1)
+    }
+
+    fn entry(&self, seq: u64) -> Option<KvEntry> {
+        let msg = self.find(seq)?.clone();
+        Some(KvEntry {
+            seq,
+            op: limits::asks_of(msg.headers.as_deref()).op,
+            msg,
+        })
+    }
+}
+
+impl Source for Tapped<'_> {
+    fn next_matching(&self, from: u64, filter: Option<&str>) -> Option<u64> {
+        let at = self.0.partition_point(|(s, _)| *s < from);
+        self.0[at..]
+            .iter()
+            .find(|(_, m)| filter.is_none_or(|f| crate::protocol::subject::matches(f, &m.subject)))
+            .map(|(s, _)| *s)
+    }
+    fn contains(&self, seq: u64) -> bool {
+        self.find(seq).is_some()
+    }
+    fn last_seq(&self) -> u64 {
+        self.0.last().map_or(0, |(s, _)| *s)
+    }
 }
 
 impl KvSource for Stream {
@@ -61,15 +104,6 @@ impl KvSource for Stream {
     }
     fn seqs_of(&self, subject: &str) -> Vec<u64> {
         Stream::seqs_of(self, subject)
-    }
-    fn matching(&self, filter: &str) -> Vec<u64> {
-        let mut out = Vec::new();
-        let mut at = 0;
-        while let Some(seq) = Source::next_matching(self, at, Some(filter)) {
-            out.push(seq);
-            at = seq + 1;
-        }
-        out
     }
 }
 
@@ -95,12 +129,6 @@ impl KvSource for Replica {
     }
     fn seqs_of(&self, subject: &str) -> Vec<u64> {
         Replica::seqs_of(self, subject)
-    }
-    fn matching(&self, filter: &str) -> Vec<u64> {
-        self.iter()
-            .filter(|(_, m)| subject::matches(filter, &m.subject))
-            .map(|(s, _)| s)
-            .collect()
     }
 }
 
@@ -175,15 +203,16 @@ impl Streams {
     }
 }
 
-/// Most watch deliveries per watch per loop turn (fairness).
-const WATCH_PER_TURN_MAX: usize = 256;
 /// Most watches one connection may hold.
 pub const WATCHES_PER_CONN_MAX: usize = 256;
 
-/// A `kv.watch`: an in-memory consumer of the bucket's stream (filtered
-/// to the watched keys, no acks) that delivers each new write to one
-/// socket as a `msg`. Nothing of it is written; it ends with its socket.
-pub(super) struct Watch {
+/// A `kv.watch`: an in-memory consumer (filtered to the watched keys, no
+/// acks) of the writes its bucket's stream stores, read from the stream's
+/// tap so that none is missed even when a limit removes it at once (a
+/// second write of a key with `history` 1 in the same turn); each goes to
+/// one socket as a `msg`. Nothing of it is written; it ends with its
+/// socket.
+pub struct Watch {
     pub(super) conn: ConnId,
     pub(super) sid: String,
     stream: Rc<str>,
@@ -282,62 +311,70 @@ pub enum WatchStart {
     UpdatesOnly,
 }
 
+/// Starts watch `sid` of socket `conn` on the keys of bucket `bucket`
+/// (stream `name`, read through `src`) matching subject pattern `filter`:
+/// answers `ack_id` with `{ok, sid}`, sends what `start` asks for and the
+/// `caught_up` marker; the watch it returns hands out every later write
+/// ([`Streams::add_watch`]).
+#[allow(clippy::too_many_arguments)]
+pub fn start_watch(
+    sink: &mut dyn Sink,
+    src: &dyn KvSource,
+    conn: ConnId,
+    ack_id: Option<u64>,
+    sid: &str,
+    name: &str,
+    bucket: &str,
+    filter: &str,
+    start: WatchStart,
+    readable: Option<crate::auth::rights::Rules>,
+) -> Result<Watch, ApiError> {
+    let first = match start {
+        WatchStart::Latest => kv_latest_all(src, filter)?,
+        WatchStart::History => kv_all(src, filter)?,
+        WatchStart::UpdatesOnly => Vec::new(),
+    };
+    let next = Source::last_seq(src) + 1;
+    let mut cfg = serde_json::Map::new();
+    cfg.insert("name".into(), "watch".into());
+    cfg.insert("filter_subject".into(), filter.into());
+    cfg.insert("ack_policy".into(), "none".into());
+    let cfg: ConsumerConfig = sm::read_config(cfg)?;
+    let (mut head, mut body) = (Vec::new(), Vec::new());
+    if let Some(ack_id) = ack_id {
+        let ack = ok_with(json!({ "sid": sid }));
+        send_ack(sink, &mut head, conn, ack_id, ack.as_bytes(), &[]);
+    }
+    let may = |subj: &str| readable.as_ref().is_none_or(|r| r.allows_subject(subj));
+    let sends = first.iter().filter(|e| may(&e.msg.subject)).map(Some);
+    for e in sends.chain([None]) {
+        send_watch_msg(sink, &mut head, &mut body, conn, sid, bucket, e);
+    }
+    Ok(Watch {
+        conn,
+        sid: sid.to_string(),
+        stream: Rc::from(name),
+        bucket: bucket.to_string(),
+        consumer: Consumer::new(cfg, next),
+        readable,
+    })
+}
+
 impl Streams {
-    /// Starts watch `sid` of socket `conn` on the keys of bucket `bucket`
-    /// (stream `name`) matching subject pattern `filter`: answers
-    /// `ack_id` with `{ok, sid}`, sends what `start` asks for and the
-    /// `caught_up` marker, and from then on every new write, in order.
-    #[allow(clippy::too_many_arguments)]
-    pub fn kv_watch(
-        &mut self,
-        sink: &mut dyn Sink,
-        conn: ConnId,
-        ack_id: Option<u64>,
-        sid: &str,
-        name: &str,
-        bucket: &str,
-        filter: &str,
-        start: WatchStart,
-        readable: Option<crate::auth::rights::Rules>,
-    ) -> Result<(), ApiError> {
+    /// Whether socket `conn` may start another watch.
+    pub fn watch_room(&self, conn: ConnId) -> Result<(), ApiError> {
         if self.watches.iter().filter(|w| w.conn == conn).count() >= WATCHES_PER_CONN_MAX {
             return Err(ApiError::new(
                 Code::Limit,
                 format!("a socket holds at most {WATCHES_PER_CONN_MAX} watches"),
             ));
         }
-        let slot = self.slot(name)?;
-        let first = match start {
-            WatchStart::Latest => kv_latest_all(&slot.stream, filter)?,
-            WatchStart::History => kv_all(&slot.stream, filter)?,
-            WatchStart::UpdatesOnly => Vec::new(),
-        };
-        let next = slot.stream.last_seq() + 1;
-        let stream = Rc::clone(&slot.name);
-        let mut cfg = serde_json::Map::new();
-        cfg.insert("name".into(), "watch".into());
-        cfg.insert("filter_subject".into(), filter.into());
-        cfg.insert("ack_policy".into(), "none".into());
-        let cfg: ConsumerConfig = sm::read_config(cfg)?;
-        if let Some(ack_id) = ack_id {
-            let body = ok_with(json!({ "sid": sid }));
-            send_ack(sink, &mut self.head, conn, ack_id, body.as_bytes(), &[]);
-        }
-        let may = |subj: &str| readable.as_ref().is_none_or(|r| r.allows_subject(subj));
-        let sends = first.iter().filter(|e| may(&e.msg.subject)).map(Some);
-        for e in sends.chain([None]) {
-            let (head, body) = (&mut self.head, &mut self.body);
-            send_watch_msg(sink, head, body, conn, sid, bucket, e);
-        }
-        self.watches.push(Watch {
-            conn,
-            sid: sid.to_string(),
-            stream,
-            bucket: bucket.to_string(),
-            consumer: Consumer::new(cfg, next),
-            readable,
-        });
         Ok(())
+    }
+
+    /// Keeps a started watch (see [`start_watch`]).
+    pub fn add_watch(&mut self, w: Watch) {
+        self.watches.push(w);
     }
 
     /// Whether socket `conn` holds watch `sid`.
@@ -352,24 +389,44 @@ impl Streams {
         self.watches.len() != before
     }
 
-    /// Hands every watch the writes it has not seen yet (up to
-    /// [`WATCH_PER_TURN_MAX`] each); true when some have more.
-    pub(super) fn serve_watches(&mut self, sink: &mut dyn Sink, now: Instant) -> bool {
-        let mut more = false;
-        let set = &self.set;
+    /// The streams some watch reads.
+    pub fn watched(&self) -> BTreeSet<Rc<str>> {
+        self.watches.iter().map(|w| Rc::clone(&w.stream)).collect()
+    }
+
+    /// The tap of R1 stream `name`: `None` when it is not held here.
+    pub fn tap_of(&mut self, name: &str) -> Option<&mut Tap> {
+        self.set.get_mut(name).map(|s| &mut s.stream.tap)
+    }
+
+    /// Turns off the taps of R1 streams no watch reads.
+    pub fn untap(&mut self, watched: &BTreeSet<Rc<str>>) {
+        for (name, slot) in self.set.iter_mut() {
+            if slot.stream.tap.is_some() && !watched.contains(name.as_str()) {
+                slot.stream.tap = None;
+            }
+        }
+    }
+
+    /// Hands the watches of stream `name` the writes `stored` holds (the
+    /// stream's tap since they were last served), each to the watches
+    /// whose keys it matches, in order; `None` (the stream is no longer
+    /// here) ends them.
+    pub fn feed_watches(&mut self, sink: &mut dyn Sink, name: &str, stored: Option<&[(u64, Msg)]>) {
+        let now = sink.now();
         let (head, body) = (&mut self.head, &mut self.body);
         self.watches.retain_mut(|w| {
-            let Some(slot) = set.get(&*w.stream) else {
+            if &*w.stream != name {
+                return true;
+            }
+            let Some(stored) = stored else {
                 return false;
             };
-            let s = &slot.stream;
+            let src = Tapped(stored);
             let mut events = Vec::new();
-            for _ in 0..WATCH_PER_TURN_MAX {
-                let Some(d) = w.consumer.next(now, s, &mut events) else {
-                    return true;
-                };
+            while let Some(d) = w.consumer.next(now, &src, &mut events) {
                 events.clear();
-                let Ok(Some(e)) = entry(s, d.seq) else {
+                let Some(e) = src.entry(d.seq) else {
                     continue;
                 };
                 if w.readable
@@ -379,9 +436,7 @@ impl Streams {
                     send_watch_msg(sink, head, body, w.conn, &w.sid, &w.bucket, Some(&e));
                 }
             }
-            more = true;
             true
         });
-        more
     }
 }

@@ -37,9 +37,6 @@ impl Streams {
         }
         self.serve_waits(sink, now);
         self.flush_all(now, now_ms);
-        if !self.watches.is_empty() {
-            more |= self.serve_watches(sink, now);
-        }
         self.release(sink);
         self.plan(now, more);
     }
