@@ -147,6 +147,53 @@ impl Drop for Background {
     }
 }
 
+/// `gombus kv`: a bucket, a put, a stale compare-and-set refused, a get,
+/// the keys, and a watch printing the latest value then new writes.
+#[test]
+fn kv_commands_and_a_watch() {
+    let b = Broker::start(&[]);
+    let s = b.addr.as_str();
+    ok(&["-s", s, "kv", "add", "cfg", "--history", "3"]);
+    let put: Value = serde_json::from_str(
+        ok(&["-s", s, "kv", "put", "cfg", "a.b", r#"{"x":1}"#, "--json"]).trim(),
+    )
+    .unwrap();
+    let rev = put["revision"].as_u64().unwrap();
+    let stale = run(&["-s", s, "kv", "put", "cfg", "a.b", "2", "--revision", "99"]);
+    assert_eq!(stale.status.code(), Some(1));
+    assert!(
+        stderr(&stale).contains("wrong_revision"),
+        "{}",
+        stderr(&stale)
+    );
+    let got: Value =
+        serde_json::from_str(&ok(&["-s", s, "kv", "get", "cfg", "a.b", "--json"])).unwrap();
+    assert_eq!(got[0]["value"], json!({"x": 1}));
+    assert_eq!(got[0]["revision"], rev);
+    assert_eq!(ok(&["-s", s, "kv", "keys", "cfg"]).trim(), "a.b");
+    let watch = Background::start(
+        &["-s", s, "kv", "watch", "cfg", "--count", "2", "--json"],
+        "watching cfg",
+    );
+    ok(&["-s", s, "kv", "put", "cfg", "a.c", "3"]);
+    ok(&["-s", s, "kv", "del", "cfg", "a.b"]);
+    let (status, out) = watch.finish();
+    assert!(status.success());
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seen: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|l| (l["key"].as_str().unwrap(), l["op"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![("a.b", "put"), ("a.c", "put"), ("a.b", "delete")],
+        "{out}"
+    );
+}
+
 #[test]
 fn pub_sub_round_trip_as_json_lines() {
     let b = Broker::start(&[]);

@@ -601,6 +601,68 @@ fn event_args() {
     assert_clean("event_args", &out);
 }
 
+/// The key-value events' arguments: bucket and key checks, the bucket's
+/// stream config, and the write headers read back by the stream's rules.
+#[test]
+fn kv_args() {
+    use gombus::protocol::kv_messages as kvm;
+    use gombus::stream::limits;
+    let corpus = samples(&[
+        r#"{"bucket":"cfg","history":5,"ttl_ms":60000,"max_bytes":65536,"max_value_size":1024,"replicas":3}"#,
+        r#"{"bucket":"cfg","key":"site.eu/x=1","value":{"on":true},"revision":7}"#,
+        r#"{"bucket":"cfg","key":"a.b","revision":0}"#,
+        r#"{"bucket":"cfg","filter":"site.*"}"#,
+        r#"{"bucket":"cfg","key":"site.>","updates_only":true,"include_history":false,"sid":"w1"}"#,
+    ]);
+    let out = run("kv_args", &corpus, 20_000, 0, &mut |input| {
+        let t = text(input);
+        within(bound(input), || {
+            if let Some(c) = read::<kvm::CreateReq>(&t) {
+                if let Ok(mut fields) = c.stream_create(1 << 20) {
+                    // The broker takes `replicas` out first (placement).
+                    fields.remove("replicas");
+                    let mut cfg = sm::read_config::<sm::StreamConfig>(fields)
+                        .map_err(|e| format!("a checked bucket's stream config: {e}"))?;
+                    cfg.validate()
+                        .map_err(|e| format!("a checked bucket's stream: {e}"))?;
+                    let shown = kvm::bucket_config(&cfg, 1);
+                    ensure(shown["bucket"] == c.bucket.as_str(), || format!("{shown}"))?;
+                }
+            }
+            if let Some(k) = read::<kvm::KeyReq>(&t) {
+                if kvm::check_bucket(&k.bucket).is_ok() && kvm::check_key(&k.key).is_ok() {
+                    let subject = kvm::subject_of(&k.bucket, &k.key);
+                    ensure(kvm::key_of(&k.bucket, &subject) == Some(&*k.key), || {
+                        format!("key {:?} of {subject:?}", k.key)
+                    })?;
+                    ensure(kvm::check_key_filter(&k.key).is_ok(), || k.key.clone())?;
+                }
+                for op in [None, Some("DEL"), Some("PURGE")] {
+                    let h = kvm::write_headers(op, k.revision);
+                    let asks = limits::asks_of(h.as_deref());
+                    let want = match op {
+                        None => limits::KvOp::Put,
+                        Some("DEL") => limits::KvOp::Delete,
+                        _ => limits::KvOp::Purge,
+                    };
+                    ensure(asks.op == want && asks.expected == k.revision, || {
+                        format!("{h:?} read back as {asks:?}")
+                    })?;
+                }
+            }
+            if let Some(k) = read::<kvm::KeysReq>(&t) {
+                let _ = k.filter.as_deref().map(kvm::check_key_filter);
+            }
+            if let Some(w) = read::<kvm::WatchReq>(&t) {
+                let _ = w.key.as_deref().map(kvm::check_key_filter);
+            }
+            let _ = limits::asks_of(Some(&t));
+            Ok(())
+        })
+    });
+    assert_clean("kv_args", &out);
+}
+
 /// The `pub` hand scanner against the serde path it stands in for: where
 /// it answers, the serde path reads the same fields.
 #[test]

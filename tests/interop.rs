@@ -26,7 +26,7 @@ const SCRIPT_RUN_MAX: Duration = Duration::from_secs(60);
 const CONTROL_TOKEN: &str = "secret";
 
 /// socket.io-client 4.x's checks: the shared ones and streams.
-const NODE_CHECKS: [&str; 9] = [
+const NODE_CHECKS: [&str; 10] = [
     "connect",
     "control_info",
     "control_unauthorized",
@@ -36,6 +36,7 @@ const NODE_CHECKS: [&str; 9] = [
     "binary",
     "streams",
     "stream_binary",
+    "kv",
 ];
 
 /// The python-socketio script's checks: the shared ones and streams.
@@ -64,6 +65,17 @@ const PY_STREAM_CHECKS: [&str; 12] = [
     "fetch_waits",
     "binary",
     "delete",
+];
+
+/// The checks of py_kv.py (contract §14 and `max_msgs_per_subject`).
+const PY_KV_CHECKS: [&str; 7] = [
+    "per_subject",
+    "buckets",
+    "put_get",
+    "cas_delete_purge",
+    "race",
+    "watch",
+    "delete_bucket",
 ];
 
 const DEPS_HINT: &str =
@@ -262,6 +274,11 @@ fn python_socketio_streams_contract() {
         "default",
         &PY_STREAM_CHECKS,
     );
+}
+
+#[test]
+fn python_socketio_kv_contract() {
+    python_script("py_kv.py", "python-socketio kv", "default", &PY_KV_CHECKS);
 }
 
 #[test]

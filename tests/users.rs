@@ -664,3 +664,107 @@ fn wait_for_stream(client: &Client, name: &str) -> Value {
         thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// docs/PROTOCOL.md "Key-value buckets", rights: writes need `publish` on
+/// the key's subject, reads `subscribe` on it, `kv.keys` and a wildcard
+/// watch show only readable keys, and bucket administration needs
+/// `stream_admin` with the bucket's stream among `streams`.
+#[test]
+fn bucket_rights_follow_subject_and_stream_rights() {
+    let path = write_users(
+        r#"{"users": [
+  {"name": "kvadmin", "token": "tok-kvadmin",
+   "publish": {"allow": [">"]}, "subscribe": {"allow": [">"]},
+   "streams": ["KV_cfg"], "stream_admin": true},
+  {"name": "site", "token": "tok-site",
+   "publish": {"allow": ["$KV.cfg.site.>"]}, "subscribe": {"allow": ["$KV.cfg.site.>"]},
+   "streams": ["KV_cfg"]}
+]}"#,
+    );
+    let b = start(&path, &[]);
+    let admin = user(&b, "tok-kvadmin");
+    let site = user(&b, "tok-site");
+    assert_forbidden(
+        site.call("kv.create", json!({"bucket": "cfg"})),
+        "kv.create without stream_admin",
+    );
+    assert_forbidden(
+        admin.call("kv.create", json!({"bucket": "other"})),
+        "kv.create of a stream not in streams",
+    );
+    admin
+        .call("kv.create", json!({"bucket": "cfg"}))
+        .expect("kv.create");
+    admin
+        .call(
+            "kv.put",
+            json!({"bucket": "cfg", "key": "core.db", "value": 1}),
+        )
+        .expect("admin put");
+    site.call(
+        "kv.put",
+        json!({"bucket": "cfg", "key": "site.eu", "value": 2}),
+    )
+    .expect("a put the user may make");
+    assert_forbidden(
+        site.call(
+            "kv.put",
+            json!({"bucket": "cfg", "key": "core.db", "value": 3}),
+        ),
+        "kv.put outside publish",
+    );
+    assert_forbidden(
+        site.call("kv.get", json!({"bucket": "cfg", "key": "core.db"})),
+        "kv.get outside subscribe",
+    );
+    assert_forbidden(
+        site.call("kv.history", json!({"bucket": "cfg", "key": "core.db"})),
+        "kv.history outside subscribe",
+    );
+    let keys = site
+        .call("kv.keys", json!({"bucket": "cfg"}))
+        .expect("kv.keys");
+    assert_eq!(keys["keys"], json!(["site.eu"]), "only readable keys");
+    let all = admin
+        .call("kv.keys", json!({"bucket": "cfg"}))
+        .expect("kv.keys");
+    assert_eq!(all["keys"], json!(["core.db", "site.eu"]));
+    assert_forbidden(
+        site.call("kv.watch", json!({"bucket": "cfg", "key": "core.db"})),
+        "a watch of an unreadable key",
+    );
+    let w = site
+        .kv("cfg")
+        .watch(None, gombus::client::WatchFrom::Latest)
+        .expect("a wildcard watch");
+    let first = w.next_timeout(WAIT).expect("a watch event");
+    match first {
+        gombus::client::KvWatchEvent::Entry(e) => assert_eq!(e.key, "site.eu"),
+        other => panic!("expected site.eu first, got {other:?}"),
+    }
+    assert_eq!(
+        w.next_timeout(WAIT).expect("caught up"),
+        gombus::client::KvWatchEvent::CaughtUp,
+        "core.db is not shown"
+    );
+    admin
+        .call(
+            "kv.put",
+            json!({"bucket": "cfg", "key": "core.db", "value": 4}),
+        )
+        .expect("admin put");
+    admin
+        .call(
+            "kv.put",
+            json!({"bucket": "cfg", "key": "site.us", "value": 5}),
+        )
+        .expect("admin put");
+    match w.next_timeout(WAIT).expect("a watch event") {
+        gombus::client::KvWatchEvent::Entry(e) => assert_eq!(e.key, "site.us", "core.db skipped"),
+        other => panic!("expected site.us, got {other:?}"),
+    }
+    assert_forbidden(
+        site.call("kv.delete_bucket", json!({"bucket": "cfg"})),
+        "kv.delete_bucket without stream_admin",
+    );
+}

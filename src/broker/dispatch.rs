@@ -323,7 +323,7 @@ impl Broker {
     }
 
     /// The owner this socket's subscriptions are made under.
-    fn owner(&self, conn: ConnId) -> Option<crate::routing::subs::Owner> {
+    pub(super) fn owner(&self, conn: ConnId) -> Option<crate::routing::subs::Owner> {
         let serial = self.sessions.get(conn)?.as_ref()?.serial;
         (serial != 0).then(|| self.fsm.subs.local_owner(serial))
     }
@@ -433,6 +433,9 @@ impl Broker {
                 let u: Unsub = event_arg(data)?;
                 let sid = u.sid.into_string();
                 let owner = self.owner(conn).ok_or_else(no_session)?;
+                if self.streams.unwatch(conn, &sid) {
+                    return Ok(Answer::Ok);
+                }
                 if !self.fsm.subs.conn_has_sid(owner, &sid) {
                     return Err(ArgError::Api(ApiError::new(
                         Code::NotFound,
@@ -462,12 +465,19 @@ impl Broker {
                 socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
                 Ok(Answer::Ok)
             }
+            Some(Route::Kv(op)) => {
+                let ev = socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
+                let arg = ev.args.first().copied();
+                let r = self.kv_event(sink, conn, op, name, arg, ack_id, attachments)?;
+                Ok(r.map_or(Answer::Later, Answer::Now))
+            }
             other => {
                 let ev = socketio::parse_event(data).map_err(|_| ArgError::Malformed)?;
                 let arg = ev.args.first().copied();
                 let Some(Route::Stream(op)) = other else {
                     return Err(ArgError::Api(events::unknown(NSP_ROOT, name)));
                 };
+                check_not_a_bucket(op, arg)?;
                 self.check_stream(conn, name, arg)?;
                 if let Some(r) =
                     self.clustered_stream_event(sink, conn, op, name, arg, ack_id, attachments)
@@ -582,6 +592,24 @@ impl Broker {
                 .map_err(|e| ApiError::new(Code::BadSubject, format!("reply: {e}")))?;
         }
         self.check_publish(conn, "publish to", &p.subject, sink.now())?;
+        self.publish_checked(sink, conn, ack_id, p, attachments, size, false)
+    }
+
+    /// [`Broker::publish`] once the publish was checked (`size` is its
+    /// payload's); with `revision`, a stream of this node acks it as a
+    /// bucket write, `{ok, revision}`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn publish_checked(
+        &mut self,
+        sink: &mut dyn Sink,
+        conn: ConnId,
+        ack_id: Option<u64>,
+        p: &PubArg<'_>,
+        attachments: &[Vec<u8>],
+        size: usize,
+        revision: bool,
+    ) -> Result<bool, ApiError> {
+        let data = p.data.unwrap_or("null");
         let headers = p.headers.filter(|h| *h != "null");
         let mut captured = self.streams.captures(&p.subject);
         if captured.is_none() {
@@ -638,7 +666,7 @@ impl Broker {
                 attachment: super::streams::stream_attachment(data, attachments)?,
             };
             self.streams
-                .publish(stream, conn, ack_id, msg, sink.now())?;
+                .publish(stream, conn, ack_id, msg, sink.now(), revision)?;
         }
         self.monitor.count_in(size);
         let inbox = self
@@ -737,7 +765,7 @@ impl Broker {
     /// [`Messaging::deliver`]) and counts the deliveries; `until` is how
     /// long a request being delivered may be answered.
     #[allow(clippy::too_many_arguments)]
-    fn deliver(
+    pub(super) fn deliver(
         &mut self,
         sink: &mut dyn Sink,
         subject: &str,
@@ -875,6 +903,31 @@ fn query_param(query: &str, key: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// Stream events other than `stream.info`, `.list` and `.get` are refused
+/// on a bucket's stream: the bucket events own it (docs/PROTOCOL.md §14).
+fn check_not_a_bucket(op: events::StreamOp, arg: Option<&RawValue>) -> Result<(), ApiError> {
+    use events::StreamOp::*;
+    if matches!(op, StreamInfo | StreamList | StreamGet) {
+        return Ok(());
+    }
+    let Some(field) = op.names_stream_by() else {
+        return Ok(());
+    };
+    let name = arg
+        .and_then(|a| serde_json::from_str::<serde_json::Value>(a.get()).ok())
+        .and_then(|v| v.get(field)?.as_str().map(str::to_string));
+    match name
+        .as_deref()
+        .and_then(crate::protocol::kv_messages::bucket_of_stream)
+    {
+        Some(b) => Err(ApiError::new(
+            Code::BadRequest,
+            format!("stream \"KV_{b}\" holds bucket {b:?}: use the kv events"),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Keeps a node id usable inside a subject token.
 pub(crate) fn sanitize(id: &str) -> String {
     id.chars()
@@ -970,6 +1023,7 @@ impl Handler for Broker {
         self.cluster_tick(sink);
         self.replicate_cursors(sink);
         self.flush_stream_groups(sink);
+        self.serve_kv_watches(sink);
         for _ in 0..self.messaging.expire_requests(sink) {
             self.monitor.count_error(Code::Timeout);
         }

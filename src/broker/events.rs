@@ -18,6 +18,8 @@ pub enum Route {
     Ping,
     /// `streams.rs` (in a cluster, through `stream_cluster.rs` first).
     Stream(StreamOp),
+    /// `kv.rs`: key-value buckets, over the streams.
+    Kv(KvOp),
     /// `control.rs`.
     GroupSet,
     GroupList,
@@ -78,6 +80,22 @@ impl StreamOp {
             StreamCreate | StreamDelete | ConsumerCreate | ConsumerDelete
         )
     }
+}
+
+/// The key-value events (docs/PROTOCOL.md §14).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvOp {
+    Create,
+    Info,
+    List,
+    DeleteBucket,
+    Put,
+    Get,
+    Delete,
+    Purge,
+    Keys,
+    History,
+    Watch,
 }
 
 /// One event of the table.
@@ -191,6 +209,29 @@ pub const EVENTS: &[Event] = &[
         "stream_messages::AckReq",
         Route::Stream(StreamOp::Wip),
     ),
+    root(
+        "kv.create",
+        "kv_messages::CreateReq",
+        Route::Kv(KvOp::Create),
+    ),
+    root("kv.info", "kv_messages::BucketReq", Route::Kv(KvOp::Info)),
+    root("kv.list", "{}", Route::Kv(KvOp::List)),
+    root(
+        "kv.delete_bucket",
+        "kv_messages::BucketReq",
+        Route::Kv(KvOp::DeleteBucket),
+    ),
+    root("kv.put", "kv_messages::KeyReq", Route::Kv(KvOp::Put)),
+    root("kv.get", "kv_messages::KeyReq", Route::Kv(KvOp::Get)),
+    root("kv.delete", "kv_messages::KeyReq", Route::Kv(KvOp::Delete)),
+    root("kv.purge", "kv_messages::KeyReq", Route::Kv(KvOp::Purge)),
+    root("kv.keys", "kv_messages::KeysReq", Route::Kv(KvOp::Keys)),
+    root(
+        "kv.history",
+        "kv_messages::KeyReq",
+        Route::Kv(KvOp::History),
+    ),
+    root("kv.watch", "kv_messages::WatchReq", Route::Kv(KvOp::Watch)),
     control("group.set", "messages::GroupSet", Route::GroupSet),
     control("group.list", "{}", Route::GroupList),
     control("server.info", "{}", Route::ServerInfo),

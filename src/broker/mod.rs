@@ -54,6 +54,7 @@ pub mod dashboard;
 pub mod dispatch;
 pub mod events;
 pub mod history;
+pub mod kv;
 pub mod lifecycle;
 pub mod messaging;
 pub mod metrics;

@@ -315,7 +315,7 @@ impl Broker {
         let mut left = 0;
         for (i, item) in items.iter().enumerate() {
             let slot = ack_id.map(|_| SLOT | batch << 24 | i as u64);
-            match self.stream_groups.take_publish(item, conn, slot) {
+            match self.stream_groups.take_publish(item, conn, slot, false) {
                 Ok(()) if slot.is_some() => left += 1,
                 Ok(()) => {}
                 Err(e) => results[i] = Some(e.ack_body()),

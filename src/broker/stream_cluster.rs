@@ -47,6 +47,23 @@ impl Broker {
         ack_id: Option<u64>,
         attachments: &[Vec<u8>],
     ) -> Option<Result<Option<String>, ApiError>> {
+        self.clustered_stream_event_as(sink, conn, op, event, arg, ack_id, attachments, None)
+    }
+
+    /// [`Broker::clustered_stream_event`], with `shape` making the ack
+    /// of a metadata change from the stream event's (a bucket event's).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn clustered_stream_event_as(
+        &mut self,
+        sink: &mut dyn Sink,
+        conn: ConnId,
+        op: StreamOp,
+        event: &str,
+        arg: Option<&RawValue>,
+        ack_id: Option<u64>,
+        attachments: &[Vec<u8>],
+        shape: Option<&dyn Fn(&str) -> String>,
+    ) -> Option<Result<Option<String>, ApiError>> {
         let cluster = self.cluster.as_ref()?;
         let me = cluster.me();
         if op == StreamOp::StreamList {
@@ -163,7 +180,7 @@ impl Broker {
             conn,
             nsp: NSP_ROOT,
             ack_id,
-            ok_body: body,
+            ok_body: shape.map_or_else(|| body.clone(), |f| f(&body)),
         });
         let Some((name, placement)) = place else {
             return Some(self.submit(sink, Cmd::Meta(cmd), reply));

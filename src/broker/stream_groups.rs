@@ -75,9 +75,11 @@ const FETCH_WAITS_MAX: usize = 10_000;
 /// Who answers once an op's outcome is known.
 #[derive(Debug, Clone)]
 pub(super) enum Reply {
+    /// With `revision`, a bucket write: `{ok, revision}`.
     Publish {
         conn: ConnId,
         ack_id: u64,
+        revision: bool,
     },
     Ok {
         conn: ConnId,
@@ -184,6 +186,7 @@ impl StreamGroups {
         p: &super::stream_batches::Item<'_>,
         conn: ConnId,
         ack_id: Option<u64>,
+        revision: bool,
     ) -> Result<(), ApiError> {
         let Some(h) = self.held.get_mut(&p.group).filter(|h| h.core.leads()) else {
             return Err(unavailable(
@@ -203,8 +206,12 @@ impl StreamGroups {
             binary: p.binary,
             time_ms: epoch_ms(),
         });
-        h.core
-            .take(op, ack_id.map(|ack_id| Reply::Publish { conn, ack_id }));
+        let reply = ack_id.map(|ack_id| Reply::Publish {
+            conn,
+            ack_id,
+            revision,
+        });
+        h.core.take(op, reply);
         Ok(())
     }
 
@@ -328,7 +335,7 @@ fn parse<T: serde::de::DeserializeOwned>(arg: Option<&RawValue>) -> Result<T, Ap
 }
 
 /// Where a replicated stream's event is served.
-enum Route {
+pub(super) enum Route {
     Here,
     Relay(u64),
 }
@@ -419,12 +426,12 @@ impl Broker {
     }
 
     /// The group and members of replicated stream `name`, if it is one.
-    fn placed(&self, name: &str) -> Option<(GroupId, Vec<u64>)> {
+    pub(super) fn placed(&self, name: &str) -> Option<(GroupId, Vec<u64>)> {
         let p = self.fsm.streams.get(name)?.placement.as_ref()?;
         (p.replicas.len() > 1).then(|| (p.group, p.replicas.clone()))
     }
 
-    fn route(&self, group: GroupId, members: &[u64]) -> Result<Route, ApiError> {
+    pub(super) fn route(&self, group: GroupId, members: &[u64]) -> Result<Route, ApiError> {
         let c = self
             .cluster
             .as_ref()
@@ -541,7 +548,7 @@ impl Broker {
         };
         Some(
             self.stream_groups
-                .take_publish(&item, conn, ack_id)
+                .take_publish(&item, conn, ack_id, false)
                 .map(|()| true),
         )
     }
@@ -1196,7 +1203,7 @@ fn settle(h: &mut Held, d: Done<Reply>, now: Instant, out: &mut Settled) {
 fn refuse(r: &Reply, answers: &mut Vec<(ConnId, u64, String)>, why: &str) {
     let body = unavailable(why).ack_body();
     match r {
-        Reply::Publish { conn, ack_id }
+        Reply::Publish { conn, ack_id, .. }
         | Reply::Ok { conn, ack_id }
         | Reply::Purge { conn, ack_id }
         | Reply::Consumer { conn, ack_id, .. } => answers.push((*conn, *ack_id, body)),
@@ -1283,7 +1290,18 @@ fn answer(h: &mut Held, reply: &Reply, out: Outcome, now: Instant, settled: &mut
         answers, binary, ..
     } = settled;
     match (reply, out) {
-        (Reply::Publish { conn, ack_id }, Outcome::Published(r)) => {
+        (Reply::Publish { conn, ack_id, .. }, Outcome::Published(r))
+            if matches!(reply, Reply::Publish { revision: true, .. }) =>
+        {
+            let body = match r {
+                Ok(Stored::New { seq, .. } | Stored::Duplicate(seq)) => {
+                    json!([{"ok": true, "revision": seq}]).to_string()
+                }
+                Err(e) => err(e),
+            };
+            answers.push((*conn, *ack_id, body));
+        }
+        (Reply::Publish { conn, ack_id, .. }, Outcome::Published(r)) => {
             let body = match r {
                 Ok(Stored::New { seq, .. }) => {
                     json!([{"ok": true, "stream": h.name, "seq": seq}]).to_string()

@@ -372,7 +372,7 @@ pub(super) fn consumer_json(s: &Stream, name: &str) -> Value {
 
 /// Appends a message's `data`: its JSON text as published, or for binary
 /// data the placeholder of attachment `num`.
-fn push_data(out: &mut Vec<u8>, m: &Msg, num: usize) {
+pub(super) fn push_data(out: &mut Vec<u8>, m: &Msg, num: usize) {
     if m.binary {
         out.extend_from_slice(format!("{{\"_placeholder\":true,\"num\":{num}}}").as_bytes());
     } else {

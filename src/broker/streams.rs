@@ -54,7 +54,13 @@ pub use crate::protocol::stream_messages::FETCH_BATCH_MAX;
 mod acks;
 mod admin;
 mod fetch;
+mod kv;
 mod upkeep;
+
+pub use kv::{
+    kv_all, kv_at, kv_history, kv_latest, kv_latest_all, kv_state, push_entry, start_watch,
+    KvEntry, KvSource, KvState, Watch, WatchStart,
+};
 
 /// Most streams one broker holds.
 pub const STREAMS_MAX: usize = 1_000;
@@ -207,6 +213,8 @@ pub struct Streams {
     /// or at the periodic sweep.
     last_subs: usize,
     next_sweep: Instant,
+    /// `kv.watch`es of the buckets held here (`kv.rs`).
+    watches: Vec<kv::Watch>,
 }
 
 /// How often every stream is looked at even when nothing happened to it.
@@ -322,6 +330,7 @@ impl Streams {
             wall: WallClock::read(Instant::now()),
             last_subs: 0,
             next_sweep: Instant::now(),
+            watches: Vec::new(),
         }
     }
 
@@ -564,6 +573,7 @@ impl Streams {
 
     /// Stores a publish captured by stream `id`; its ack (if `ack_id`) is
     /// held until the message is written.
+    /// With `revision`, the ack is a bucket write's `{ok, revision}`.
     pub fn publish(
         &mut self,
         id: u64,
@@ -571,6 +581,7 @@ impl Streams {
         ack_id: Option<u64>,
         msg: Incoming<'_>,
         now: Instant,
+        revision: bool,
     ) -> Result<(), ApiError> {
         let Incoming {
             subject,
@@ -600,18 +611,16 @@ impl Streams {
                 .store(subject, data.as_bytes(), false, headers, now_ms)?,
         };
         slot.touched = true;
-        let reply = match stored {
+        let (seq, duplicate) = match stored {
             Stored::New { seq, removed } => {
                 forget_removed(slot, &removed);
-                AckBody::Stored {
-                    seq,
-                    duplicate: false,
-                }
+                (seq, false)
             }
-            Stored::Duplicate(seq) => AckBody::Stored {
-                seq,
-                duplicate: true,
-            },
+            Stored::Duplicate(seq) => (seq, true),
+        };
+        let reply = match revision {
+            true => AckBody::Body(format!("[{{\"ok\":true,\"revision\":{seq}}}]")),
+            false => AckBody::Stored { seq, duplicate },
         };
         if let Some(ack_id) = ack_id {
             let stream = Rc::clone(&slot.name);

@@ -120,6 +120,49 @@ fn stream_add_opts(o: &mut Options) {
     );
 }
 
+fn kv_add_opts(o: &mut Options) {
+    o.optopt("", "history", "writes kept per key, 1-64 (default 1)", "N");
+    o.optopt(
+        "",
+        "ttl",
+        "drop writes older than this (e.g. 24h)",
+        "DURATION",
+    );
+    o.optopt("", "max-bytes", "keep at most this many bytes", "SIZE");
+    o.optopt("", "max-value-size", "refuse larger values", "SIZE");
+    o.optopt("", "replicas", "copies in a cluster (default 1)", "N");
+}
+
+fn kv_revision_opts(o: &mut Options) {
+    o.optopt(
+        "",
+        "revision",
+        "the key's revision (compare-and-set, or which write to read)",
+        "N",
+    );
+}
+
+fn kv_watch_opts(o: &mut Options) {
+    o.optopt(
+        "",
+        "key",
+        "only keys matching this pattern (e.g. site.>)",
+        "PATTERN",
+    );
+    o.optflag("", "history", "start with every kept write");
+    o.optflag("", "updates-only", "print only writes made from now on");
+    o.optopt("", "count", "exit after N new writes", "N");
+}
+
+fn kv_keys_opts(o: &mut Options) {
+    o.optopt(
+        "",
+        "filter",
+        "only keys matching this pattern (e.g. site.*)",
+        "PATTERN",
+    );
+}
+
 fn stream_purge_opts(o: &mut Options) {
     o.optopt(
         "",
@@ -324,6 +367,66 @@ pub const COMMANDS: &[Command] = &[
         args: "STREAM NAME",
         about: "Fetch messages from a pull consumer and ack them.",
         opts: consumer_next_opts,
+    },
+    Command {
+        path: &["kv", "add"],
+        args: "BUCKET",
+        about: "Create a key-value bucket.",
+        opts: kv_add_opts,
+    },
+    Command {
+        path: &["kv", "put"],
+        args: "BUCKET KEY VALUE",
+        about: "Write a value (--revision N: only while the key is at N).",
+        opts: kv_revision_opts,
+    },
+    Command {
+        path: &["kv", "get"],
+        args: "BUCKET KEY",
+        about: "Show a key's latest value (or --revision N).",
+        opts: kv_revision_opts,
+    },
+    Command {
+        path: &["kv", "del"],
+        args: "BUCKET KEY",
+        about: "Delete a key (a delete marker; --revision N: only while at N).",
+        opts: kv_revision_opts,
+    },
+    Command {
+        path: &["kv", "purge"],
+        args: "BUCKET KEY",
+        about: "Delete a key and every earlier write of it.",
+        opts: no_opts,
+    },
+    Command {
+        path: &["kv", "ls"],
+        args: "",
+        about: "List buckets.",
+        opts: no_opts,
+    },
+    Command {
+        path: &["kv", "keys"],
+        args: "BUCKET",
+        about: "List a bucket's keys (--filter PATTERN).",
+        opts: kv_keys_opts,
+    },
+    Command {
+        path: &["kv", "history"],
+        args: "BUCKET KEY",
+        about: "Show every kept write of a key.",
+        opts: no_opts,
+    },
+    Command {
+        path: &["kv", "watch"],
+        args: "BUCKET",
+        about: "Print each key's latest value, then every new write as it comes.",
+        opts: kv_watch_opts,
+    },
+    Command {
+        path: &["kv", "rm"],
+        args: "BUCKET",
+        about: "Delete a bucket and its values.",
+        opts: no_opts,
     },
     Command {
         path: &["server", "info"],

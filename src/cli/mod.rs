@@ -1,5 +1,6 @@
 //! The `gombus` command line, on the blocking Rust client: everyday
-//! messaging (`pub`, `sub`, `req`, `reply`), streams and consumers, server
+//! messaging (`pub`, `sub`, `req`, `reply`), streams and consumers,
+//! key-value buckets, server
 //! and cluster status, and benchmarks.
 //!
 //! - [`args`]: global flags, the command table, parsing and help.
@@ -7,6 +8,8 @@
 //! - [`commands`]: messaging and `/control` commands.
 //! - [`streams`]: `stream …` and `consumer …`, through the contract's
 //!   events (section 5) with `Client::call`.
+//! - [`kv`]: `kv …`, key-value buckets (section 14) through the client's
+//!   `Kv` handle.
 //! - [`bench`]: the benchmark workloads and their summary.
 //!
 //! Exit status: 0 on success, 1 when a command fails (connection, server
@@ -15,6 +18,7 @@
 pub mod args;
 pub mod bench;
 pub mod commands;
+pub mod kv;
 pub mod output;
 pub mod streams;
 
@@ -136,6 +140,7 @@ fn dispatch(p: &Parsed) -> Result<(), Run> {
         ["cluster", "remove"] => commands::cluster_remove(p),
         ["stream", _] => streams::stream(p),
         ["consumer", _] => streams::consumer(p),
+        ["kv", _] => kv::kv(p),
         ["bench"] => bench::run(p),
         other => Err(Run::Failed(Failure(format!(
             "command {} is not implemented",

@@ -103,6 +103,7 @@
 mod backoff;
 mod dial;
 mod inbox;
+mod kv;
 pub(crate) mod pending;
 mod reader;
 mod shared;
@@ -111,6 +112,7 @@ mod supervisor;
 mod wire;
 
 pub use backoff::Reconnect;
+pub use kv::{BucketConfig, Kv, KvEntry, KvWatch, KvWatchEvent, WatchFrom};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -212,8 +214,13 @@ pub enum Error {
     /// The server answered the Socket.IO CONNECT with CONNECT_ERROR; the
     /// string is its `message` (e.g. `unauthorized`).
     ConnectRefused(String),
-    /// The server acked `{"ok":false,"error":{code,message}}`.
-    Server { code: String, message: String },
+    /// The server acked `{"ok":false,"error":{code,message}}`;
+    /// `revision` is a `wrong_revision`'s latest revision of the key.
+    Server {
+        code: String,
+        message: String,
+        revision: Option<u64>,
+    },
     /// No ack (or message) arrived in time.
     Timeout,
     /// The connection is closed.
@@ -246,7 +253,7 @@ impl fmt::Display for Error {
             Error::Io(e) => write!(f, "i/o error: {e}"),
             Error::Handshake(m) => write!(f, "handshake failed: {m}"),
             Error::ConnectRefused(m) => write!(f, "connection refused by server: {m}"),
-            Error::Server { code, message } => write!(f, "server error {code}: {message}"),
+            Error::Server { code, message, .. } => write!(f, "server error {code}: {message}"),
             Error::Timeout => f.write_str("timed out"),
             Error::Closed => f.write_str("connection closed"),
             Error::Protocol(m) => write!(f, "protocol error: {m}"),
@@ -280,12 +287,17 @@ impl PartialEq for Error {
             (Error::Handshake(a), Error::Handshake(b)) => a == b,
             (Error::ConnectRefused(a), Error::ConnectRefused(b)) => a == b,
             (
-                Error::Server { code, message },
+                Error::Server {
+                    code,
+                    message,
+                    revision,
+                },
                 Error::Server {
                     code: c2,
                     message: m2,
+                    revision: r2,
                 },
-            ) => code == c2 && message == m2,
+            ) => code == c2 && message == m2 && revision == r2,
             (Error::Timeout, Error::Timeout) => true,
             (Error::Closed, Error::Closed) => true,
             (Error::Protocol(a), Error::Protocol(b)) => a == b,
@@ -328,7 +340,23 @@ impl Message {
             return None;
         };
         let sid = take_string(&mut fields, "sid")?;
-        let subject = take_string(&mut fields, "subject")?;
+        let Some(subject) = take_string(&mut fields, "subject") else {
+            // A bucket watch's delivery: its fields are the data.
+            let bucket = fields.get("bucket")?.as_str()?;
+            let subject = match fields.get("key").and_then(Value::as_str) {
+                Some(key) => format!("$KV.{bucket}.{key}"),
+                None => format!("$KV.{bucket}"),
+            };
+            return Some(Message {
+                sid,
+                subject,
+                data: Value::Object(fields),
+                reply: None,
+                headers: None,
+                attachments,
+                stream: None,
+            });
+        };
         Some(Message {
             sid,
             subject,
@@ -346,6 +374,18 @@ impl Message {
 pub enum Payload {
     Json(Value),
     Bytes(Vec<u8>),
+}
+
+impl From<Value> for Payload {
+    fn from(v: Value) -> Payload {
+        Payload::Json(v)
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(b: Vec<u8>) -> Payload {
+        Payload::Bytes(b)
+    }
 }
 
 /// A message to publish or request with every optional field.
@@ -595,11 +635,26 @@ impl Client {
         queue: Option<&str>,
         max: Option<u64>,
     ) -> Result<Subscription, Error> {
+        self.open_route(subject, queue, max, None)
+    }
+
+    /// A subscription, or with `watch` a bucket watch (its `kv.watch`
+    /// argument, `sid` filled in here), routed before it is asked for.
+    pub(super) fn open_route(
+        &self,
+        subject: &str,
+        queue: Option<&str>,
+        max: Option<u64>,
+        mut watch: Option<Value>,
+    ) -> Result<Subscription, Error> {
         let sid = self
             .shared
             .next_sid
             .fetch_add(1, Ordering::Relaxed)
             .to_string();
+        if let Some(w) = watch.as_mut() {
+            w["sid"] = json!(sid);
+        }
         let opts = &self.shared.opts;
         let inbox = Arc::new(Inbox::new(
             opts.subscription_capacity,
@@ -617,10 +672,15 @@ impl Client {
                 queue: queue.map(str::to_string),
                 left: max,
                 inbox: Arc::clone(&inbox),
+                watch: watch.clone(),
             };
             state.subs.insert(sid.clone(), route);
         }
-        if let Err(e) = self.call("sub", sub_arg(&sid, subject, queue, max)) {
+        let asked = match watch {
+            Some(w) => self.call("kv.watch", w),
+            None => self.call("sub", sub_arg(&sid, subject, queue, max)),
+        };
+        if let Err(e) = asked {
             self.shared.state().subs.remove(&sid);
             if e == Error::Disconnected {
                 // A reconnect may have re-sent it already: undo that.
@@ -735,6 +795,27 @@ impl Client {
             .emit(event, args, &[], Some(self.shared.opts.timeout), false)?
             .ok_or_else(|| Error::Protocol(format!("{event} without ack")))?;
         Ok((reply.value, reply.attachments))
+    }
+
+    /// [`Client::call`] sending `attachments` (binary frames) with the
+    /// event; the placeholders in `args` number them.
+    pub fn call_sending(
+        &self,
+        event: &str,
+        args: Value,
+        attachments: &[Vec<u8>],
+    ) -> Result<Value, Error> {
+        let reply = self
+            .shared
+            .emit(
+                event,
+                args,
+                attachments,
+                Some(self.shared.opts.timeout),
+                false,
+            )?
+            .ok_or_else(|| Error::Protocol(format!("{event} without ack")))?;
+        Ok(reply.value)
     }
 
     /// Sends any event without an ack id (fire and forget).

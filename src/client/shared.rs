@@ -65,6 +65,9 @@ pub(super) struct SubRoute {
     /// Deliveries left before the server ends it (`max`, `unsub after`).
     pub(super) left: Option<u64>,
     pub(super) inbox: Arc<Inbox<Message>>,
+    /// A bucket watch's `kv.watch` argument, sent again instead of a
+    /// `sub` after a reconnect.
+    pub(super) watch: Option<Value>,
 }
 
 /// A fire-and-forget or acked publish written while the link was down,
@@ -609,6 +612,9 @@ pub(super) fn check_ack(reply: ReceivedAck) -> Result<ReceivedAck, Error> {
             Err(Error::Server {
                 code: field("code"),
                 message: field("message"),
+                revision: error
+                    .and_then(|e| e.get("revision"))
+                    .and_then(Value::as_u64),
             })
         }
         None => Err(Error::Protocol(format!(
@@ -671,6 +677,7 @@ mod tests {
             queue: None,
             left,
             inbox: Arc::clone(&inbox),
+            watch: None,
         };
         shared.state().subs.insert(sid.to_string(), route);
         inbox

@@ -136,16 +136,19 @@ fn resume(shared: &Shared, link: &Arc<Link>, announce: Event) -> Result<(), Erro
             .subs
             .iter()
             .filter(|(_, route)| route.left != Some(0))
-            .map(|(sid, route)| {
-                let arg = sub_arg(sid, &route.subject, route.queue.as_deref(), route.left);
-                (sid.clone(), arg)
+            .map(|(sid, route)| match &route.watch {
+                Some(w) => (sid.clone(), "kv.watch", w.clone()),
+                None => {
+                    let arg = sub_arg(sid, &route.subject, route.queue.as_deref(), route.left);
+                    (sid.clone(), "sub", arg)
+                }
             })
             .collect();
         state.resubs_unacked = args.len();
         args.into_iter()
-            .map(|(sid, arg)| {
+            .map(|(sid, event, arg)| {
                 let id = state.register(Waiter::Resub(sid));
-                let payload = json!(["sub", arg]).to_string();
+                let payload = json!([event, arg]).to_string();
                 socketio::encode_message(PacketType::Event, 0, namespace, Some(id), &payload)
             })
             .collect()

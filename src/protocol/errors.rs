@@ -18,10 +18,12 @@ pub enum Code {
     Forbidden,
     Limit,
     Internal,
+    /// A compare-and-set found another revision (docs/PROTOCOL.md §14).
+    WrongRevision,
 }
 
 impl Code {
-    pub const ALL: [Code; 12] = [
+    pub const ALL: [Code; 13] = [
         Code::BadRequest,
         Code::BadSubject,
         Code::PayloadTooLarge,
@@ -34,6 +36,7 @@ impl Code {
         Code::Forbidden,
         Code::Limit,
         Code::Internal,
+        Code::WrongRevision,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -50,6 +53,7 @@ impl Code {
             Code::Forbidden => "forbidden",
             Code::Limit => "limit",
             Code::Internal => "internal",
+            Code::WrongRevision => "wrong_revision",
         }
     }
 }
@@ -59,6 +63,8 @@ impl Code {
 pub struct ApiError {
     pub code: Code,
     pub message: String,
+    /// `wrong_revision`'s `error.revision`: the key's latest revision.
+    pub revision: Option<u64>,
 }
 
 impl ApiError {
@@ -66,13 +72,17 @@ impl ApiError {
         ApiError {
             code,
             message: message.into(),
+            revision: None,
         }
     }
 
     /// The ack argument array: `[{"ok":false,"error":{…}}]`.
     pub fn ack_body(&self) -> String {
+        let revision = self
+            .revision
+            .map_or(String::new(), |r| format!(",\"revision\":{r}"));
         format!(
-            "[{{\"ok\":false,\"error\":{{\"code\":\"{}\",\"message\":{}}}}}]",
+            "[{{\"ok\":false,\"error\":{{\"code\":\"{}\",\"message\":{}{revision}}}}}]",
             self.code.as_str(),
             serde_json::Value::from(self.message.as_str())
         )
@@ -134,9 +144,19 @@ mod tests {
                 "unavailable",
                 "forbidden",
                 "limit",
-                "internal"
+                "internal",
+                "wrong_revision"
             ]
         );
+    }
+
+    #[test]
+    fn a_wrong_revision_carries_the_latest() {
+        let mut e = ApiError::new(Code::WrongRevision, "x");
+        e.revision = Some(7);
+        let v: serde_json::Value = serde_json::from_str(&e.ack_body()).unwrap();
+        assert_eq!(v[0]["error"]["code"], "wrong_revision");
+        assert_eq!(v[0]["error"]["revision"], 7);
     }
 
     #[test]

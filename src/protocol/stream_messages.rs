@@ -86,6 +86,15 @@ pub struct StreamConfig {
     pub discard: Discard,
     #[serde(default)]
     pub duplicate_window_ms: u64,
+    /// At most this many messages of one subject are kept (0: no limit).
+    /// Left out of the JSON when 0, so that configs and snapshots written
+    /// before it existed read and compare the same.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_msgs_per_subject: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl StreamConfig {
@@ -299,8 +308,13 @@ fn bad(msg: impl Into<String>) -> ApiError {
 
 /// Stream and consumer names: 1 to 64 of `[A-Za-z0-9_-]`.
 pub fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
+    // A bucket's stream is its name (up to the same length) after `KV_`.
+    let max = match name.strip_prefix("KV_") {
+        Some(_) if what == "stream" => NAME_BYTES_MAX + 3,
+        _ => NAME_BYTES_MAX,
+    };
     let ok = !name.is_empty()
-        && name.len() <= NAME_BYTES_MAX
+        && name.len() <= max
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');

@@ -1,9 +1,17 @@
 //! The rules of a stream's limits and retention, written once for both
 //! kinds of stream: an R1 stream over its segment store (`stream.rs`) and
 //! a replica of a replicated stream over its index (`replica.rs`). Each
-//! asks these functions with its own counts, so the two give the same
-//! outcome for the same publishes (a unit test in `replica.rs` runs the
-//! same publishes through both and compares every outcome). Pure.
+//! asks these functions with its own counts, or lets [`trim`] remove
+//! through its [`Held`], so the two give the same outcome for the same
+//! publishes (a unit test in `replica.rs` runs the same publishes through
+//! both and compares every outcome). Pure.
+//!
+//! The write rules of key-value buckets are here too, since they are
+//! decided where the sequence is: a publish may carry the revision it
+//! expects its subject to be at ([`EXPECTED_REVISION_HEADER`]), refused
+//! with `wrong_revision` otherwise, and a purge marker
+//! ([`KV_OP_HEADER`] `PURGE`) removes every earlier message of its
+//! subject once stored.
 
 use std::collections::BTreeMap;
 
@@ -73,6 +81,141 @@ pub fn check_room(
 pub fn over(cfg: &StreamConfig, messages: u64, bytes: u64) -> bool {
     let over = (cfg.max_msgs > 0 && messages > cfg.max_msgs) || bytes > bytes_max(cfg);
     over && messages > 1
+}
+
+pub use crate::protocol::kv_messages::{EXPECTED_REVISION_HEADER, KV_OP_HEADER};
+
+/// What a bucket write is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvOp {
+    Put,
+    Delete,
+    Purge,
+}
+
+impl KvOp {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvOp::Put => "put",
+            KvOp::Delete => "delete",
+            KvOp::Purge => "purge",
+        }
+    }
+}
+
+/// What a publish's headers ask of the write rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Asks {
+    pub op: KvOp,
+    /// The revision the subject must be at.
+    pub expected: Option<u64>,
+}
+
+/// Reads [`Asks`] from raw JSON headers (an object of strings); headers
+/// without them (or not an object) ask nothing.
+pub fn asks_of(headers: Option<&str>) -> Asks {
+    let mut asks = Asks {
+        op: KvOp::Put,
+        expected: None,
+    };
+    let Some(h) = headers else { return asks };
+    if !h.contains("KV-") {
+        return asks;
+    }
+    let Ok(map) = serde_json::from_str::<BTreeMap<String, String>>(h) else {
+        return asks;
+    };
+    asks.op = match map.get(KV_OP_HEADER).map(String::as_str) {
+        Some("DEL") => KvOp::Delete,
+        Some("PURGE") => KvOp::Purge,
+        _ => KvOp::Put,
+    };
+    asks.expected = map
+        .get(EXPECTED_REVISION_HEADER)
+        .and_then(|v| v.parse().ok());
+    asks
+}
+
+/// A refused compare-and-set: `wrong_revision` carrying `latest`.
+pub fn wrong_revision(subject: &str, expected: u64, latest: u64) -> ApiError {
+    let mut e = ApiError::new(
+        Code::WrongRevision,
+        format!("{subject:?} is at revision {latest}, not {expected}"),
+    );
+    e.revision = Some(latest);
+    e
+}
+
+/// Compare-and-set, checked before a store: `latest` is the subject's
+/// newest message (its seq, and whether it is a delete or purge marker).
+pub fn check_revision(
+    subject: &str,
+    expected: Option<u64>,
+    latest: Option<(u64, bool)>,
+) -> Result<(), ApiError> {
+    let Some(expected) = expected else {
+        return Ok(());
+    };
+    let ok = match latest {
+        None => expected == 0,
+        Some((seq, marker)) => expected == seq || (expected == 0 && marker),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(wrong_revision(
+            subject,
+            expected,
+            latest.map_or(0, |(s, _)| s),
+        ))
+    }
+}
+
+/// What an engine lets [`trim`] look at and remove.
+pub trait Held {
+    fn config(&self) -> &StreamConfig;
+    fn messages(&self) -> u64;
+    fn bytes(&self) -> u64;
+    fn first_seq(&self) -> u64;
+    /// Live messages of exactly `subject`.
+    fn subject_count(&self, subject: &str) -> u64;
+    /// The oldest live message of exactly `subject`.
+    fn oldest_of(&self, subject: &str) -> Option<u64>;
+    fn remove_seq(&mut self, seq: u64) -> Result<(), ApiError>;
+}
+
+/// After message `seq` on `subject` was stored: a purge marker removes
+/// every earlier message of its subject, then `max_msgs_per_subject`
+/// removes that subject's oldest, then `max_msgs`/`max_bytes` the
+/// stream's oldest (discard old). Every seq removed goes to `removed`.
+pub fn trim(
+    h: &mut impl Held,
+    subject: &str,
+    seq: u64,
+    op: KvOp,
+    removed: &mut Vec<u64>,
+) -> Result<(), ApiError> {
+    let per_subject = match op {
+        KvOp::Purge => 1,
+        _ => h.config().max_msgs_per_subject,
+    };
+    if per_subject > 0 {
+        while h.subject_count(subject) > per_subject {
+            match h.oldest_of(subject) {
+                Some(old) if old != seq => {
+                    h.remove_seq(old)?;
+                    removed.push(old);
+                }
+                _ => break,
+            }
+        }
+    }
+    while over(h.config(), h.messages(), h.bytes()) {
+        let first = h.first_seq();
+        h.remove_seq(first)?;
+        removed.push(first);
+    }
+    Ok(())
 }
 
 /// Interest retention: whether a consumer wants messages on `subj`; a

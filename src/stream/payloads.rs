@@ -65,6 +65,8 @@ pub struct Found {
     pub time_ms: u64,
     /// Its framed record's length (what it counts for in `bytes`).
     pub bytes: u64,
+    /// A bucket's delete or purge marker (from its headers).
+    pub marker: bool,
     pub loc: Loc,
 }
 
@@ -443,6 +445,8 @@ fn scan_file(
                             subject: m.subject.into(),
                             time_ms: m.time_ms,
                             bytes: rec.len() as u64,
+                            marker: super::limits::asks_of(m.headers).op
+                                != super::limits::KvOp::Put,
                             loc,
                         },
                     );

@@ -41,7 +41,7 @@
 //! [`Replica::snapshot`] and [`Replica::restore_with`] are the same over
 //! one buffer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
@@ -51,7 +51,7 @@ use super::dedup::IdWindow;
 use super::limits;
 use super::payloads::{Detached, Loc, Payload, Payloads};
 use super::segment::{msg_record_bytes, MsgRef, SUBJECT_BYTES_MAX};
-use super::stream::{msg_id_of, Member, Stored, CONSUMERS_PER_STREAM_MAX};
+use super::stream::{msg_id_of, tap_msg, Member, Stored, Tap, CONSUMERS_PER_STREAM_MAX};
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::stream_messages::{
     patterns_overlap, ConsumerConfig, DeliverPolicy, Retention, StreamConfig,
@@ -168,7 +168,34 @@ pub struct MsgMeta {
     pub time_ms: u64,
     /// What it counts for in `bytes`: its segment record.
     pub bytes: u64,
+    /// A bucket's delete or purge marker (from its headers).
+    pub marker: bool,
     loc: Loc,
+}
+
+impl limits::Held for Replica {
+    fn config(&self) -> &StreamConfig {
+        &self.cfg
+    }
+    fn messages(&self) -> u64 {
+        self.msgs.len() as u64
+    }
+    fn bytes(&self) -> u64 {
+        self.bytes
+    }
+    fn first_seq(&self) -> u64 {
+        Replica::first_seq(self)
+    }
+    fn subject_count(&self, subject: &str) -> u64 {
+        self.subjects.get(subject).map_or(0, |q| q.len() as u64)
+    }
+    fn oldest_of(&self, subject: &str) -> Option<u64> {
+        self.subjects.get(subject)?.front().copied()
+    }
+    fn remove_seq(&mut self, seq: u64) -> Result<(), ApiError> {
+        self.remove(seq);
+        Ok(())
+    }
 }
 
 /// Why bytes are not an entry or a snapshot.
@@ -195,6 +222,13 @@ pub struct Replica {
     digest: u64,
     ids: IdWindow,
     consumers: BTreeMap<String, Member>,
+    /// The live seqs of each subject, oldest first (`max_msgs_per_subject`,
+    /// a bucket's keys and latest values). Derived from `msgs`, so never
+    /// in a snapshot.
+    subjects: BTreeMap<Box<str>, VecDeque<u64>>,
+    /// Copies of the messages stored while a bucket watch reads this
+    /// replica (see [`Tap`]); not replica state.
+    pub tap: Tap,
 }
 
 /// What a stored message adds to a replica's digest: its seq, time,
@@ -227,6 +261,19 @@ impl Source for Msgs<'_> {
     }
 }
 
+/// The stored messages, as a consumer reads them (a bucket's watch).
+impl Source for Replica {
+    fn next_matching(&self, from: u64, filter: Option<&str>) -> Option<u64> {
+        Msgs(&self.msgs, self.last_seq).next_matching(from, filter)
+    }
+    fn contains(&self, seq: u64) -> bool {
+        self.msgs.contains_key(&seq)
+    }
+    fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+}
+
 fn internal(what: &str) -> ApiError {
     ApiError::new(Code::Internal, what)
 }
@@ -248,6 +295,8 @@ impl Replica {
             digest: 0,
             ids: IdWindow::default(),
             consumers: BTreeMap::new(),
+            subjects: BTreeMap::new(),
+            tap: None,
         }
     }
 
@@ -413,6 +462,11 @@ impl Replica {
                 return Ok(Stored::Duplicate(seq));
             }
         }
+        let asks = limits::asks_of(headers);
+        if asks.expected.is_some() {
+            let latest = self.latest_of(&p.subject);
+            limits::check_revision(&p.subject, asks.expected, latest)?;
+        }
         limits::check_room(&self.cfg, self.messages(), self.bytes, size)?;
         if p.subject.is_empty() || p.subject.len() > SUBJECT_BYTES_MAX {
             return Err(internal("subject must be 1..=65535 bytes"));
@@ -427,6 +481,15 @@ impl Replica {
         if let Some(id) = id {
             self.ids.remember(id.into_boxed_str(), seq, p.time_ms);
         }
+        tap_msg(
+            &mut self.tap,
+            seq,
+            &p.subject,
+            &p.data,
+            p.binary,
+            headers,
+            p.time_ms,
+        );
         let mut removed = Vec::new();
         if self.cfg.retention == Retention::Interest
             && !limits::has_interest(&self.consumers, &p.subject)
@@ -435,15 +498,70 @@ impl Replica {
             removed.push(seq);
             return Ok(Stored::New { seq, removed });
         }
-        loop {
-            if !limits::over(&self.cfg, self.messages(), self.bytes) {
-                break;
-            }
-            let first = self.first_seq();
-            self.remove(first);
-            removed.push(first);
-        }
+        limits::trim(self, &p.subject, seq, asks.op, &mut removed)?;
         Ok(Stored::New { seq, removed })
+    }
+
+    /// The newest message of exactly `subject`: its seq, and whether it
+    /// is a delete or purge marker.
+    pub fn latest_of(&self, subject: &str) -> Option<(u64, bool)> {
+        let &seq = self.subjects.get(subject)?.back()?;
+        Some((seq, self.msgs.get(&seq).is_some_and(|m| m.marker)))
+    }
+
+    /// The last live seq of each subject matching `filter` (a subject or
+    /// a pattern), in seq order.
+    pub fn last_per_subject(&self, filter: &str) -> Vec<u64> {
+        let mut seqs: Vec<u64> = self
+            .subjects
+            .iter()
+            .filter(|(n, _)| subject::matches(filter, n))
+            .filter_map(|(_, q)| q.back().copied())
+            .collect();
+        seqs.sort_unstable();
+        seqs
+    }
+
+    /// Every live seq of exactly `subject`, oldest first.
+    pub fn seqs_of(&self, subject: &str) -> Vec<u64> {
+        self.subjects
+            .get(subject)
+            .map_or(Vec::new(), |q| q.iter().copied().collect())
+    }
+
+    /// Indexes a message's meta (the payload is stored already).
+    fn index(&mut self, seq: u64, m: MsgMeta) {
+        self.digest = self.digest.wrapping_add(msg_hash(seq, &m));
+        let seqs = match self.subjects.get_mut(&m.subject) {
+            Some(q) => q,
+            None => self.subjects.entry(m.subject.clone()).or_default(),
+        };
+        match seqs.back() {
+            Some(&last) if last > seq => {
+                let at = seqs.partition_point(|&s| s < seq);
+                seqs.insert(at, seq);
+            }
+            _ => seqs.push_back(seq),
+        }
+        self.msgs.insert(seq, m);
+    }
+
+    /// Takes message `seq` out of the index; its meta if it was there.
+    fn unindex(&mut self, seq: u64) -> Option<MsgMeta> {
+        let m = self.msgs.remove(&seq)?;
+        self.bytes -= m.bytes;
+        self.digest = self.digest.wrapping_sub(msg_hash(seq, &m));
+        if let Some(q) = self.subjects.get_mut(&m.subject) {
+            if q.front() == Some(&seq) {
+                q.pop_front();
+            } else if let Ok(at) = q.binary_search(&seq) {
+                q.remove(at);
+            }
+            if q.is_empty() {
+                self.subjects.remove(&m.subject);
+            }
+        }
+        Some(m)
     }
 
     /// Indexes message `seq` and hands its payload to the store. A
@@ -477,20 +595,18 @@ impl Replica {
             subject: subject.into(),
             time_ms,
             bytes,
+            marker: limits::asks_of(headers).op != limits::KvOp::Put,
             loc,
         };
-        self.digest = self.digest.wrapping_add(msg_hash(seq, &m));
-        self.msgs.insert(seq, m);
+        self.index(seq, m);
     }
 
     /// Removes `seq` and every consumer's pending delivery of it.
     fn remove(&mut self, seq: u64) -> bool {
-        let Some(m) = self.msgs.remove(&seq) else {
+        if self.unindex(seq).is_none() {
             return false;
-        };
+        }
         self.payloads.remove(seq);
-        self.bytes -= m.bytes;
-        self.digest = self.digest.wrapping_sub(msg_hash(seq, &m));
         for member in self.consumers.values_mut() {
             member.consumer.forget(seq);
         }
@@ -891,11 +1007,11 @@ impl Replica {
                         subject: f.subject,
                         time_ms: f.time_ms,
                         bytes: f.bytes,
+                        marker: f.marker,
                         loc: f.loc,
                     };
                     rep.bytes += m.bytes;
-                    rep.digest = rep.digest.wrapping_add(msg_hash(seq, &m));
-                    rep.msgs.insert(seq, m);
+                    rep.index(seq, m);
                 }
                 (rep.ids, rep.consumers) = read_tail(&mut r, now)?;
                 Ok((rep, target))
@@ -974,16 +1090,15 @@ impl Replica {
             crate::log_error!("stream {:?}: emptying its files: {e}", self.cfg.name);
         }
         self.msgs.clear();
+        self.subjects.clear();
         self.bytes = 0;
         self.digest = 0;
     }
 
     /// Removes message `seq` from the index and the store only.
     fn drop_msg(&mut self, seq: u64) {
-        if let Some(m) = self.msgs.remove(&seq) {
+        if self.unindex(seq).is_some() {
             self.payloads.remove(seq);
-            self.bytes -= m.bytes;
-            self.digest = self.digest.wrapping_sub(msg_hash(seq, &m));
         }
     }
 
@@ -1742,6 +1857,7 @@ mod tests {
     /// Runs the same publishes through R1's stream (on disk) and through
     /// the replica, comparing every outcome and the stored messages.
     fn same_as_r1(cfg: serde_json::Value, seed: u64) {
+        let kv = cfg.get("max_msgs_per_subject").is_some();
         let cfg = config(cfg);
         let dir = temp_dir();
         let mut r1 = Stream::open(cfg.clone(), &dir, Options::default(), 0).unwrap();
@@ -1767,13 +1883,45 @@ mod tests {
             let id = (z >> 24)
                 .is_multiple_of(3)
                 .then(|| format!("id{}", (z >> 32) % 20));
-            let headers = id.as_ref().map(|i| format!("{{\"Msg-Id\":\"{i}\"}}"));
+            let mut fields = Vec::new();
+            if let Some(i) = &id {
+                fields.push(format!("\"Msg-Id\":\"{i}\""));
+            }
+            if kv {
+                // Bucket writes: markers, and compare-and-set against the
+                // subject's latest seq (right about half the time).
+                match (z >> 40) % 5 {
+                    0 => fields.push("\"KV-Operation\":\"DEL\"".into()),
+                    1 => fields.push("\"KV-Operation\":\"PURGE\"".into()),
+                    _ => {}
+                }
+                if (z >> 44).is_multiple_of(2) {
+                    let latest = rep.latest_of(subject).map_or(0, |(s, _)| s);
+                    let expected = if (z >> 45).is_multiple_of(2) {
+                        latest
+                    } else {
+                        0
+                    };
+                    fields.push(format!("\"KV-Expected-Revision\":\"{expected}\""));
+                }
+            }
+            let headers = (!fields.is_empty()).then(|| format!("{{{}}}", fields.join(",")));
             let want = r1.store(subject, data.as_bytes(), false, headers.as_deref(), now);
             let got = rep.apply(
-                &[publish(subject, &data, id.as_deref(), now)],
+                &[Op::Publish(Publish {
+                    subject: subject.into(),
+                    headers,
+                    data: data.as_bytes().to_vec(),
+                    binary: false,
+                    time_ms: now,
+                })],
                 Instant::now(),
             );
             assert_eq!(got, vec![Outcome::Published(want)], "publish {i}");
+            for subj in ["a.b", "a.c", "a.long.subject.name"] {
+                assert_eq!(r1.seqs_of(subj), rep.seqs_of(subj), "{subj} after {i}");
+            }
+            assert_eq!(r1.last_per_subject(">"), rep.last_per_subject(">"));
             let st = r1.state();
             assert_eq!(
                 (st.messages, st.bytes, st.last_seq),
@@ -1807,6 +1955,11 @@ mod tests {
             serde_json::json!({"name":"S","subjects":["a.>"],"duplicate_window_ms":200}),
             serde_json::json!({"name":"S","subjects":["a.>"],"max_age_ms":100,
                                "duplicate_window_ms":50}),
+            serde_json::json!({"name":"S","subjects":["a.>"],"max_msgs_per_subject":1}),
+            serde_json::json!({"name":"S","subjects":["a.>"],"max_msgs_per_subject":3,
+                               "max_msgs":7}),
+            serde_json::json!({"name":"S","subjects":["a.>"],"max_msgs_per_subject":2,
+                               "max_bytes":700,"duplicate_window_ms":200}),
         ];
         for (k, c) in cases.into_iter().enumerate() {
             for seed in 0..3 {
@@ -1968,6 +2121,9 @@ mod tests {
         let mut b = Replica::restore(&snap, Instant::now()).unwrap();
         assert_eq!(b.snapshot().unwrap(), snap);
         assert_eq!((b.bytes(), b.messages()), (a.bytes(), a.messages()));
+        // The per-subject index is rebuilt, not carried.
+        assert_eq!(b.subjects, a.subjects);
+        assert!(!a.subjects.is_empty());
         let more = vec![
             publish("a.c", "\"x\"", Some("k"), 41),
             publish("a.b", "\"y\"", None, 42),
@@ -2512,6 +2668,7 @@ mod tests {
             .collect();
         let outcomes = disk.apply(&later, now);
         let state_after = disk.small_state();
+        let subjects_after = disk.subjects.clone();
         drop(disk);
         let modified = |d: &std::path::Path| -> Vec<std::time::SystemTime> {
             let mut v: Vec<_> = std::fs::read_dir(d)
@@ -2529,6 +2686,7 @@ mod tests {
         let before = modified(&dir);
         assert_eq!(again.apply(&later, now), outcomes);
         assert_eq!(again.small_state(), state_after);
+        assert_eq!(again.subjects, subjects_after);
         let after = modified(&dir);
         assert_eq!(
             after[..before.len() - 1],

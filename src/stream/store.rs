@@ -25,7 +25,8 @@
 //!   cover what it wrote.
 //! - Sequences start at 1 and never go back, also across purges and
 //!   restarts: the state keeps `last_seq` when every message is gone.
-//! - Reads: [`Store::get`], [`Store::last_seq_for_subject`],
+//! - Reads: [`Store::get`], [`Store::last_seq_for_subject`] and
+//!   [`Store::first_seq_for_subject`] (the per-subject index),
 //!   [`Store::next_matching`] (the next live seq ≥ n whose subject passes a
 //!   predicate), [`Store::state`], [`Store::subject_count`]. A read of a
 //!   message in the last few MiB of the active segment is served from the
@@ -263,6 +264,9 @@ struct SubjectInfo {
     count: u64,
     /// Last live seq with this subject; 0 when it must be searched again.
     last: Cell<u64>,
+    /// No live seq with this subject is below it (the oldest is found by
+    /// searching on from here, and remembered).
+    first: Cell<u64>,
 }
 
 /// Live subjects, interned: entries hold a `u32` id.
@@ -285,6 +289,7 @@ impl Subjects {
             name: name.into(),
             count: 1,
             last: Cell::new(seq),
+            first: Cell::new(seq),
         };
         let id = match self.free.pop() {
             Some(id) => {
@@ -580,6 +585,18 @@ impl Store {
             info.last.set(self.base + i as u64);
         }
         Some(info.last.get())
+    }
+
+    /// The first live seq whose subject is exactly `subject`.
+    pub fn first_seq_for_subject(&self, subject: &str) -> Option<u64> {
+        let &id = self.subjects.ids.get(subject)?;
+        let info = &self.subjects.infos[id as usize];
+        let from = info.first.get().max(self.base);
+        let skip = usize::try_from(from - self.base).ok()?;
+        let i = self.entries.iter().skip(skip).position(|e| e.subj == id)?;
+        let seq = from + i as u64;
+        info.first.set(seq);
+        Some(seq)
     }
 
     /// The first live seq ≥ `from` whose subject passes `pred` (asked once

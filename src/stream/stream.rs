@@ -1,6 +1,7 @@
 //! One stream: its validated config, its messages in a segment
 //! [`Store`], its limits (`max_msgs`, `max_bytes`, `max_age_ms`,
-//! `max_msg_size`, discard old or new), the `Msg-Id` duplicate window, its
+//! `max_msg_size`, `max_msgs_per_subject`, discard old or new, and the
+//! bucket write rules of `limits.rs`), the `Msg-Id` duplicate window, its
 //! consumers, and the retention rule that says when an acked message goes.
 //! Time comes in as milliseconds since the Unix epoch; the only I/O is the
 //! store's (buffered appends, reads of older messages).
@@ -74,6 +75,39 @@ pub struct Stream {
     store: Store,
     ids: IdWindow,
     pub consumers: BTreeMap<String, Member>,
+    /// While a bucket watch reads this stream: a copy of each message
+    /// stored since the watches were last served ([`Tap`]).
+    pub tap: Tap,
+}
+
+/// Copies of the messages a stream stored, kept while something (a
+/// bucket watch) must see every one of them even when a limit removes it
+/// before it is read: `None` when nothing is tapping. Not stream state:
+/// never written, never in a snapshot.
+pub type Tap = Option<Vec<(u64, Msg)>>;
+
+/// Adds message `seq` to a tap that is on.
+pub fn tap_msg(
+    tap: &mut Tap,
+    seq: u64,
+    subject: &str,
+    data: &[u8],
+    binary: bool,
+    headers: Option<&str>,
+    time_ms: u64,
+) {
+    if let Some(t) = tap.as_mut() {
+        t.push((
+            seq,
+            Msg {
+                subject: subject.into(),
+                data: data.into(),
+                binary,
+                headers: headers.map(Into::into),
+                time_ms,
+            },
+        ));
+    }
 }
 
 impl std::fmt::Debug for Stream {
@@ -114,6 +148,7 @@ impl Stream {
             store,
             ids: IdWindow::default(),
             consumers: BTreeMap::new(),
+            tap: None,
         };
         s.relearn_ids(now_ms);
         Ok(s)
@@ -183,6 +218,11 @@ impl Stream {
                 return Ok(Stored::Duplicate(seq));
             }
         }
+        let asks = limits::asks_of(headers);
+        if asks.expected.is_some() {
+            let latest = self.latest_of(subject)?;
+            limits::check_revision(subject, asks.expected, latest)?;
+        }
         let st = self.store.state();
         limits::check_room(&self.cfg, st.messages, st.bytes, size)?;
         let seq = self
@@ -192,6 +232,7 @@ impl Stream {
         if let Some(id) = id {
             self.ids.remember(id.into_boxed_str(), seq, now_ms);
         }
+        tap_msg(&mut self.tap, seq, subject, data, binary, headers, now_ms);
         let mut removed = Vec::new();
         if self.cfg.retention == Retention::Interest
             && !limits::has_interest(&self.consumers, subject)
@@ -200,8 +241,55 @@ impl Stream {
             removed.push(seq);
             return Ok(Stored::New { seq, removed });
         }
-        self.enforce_limits(&mut removed)?;
+        let mut held = Trimmed {
+            cfg: &self.cfg,
+            store: &mut self.store,
+        };
+        limits::trim(&mut held, subject, seq, asks.op, &mut removed)?;
         Ok(Stored::New { seq, removed })
+    }
+
+    /// The newest message of exactly `subject`: its seq, and whether it
+    /// is a delete or purge marker (read back to see its headers).
+    fn latest_of(&self, subject: &str) -> Result<Option<(u64, bool)>, ApiError> {
+        let Some(seq) = self.store.last_seq_for_subject(subject) else {
+            return Ok(None);
+        };
+        let m = self.store.get(seq).map_err(store_err)?;
+        let op = limits::asks_of(m.and_then(|m| m.headers).as_deref()).op;
+        Ok(Some((seq, op != limits::KvOp::Put)))
+    }
+
+    /// The last live seq of each subject matching `filter` (a subject or
+    /// a pattern), in seq order: a bucket's keys and a watch's start.
+    pub fn last_per_subject(&self, filter: &str) -> Vec<u64> {
+        let mut seqs: Vec<u64> = self
+            .store
+            .subjects()
+            .filter(|(n, _)| subject::matches(filter, n))
+            .filter_map(|(n, _)| self.store.last_seq_for_subject(n))
+            .collect();
+        seqs.sort_unstable();
+        seqs
+    }
+
+    /// Every live seq of exactly `subject`, oldest first.
+    pub fn seqs_of(&self, subj: &str) -> Vec<u64> {
+        let mut out = Vec::new();
+        let Some(mut at) = self.store.first_seq_for_subject(subj) else {
+            return out;
+        };
+        let n = self.store.subject_count(subj);
+        while out.len() < n as usize {
+            match self.store.next_matching(at, |s| s == subj) {
+                Some(seq) => {
+                    out.push(seq);
+                    at = seq + 1;
+                }
+                None => break,
+            }
+        }
+        out
     }
 
     /// Writes what was buffered (one write(2)); the ticket of the fsync
@@ -241,17 +329,6 @@ impl Stream {
             return None;
         }
         msg_id_of(headers)
-    }
-
-    fn enforce_limits(&mut self, removed: &mut Vec<u64>) -> Result<(), ApiError> {
-        loop {
-            let st = self.store.state();
-            if !limits::over(&self.cfg, st.messages, st.bytes) {
-                return Ok(());
-            }
-            self.store.remove(st.first_seq).map_err(store_err)?;
-            removed.push(st.first_seq);
-        }
     }
 
     /// Drops messages older than `max_age_ms` and forgets `Msg-Id`s past
@@ -333,6 +410,36 @@ impl Stream {
     pub fn split(&mut self, consumer: &str) -> Option<(Msgs<'_>, &mut Member)> {
         let member = self.consumers.get_mut(consumer)?;
         Some((Msgs { store: &self.store }, member))
+    }
+}
+
+/// A stream's store under its config, as [`limits::trim`] sees it.
+struct Trimmed<'a> {
+    cfg: &'a StreamConfig,
+    store: &'a mut Store,
+}
+
+impl limits::Held for Trimmed<'_> {
+    fn config(&self) -> &StreamConfig {
+        self.cfg
+    }
+    fn messages(&self) -> u64 {
+        self.store.state().messages
+    }
+    fn bytes(&self) -> u64 {
+        self.store.state().bytes
+    }
+    fn first_seq(&self) -> u64 {
+        self.store.state().first_seq
+    }
+    fn subject_count(&self, subject: &str) -> u64 {
+        self.store.subject_count(subject)
+    }
+    fn oldest_of(&self, subject: &str) -> Option<u64> {
+        self.store.first_seq_for_subject(subject)
+    }
+    fn remove_seq(&mut self, seq: u64) -> Result<(), ApiError> {
+        self.store.remove(seq).map(|_| ()).map_err(store_err)
     }
 }
 
@@ -539,6 +646,46 @@ mod tests {
         );
         assert_eq!(s.expire(1100).unwrap(), vec![1]);
         assert_eq!(s.next_expiry_ms(), Some(1150));
+    }
+
+    #[test]
+    fn per_subject_limit_compare_and_set_and_purge_markers() {
+        let mut s = stream(
+            serde_json::json!({"name":"KV_b","subjects":["$KV.b.>"],"max_msgs_per_subject":2}),
+        );
+        let put = |s: &mut Stream, k: &str, h: Option<&str>| s.store(k, b"1", false, h, 0);
+        for _ in 0..3 {
+            put(&mut s, "$KV.b.x", None).unwrap();
+        }
+        put(&mut s, "$KV.b.y", None).unwrap();
+        // x keeps its two newest; y is untouched.
+        assert_eq!(s.seqs_of("$KV.b.x"), vec![2, 3]);
+        assert_eq!(s.seqs_of("$KV.b.y"), vec![4]);
+        assert_eq!(s.last_per_subject("$KV.b.>"), vec![3, 4]);
+        // Compare-and-set: only the latest revision (or 0 for a new key).
+        let cas = |n: u64| format!(r#"{{"KV-Expected-Revision":"{n}"}}"#);
+        let e = put(&mut s, "$KV.b.x", Some(&cas(2))).unwrap_err();
+        assert_eq!((e.code, e.revision), (Code::WrongRevision, Some(3)));
+        let e = put(&mut s, "$KV.b.z", Some(&cas(3))).unwrap_err();
+        assert_eq!((e.code, e.revision), (Code::WrongRevision, Some(0)));
+        assert_eq!(s.state().last_seq, 4, "a refused write stores nothing");
+        put(&mut s, "$KV.b.x", Some(&cas(3))).unwrap();
+        put(&mut s, "$KV.b.z", Some(&cas(0))).unwrap();
+        // A delete marker lets 0 stand for "no value" again.
+        put(&mut s, "$KV.b.z", Some(r#"{"KV-Operation":"DEL"}"#)).unwrap();
+        assert_eq!(s.seqs_of("$KV.b.z"), vec![6, 7]);
+        put(&mut s, "$KV.b.z", Some(&cas(0))).unwrap();
+        // A purge marker takes every earlier write of its key.
+        let purged = put(&mut s, "$KV.b.x", Some(r#"{"KV-Operation":"PURGE"}"#)).unwrap();
+        assert_eq!(
+            purged,
+            Stored::New {
+                seq: 9,
+                removed: vec![3, 5]
+            }
+        );
+        assert_eq!(s.seqs_of("$KV.b.x"), vec![9]);
+        put(&mut s, "$KV.b.x", Some(&cas(0))).unwrap();
     }
 
     #[test]

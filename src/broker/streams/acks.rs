@@ -115,6 +115,7 @@ impl Streams {
         self.unflushed.retain(|h| h.conn != conn);
         self.held.retain(|(_, h)| h.conn != conn);
         self.waits.retain(|w| w.conn != conn);
+        self.watches.retain(|w| w.conn != conn);
     }
 
     pub(super) fn flush_all(&mut self, now: Instant, now_ms: u64) {

@@ -392,6 +392,54 @@ async function checkStreams(url) {
   });
 }
 
+// Key-value buckets (contract section 14): create, put (JSON and bytes),
+// get, compare-and-set, delete and history, and a watch with its
+// caught_up marker and live deliveries, bytes included.
+async function checkKv(url) {
+  await withPeers(url, 2, async (p, w) => {
+    const created = expectOk(await p.call("kv.create", { bucket: "nodekv", history: 2 }),
+      "kv.create");
+    same(created.bucket.state, { values: 0, bytes: 0, revision: 0 }, "a new bucket's state");
+    same(created.bucket.config.history, 2, "history");
+    same(await p.call("kv.put", { bucket: "nodekv", key: "a.b", value: { n: 1 } }),
+      { ok: true, revision: 1 }, "kv.put");
+    const blob = Buffer.from([0, 255, 1, 254]);
+    same(await p.call("kv.put", { bucket: "nodekv", key: "bin", value: blob }),
+      { ok: true, revision: 2 }, "kv.put of bytes");
+    const got = expectOk(await p.call("kv.get", { bucket: "nodekv", key: "bin" }), "kv.get");
+    same(keysOf(got.entry), ["key", "op", "revision", "time", "value"], "entry keys");
+    sameBytes(got.entry.value, blob, "kv.get of bytes");
+    const stale = await p.call("kv.put", { bucket: "nodekv", key: "a.b", value: 2, revision: 7 });
+    expectError(stale, "wrong_revision", "a stale compare-and-set");
+    same(stale.error.revision, 1, "error.revision");
+    same(await p.call("kv.delete", { bucket: "nodekv", key: "a.b", revision: 1 }),
+      { ok: true, revision: 3 }, "kv.delete");
+    expectError(await p.call("kv.get", { bucket: "nodekv", key: "a.b" }), "not_found",
+      "a deleted key");
+    const h = expectOk(await p.call("kv.history", { bucket: "nodekv", key: "a.b" }), "history");
+    same(h.entries.map((e) => [e.revision, e.op]), [[1, "put"], [3, "delete"]], "history");
+    const watch = expectOk(await w.call("kv.watch", { bucket: "nodekv" }), "kv.watch");
+    // Each key's latest write, in revision order.
+    const first = await w.nextMsg();
+    same([first.sid, first.key, first.revision, first.op], [watch.sid, "bin", 2, "put"],
+      "a watch's first value");
+    sameBytes(first.value, blob, "a watch's starting bytes");
+    const second = await w.nextMsg();
+    same(keysOf(second), ["bucket", "key", "op", "revision", "sid", "time"],
+      "a delete marker has no value");
+    same([second.key, second.revision, second.op], ["a.b", 3, "delete"], "a watch's second");
+    same(await w.nextMsg(), { sid: watch.sid, bucket: "nodekv", caught_up: true }, "caught_up");
+    expectOk(await p.call("kv.put", { bucket: "nodekv", key: "a.b", value: "again" }), "put");
+    expectOk(await p.call("kv.put", { bucket: "nodekv", key: "bin", value: blob }), "put");
+    const live = await w.nextMsg();
+    same([live.key, live.value, live.revision, live.op], ["a.b", "again", 4, "put"],
+      "a live delivery");
+    sameBytes((await w.nextMsg()).value, blob, "a live delivery of bytes");
+    same(await w.call("unsub", { sid: watch.sid }), { ok: true }, "unsub of a watch");
+    same(await p.call("kv.delete_bucket", { bucket: "nodekv" }), { ok: true }, "delete_bucket");
+  });
+}
+
 async function main() {
   const [url, token, modeName = "websocket"] = process.argv.slice(2);
   if (!url || token === undefined || !MODES[modeName]) {
@@ -412,6 +460,7 @@ async function main() {
   await check("binary", () => checkBinary(url));
   await check("streams", () => checkStreams(url));
   await check("stream_binary", () => checkStreamBinary(url));
+  await check("kv", () => checkKv(url));
   clearTimeout(watchdog);
   const failed = results.filter((ok) => !ok).length;
   console.log(`summary: ${results.length - failed} of ${results.length} checks passed`);

@@ -1,0 +1,211 @@
+//! Key-value buckets in a cluster (docs/PROTOCOL.md "Key-value buckets"):
+//! three real `broker` processes on loopback. Clients on every node do
+//! compare-and-set increments of one counter in an R3 bucket; the final
+//! value equals the number of acked increments and no revision is acked
+//! twice, also across a kill -9 of the bucket's leader. An R1 bucket is
+//! used from a node that does not hold it (its events are relayed).
+
+mod cluster_support;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use cluster_support::{agreed_stream_group_leader, call_until, Cluster};
+use gombus::client::{Client, Error, KvWatchEvent, WatchFrom};
+use serde_json::{json, Value};
+
+/// How long an R3 bucket may take to be placed and serve.
+const SERVE_WAIT: Duration = Duration::from_secs(20);
+
+/// Reads the counter: (value, revision), (0, 0) while it has none.
+fn read(c: &Client) -> Result<(u64, u64), Error> {
+    match c.call("kv.get", json!({"bucket": "ctr", "key": "n"})) {
+        Ok(v) => Ok((
+            v["entry"]["value"].as_u64().unwrap_or(0),
+            v["entry"]["revision"].as_u64().unwrap_or(0),
+        )),
+        Err(Error::Server { code, .. }) if code == "not_found" => Ok((0, 0)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Increments the counter by compare-and-set until `stop`; returns the
+/// revisions its acked writes got.
+fn incrementer(
+    c: Client,
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<Vec<u64>>>,
+) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        while !stop.load(Ordering::Acquire) {
+            let Ok((n, rev)) = read(&c) else {
+                thread::sleep(Duration::from_millis(20));
+                continue;
+            };
+            let put = json!({"bucket": "ctr", "key": "n", "value": n + 1, "revision": rev});
+            if let Ok(v) = c.call("kv.put", put) {
+                let r = v["revision"].as_u64().expect("a revision");
+                acked.lock().unwrap().push(r);
+            }
+        }
+    })
+}
+
+fn race(c: &Cluster, nodes: &[usize], for_: Duration, acked: &Arc<Mutex<Vec<u64>>>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = nodes
+        .iter()
+        .map(|&i| incrementer(c.client(i), Arc::clone(&stop), Arc::clone(acked)))
+        .collect();
+    thread::sleep(for_);
+    stop.store(true, Ordering::Release);
+    for w in workers {
+        w.join().expect("an incrementer");
+    }
+}
+
+/// The counter as `node` reads it, once it serves again.
+fn settled(c: &Cluster, node: usize) -> (u64, u64) {
+    let deadline = Instant::now() + SERVE_WAIT;
+    loop {
+        match read(&c.client(node)) {
+            Ok(v) => return v,
+            Err(e) => assert!(Instant::now() < deadline, "kv.get kept failing: {e}"),
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn check(acked: &[u64], value: u64, revision: u64) {
+    let distinct: BTreeSet<u64> = acked.iter().copied().collect();
+    assert_eq!(distinct.len(), acked.len(), "a revision acked twice");
+    assert_eq!(
+        value,
+        acked.len() as u64,
+        "the counter equals the acked increments"
+    );
+    assert_eq!(
+        Some(&revision),
+        distinct.last(),
+        "the latest acked write is the value"
+    );
+}
+
+/// docs/PROTOCOL.md "Key-value buckets": compare-and-set is decided by
+/// the bucket's leader, so racing writers on three nodes never both win;
+/// the leader's loss (kill -9) loses no acked write and revisions never
+/// go back. An R1 bucket on node 0 serves clients of node 1.
+#[test]
+fn compare_and_set_across_a_cluster_and_a_leader_loss() {
+    let mut c = Cluster::start();
+    let created = call_until(
+        &c.client(0),
+        "kv.create",
+        json!({"bucket": "ctr", "replicas": 3}),
+        SERVE_WAIT,
+    );
+    assert_eq!(created["bucket"]["config"]["replicas"], 3, "{created}");
+    assert_eq!(created["bucket"]["config"]["history"], 1, "{created}");
+    let leader = agreed_stream_group_leader(&c, &[0, 1, 2], "KV_ctr", SERVE_WAIT, |_| true);
+    // The same create again is the bucket; another config is `exists`.
+    let again = call_until(
+        &c.client(1),
+        "kv.create",
+        json!({"bucket": "ctr", "replicas": 3}),
+        SERVE_WAIT,
+    );
+    assert_eq!(again["bucket"]["config"]["bucket"], "ctr", "{again}");
+    match c.client(2).call(
+        "kv.create",
+        json!({"bucket": "ctr", "history": 5, "replicas": 3}),
+    ) {
+        Err(Error::Server { code, .. }) => assert_eq!(code, "exists"),
+        other => panic!("another config: {other:?}"),
+    }
+
+    // A watch on a follower sees every applied write, in order.
+    let follower = c.client((leader + 1) % 3);
+    let w = follower
+        .kv("ctr")
+        .watch(Some("n"), WatchFrom::UpdatesOnly)
+        .expect("a watch on a follower");
+    assert_eq!(
+        w.next_timeout(SERVE_WAIT).expect("caught up"),
+        KvWatchEvent::CaughtUp
+    );
+
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    race(&c, &[0, 1, 2], Duration::from_secs(2), &acked);
+    let (value, revision) = settled(&c, (leader + 1) % 3);
+    let before = acked.lock().unwrap().clone();
+    assert!(
+        before.len() >= 10,
+        "too few increments acked: {}",
+        before.len()
+    );
+    check(&before, value, revision);
+    let mut watched = Vec::new();
+    while watched.last() != Some(&revision) {
+        match w.next_timeout(SERVE_WAIT).expect("a watched write") {
+            KvWatchEvent::Entry(e) => watched.push(e.revision),
+            other => panic!("a watch event: {other:?}"),
+        }
+    }
+    assert!(
+        watched.windows(2).all(|p| p[0] < p[1]),
+        "watched out of order: {watched:?}"
+    );
+    let seen: BTreeSet<u64> = watched.iter().copied().collect();
+    assert!(
+        before.iter().all(|r| seen.contains(r)),
+        "an acked write was not watched"
+    );
+    w.stop().expect("stop the watch");
+
+    // The leader goes; the others go on from where it was.
+    c.kill(leader);
+    let rest: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let (v, r) = settled(&c, rest[0]);
+    assert_eq!((v, r), (value, revision), "an acked write lost or moved");
+    race(&c, &rest, Duration::from_secs(2), &acked);
+    let (value, revision) = settled(&c, rest[1]);
+    let all = acked.lock().unwrap().clone();
+    assert!(
+        all.len() > before.len(),
+        "no increment acked after the leader's loss"
+    );
+    check(&all, value, revision);
+
+    // An R1 bucket lives on the node that created it; the others relay.
+    let owner = rest[0];
+    let other = rest[1];
+    call_until(
+        &c.client(owner),
+        "kv.create",
+        json!({"bucket": "one"}),
+        SERVE_WAIT,
+    );
+    let put = call_until(
+        &c.client(other),
+        "kv.put",
+        json!({"bucket": "one", "key": "k", "value": {"x": 1}}),
+        SERVE_WAIT,
+    );
+    let rev = put["revision"].as_u64().expect("a revision");
+    let got: Value = c
+        .client(other)
+        .call("kv.get", json!({"bucket": "one", "key": "k"}))
+        .expect("kv.get through another node");
+    assert_eq!(got["entry"]["value"], json!({"x": 1}));
+    assert_eq!(got["entry"]["revision"], rev);
+    match c.client(other).call(
+        "kv.put",
+        json!({"bucket": "one", "key": "k", "value": 2, "revision": rev + 5}),
+    ) {
+        Err(Error::Server { code, .. }) => assert_eq!(code, "wrong_revision"),
+        other => panic!("a stale compare-and-set: {other:?}"),
+    }
+}
