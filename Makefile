@@ -8,7 +8,7 @@ RUSTFLAGS_STATIC := -C target-feature=+crt-static
 BIN := bin/broker
 CLI := bin/gombus
 
-.PHONY: all build run cluster test test-deps fmt fmt-check clippy bench bench-cluster conformance clean sim fuzz soak mutants
+.PHONY: all build run cluster test test-deps cross-test fmt fmt-check clippy bench bench-cluster conformance clean sim fuzz soak mutants
 
 all: build
 
@@ -57,8 +57,16 @@ clippy:
 # Every test: formatting, lints, then unit, integration (against the
 # release binary in bin/), interop (real Socket.IO clients), abuse and
 # conformance tests, ending with a "tests: N passed, N failed" line.
-test: build test-deps fmt-check clippy
+test: build test-deps fmt-check clippy cross-test
 	GOMBUS_BIN=$(CURDIR)/$(BIN) scripts/run-tests.sh
+
+# The aarch64 and armv7 binaries that tests/emulated.rs runs under
+# qemu-user, built with the quicker `cross-test` profile (Cargo.toml) into
+# target/TARGET/cross-test/. A target whose toolchain is missing is skipped
+# with a line naming what is missing, and its tests say they skipped.
+CROSS_TEST_TARGETS := aarch64-unknown-linux-gnu armv7-unknown-linux-gnueabihf
+cross-test:
+	scripts/cross-build.sh cross-test $(CROSS_TEST_TARGETS) >/dev/null
 
 # The Raft simulations over more seeds than `make test` runs (2000 each),
 # in release: `make sim SEEDS=100000`. raft_sim is the control group
@@ -146,7 +154,13 @@ clean:
 # $(UNITDIR), the environment file $(SYSCONFDIR)/gombus/gombus.env (mode
 # 0600; an existing one is kept) and README and docs in $(DOCDIR).
 # `make dist` packs the same files, units set for the default PREFIX, into
-# $(DIST_OUT)/gombus-VERSION-x86_64-linux.tar.gz with a SHA256SUMS inside.
+# $(DIST_OUT)/gombus-VERSION-ARCH-linux.tar.gz with a SHA256SUMS inside,
+# for each of TARGETS (x86_64, aarch64 and armv7 by default; e.g.
+# `make dist TARGETS=aarch64-unknown-linux-gnu`), built with the release
+# profile (scripts/dist.sh). What the ARM targets need is installed by
+# scripts/cross-deps.sh; a target that cannot be built here is skipped with
+# a line naming what is missing. Every binary is held to the size budget in
+# dist/size-budget.
 PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
 SYSCONFDIR ?= /etc
@@ -154,8 +168,8 @@ UNITDIR ?= $(PREFIX)/lib/systemd/system
 DOCDIR ?= $(PREFIX)/share/doc/gombus
 INSTALL ?= install
 VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)
-DIST := gombus-$(VERSION)-x86_64-linux
 DIST_OUT ?= $(CURDIR)
+TARGETS ?= x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu armv7-unknown-linux-gnueabihf
 UNITS := gombus.service gombus@.service
 DOCS := README.md $(wildcard docs/*.md)
 # Fills in the paths the units and their comments name.
@@ -179,19 +193,5 @@ install: build
 	$(INSTALL) -m 0644 $(DOCS) $(DESTDIR)$(DOCDIR)/
 
 dist: build
-	rm -rf $(DIST_OUT)/$(DIST)
-	mkdir -p $(DIST_OUT)/$(DIST)/bin $(DIST_OUT)/$(DIST)/systemd $(DIST_OUT)/$(DIST)/docs
-	cp $(BIN) $(DIST_OUT)/$(DIST)/bin/gombus-broker
-	cp $(CLI) $(DIST_OUT)/$(DIST)/bin/gombus
-	for u in $(UNITS); do \
-	  $(UNIT_PATHS) dist/systemd/$$u > $(DIST_OUT)/$(DIST)/systemd/$$u || exit 1; \
-	done
-	cp dist/systemd/gombus.env $(DIST_OUT)/$(DIST)/systemd/gombus.env
-	cp README.md $(DIST_OUT)/$(DIST)/
-	cp docs/*.md $(DIST_OUT)/$(DIST)/docs/
-	cd $(DIST_OUT)/$(DIST) && find . -type f ! -name SHA256SUMS | sed 's|^\./||' | LC_ALL=C sort \
-	  | xargs sha256sum > SHA256SUMS
-	tar -C $(DIST_OUT) --sort=name --owner=0 --group=0 --numeric-owner \
-	  -czf $(DIST_OUT)/$(DIST).tar.gz $(DIST)
-	rm -rf $(DIST_OUT)/$(DIST)
-	@echo "$(DIST_OUT)/$(DIST).tar.gz"
+	@DIST_OUT=$(DIST_OUT) VERSION=$(VERSION) BINDIR=$(BINDIR) SYSCONFDIR=$(SYSCONFDIR) \
+	  DOCDIR=$(DOCDIR) scripts/dist.sh $(TARGETS)

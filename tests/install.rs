@@ -18,7 +18,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::Broker;
+use common::{http_get, Broker};
 use gombus::client::Client;
 use serde_json::json;
 
@@ -332,29 +332,4 @@ fn make_dist_builds_a_tarball_whose_sums_verify() {
         run_ok(&top.join("bin/gombus-broker"), &["-version"]).trim(),
         format!("broker {VERSION}")
     );
-}
-
-/// A plain HTTP/1.1 GET; (status code, body).
-fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
 }

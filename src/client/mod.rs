@@ -111,6 +111,7 @@ mod supervisor;
 mod wire;
 
 pub use backoff::Reconnect;
+pub use dial::http_get;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;

@@ -29,8 +29,13 @@ pub const TRIM_EVERY: Duration = Duration::from_secs(1);
 /// every second while a burst's end still trims at once.
 pub const TRIM_FREED_MIN: usize = 8 << 20;
 /// Blocks up to this size come from the heap rather than their own
-/// mapping (glibc's largest allowed value on 64-bit).
+/// mapping: glibc's largest allowed value, 32 MiB on 64-bit hosts and
+/// 512 KiB on 32-bit ones (armv7), where a larger one is refused because
+/// it also bounds the size of a thread's heap.
+#[cfg(target_pointer_width = "64")]
 const MMAP_THRESHOLD: i32 = 32 << 20;
+#[cfg(target_pointer_width = "32")]
+const MMAP_THRESHOLD: i32 = 512 << 10;
 /// glibc returns a free heap top by itself only past this size; below it
 /// [`Trimmer::turn`] decides.
 const TRIM_THRESHOLD: i32 = 64 << 20;
@@ -175,11 +180,11 @@ mod tests {
     #[test]
     fn large_buffers_come_from_the_heap() {
         assert!(take_over_returning(), "glibc took both thresholds");
-        // 16 MiB is far past glibc's default mmap threshold: without the
-        // new one it would be a mapping of its own while it lives.
+        // Half the threshold is past glibc's default one (128 KiB): without
+        // the new one it would be a mapping of its own while it lives.
         let mapped = || unsafe { mallinfo2() }.hblkhd;
         let before = mapped();
-        let block = std::hint::black_box(vec![1u8; 16 << 20]);
+        let block = std::hint::black_box(vec![1u8; MMAP_THRESHOLD as usize / 2]);
         assert_eq!(mapped(), before, "no mapping of its own");
         drop(std::hint::black_box(block));
     }
