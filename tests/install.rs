@@ -262,8 +262,11 @@ fn verify_units(root: &Path, units: &Path) {
 #[test]
 fn make_dist_builds_a_tarball_whose_sums_verify() {
     let out_dir = TempDir::new("dist");
+    // The host's target only: the ARM tarballs are the same recipe, and
+    // their binaries are tested under qemu by tests/emulated.rs.
     let out = make(&[
         "dist".to_string(),
+        "TARGETS=x86_64-unknown-linux-gnu".to_string(),
         format!("DIST_OUT={}", out_dir.0.display()),
     ]);
     let name = format!("gombus-{VERSION}-x86_64-linux");
@@ -331,5 +334,34 @@ fn make_dist_builds_a_tarball_whose_sums_verify() {
     assert_eq!(
         run_ok(&top.join("bin/gombus-broker"), &["-version"]).trim(),
         format!("broker {VERSION}")
+    );
+}
+
+/// The budget of dist/size-budget: its one line that is a number.
+fn size_budget() -> u64 {
+    let text = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("dist/size-budget"));
+    let numbers: Vec<u64> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    assert_eq!(
+        numbers.len(),
+        1,
+        "dist/size-budget holds one number: {text}"
+    );
+    numbers[0]
+}
+
+#[test]
+fn release_broker_is_within_its_size_budget() {
+    // `make test` passes the release broker of `make build`; a debug build
+    // says nothing about the release's size.
+    let Ok(bin) = std::env::var("GOMBUS_BIN") else {
+        eprintln!("skipped: GOMBUS_BIN names no release broker (`make test` sets it)");
+        return;
+    };
+    let budget = size_budget();
+    let size = std::fs::metadata(&bin).expect("stat the broker").len();
+    assert!(
+        size <= budget,
+        "{bin} is {size} bytes, over the budget of {budget} in dist/size-budget \
+         (docs/PERFORMANCE.md, \"Binary size\")"
     );
 }
