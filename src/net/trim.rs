@@ -29,13 +29,8 @@ pub const TRIM_EVERY: Duration = Duration::from_secs(1);
 /// every second while a burst's end still trims at once.
 pub const TRIM_FREED_MIN: usize = 8 << 20;
 /// Blocks up to this size come from the heap rather than their own
-/// mapping: glibc's largest allowed value, 32 MiB on 64-bit hosts and
-/// 512 KiB on 32-bit ones (armv7), where a larger one is refused because
-/// it also bounds the size of a thread's heap.
-#[cfg(target_pointer_width = "64")]
+/// mapping (glibc's largest allowed value on 64-bit).
 const MMAP_THRESHOLD: i32 = 32 << 20;
-#[cfg(target_pointer_width = "32")]
-const MMAP_THRESHOLD: i32 = 512 << 10;
 /// glibc returns a free heap top by itself only past this size; below it
 /// [`Trimmer::turn`] decides.
 const TRIM_THRESHOLD: i32 = 64 << 20;
@@ -177,14 +172,24 @@ mod tests {
         assert!(should_trim(11 << 20, &mut low), "freed again after reuse");
     }
 
+    /// A block past glibc's default mmap threshold (128 KiB) that the test
+    /// thread's arena can hold: a thread's heaps are at most 64 MiB on
+    /// 64-bit hosts but 1 MiB on 32-bit ones (armv7), where anything larger
+    /// is mapped whatever the threshold. The broker's loop runs on the main
+    /// thread, whose heap has no such bound.
+    #[cfg(target_pointer_width = "64")]
+    const BLOCK: usize = 16 << 20;
+    #[cfg(target_pointer_width = "32")]
+    const BLOCK: usize = 512 << 10;
+
     #[test]
     fn large_buffers_come_from_the_heap() {
         assert!(take_over_returning(), "glibc took both thresholds");
-        // Half the threshold is past glibc's default one (128 KiB): without
-        // the new one it would be a mapping of its own while it lives.
+        // Without the new threshold the block would be a mapping of its
+        // own while it lives.
         let mapped = || unsafe { mallinfo2() }.hblkhd;
         let before = mapped();
-        let block = std::hint::black_box(vec![1u8; MMAP_THRESHOLD as usize / 2]);
+        let block = std::hint::black_box(vec![1u8; BLOCK]);
         assert_eq!(mapped(), before, "no mapping of its own");
         drop(std::hint::black_box(block));
     }
