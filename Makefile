@@ -51,10 +51,10 @@ clippy:
 # Every test: formatting, lints, then unit, integration (against the
 # release binary in bin/), interop (real Socket.IO clients), abuse,
 # conformance and emulated ARM tests, ending with a "tests: N passed, N
-# failed" line.
-# The host's release binaries and the ARM binaries of the emulated tests
-# are built side by side (-j2): the release's single-threaded link-time
-# optimisation leaves a core free for the ARM builds.
+# failed" line. The host's release binaries and the ARM binaries of the
+# emulated tests are built side by side (-j2): the release's
+# single-threaded optimisation and link-time optimisation leave a core
+# free for the ARM builds.
 test: test-deps
 	$(MAKE) --no-print-directory -j2 -Otarget build cross-test
 	$(MAKE) --no-print-directory fmt-check clippy
