@@ -319,8 +319,9 @@ impl Broker {
         else {
             return Err(bad("cluster.catchup takes {group, index, after, max}"));
         };
+        // Clamped as a u64: a `usize` cast first would wrap on 32-bit hosts.
         let max = num("max").map_or(CATCHUP_BATCH_BYTES, |m| {
-            (m as usize).clamp(1, CATCHUP_BATCH_BYTES)
+            m.clamp(1, CATCHUP_BATCH_BYTES as u64) as usize
         });
         let now = sink.now();
         let Some(h) = self.stream_groups.held.get_mut(&group) else {
