@@ -585,37 +585,6 @@ fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
         "partitions: failover (first ack on the majority side after a cut): {:?}",
         log.failovers
     );
-    let late: Vec<String> = sum
-        .late_unacked
-        .iter()
-        .filter(|(node, _)| *node == replicas[0].node)
-        .map(|(_, (p, k))| format!("p{p} k{k}"))
-        .collect();
-    eprintln!(
-        "partitions: publishes refused or unanswered yet stored after later ones of their \
-         publisher: {late:?}"
-    );
-    if !sum.answered_out_of_order.is_empty() {
-        // A known fault of the relay between nodes, printed with the
-        // publisher's history (see `Summary::answered_out_of_order`).
-        let pairs: Vec<history::Violation> = sum
-            .answered_out_of_order
-            .iter()
-            .map(|&(a, b)| history::Violation {
-                kind: "answered-out-of-order",
-                text: format!(
-                    "p{} k{} was stored and acked after the later k{}",
-                    a.0, a.1, b.1
-                ),
-                around: vec![a, b],
-            })
-            .collect();
-        eprintln!(
-            "partitions: FINDING (not failed): acked publishes of one connection stored and \
-             answered out of the order sent, across a cut of the leader they were relayed to:\n{}",
-            history::report(&pairs, &histories, &log.faults, t0, 3)
-        );
-    }
     for (node, per) in &sum.recoveries {
         eprintln!(
             "partitions: after {} healed, first ack per node: {:?}",
