@@ -17,8 +17,10 @@
 //! `PARTITION_DURATION=30m` (`make soak` sets it) goes on after the fixed
 //! schedule with faults drawn from the seed (leader and control-leader
 //! cuts, cuts of any node, one-way drops either way, lossy and slow links
-//! on one or every node, short leader cuts, a flapping link) until the
-//! time is up; the checks are the same.
+//! on one or every node, short leader cuts, a flapping link, a follower
+//! killed and its replica's payload files damaged (a bit flipped or a
+//! file cut short) before it restarts) until the time is up; the checks
+//! are the same.
 
 mod cluster_support;
 mod netns_support;
@@ -234,6 +236,47 @@ struct Faults {
     /// Per cut, how long the majority side took to ack a publish sent
     /// after the cut began (None: not while the cut lasted).
     failovers: Vec<Option<Duration>>,
+    /// Replicas damaged while their node was down.
+    corruptions: usize,
+}
+
+/// Damages one payload file of the replicas under node data directory
+/// `data` as `rng` picks: one bit flipped, or the file cut short; says
+/// what it did.
+fn damage_replica(data: &std::path::Path, rng: &mut SplitMix64) -> String {
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(data.join("replicas"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|g| std::fs::read_dir(g.path()).ok())
+        .flat_map(|fs| fs.flatten().map(|f| f.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return "no payload file to damage".into();
+    }
+    let f = &files[rng.below(files.len())];
+    let name = f.file_name().unwrap_or_default().to_string_lossy();
+    let len = std::fs::metadata(f).map_or(0, |m| m.len());
+    if len == 0 {
+        return format!("{name} empty, left as it is");
+    }
+    let at = rng.below(len as usize) as u64;
+    if rng.below(2) == 0 {
+        let mut bytes = std::fs::read(f).expect("read a payload file");
+        let bit = rng.below(8);
+        bytes[at as usize] ^= 1 << bit;
+        std::fs::write(f, &bytes).expect("write a payload file");
+        format!("bit {bit} of byte {at} of {len} flipped in {name}")
+    } else {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(f)
+            .expect("open a payload file");
+        file.set_len(at).expect("cut a payload file");
+        format!("{name} cut from {len} to {at} bytes")
+    }
 }
 
 impl Faults {
@@ -318,6 +361,28 @@ impl Faults {
         self.settle(end);
     }
 
+    /// Kills node `i`, damages its replica's payload files while it is
+    /// down (one bit flipped, or a file cut short, where `rng` says: the
+    /// file-corruption faults of Jepsen's NATS analysis), and starts it
+    /// again: it must heal from the others and lose nothing (the checks at
+    /// the end read its replica whole), and every node serves again.
+    fn corrupt(&mut self, nc: &mut NetCluster, i: usize, rng: &mut SplitMix64) {
+        nc.c.kill(i);
+        let start = Instant::now();
+        let what = damage_replica(&nc.c.data_dir(i), rng);
+        eprintln!(
+            "partitions: {:.1}s {} killed, {what}, restarted",
+            self.t0.elapsed().as_secs_f64(),
+            IDS[i]
+        );
+        nc.c.restart(i);
+        let end = Instant::now();
+        self.faults
+            .push((start, end, format!("{} down, {what}", IDS[i])));
+        self.corruptions += 1;
+        self.settle(end);
+    }
+
     /// Takes node `i`'s link down and up `times` times (each down
     /// `down`, up `up`), then waits until every node serves again.
     fn flap(&mut self, nc: &mut NetCluster, i: usize, times: u32, down: Duration, up: Duration) {
@@ -349,7 +414,7 @@ fn random_faults(nc: &mut NetCluster, log: &mut Faults, rng: &mut SplitMix64, un
     while Instant::now() < until {
         let leader = nc.agreed_stream_leader(&[0, 1, 2], STREAM, ELECT_WAIT);
         let leader = leader.unwrap_or_else(|| rng.below(3));
-        match rng.below(7) {
+        match rng.below(8) {
             0 => {
                 let hold = ms(rng, 3000, 9000);
                 log.cut_leader(nc, leader, hold, "the stream's leader");
@@ -387,6 +452,11 @@ fn random_faults(nc: &mut NetCluster, log: &mut Faults, rng: &mut SplitMix64, un
             5 => {
                 let hold = ms(rng, 1000, 1500);
                 log.cut_leader(nc, leader, hold, "the stream's leader, short");
+            }
+            6 => {
+                // A minority node: a follower of the stream's group.
+                let victim = (leader + 1 + rng.below(2)) % 3;
+                log.corrupt(nc, victim, rng);
             }
             _ => {
                 let times = 3 + rng.below(4) as u32;
@@ -492,6 +562,7 @@ fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
         faults: Vec::new(),
         cuts: Vec::new(),
         failovers: Vec::new(),
+        corruptions: 0,
     };
 
     // 1. The stream's leader cut off from its peers; its publisher goes on.
@@ -582,8 +653,12 @@ fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
             .collect::<Vec<_>>()
     );
     eprintln!(
-        "partitions: failover (first ack on the majority side after a cut): {:?}",
-        log.failovers
+        "partitions: failover (first ack on the majority side after a cut): {:?}; \
+         {} fault windows, {} cuts, {} replicas damaged while down",
+        log.failovers,
+        log.faults.len(),
+        log.cuts.len(),
+        log.corruptions
     );
     for (node, per) in &sum.recoveries {
         eprintln!(
