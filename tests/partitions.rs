@@ -19,8 +19,9 @@
 //! cuts, cuts of any node, one-way drops either way, lossy and slow links
 //! on one or every node, short leader cuts, a flapping link, a follower
 //! killed and its replica's payload files damaged (a bit flipped or a
-//! file cut short) before it restarts) until the time is up; the checks
-//! are the same.
+//! file cut short) before it restarts, a node added and removed again,
+//! while the stream's or the control group's leader is cut off or not)
+//! until the time is up; the checks are the same.
 
 mod cluster_support;
 mod netns_support;
@@ -238,6 +239,73 @@ struct Faults {
     failovers: Vec<Option<Duration>>,
     /// Replicas damaged while their node was down.
     corruptions: usize,
+    /// Nodes added and removed: id, how long the add and the removal
+    /// took to be answered `{ok}`.
+    memberships: Vec<(String, Duration, Duration)>,
+}
+
+/// Waits (bounded) until node `at`'s `cluster.status` lists `name` as a
+/// voter (`voter`), or does not list it (not `voter`).
+fn await_voter(nc: &NetCluster, at: usize, name: &str, voter: bool) {
+    let deadline = Instant::now() + ELECT_WAIT;
+    loop {
+        let s = nc.on(at, |c| c.status(at)).unwrap_or_default();
+        let listed = s["peers"].as_array().and_then(|ps| {
+            ps.iter()
+                .find(|p| p["id"] == json!(name))
+                .map(|p| p["voter"] == json!(true))
+        });
+        if listed == voter.then_some(true) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} lists {name} as {listed:?} (voter: Some(true), gone: None), not {}",
+            IDS[at],
+            if voter { "a voter" } else { "gone" }
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Asks membership change `event` of node `at` until it is answered
+/// `{ok}`, or refused with a `bad_request` whose message has `done` (the
+/// change was made by an earlier try); `unavailable` (no leader, another
+/// change under way) is asked again. How long it took.
+fn change(
+    nc: &NetCluster,
+    at: usize,
+    event: &str,
+    args: serde_json::Value,
+    done: &str,
+) -> Duration {
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(120);
+    loop {
+        let r = nc.on(at, |c| {
+            let cl = c.control_with_timeout(at, Duration::from_secs(70));
+            let r = cl.call(event, args.clone());
+            let _ = cl.close();
+            r
+        });
+        match r {
+            Ok(_) => return start.elapsed(),
+            Err(Error::Server { code, message })
+                if code == "bad_request" && message.contains(done) =>
+            {
+                return start.elapsed();
+            }
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "{event} {args} on {} not done in {:?}: {e}",
+                    IDS[at],
+                    start.elapsed()
+                );
+                thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
 }
 
 /// Damages one payload file of the replicas under node data directory
@@ -383,6 +451,69 @@ impl Faults {
         self.settle(end);
     }
 
+    /// Adds a node (a new id each time, started in the spare namespace)
+    /// and removes it again; when `cut` says so, node `cut.0` is cut off
+    /// for `cut.1` from when the add is asked (healed on time, however
+    /// long the add takes): membership changes under a partition. The
+    /// stream's replicas stay where they are.
+    fn membership(&mut self, nc: &mut NetCluster, cut: Option<(usize, Duration)>) {
+        let name = format!("n{}", 4 + self.memberships.len());
+        let via = (0..3)
+            .find(|&i| Some(i) != cut.map(|c| c.0))
+            .expect("a node");
+        eprintln!(
+            "partitions: {:.1}s {name} added through {} and removed{}",
+            self.t0.elapsed().as_secs_f64(),
+            IDS[via],
+            cut.map_or(String::new(), |(i, hold)| format!(
+                ", {} cut for {hold:?} meanwhile",
+                IDS[i]
+            ))
+        );
+        let start = Instant::now();
+        let joined = nc.join(&name, via);
+        let nc: &NetCluster = nc;
+        let (added, window) = thread::scope(|s| {
+            let args = joined.add_args();
+            let adding = s.spawn(move || change(nc, via, "cluster.add", args, "a member already"));
+            let window = cut.map(|(i, hold)| {
+                nc.net.cut(i);
+                let start = Instant::now();
+                thread::sleep(hold);
+                let end = Instant::now();
+                nc.net.heal(i);
+                (i, start, end)
+            });
+            let added = adding
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (added, window)
+        });
+        if let Some((i, start, end)) = window {
+            self.cuts.push(Cut {
+                node: i,
+                start,
+                end,
+            });
+            self.faults.push((start, end, format!("{} cut", IDS[i])));
+        }
+        await_voter(nc, via, &name, true);
+        let removed = change(
+            nc,
+            via,
+            "cluster.remove",
+            json!({"id": name}),
+            "not a member",
+        );
+        await_voter(nc, via, &name, false);
+        drop(joined);
+        let end = Instant::now();
+        self.faults
+            .push((start, end, format!("{name} added and removed")));
+        self.memberships.push((name, added, removed));
+        self.settle(end);
+    }
+
     /// Takes node `i`'s link down and up `times` times (each down
     /// `down`, up `up`), then waits until every node serves again.
     fn flap(&mut self, nc: &mut NetCluster, i: usize, times: u32, down: Duration, up: Duration) {
@@ -414,7 +545,7 @@ fn random_faults(nc: &mut NetCluster, log: &mut Faults, rng: &mut SplitMix64, un
     while Instant::now() < until {
         let leader = nc.agreed_stream_leader(&[0, 1, 2], STREAM, ELECT_WAIT);
         let leader = leader.unwrap_or_else(|| rng.below(3));
-        match rng.below(8) {
+        match rng.below(9) {
             0 => {
                 let hold = ms(rng, 3000, 9000);
                 log.cut_leader(nc, leader, hold, "the stream's leader");
@@ -457,6 +588,15 @@ fn random_faults(nc: &mut NetCluster, log: &mut Faults, rng: &mut SplitMix64, un
                 // A minority node: a follower of the stream's group.
                 let victim = (leader + 1 + rng.below(2)) % 3;
                 log.corrupt(nc, victim, rng);
+            }
+            7 => {
+                let cut = match rng.below(3) {
+                    0 => None,
+                    1 => Some(leader),
+                    _ => Some(nc.control_leader(rng.below(3)).unwrap_or(leader)),
+                };
+                let cut = cut.map(|i| (i, ms(rng, 1000, 6000)));
+                log.membership(nc, cut);
             }
             _ => {
                 let times = 3 + rng.below(4) as u32;
@@ -563,6 +703,7 @@ fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
         cuts: Vec::new(),
         failovers: Vec::new(),
         corruptions: 0,
+        memberships: Vec::new(),
     };
 
     // 1. The stream's leader cut off from its peers; its publisher goes on.
@@ -654,11 +795,13 @@ fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
     );
     eprintln!(
         "partitions: failover (first ack on the majority side after a cut): {:?}; \
-         {} fault windows, {} cuts, {} replicas damaged while down",
+         {} fault windows, {} cuts, {} replicas damaged while down; nodes added and \
+         removed (time to {{ok}} of each): {:?}",
         log.failovers,
         log.faults.len(),
         log.cuts.len(),
-        log.corruptions
+        log.corruptions,
+        log.memberships
     );
     for (node, per) in &sum.recoveries {
         eprintln!(
