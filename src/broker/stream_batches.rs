@@ -129,6 +129,18 @@ impl Batches {
         b.waiters.push(waiter);
     }
 
+    /// Whether a batch member `from` sent over its connection number
+    /// `link` may be taken: not when one came over a newer connection of
+    /// that member already (this one was left in a connection given up).
+    fn admit(&mut self, from: u64, link: u64) -> bool {
+        let newest = self.fences.entry(from).or_insert(link);
+        if link < *newest {
+            return false;
+        }
+        *newest = link;
+        true
+    }
+
     /// Socket `conn` closed: nothing is answered on it any more.
     pub(crate) fn forget_conn(&mut self, conn: ConnId) {
         let forget = |ws: &mut Vec<Option<(ConnId, u64)>>| {
@@ -357,14 +369,12 @@ impl Broker {
             .unwrap_or_default();
         let b = &mut self.stream_groups.batches;
         if let (Some(from), Some(link)) = (arg.from, arg.link) {
-            let newest = b.fences.entry(from).or_insert(link);
-            if link < *newest {
+            if !b.admit(from, link) {
                 return Err(ApiError::new(
                     Code::Unavailable,
                     "a publish batch from a peer connection since replaced",
                 ));
             }
-            *newest = link;
         }
         b.next += 1;
         let batch = b.next;
@@ -458,6 +468,18 @@ mod tests {
             assert_eq!(decode(&batch.body[..cut]), None, "cut at {cut}");
         }
         assert_eq!(decode(&[]), Some(Vec::new()));
+    }
+
+    #[test]
+    fn a_batch_from_a_connection_older_than_one_seen_is_refused() {
+        let mut b = Batches::default();
+        assert!(b.admit(1, 5));
+        assert!(b.admit(1, 5), "the same connection goes on");
+        assert!(b.admit(1, 7), "a newer connection");
+        assert!(!b.admit(1, 5), "left in the connection given up");
+        assert!(!b.admit(1, 6));
+        assert!(b.admit(2, 3), "each member on its own");
+        assert!(b.admit(1, 7));
     }
 
     #[test]
