@@ -782,7 +782,7 @@ fn acked_publishes_survive_leader_cuts_one_way_drops_and_lossy_links() {
         history::check(&histories, &replicas, &log.cuts, SERVE_BOUND + HOST_SLACK);
     eprintln!(
         "partitions: seed {seed}, faults for {:.1}s, {} published, {} acked, {} refused, \
-         {} unanswered; replicas read: {:?}",
+         {} without an answer (connection lost or none came); replicas read: {:?}",
         run.as_secs_f64(),
         sum.published,
         sum.acked,
