@@ -92,8 +92,10 @@ fuzz:
 # command that replays it. `make test` runs it for 60 s. Then the network
 # partition run (tests/partitions.rs, as root: nodes in network
 # namespaces, an R3 stream, leader cuts, one-way drops, lossy and slow
-# links, flapping links) for PARTITION_DURATION (default DURATION) with the
-# same SEED; it skips, saying why, where namespaces cannot be made.
+# links, flapping links, a follower's replica files damaged while it is
+# down, a node added and removed during a cut) for PARTITION_DURATION
+# (default DURATION) with the same SEED; it skips, saying why, where
+# namespaces cannot be made.
 DURATION ?= 30m
 PARTITION_DURATION ?= $(DURATION)
 SEED ?=

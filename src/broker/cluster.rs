@@ -406,7 +406,10 @@ impl Cluster {
 
     /// Calls node-to-node event `event` on `node`'s `/control`; its
     /// answer comes back as a link answer with the tag returned (`None`:
-    /// no link reaches `node`, or its queue is full).
+    /// no link reaches `node`, or its queue is full). A `fenced` call
+    /// carries the number of the connection it goes out on
+    /// ([`LinkOut::fenced`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn call_node(
         &mut self,
         node: u64,
@@ -415,10 +418,14 @@ impl Cluster {
         args: String,
         attachments: Vec<Vec<u8>>,
         timeout: Duration,
+        fenced: bool,
     ) -> Option<u64> {
         let link = self.link_to(node)?;
         let tag = self.tag(kind);
-        let out = LinkOut::control(tag, event, args, timeout).with_attachments(attachments);
+        let mut out = LinkOut::control(tag, event, args, timeout).with_attachments(attachments);
+        if fenced {
+            out = out.fenced();
+        }
         let queued = self.call_link(link, out);
         queued.then_some(tag)
     }

@@ -54,7 +54,9 @@ impl Broker {
             Some(Route::ClusterCommand) => self.cluster_command(conn, ack_id, arg),
             Some(Route::ClusterForward) => self.cluster_forward(sink, attachments),
             Some(Route::ClusterCatchup) => self.cluster_catchup(sink, conn, ack_id, arg),
-            Some(Route::ClusterPublish) => self.cluster_publish(sink, conn, ack_id, attachments),
+            Some(Route::ClusterPublish) => {
+                self.cluster_publish(sink, conn, ack_id, arg, attachments)
+            }
             other => self.control_query(sink, conn, ack_id, other, name, arg),
         }
     }

@@ -11,10 +11,26 @@
 //! client's ack id ([`SLOT`] set); [`StreamGroups::answer`] gathers the
 //! slots and answers the call once every one is known.
 //!
-//! A batch item: u64 group, u32 subject length, subject, u8 flags (1
-//! binary, 2 headers), [u32 headers length, headers], u32 data length,
-//! data (JSON text, or the attachment's bytes when binary). Integers are
-//! little-endian; every length is checked against the bytes present.
+//! A relayed publish is executed only where it cannot overtake a later
+//! publish of its connection (docs/PROTOCOL.md, "Replicated streams"):
+//! - each item carries the term of the leader the member sent it to, and
+//!   the leader takes it only while it leads in that term. Entries of a
+//!   term come before those of every later term in the group's log, and
+//!   the member sends later publishes to a leader of that term or a later
+//!   one, so an item that waited in a link while the group elected
+//!   another leader (or this one again) is answered `unavailable`, not
+//!   stored behind the publishes sent after it;
+//! - the call is fenced ([`LinkOut::fenced`]): a batch left in a peer
+//!   connection the member gave up on (its publishers answered
+//!   `unavailable`) that arrives after a batch sent over a newer
+//!   connection is refused whole.
+//!
+//! A batch item: u64 group, u64 term, u32 subject length, subject, u8
+//! flags (1 binary, 2 headers), [u32 headers length, headers], u32 data
+//! length, data (JSON text, or the attachment's bytes when binary).
+//! Integers are little-endian; every length is checked against the bytes
+//! present. The call's argument is `{from, link}`: the member's node id
+//! and its connection's number.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -27,6 +43,8 @@ use super::session::{NSP_CONTROL, NSP_ROOT};
 use super::stream_groups::{StreamGroups, ENTRY_WAIT};
 use super::Broker;
 use crate::cluster::link::CallError;
+#[cfg(doc)]
+use crate::cluster::link::LinkOut;
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ApiError, Code};
 
@@ -70,23 +88,27 @@ pub(crate) struct Batches {
     /// On a leader: batches being answered, by number.
     answering: HashMap<u64, Answering>,
     next: u64,
+    /// On a leader: the highest connection number taken from each member.
+    fences: HashMap<u64, u64>,
 }
 
 impl Batches {
     /// Adds a publish for stream group `group` to this turn's batch for
-    /// `leader`.
+    /// `leader`, its leader in term `term` as this member knows it.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn add(
         &mut self,
         leader: u64,
         group: u64,
+        term: u64,
         waiter: Option<(ConnId, u64)>,
         subject: &str,
         headers: Option<&str>,
         data: &[u8],
         binary: bool,
     ) {
-        let item = 8 + 4 + subject.len() + 1 + headers.map_or(0, |h| 4 + h.len()) + 4 + data.len();
+        let item =
+            8 + 8 + 4 + subject.len() + 1 + headers.map_or(0, |h| 4 + h.len()) + 4 + data.len();
         let b = self.open.entry(leader).or_default();
         if !b.waiters.is_empty()
             && (b.body.len() + item > BATCH_BYTES_MAX || b.waiters.len() >= ITEMS_MAX)
@@ -97,6 +119,7 @@ impl Batches {
         let b = self.open.entry(leader).or_default();
         let out = &mut b.body;
         out.extend_from_slice(&group.to_le_bytes());
+        out.extend_from_slice(&term.to_le_bytes());
         put(out, subject.as_bytes());
         out.push((u8::from(binary) * BINARY) | (u8::from(headers.is_some()) * HEADERS));
         if let Some(h) = headers {
@@ -104,6 +127,18 @@ impl Batches {
         }
         put(out, data);
         b.waiters.push(waiter);
+    }
+
+    /// Whether a batch member `from` sent over its connection number
+    /// `link` may be taken: not when one came over a newer connection of
+    /// that member already (this one was left in a connection given up).
+    fn admit(&mut self, from: u64, link: u64) -> bool {
+        let newest = self.fences.entry(from).or_insert(link);
+        if link < *newest {
+            return false;
+        }
+        *newest = link;
+        true
     }
 
     /// Socket `conn` closed: nothing is answered on it any more.
@@ -141,8 +176,9 @@ pub struct Item<'a> {
     pub binary: bool,
 }
 
-/// Decodes a batch; `None` if it is malformed anywhere.
-pub fn decode(mut b: &[u8]) -> Option<Vec<Item<'_>>> {
+/// Decodes a batch into (term, item) pairs; `None` if it is malformed
+/// anywhere.
+pub fn decode(mut b: &[u8]) -> Option<Vec<(u64, Item<'_>)>> {
     fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
         let (head, rest) = (b.get(..n)?, b.get(n..)?);
         *b = rest;
@@ -155,6 +191,7 @@ pub fn decode(mut b: &[u8]) -> Option<Vec<Item<'_>>> {
     let mut items = Vec::new();
     while !b.is_empty() {
         let group = u64::from_le_bytes(take(&mut b, 8)?.try_into().ok()?);
+        let term = u64::from_le_bytes(take(&mut b, 8)?.try_into().ok()?);
         let subject = std::str::from_utf8(bytes(&mut b)?).ok()?;
         let flags = *take(&mut b, 1)?.first()?;
         if flags & !(BINARY | HEADERS) != 0 {
@@ -166,15 +203,27 @@ pub fn decode(mut b: &[u8]) -> Option<Vec<Item<'_>>> {
             None
         };
         let data = bytes(&mut b)?;
-        items.push(Item {
-            group,
-            subject,
-            headers,
-            data,
-            binary: flags & BINARY != 0,
-        });
+        items.push((
+            term,
+            Item {
+                group,
+                subject,
+                headers,
+                data,
+                binary: flags & BINARY != 0,
+            },
+        ));
     }
     Some(items)
+}
+
+/// A batch call's argument.
+#[derive(Deserialize, Default)]
+struct BatchArg {
+    /// The member's node id.
+    from: Option<u64>,
+    /// Its connection's number.
+    link: Option<u64>,
 }
 
 /// The leader's answer to a batch.
@@ -238,13 +287,15 @@ impl Broker {
         out.extend(b.open.drain());
         for (leader, batch) in out {
             let tag = self.cluster.as_mut().and_then(|c| {
+                let args = format!(r#"{{"from":{}}}"#, c.me());
                 c.call_node(
                     leader,
                     super::cluster::TAG_BATCH,
                     "cluster.publish",
-                    "{}".into(),
+                    args,
                     vec![batch.body],
                     BATCH_WAIT,
+                    true,
                 )
             });
             match tag {
@@ -295,26 +346,53 @@ impl Broker {
     }
 
     /// `cluster.publish` from a member: each message joins the turn's
-    /// entry of its stream if this node leads it, and is answered in the
-    /// batch's slot; one this node cannot take is answered `unavailable`
-    /// at once, in its slot.
+    /// entry of its stream if this node leads it in the term it was sent
+    /// for, and is answered in the batch's slot; one this node cannot take
+    /// is answered `unavailable` at once, in its slot. A batch that came
+    /// over a connection older than one the member has sent over since is
+    /// refused whole (see the module's comment).
     pub(crate) fn cluster_publish(
         &mut self,
         sink: &mut dyn Sink,
         conn: ConnId,
         ack_id: Option<u64>,
+        arg: Option<&RawValue>,
         attachments: &[Vec<u8>],
     ) -> Result<Option<String>, ApiError> {
         let body = attachments.first().map_or(&[][..], Vec::as_slice);
         let items = decode(body)
             .ok_or_else(|| ApiError::new(Code::BadRequest, "malformed publish batch"))?;
+        let arg: BatchArg = arg
+            .map(|a| serde_json::from_str(a.get()))
+            .transpose()
+            .map_err(|e| ApiError::new(Code::BadRequest, format!("publish batch: {e}")))?
+            .unwrap_or_default();
         let b = &mut self.stream_groups.batches;
+        if let (Some(from), Some(link)) = (arg.from, arg.link) {
+            if !b.admit(from, link) {
+                return Err(ApiError::new(
+                    Code::Unavailable,
+                    "a publish batch from a peer connection since replaced",
+                ));
+            }
+        }
         b.next += 1;
         let batch = b.next;
         let mut results = vec![None; items.len()];
         let mut left = 0;
-        for (i, item) in items.iter().enumerate() {
+        for (i, (term, item)) in items.iter().enumerate() {
             let slot = ack_id.map(|_| SLOT | batch << 24 | i as u64);
+            if !self.stream_groups.leads_in(item.group, *term) {
+                let e = ApiError::new(
+                    Code::Unavailable,
+                    format!(
+                        "the stream's leader changed (sent to its leader of term {})",
+                        term
+                    ),
+                );
+                results[i] = Some(e.ack_body());
+                continue;
+            }
             match self.stream_groups.take_publish(item, conn, slot, false) {
                 Ok(()) if slot.is_some() => left += 1,
                 Ok(()) => {}
@@ -344,10 +422,11 @@ mod tests {
     fn a_batch_decodes_as_it_was_made_and_refuses_any_cut() {
         let mut b = Batches::default();
         let w = |n| Some((ConnId::default(), n));
-        b.add(2, 7, w(1), "a.b", None, b"\"x\"", false);
+        b.add(2, 7, 3, w(1), "a.b", None, b"\"x\"", false);
         b.add(
             2,
             7,
+            4,
             None,
             "a.c",
             Some(r#"{"Msg-Id":"1"}"#),
@@ -360,24 +439,30 @@ mod tests {
         assert_eq!(
             items,
             vec![
-                Item {
-                    group: 7,
-                    subject: "a.b",
-                    headers: None,
-                    data: b"\"x\"",
-                    binary: false
-                },
-                Item {
-                    group: 7,
-                    subject: "a.c",
-                    headers: Some(r#"{"Msg-Id":"1"}"#),
-                    data: &[0, 1, 2],
-                    binary: true
-                },
+                (
+                    3,
+                    Item {
+                        group: 7,
+                        subject: "a.b",
+                        headers: None,
+                        data: b"\"x\"",
+                        binary: false
+                    }
+                ),
+                (
+                    4,
+                    Item {
+                        group: 7,
+                        subject: "a.c",
+                        headers: Some(r#"{"Msg-Id":"1"}"#),
+                        data: &[0, 1, 2],
+                        binary: true
+                    }
+                ),
             ]
         );
         // Cut anywhere but between items, it is refused.
-        let first = 8 + 4 + 3 + 1 + 4 + 3;
+        let first = 8 + 8 + 4 + 3 + 1 + 4 + 3;
         assert_eq!(decode(&batch.body[..first]).map(|v| v.len()), Some(1));
         for cut in (1..batch.body.len()).filter(|&c| c != first) {
             assert_eq!(decode(&batch.body[..cut]), None, "cut at {cut}");
@@ -386,18 +471,30 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_from_a_connection_older_than_one_seen_is_refused() {
+        let mut b = Batches::default();
+        assert!(b.admit(1, 5));
+        assert!(b.admit(1, 5), "the same connection goes on");
+        assert!(b.admit(1, 7), "a newer connection");
+        assert!(!b.admit(1, 5), "left in the connection given up");
+        assert!(!b.admit(1, 6));
+        assert!(b.admit(2, 3), "each member on its own");
+        assert!(b.admit(1, 7));
+    }
+
+    #[test]
     fn a_full_batch_is_set_aside_and_a_new_one_begins() {
         let mut b = Batches::default();
         let big = vec![7u8; BATCH_BYTES_MAX / 3];
         for n in 0..3 {
-            b.add(1, 5, Some((ConnId::default(), n)), "s", None, &big, true);
+            b.add(1, 5, 1, Some((ConnId::default(), n)), "s", None, &big, true);
         }
         assert_eq!(b.full.len(), 1);
         assert_eq!(b.full[0].1.waiters.len(), 2);
         assert_eq!(b.open[&1].waiters.len(), 1);
         // A message larger than a batch goes alone.
         let huge = vec![7u8; BATCH_BYTES_MAX + 1];
-        b.add(1, 5, None, "s", None, &huge, true);
+        b.add(1, 5, 1, None, "s", None, &huge, true);
         assert_eq!(b.full.len(), 2);
         assert_eq!(b.open[&1].waiters.len(), 1);
     }

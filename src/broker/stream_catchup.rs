@@ -248,6 +248,7 @@ impl Broker {
                 args,
                 Vec::new(),
                 CATCHUP_CALL_WAIT,
+                false,
             )
             .map(|tag| (tag, now));
         if cu.asked.is_none() {

@@ -264,6 +264,18 @@ impl StreamGroups {
         self.held.get(&group).and_then(|h| h.core.leader())
     }
 
+    /// The term of group `group` as this member knows it (0: not held).
+    pub(crate) fn term(&self, group: GroupId) -> u64 {
+        self.held.get(&group).map_or(0, |h| h.core.term())
+    }
+
+    /// Whether this node leads group `group` in term `term`.
+    pub(crate) fn leads_in(&self, group: GroupId, term: u64) -> bool {
+        self.held
+            .get(&group)
+            .is_some_and(|h| h.core.leads() && h.core.term() == term)
+    }
+
     /// `(messages, bytes, first_seq, last_seq, consumers)` of group
     /// `group`'s replica here.
     pub(crate) fn state(&self, group: GroupId) -> Option<Value> {
@@ -519,9 +531,10 @@ impl Broker {
                 // batch; this node delivers the message to subscribers.
                 let waiter = ack_id.map(|a| (conn, a));
                 let (b, binary) = bytes;
+                let term = self.stream_groups.term(group);
                 self.stream_groups
                     .batches
-                    .add(node, group, waiter, subject, headers, b, binary);
+                    .add(node, group, term, waiter, subject, headers, b, binary);
                 return Some(Ok(true));
             }
             let arg = super::dispatch::pub_arg(subject, data, reply, headers);

@@ -46,6 +46,8 @@ pub enum LinkOut {
         /// Sent on the link's `/` socket (a relayed client request)
         /// rather than on `/control`.
         root: bool,
+        /// Stamped with the connection it goes out on ([`LinkOut::fenced`]).
+        fenced: bool,
     },
 }
 
@@ -60,6 +62,7 @@ impl LinkOut {
             attachments: Vec::new(),
             timeout,
             root: false,
+            fenced: false,
         }
     }
 
@@ -75,6 +78,20 @@ impl LinkOut {
     pub fn on_root(mut self) -> LinkOut {
         if let LinkOut::Call { root, .. } = &mut self {
             *root = true;
+        }
+        self
+    }
+
+    /// The same call (whose argument is a JSON object) with `"link": n`
+    /// added as it goes out, n being the number of the connection that
+    /// carries it. Numbers grow with every connection this node makes to
+    /// any peer, also across restarts (they start from the wall clock), so
+    /// a peer that refuses a call numbered below one it has already taken
+    /// from this node never executes a call left in a connection given up
+    /// (its caller answered `unavailable`) after one sent later.
+    pub fn fenced(mut self) -> LinkOut {
+        if let LinkOut::Call { fenced, .. } = &mut self {
+            *fenced = true;
         }
         self
     }
@@ -176,6 +193,7 @@ impl Links {
             queued: Arc::clone(&queued),
             stop: Arc::clone(&self.stop),
             pending: Vec::new(),
+            epoch: 0,
         };
         match std::thread::Builder::new()
             .name(format!("link-{addr}"))
@@ -241,6 +259,37 @@ struct Worker {
     queued: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     pending: Vec<(u64, Instant, PendingAck)>,
+    /// The number of the connection being served (see [`LinkOut::fenced`]).
+    epoch: u64,
+}
+
+/// The last connection number given out on this node.
+static EPOCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A connection number above every one given out before, here and (the
+/// clock not set back) by an earlier run of this node: microseconds
+/// since the epoch, or one more than the last.
+fn next_epoch() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let mut last = EPOCH.load(Ordering::Relaxed);
+    loop {
+        let next = now.max(last + 1);
+        match EPOCH.compare_exchange(last, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(seen) => last = seen,
+        }
+    }
+}
+
+/// `args` (a JSON object) with `"link": epoch` added.
+fn stamp(args: &str, epoch: u64) -> String {
+    match args.trim_start().strip_prefix('{') {
+        Some(rest) if rest.trim_start().starts_with('}') => format!("{{\"link\":{epoch}}}"),
+        Some(rest) => format!("{{\"link\":{epoch},{rest}"),
+        None => args.to_string(),
+    }
 }
 
 fn unreachable_error(why: &str) -> CallError {
@@ -287,6 +336,7 @@ impl Worker {
             match client {
                 Ok((c, root, node_id)) => {
                     backoff = RETRY_MIN;
+                    self.epoch = next_epoch();
                     crate::log_info!("link to {} ({node_id}) up", self.url);
                     self.report(LinkEvent::Up {
                         link: self.link,
@@ -382,12 +432,18 @@ impl Worker {
                         attachments,
                         timeout,
                         root: on_root,
+                        fenced,
                     } => {
                         // Forwards queued before the call go before it.
                         if let Err(e) = self.emit(c, &mut batch) {
                             return e;
                         }
                         let via = if on_root { root } else { c };
+                        let args = if fenced {
+                            stamp(&args, self.epoch)
+                        } else {
+                            args
+                        };
                         match via.call_async_raw(&event, &args, &attachments) {
                             Ok(p) => self.pending.push((tag, Instant::now() + timeout, p)),
                             Err(e) => {
@@ -459,5 +515,23 @@ impl Worker {
                 i += 1;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_numbers_grow_and_are_stamped_into_the_argument() {
+        let a = next_epoch();
+        let b = next_epoch();
+        assert!(b > a, "{b} after {a}");
+        assert_eq!(stamp("{}", 7), r#"{"link":7}"#);
+        assert_eq!(stamp(r#"{"from":2}"#, 7), r#"{"link":7,"from":2}"#);
+        let v: Value = serde_json::from_str(&stamp(r#" { "from" : 2 } "#, 9)).unwrap();
+        assert_eq!(v, json!({"link": 9, "from": 2}));
+        // Not an object: left as it is.
+        assert_eq!(stamp("[1]", 7), "[1]");
     }
 }

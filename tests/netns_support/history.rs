@@ -5,13 +5,12 @@
 //! - every publish is answered (`{ok, seq}` or a refusal);
 //! - every acked publish is stored exactly once, at the acked seq, on
 //!   every replica read;
-//! - the acked publishes of one publisher are stored in its order (but
-//!   see [`Summary::answered_out_of_order`]);
+//! - the publishes of one publisher are stored in its order, whatever
+//!   their answers (one answered `unavailable` may be stored or not, but
+//!   never behind a later one), and acked in that order;
 //! - no seq holds two different messages on two replicas, and no two
 //!   publishes are acked with one seq;
-//! - nothing is stored that was never published, nor stored twice (a
-//!   publish that was not acked may be stored late, out of its
-//!   publisher's order: that is counted, as the contract allows it);
+//! - nothing is stored that was never published, nor stored twice;
 //! - a node cut off from its peers acks no publish its clients sent
 //!   after the cut began (it could not have replicated it);
 //! - after each heal, every node's publisher is acked again within the
@@ -91,18 +90,6 @@ pub struct Summary {
     pub acked: usize,
     pub refused: usize,
     pub unknown: usize,
-    /// Pairs of acked publishes of one publisher stored out of its order
-    /// whose acks also came out of the order sent: (earlier, later). A
-    /// publish relayed by a follower to a leader that is then cut off
-    /// waits in the link's TCP stream; the follower relays later ones to
-    /// the new leader, and after the heal the old leader passes the
-    /// earlier one on, stored behind them and acked `{ok}`. Reported as a
-    /// finding of the broker's relay (not failed): every other reordering
-    /// is a violation.
-    pub answered_out_of_order: Vec<(MsgId, MsgId)>,
-    /// Publishes not acked but stored after a later publish of their
-    /// publisher: (replica, message).
-    pub late_unacked: Vec<(usize, MsgId)>,
     /// Per heal: (node healed, per node the time to its first ack after
     /// the heal).
     pub recoveries: Vec<(usize, Vec<Option<Duration>>)>,
@@ -156,15 +143,11 @@ pub fn check(
     }
     // Publisher order of acked publishes.
     for h in histories {
-        let mut prev: Option<(u64, u64, Instant)> = None;
+        let mut prev: Option<(u64, u64)> = None;
         for o in &h.ops {
             if let Outcome::Acked(seq) = o.outcome {
-                if let Some((pk, pseq, pdone)) = prev {
-                    if seq <= pseq && pdone > o.done {
-                        // Answered out of the order sent, too: see
-                        // `Summary::answered_out_of_order`.
-                        sum.answered_out_of_order.push(((h.p, pk), (h.p, o.k)));
-                    } else if seq <= pseq {
+                if let Some((pk, pseq)) = prev {
+                    if seq <= pseq {
                         v.push(Violation {
                             kind: "acked-out-of-order",
                             text: format!(
@@ -175,7 +158,7 @@ pub fn check(
                         });
                     }
                 }
-                prev = Some((o.k, seq, o.done));
+                prev = Some((o.k, seq));
             }
         }
     }
@@ -231,18 +214,27 @@ pub fn check(
                 }),
             }
         }
-        // A publish that was not acked may be stored late (a relayed
-        // request the relaying node answered `unavailable` can still reach
-        // the leader), after later publishes of its publisher: the
-        // contract allows it (retry with a Msg-Id), so it is counted, not
-        // a violation.
-        let mut last: HashMap<u64, u64> = HashMap::new();
-        for &(_, id) in &r.msgs {
-            let top = last.entry(id.0).or_insert(0);
-            if id.1 < *top && !acked.contains_key(&id) {
-                sum.late_unacked.push((r.node, id));
+        // No publish stored behind a later one of its publisher, acked
+        // or not: one answered `unavailable` may be stored, but a relayed
+        // request left in a link is never executed after what its
+        // publisher sent later (an acked pair out of order was named
+        // above already).
+        let mut last: HashMap<u64, (u64, u64)> = HashMap::new();
+        for &(seq, id) in &r.msgs {
+            let top = last.entry(id.0).or_insert((0, 0));
+            if id.1 < top.0 && !(acked.contains_key(&id) && acked.contains_key(&(id.0, top.0))) {
+                v.push(Violation {
+                    kind: "stored-behind-a-later-publish",
+                    text: format!(
+                        "{name} holds p{} k{} at seq {seq}, behind the later k{} at seq {}",
+                        id.0, id.1, top.0, top.1
+                    ),
+                    around: vec![id, (id.0, top.0)],
+                });
             }
-            *top = (*top).max(id.1);
+            if id.1 > top.0 {
+                *top = (id.1, seq);
+            }
         }
     }
     // Split brain: one seq, two messages on two replicas.

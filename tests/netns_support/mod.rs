@@ -11,17 +11,22 @@
 //! delay with jitter where the kernel has netem, else a tbf rate limit). Dropping the [`NetCluster`] kills the brokers by PID
 //! first, then deletes the namespaces (and with them every link), also when
 //! the test panics. [`Net::create`] says why it cannot be used (not root,
-//! no `ip` or `nft`, no namespaces) so the test can skip.
+//! no `ip` or `nft`, no namespaces) so the test can skip. A fourth
+//! namespace ([`SPARE`], `10.77.0.4`) holds a node that joins the cluster
+//! ([`NetCluster::join`]); its process is killed by PID when its
+//! [`Joined`] is dropped.
 
 #![allow(dead_code)] // Each test binary uses a different part of it.
 
 pub mod history;
 
 use std::fs::File;
+use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;
 use std::os::raw::c_int;
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -30,6 +35,8 @@ use crate::cluster_support::{Cluster, Launch, IDS};
 /// The nodes' addresses: `10.77.0.1` .. `10.77.0.3`, inside the test's
 /// namespaces only.
 pub const SUBNET: &str = "10.77.0";
+/// The namespace (and address, `10.77.0.4`) of a node that joins.
+pub const SPARE: usize = 3;
 /// Every node listens on the same ports of its own address.
 pub const HTTP_PORT: u16 = 4100;
 pub const RAFT_PORT: u16 = 4200;
@@ -130,7 +137,7 @@ impl Net {
         let mut net = Net {
             bridge: format!("{base}-br"),
             nodes: Vec::new(),
-            shaped: vec![LinkFaults::default(); 3],
+            shaped: vec![LinkFaults::default(); SPARE + 1],
         };
         // From here on, Drop removes whatever was made.
         ip(&["netns", "add", &net.bridge])
@@ -139,8 +146,8 @@ impl Net {
         ip(&["-n", &br, "link", "set", "lo", "up"])?;
         ip(&["-n", &br, "link", "add", "br0", "type", "bridge"])?;
         ip(&["-n", &br, "link", "set", "br0", "up"])?;
-        for (i, id) in IDS.iter().enumerate() {
-            let ns = format!("{base}-{}", id);
+        for i in 0..=SPARE {
+            let ns = format!("{base}-{}", IDS.get(i).unwrap_or(&"spare"));
             ip(&["netns", "add", &ns])?;
             net.nodes.push(ns.clone());
             let port = format!("v{}", i + 1);
@@ -351,8 +358,7 @@ impl NetCluster {
         let http = (0..3).map(|i| format!("{}:{HTTP_PORT}", addr(i))).collect();
         let raft = (0..3).map(|i| format!("{}:{RAFT_PORT}", addr(i))).collect();
         let mut c = Cluster::prepare_at(Launch::Plain, http, raft);
-        c.launcher = net
-            .nodes
+        c.launcher = net.nodes[..SPARE]
             .iter()
             .map(|ns| {
                 ["ip", "netns", "exec", ns]
@@ -431,10 +437,87 @@ impl NetCluster {
         }
     }
 
+    /// Starts a broker `name` in the [`SPARE`] namespace with `-join`,
+    /// naming member `via` in `-cluster`, and waits (bounded) until it
+    /// listens. Its data directory is new (under the cluster's root).
+    pub fn join(&self, name: &str, via: usize) -> Joined {
+        let bin = std::env::var("GOMBUS_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string());
+        let root = self.c.data_dir(0);
+        let data = root.parent().unwrap_or(&root).join(name);
+        let me = addr(SPARE);
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.net.nodes[SPARE], &bin])
+            .arg(format!("-node-id={name}"))
+            .arg(format!("-addr={me}:{HTTP_PORT}"))
+            .arg(format!("-raft-addr={me}:{RAFT_PORT}"))
+            .arg("-join")
+            .arg(format!(
+                "-cluster={}=http://{}:{HTTP_PORT}",
+                IDS[via],
+                addr(via)
+            ))
+            .arg(format!("-control-token={}", self.c.token()))
+            .arg(format!("-data={}", data.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+        let (tx, rx) = mpsc::channel();
+        if let Some(err) = child.stderr.take() {
+            thread::spawn(move || {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        let joined = Joined {
+            name: name.to_string(),
+            child,
+        };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains("listening on ") => break,
+                Ok(_) => {}
+                Err(e) => panic!("{name} did not start listening: {e}"),
+            }
+        }
+        // Its stderr is drained from here on.
+        thread::spawn(move || while rx.recv().is_ok() {});
+        joined
+    }
+
     /// The control group's leader as node `i` names it.
     pub fn control_leader(&self, i: usize) -> Option<usize> {
         let status = self.on(i, |c| c.status(i)).ok()?;
         let id = status["leader"].as_str()?.to_string();
         IDS.iter().position(|n| *n == id)
+    }
+}
+
+/// A broker started by [`NetCluster::join`]; dropping it kills it by PID.
+pub struct Joined {
+    pub name: String,
+    child: Child,
+}
+
+impl Joined {
+    /// The address members reach it at, as `cluster.add` takes it.
+    pub fn add_args(&self) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.name,
+            "raft_addr": format!("{}:{RAFT_PORT}", addr(SPARE)),
+            "addr": format!("{}:{HTTP_PORT}", addr(SPARE)),
+        })
+    }
+}
+
+impl Drop for Joined {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

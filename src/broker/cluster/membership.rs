@@ -493,6 +493,7 @@ impl Broker {
             return;
         };
         let mut done = Vec::new();
+        let leads = c.role == Role::Leader;
         for (&tag, p) in &c.changes {
             let finished = match (p.what, p.index) {
                 (What::Add(id), Some(index)) => {
@@ -520,6 +521,18 @@ impl Broker {
             };
             if finished {
                 done.push((tag, None));
+            } else if !leads && p.index.is_some() {
+                // Proposed here, and this node no longer leads: its entry
+                // may be lost (a leader cut off is deposed, and the new
+                // one's log may not hold it), and no one here sees the
+                // change through. Answered now rather than at the bound.
+                done.push((
+                    tag,
+                    Some(
+                        "leadership moved before the change completed; it may or may not be \
+                         in the configuration: see cluster.status, then try again",
+                    ),
+                ));
             } else if now >= p.deadline {
                 let why = match p.what {
                     What::Add(_) => {

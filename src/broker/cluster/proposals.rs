@@ -108,6 +108,7 @@ impl Broker {
                     attachments: Vec::new(),
                     timeout,
                     root: false,
+                    fenced: false,
                 },
             )
         });
