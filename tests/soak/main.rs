@@ -6,7 +6,7 @@
 //! consumer), writes report.md and memory.svg, and fails on any
 //! violation, printing the seed and the command that replays it.
 //!
-//! `cargo test --test soak` runs it for 60 s (part of `make test`);
+//! `cargo test --test soak` runs it for 30 s (part of `make test`);
 //! `make soak DURATION=30m SEED=…` for longer. Knobs (environment):
 //! `SOAK_DURATION` (`90`, `90s`, `5m`, `1h`), `SOAK_SEED`,
 //! `SOAK_REPORT_DIR`, `SOAK_RECOVERY_MAX` (seconds, default 10).
@@ -81,7 +81,7 @@ fn parse_duration(text: &str) -> Option<Duration> {
 impl Config {
     fn from_env() -> Config {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let duration_text = var("SOAK_DURATION").unwrap_or_else(|| "60s".into());
+        let duration_text = var("SOAK_DURATION").unwrap_or_else(|| "30s".into());
         let duration = parse_duration(&duration_text)
             .unwrap_or_else(|| panic!("SOAK_DURATION={duration_text}: want e.g. 90s, 5m, 1h"));
         let seed = match var("SOAK_SEED") {
