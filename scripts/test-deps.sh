@@ -10,7 +10,11 @@
 #   - Debian's chromium (apt-get), the headless browser that loads the
 #     dashboard (tests/dashboard.rs);
 #   - Debian's nftables (apt-get), which drops packets on the links of the
-#     network-namespace cluster (tests/partitions.rs).
+#     network-namespace cluster (tests/partitions.rs);
+#   - the aarch64 and armv7 toolchains (rustup targets, Debian's cross
+#     linkers and C libraries) and Debian's qemu-user, which build and run
+#     the ARM binaries of tests/emulated.rs (scripts/cross-deps.sh). What
+#     cannot be installed there is named, and those tests skip.
 # Idempotent: a stamp file records what was installed, and a second run that
 # finds the same pins (and a working install) does nothing. Quiet on success;
 # on failure the failing tool's output is shown and the exit code is non-zero.
@@ -165,3 +169,5 @@ node_is_current || install_node
 node2_is_current || install_node2
 command -v chromium >/dev/null 2>&1 || install_chromium
 command -v nft >/dev/null 2>&1 || install_nftables
+# Not fatal: the emulated tests skip, saying why, without them.
+"${repo_root}/scripts/cross-deps.sh" --qemu aarch64-unknown-linux-gnu armv7-unknown-linux-gnueabihf >/dev/null

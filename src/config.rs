@@ -1216,10 +1216,19 @@ fn check_addr_list(addrs: &[SocketAddr]) -> Result<(), String> {
     Ok(())
 }
 
+/// Parses a byte size for something held in memory: [`parse_bytes`],
+/// refused when the address space cannot hold it (over 4 GiB on a 32-bit
+/// host such as armv7).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let bytes = parse_bytes(s)?;
+    usize::try_from(bytes)
+        .map_err(|_| format!("{s:?} is more than a {}-bit host can address", usize::BITS))
+}
+
 /// Parses a byte size: a whole number, optionally followed by `B`, `KB`
 /// (1000), `KiB` (1024), `MB`, `MiB`, `GB` or `GiB` (suffix case ignored,
 /// space before it allowed).
-pub fn parse_size(s: &str) -> Result<usize, String> {
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let bad = || format!("{s:?} is not a size (use bytes or a KB/KiB/MB/MiB/GB/GiB suffix)");
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
@@ -1239,8 +1248,7 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     };
     let too_large = || format!("{s:?} is too large");
     let n: u64 = number.parse().map_err(|_| too_large())?;
-    let bytes = n.checked_mul(unit).ok_or_else(too_large)?;
-    usize::try_from(bytes).map_err(|_| too_large())
+    n.checked_mul(unit).ok_or_else(too_large)
 }
 
 /// Renders a size the way [`parse_size`] reads it, using the largest binary
@@ -1467,6 +1475,16 @@ mod tests {
         assert!(err.contains("too large"), "{err}");
         let err = parse_size("18446744073709551615GiB").unwrap_err();
         assert!(err.contains("too large"), "{err}");
+        // Sizes kept on disk (a stream's max_bytes) go past 4 GiB on any
+        // host; sizes held in memory only where the address space allows.
+        assert_eq!(parse_bytes("8GiB"), Ok(8 << 30));
+        #[cfg(target_pointer_width = "32")]
+        assert_eq!(
+            parse_size("8GiB"),
+            Err("\"8GiB\" is more than a 32-bit host can address".to_string())
+        );
+        #[cfg(target_pointer_width = "64")]
+        assert_eq!(parse_size("8GiB"), Ok(8 << 30));
 
         assert_eq!(
             bad(&["-max-payload=12XB"]),

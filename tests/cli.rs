@@ -460,12 +460,15 @@ fn stream_and_consumer_commands() {
         "orders.>",
         "--max-msgs",
         "100",
+        "--max-msgs-per-subject",
+        "5",
         "--max-age",
         "1h",
         "--json",
     ]);
     assert_eq!(created["stream"]["config"]["name"], "ORDERS");
     assert_eq!(created["stream"]["config"]["max_msgs"], 100);
+    assert_eq!(created["stream"]["config"]["max_msgs_per_subject"], 5);
     assert_eq!(created["stream"]["config"]["max_age_ms"], 3_600_000);
     // A different config under the same name: the broker's `exists`.
     let o = run(&["-s", s, "stream", "add", "ORDERS", "--subjects", "other"]);
@@ -754,4 +757,483 @@ fn token_names_the_user_under_a_users_file() {
     let o = run(&["-s", s, "pub", "svc.cli", "1"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("unauthorized"), "{}", stderr(&o));
+}
+
+#[test]
+fn ack_nak_term_and_wip_settle_messages_fetched_elsewhere() {
+    let b = Broker::start(&[]);
+    let s = b.addr.as_str();
+    ok(&["-s", s, "stream", "add", "JOBS", "--subjects", "jobs.>"]);
+    ok(&["-s", s, "consumer", "add", "JOBS", "w", "--ack-wait", "1m"]);
+    for n in 1..=3 {
+        ok(&["-s", s, "pub", "jobs.x", &n.to_string()]);
+    }
+    let fetched = ok(&[
+        "-s", s, "consumer", "next", "JOBS", "w", "--count", "3", "--no-ack", "--json",
+    ]);
+    assert_eq!(fetched.lines().count(), 3, "{fetched}");
+    let info = |what: &str| {
+        ok_json(&["-s", s, "consumer", "info", "JOBS", "w", "--json"])["consumer"][what].clone()
+    };
+    assert_eq!(info("num_ack_pending"), 3);
+
+    // Each command is a connection of its own, not the fetching one.
+    assert_eq!(
+        ok(&["-s", s, "consumer", "ack", "JOBS", "w", "1"]).trim(),
+        "acked message 1 of consumer w on stream JOBS"
+    );
+    assert_eq!(info("ack_floor")["stream_seq"], 1);
+    ok(&["-s", s, "consumer", "wip", "JOBS", "w", "2"]);
+    ok(&["-s", s, "consumer", "term", "JOBS", "w", "3"]);
+    assert_eq!(info("num_ack_pending"), 1, "3 terminated, 2 still pending");
+    ok(&["-s", s, "consumer", "nak", "JOBS", "w", "2"]);
+    // Handed back: the next fetch gets 2 again, delivered twice.
+    let again = ok_json(&[
+        "-s", s, "consumer", "next", "JOBS", "w", "--no-ack", "--json",
+    ]);
+    assert_eq!(
+        (&again["seq"], &again["delivered"]),
+        (&json!(2), &json!(2)),
+        "{again}"
+    );
+    // With --delay it stays back: nothing to fetch at once.
+    ok(&[
+        "-s", s, "consumer", "nak", "JOBS", "w", "2", "--delay", "1m",
+    ]);
+    let o = run(&["-s", s, "consumer", "next", "JOBS", "w", "--no-wait"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+
+    // A seq never delivered is the broker's not_found; a bad SEQ is usage.
+    let o = run(&["-s", s, "consumer", "ack", "JOBS", "w", "99"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("not_found"), "{}", stderr(&o));
+    let o = run(&["-s", s, "consumer", "ack", "JOBS", "w", "two"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("SEQ"), "{}", stderr(&o));
+    let o = run(&[
+        "-s", s, "consumer", "ack", "JOBS", "w", "1", "--delay", "1s",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "--delay is nak's alone");
+}
+
+#[test]
+fn group_modes_set_and_listed_on_control() {
+    let b = Broker::start(&["-control-token=ctl"]);
+    let s = b.addr.as_str();
+    let ctl = |args: &[&str]| -> Vec<String> {
+        ["-s", s, "--control-token", "ctl"]
+            .iter()
+            .chain(args)
+            .map(|a| a.to_string())
+            .collect()
+    };
+    let run_ctl = |args: &[&str]| {
+        let full = ctl(args);
+        run(&full.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let ok_ctl = |args: &[&str]| {
+        let o = run_ctl(args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        stdout(&o)
+    };
+    assert!(ok_ctl(&["group", "ls"]).contains("no queue group rules"));
+    assert_eq!(
+        ok_ctl(&["group", "set", "jobs", "broadcast"]).trim(),
+        "queue group jobs: broadcast"
+    );
+    let list: Value = serde_json::from_str(&ok_ctl(&["group", "ls", "--json"])).unwrap();
+    assert_eq!(
+        list["groups"],
+        json!([{"queue": "jobs", "mode": "broadcast"}])
+    );
+    let table = ok_ctl(&["group", "ls"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().eq(["jobs", "broadcast"])),
+        "{table}"
+    );
+    assert_eq!(
+        run_ctl(&["group", "set", "jobs", "sometimes"])
+            .status
+            .code(),
+        Some(2)
+    );
+    let o = run(&["-s", s, "group", "ls"]);
+    assert_eq!(o.status.code(), Some(1), "no control token");
+}
+
+#[test]
+fn server_health_metrics_and_rtt() {
+    let b = Broker::start(&[]);
+    let s = b.addr.as_str();
+    let health = ok_json(&["-s", s, "server", "health", "--json"]);
+    assert_eq!(health["code"], 200, "{health}");
+    assert_eq!(health["health"], json!({"status": "ok"}));
+    assert!(ok(&["-s", s, "server", "health"]).contains("200"));
+    let metrics = ok(&["-s", s, "server", "metrics"]);
+    assert!(
+        metrics.lines().any(|l| l.starts_with("gombus_info")),
+        "{metrics}"
+    );
+    let rtt = ok_json(&["-s", s, "rtt", "--json"]);
+    assert!(rtt["rtt_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{rtt}");
+    // The second address answers when the first is down.
+    let down = "127.0.0.1:1";
+    let both = format!("{down},{s}");
+    ok(&["-s", &both, "server", "health"]);
+    let o = run(&["-s", down, "server", "health"]);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn stream_add_takes_replicas() {
+    let b = Broker::start(&[]);
+    let s = b.addr.as_str();
+    let one = ok_json(&[
+        "-s",
+        s,
+        "stream",
+        "add",
+        "R1",
+        "--subjects",
+        "r1",
+        "--replicas",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(one["stream"]["config"]["name"], "R1");
+    // The broker read the field: three copies need a cluster.
+    let o = run(&[
+        "-s",
+        s,
+        "stream",
+        "add",
+        "R3",
+        "--subjects",
+        "r3",
+        "--replicas",
+        "3",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("needs a cluster"), "{}", stderr(&o));
+}
+
+/// Where each request field of the contract is given on the command line:
+/// (event, field, command, how): `how` is a flag (`--name`), `ARG` for a
+/// positional argument of the command, or `client` for what the CLI's
+/// client fills in itself (a subscription's sid). An event without fields
+/// is listed with the field "".
+const FIELD_FLAGS: &[(&str, &str, &str, &str)] = &[
+    ("sub", "subject", "sub", "ARG"),
+    ("sub", "queue", "sub", "--queue"),
+    ("sub", "sid", "sub", "client"),
+    ("sub", "max", "sub", "--count"),
+    ("unsub", "sid", "sub", "client"),
+    ("unsub", "after", "sub", "--count"),
+    ("pub", "subject", "pub", "ARG"),
+    ("pub", "data", "pub", "ARG"),
+    ("pub", "reply", "pub", "--reply"),
+    ("pub", "headers", "pub", "--header"),
+    ("request", "subject", "req", "ARG"),
+    ("request", "data", "req", "ARG"),
+    ("request", "headers", "req", "--header"),
+    ("request", "timeout_ms", "req", "--timeout"),
+    ("ping", "", "rtt", "ARG"),
+    ("group.set", "queue", "group set", "ARG"),
+    ("group.set", "mode", "group set", "ARG"),
+    ("group.list", "", "group ls", "ARG"),
+    ("server.info", "", "server info", "ARG"),
+    ("cluster.status", "", "cluster status", "ARG"),
+    ("cluster.add", "id", "cluster add", "ARG"),
+    ("cluster.add", "raft_addr", "cluster add", "ARG"),
+    ("cluster.add", "addr", "cluster add", "ARG"),
+    ("cluster.remove", "id", "cluster remove", "ARG"),
+    ("stream.create", "name", "stream add", "ARG"),
+    ("stream.create", "subjects", "stream add", "--subjects"),
+    ("stream.create", "retention", "stream add", "--retention"),
+    ("stream.create", "max_msgs", "stream add", "--max-msgs"),
+    (
+        "stream.create",
+        "max_msgs_per_subject",
+        "stream add",
+        "--max-msgs-per-subject",
+    ),
+    ("stream.create", "max_bytes", "stream add", "--max-bytes"),
+    ("stream.create", "max_age_ms", "stream add", "--max-age"),
+    (
+        "stream.create",
+        "max_msg_size",
+        "stream add",
+        "--max-msg-size",
+    ),
+    ("stream.create", "discard", "stream add", "--discard"),
+    (
+        "stream.create",
+        "duplicate_window_ms",
+        "stream add",
+        "--dupe-window",
+    ),
+    ("stream.create", "replicas", "stream add", "--replicas"),
+    ("stream.info", "name", "stream info", "ARG"),
+    ("stream.list", "", "stream ls", "ARG"),
+    ("stream.delete", "name", "stream rm", "ARG"),
+    ("stream.purge", "name", "stream purge", "ARG"),
+    ("stream.purge", "subject", "stream purge", "--subject"),
+    ("stream.get", "name", "stream get", "ARG"),
+    ("stream.get", "seq", "stream get", "--seq"),
+    ("stream.get", "last_by_subject", "stream get", "--last"),
+    ("consumer.create", "stream", "consumer add", "ARG"),
+    ("consumer.create", "name", "consumer add", "ARG"),
+    (
+        "consumer.create",
+        "filter_subject",
+        "consumer add",
+        "--filter",
+    ),
+    (
+        "consumer.create",
+        "deliver_policy",
+        "consumer add",
+        "--deliver",
+    ),
+    (
+        "consumer.create",
+        "opt_start_seq",
+        "consumer add",
+        "--start-seq",
+    ),
+    ("consumer.create", "ack_policy", "consumer add", "--ack"),
+    (
+        "consumer.create",
+        "ack_wait_ms",
+        "consumer add",
+        "--ack-wait",
+    ),
+    (
+        "consumer.create",
+        "max_deliver",
+        "consumer add",
+        "--max-deliver",
+    ),
+    (
+        "consumer.create",
+        "max_ack_pending",
+        "consumer add",
+        "--max-ack-pending",
+    ),
+    (
+        "consumer.create",
+        "deliver_subject",
+        "consumer add",
+        "--deliver-subject",
+    ),
+    (
+        "consumer.create",
+        "deliver_group",
+        "consumer add",
+        "--deliver-group",
+    ),
+    ("consumer.info", "stream", "consumer info", "ARG"),
+    ("consumer.info", "name", "consumer info", "ARG"),
+    ("consumer.list", "stream", "consumer ls", "ARG"),
+    ("consumer.delete", "stream", "consumer rm", "ARG"),
+    ("consumer.delete", "name", "consumer rm", "ARG"),
+    ("consumer.fetch", "stream", "consumer next", "ARG"),
+    ("consumer.fetch", "consumer", "consumer next", "ARG"),
+    ("consumer.fetch", "batch", "consumer next", "--count"),
+    ("consumer.fetch", "expires_ms", "consumer next", "--expires"),
+    ("consumer.fetch", "no_wait", "consumer next", "--no-wait"),
+    ("ack", "stream", "consumer ack", "ARG"),
+    ("ack", "consumer", "consumer ack", "ARG"),
+    ("ack", "seq", "consumer ack", "ARG"),
+    ("nak", "stream", "consumer nak", "ARG"),
+    ("nak", "consumer", "consumer nak", "ARG"),
+    ("nak", "seq", "consumer nak", "ARG"),
+    ("nak", "delay_ms", "consumer nak", "--delay"),
+    ("term", "stream", "consumer term", "ARG"),
+    ("term", "consumer", "consumer term", "ARG"),
+    ("term", "seq", "consumer term", "ARG"),
+    ("wip", "stream", "consumer wip", "ARG"),
+    ("wip", "consumer", "consumer wip", "ARG"),
+    ("wip", "seq", "consumer wip", "ARG"),
+    ("GET /healthz", "", "server health", "ARG"),
+    ("GET /metrics", "", "server metrics", "ARG"),
+];
+
+/// Node-to-node events (contract section 9), not for people, and the
+/// key-value events, whose commands are `gombus kv …`.
+fn not_for_the_cli(event: &str) -> bool {
+    event.starts_with("kv.")
+        || [
+            "cluster.command",
+            "cluster.forward",
+            "cluster.members",
+            "cluster.catchup",
+            "cluster.publish",
+        ]
+        .contains(&event)
+}
+
+/// The top-level field names of `{a, b?, c[]}` argument lists.
+fn field_names(args: &[&String]) -> Vec<String> {
+    let mut fields: Vec<String> = Vec::new();
+    for a in args {
+        let inner = a.trim_start_matches('{').trim_end_matches('}');
+        for f in inner.split(',') {
+            let f = f.trim().trim_end_matches('?').trim_end_matches("[]");
+            if !f.is_empty() && !fields.iter().any(|g| g == f) {
+                fields.push(f.to_string());
+            }
+        }
+    }
+    fields
+}
+
+/// Every request event of docs/PROTOCOL.md's tables with its argument
+/// fields: a row whose first cell names events in backticks and holds their
+/// arguments as `{…}` beside them or in the second cell (`ping`'s
+/// "anything" has none), and the HTTP reads of section 8. A row that
+/// restricts a field to some of its events (`delay_ms`: `nak` only) gives
+/// the field to those alone.
+fn contract_requests() -> Vec<(String, Vec<String>)> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/PROTOCOL.md"))
+        .expect("read docs/PROTOCOL.md");
+    let ticked = |cell: &str| -> Vec<String> {
+        cell.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    };
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for line in doc.lines() {
+        let cells: Vec<&str> = line.trim_end_matches(" |").split(" | ").collect();
+        if !line.starts_with("| `") || cells.len() < 2 {
+            continue;
+        }
+        let first = ticked(cells[0].trim_start_matches("| "));
+        let second = ticked(cells[1]);
+        let events: Vec<&String> = first
+            .iter()
+            .filter(|t| {
+                t.chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '.' || c == '_')
+            })
+            .collect();
+        // `/control`'s table has the arguments beside the event and the
+        // answer in the second cell; the others have them in the second.
+        let in_first: Vec<&String> = first.iter().filter(|t| t.starts_with('{')).collect();
+        let args = if in_first.is_empty() {
+            second.iter().filter(|t| t.starts_with('{')).collect()
+        } else {
+            in_first
+        };
+        let is_ping = events.iter().any(|e| *e == "ping") && cells[1].trim() == "anything";
+        if events.is_empty() || (args.is_empty() && !is_ping) {
+            continue;
+        }
+        let fields = field_names(&args);
+        for e in events {
+            // "(`delay_ms`: `nak` only)": the field is not the others'.
+            let fields: Vec<String> = fields
+                .iter()
+                .filter(|f| {
+                    let only = format!("(`{f}`: `");
+                    match cells[1].split_once(&only) {
+                        Some((_, rest)) => rest.starts_with(&format!("{e}` only)")),
+                        None => true,
+                    }
+                })
+                .cloned()
+                .collect();
+            match out.iter_mut().find(|(name, _)| name == e) {
+                Some((_, known)) => {
+                    for f in fields {
+                        if !known.contains(&f) {
+                            known.push(f);
+                        }
+                    }
+                }
+                None => out.push((e.clone(), fields)),
+            }
+        }
+    }
+    for path in ["/healthz", "/metrics"] {
+        assert!(
+            doc.contains(&format!("`GET {path}`")),
+            "section 8 no longer lists GET {path}"
+        );
+        out.push((format!("GET {path}"), Vec::new()));
+    }
+    out
+}
+
+#[test]
+fn every_request_field_of_the_contract_has_a_flag() {
+    let requests = contract_requests();
+    // The walk found the tables: a few known rows are there.
+    for (known, field) in [
+        ("sub", "max"),
+        ("stream.create", "replicas"),
+        ("consumer.create", "deliver_group"),
+        ("cluster.add", "raft_addr"),
+        ("nak", "delay_ms"),
+        ("group.set", "mode"),
+    ] {
+        assert!(
+            requests
+                .iter()
+                .any(|(e, f)| e == known && f.iter().any(|g| g == field)),
+            "{known}.{field} not found in docs/PROTOCOL.md's tables: {requests:?}"
+        );
+    }
+    assert!(
+        requests
+            .iter()
+            .any(|(e, f)| e == "ack" && !f.iter().any(|g| g == "delay_ms")),
+        "delay_ms is nak's alone: {requests:?}"
+    );
+    let mut missing = Vec::new();
+    let mut help_of = std::collections::HashMap::new();
+    for (event, fields) in &requests {
+        if not_for_the_cli(event) {
+            continue;
+        }
+        let wanted: Vec<&str> = if fields.is_empty() {
+            vec![""]
+        } else {
+            fields.iter().map(String::as_str).collect()
+        };
+        for field in wanted {
+            let Some(&(_, _, command, how)) = FIELD_FLAGS
+                .iter()
+                .find(|(e, f, _, _)| e == event && *f == field)
+            else {
+                missing.push(format!("{event} {field}: no CLI mapping"));
+                continue;
+            };
+            let help = help_of.entry(command).or_insert_with(|| {
+                let mut args: Vec<&str> = command.split(' ').collect();
+                args.push("--help");
+                ok(&args)
+            });
+            let usage = help.lines().next().unwrap_or("");
+            let found = match how {
+                "ARG" => usage.starts_with(&format!("Usage: gombus {command} ")),
+                "client" => true,
+                flag => help
+                    .lines()
+                    .any(|l| l.split_whitespace().any(|w| w == flag)),
+            };
+            if !found {
+                missing.push(format!("{event} {field}: `gombus {command}` lacks {how}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "contract fields without a CLI flag:\n{}",
+        missing.join("\n")
+    );
 }

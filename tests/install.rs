@@ -18,7 +18,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::Broker;
+use common::{http_get, Broker};
 use gombus::client::Client;
 use serde_json::json;
 
@@ -262,8 +262,11 @@ fn verify_units(root: &Path, units: &Path) {
 #[test]
 fn make_dist_builds_a_tarball_whose_sums_verify() {
     let out_dir = TempDir::new("dist");
+    // The host's target only: the ARM tarballs are the same recipe, and
+    // their binaries are tested under qemu by tests/emulated.rs.
     let out = make(&[
         "dist".to_string(),
+        "TARGETS=x86_64-unknown-linux-gnu".to_string(),
         format!("DIST_OUT={}", out_dir.0.display()),
     ]);
     let name = format!("gombus-{VERSION}-x86_64-linux");
@@ -334,27 +337,31 @@ fn make_dist_builds_a_tarball_whose_sums_verify() {
     );
 }
 
-/// A plain HTTP/1.1 GET; (status code, body).
-fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
+/// The budget of dist/size-budget: its one line that is a number.
+fn size_budget() -> u64 {
+    let text = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("dist/size-budget"));
+    let numbers: Vec<u64> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    assert_eq!(
+        numbers.len(),
+        1,
+        "dist/size-budget holds one number: {text}"
+    );
+    numbers[0]
+}
+
+#[test]
+fn release_broker_is_within_its_size_budget() {
+    // `make test` passes the release broker of `make build`; a debug build
+    // says nothing about the release's size.
+    let Ok(bin) = std::env::var("GOMBUS_BIN") else {
+        eprintln!("skipped: GOMBUS_BIN names no release broker (`make test` sets it)");
+        return;
+    };
+    let budget = size_budget();
+    let size = std::fs::metadata(&bin).expect("stat the broker").len();
+    assert!(
+        size <= budget,
+        "{bin} is {size} bytes, over the budget of {budget} in dist/size-budget \
+         (docs/PERFORMANCE.md, \"Binary size\")"
+    );
 }

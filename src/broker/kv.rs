@@ -286,9 +286,9 @@ impl Broker {
                     .stream_groups
                     .held
                     .get(group)
-                    .filter(|h| h.serving)
+                    .filter(|h| h.core.serving())
                     .ok_or_else(|| unavailable("the bucket's leader is not serving yet"))?;
-                f(&h.replica)
+                f(&h.core.replica)
             }
             _ => Err(unavailable("the bucket is not served here")),
         }
@@ -364,7 +364,7 @@ impl Broker {
             .stream_groups
             .held
             .iter()
-            .filter(|(_, h)| h.serving && kvm::bucket_of_stream(&h.name).is_some())
+            .filter(|(_, h)| h.core.serving() && kvm::bucket_of_stream(&h.name).is_some())
             .map(|(g, h)| (h.name.clone(), *g))
             .collect();
         for (name, group) in led {
@@ -529,7 +529,7 @@ impl Broker {
                 .held
                 .values_mut()
                 .find(|h| h.name == stream)
-                .map(|h| &mut h.replica.tap),
+                .map(|h| &mut h.core.replica.tap),
         };
         if let Some(t) = tap {
             t.get_or_insert_with(Vec::new);
@@ -558,15 +558,15 @@ impl Broker {
                     .held
                     .values_mut()
                     .find(|h| *h.name == **name && h.opened && !h.lost && h.catchup.is_none())
-                    .map(|h| h.replica.tap.replace(Vec::new())),
+                    .map(|h| h.core.replica.tap.replace(Vec::new())),
             };
             let stored = tap.map(Option::unwrap_or_default);
             self.streams.feed_watches(sink, name, stored.as_deref());
         }
         self.streams.untap(&watched);
         for h in self.stream_groups.held.values_mut() {
-            if h.replica.tap.is_some() && !watched.contains(h.name.as_str()) {
-                h.replica.tap = None;
+            if h.core.replica.tap.is_some() && !watched.contains(h.name.as_str()) {
+                h.core.replica.tap = None;
             }
         }
     }
@@ -578,7 +578,7 @@ fn watchable<'a>(
 ) -> Option<&'a Replica> {
     held.values()
         .find(|h| h.name == stream && h.opened && !h.lost && h.catchup.is_none())
-        .map(|h| &h.replica)
+        .map(|h| &h.core.replica)
 }
 
 /// `{"name": stream}` as a raw argument.

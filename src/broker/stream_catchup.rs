@@ -70,6 +70,16 @@ pub(crate) struct CatchUp {
     since: Instant,
     /// Record bytes received.
     received: u64,
+    /// The last entry the core committed meanwhile (it is skipped): past
+    /// `index`, the snapshot no longer covers what the core applied.
+    skipped_through: u64,
+}
+
+impl CatchUp {
+    /// The core committed the entry at `index` during the catch-up.
+    pub(crate) fn skipped(&mut self, index: u64) {
+        self.skipped_through = self.skipped_through.max(index);
+    }
 }
 
 impl Broker {
@@ -111,20 +121,20 @@ impl Broker {
             Some((dir, segment_bytes)) if !h.opened => {
                 Replica::restore_files(&mut read, r.size, now, dir, *segment_bytes).map(
                     |(rep, target)| {
-                        h.replica = rep;
+                        h.core.replica = rep;
                         h.opened = true;
                         target
                     },
                 )
             }
-            _ => h.replica.rebase(&mut read, r.size, now),
+            _ => h.core.replica.rebase(&mut read, r.size, now),
         };
         match taken {
             Ok(target) => {
                 crate::log_info!(
                     "stream {:?}: catching up to its snapshot at {index}: holds {} of {} messages",
                     h.name,
-                    h.replica.messages(),
+                    h.core.replica.messages(),
                     target.count
                 );
                 h.lost = false;
@@ -136,6 +146,7 @@ impl Broker {
                     retry_at: None,
                     since: now,
                     received: 0,
+                    skipped_through: 0,
                 });
                 self.catch_up(group, now);
             }
@@ -166,18 +177,35 @@ impl Broker {
         let Some(cu) = h.catchup.as_mut() else {
             return;
         };
-        let held = h.replica.held_through();
+        if cu.skipped_through > cu.index {
+            // A leader fed the core entries past the snapshot (it holds
+            // a longer log than the one that sent it): they were not
+            // applied, so the replica starts again from a fresh snapshot.
+            crate::log_warn!(
+                "stream {:?}: entries past its snapshot at {} came during its catch-up; \
+                 fetching again",
+                h.name,
+                cu.index
+            );
+            h.catchup = None;
+            h.lost = true;
+            if let Some(raft) = c.raft_node() {
+                raft.send(ToRaft::GroupLost { group });
+            }
+            return;
+        }
+        let held = h.core.replica.held_through();
         if !cu.target.wants_after(held) {
-            if !h.replica.is_whole(&cu.target) {
+            if !h.core.replica.is_whole(&cu.target) {
                 crate::log_warn!(
                     "stream {:?}: its messages disagree with the snapshot at {}; starting over",
                     h.name,
                     cu.index
                 );
-                h.replica.start_over();
+                h.core.replica.start_over();
                 return;
             }
-            if let Err(e) = h.replica.sync() {
+            if let Err(e) = h.core.replica.sync() {
                 crate::log_error!("stream {:?}: syncing its files: {e}", h.name);
                 return;
             }
@@ -189,7 +217,7 @@ impl Broker {
                 now.saturating_duration_since(cu.since).as_millis()
             );
             h.catchup = None;
-            h.applied = index;
+            h.core.applied = index;
             h.installed = Some(index);
             if let Some(raft) = c.raft_node() {
                 raft.send(ToRaft::GroupInstall { group, index });
@@ -202,7 +230,7 @@ impl Broker {
         if waiting || cu.retry_at.is_some_and(|t| now < t) {
             return;
         }
-        let Some(leader) = h.leader.filter(|&l| l != me) else {
+        let Some(leader) = h.core.leader().filter(|&l| l != me) else {
             return;
         };
         let args = json!({
@@ -263,9 +291,9 @@ impl Broker {
         let recs = attachments.first().map_or(&[][..], Vec::as_slice);
         cu.received += recs.len() as u64;
         let target = cu.target.clone();
-        if let Err(e) = h.replica.take_records(recs, &target) {
+        if let Err(e) = h.core.replica.take_records(recs, &target) {
             crate::log_warn!("stream {:?}: catching up: {e}; starting over", h.name);
-            h.replica.start_over();
+            h.core.replica.start_over();
         }
         self.catch_up(group, now);
     }
@@ -291,8 +319,9 @@ impl Broker {
         else {
             return Err(bad("cluster.catchup takes {group, index, after, max}"));
         };
+        // Clamped as a u64: a `usize` cast first would wrap on 32-bit hosts.
         let max = num("max").map_or(CATCHUP_BATCH_BYTES, |m| {
-            (m as usize).clamp(1, CATCHUP_BATCH_BYTES)
+            m.clamp(1, CATCHUP_BATCH_BYTES as u64) as usize
         });
         let now = sink.now();
         let Some(h) = self.stream_groups.held.get_mut(&group) else {
@@ -305,7 +334,7 @@ impl Broker {
             let due = h
                 .forced_at
                 .is_none_or(|t| now.saturating_duration_since(t) >= FORCED_SNAPSHOT_EVERY);
-            if due && h.applied >= index {
+            if due && h.core.applied >= index {
                 h.forced_at = Some(now);
                 self.snapshot_now(group);
             }
@@ -347,7 +376,7 @@ impl Broker {
         let Some(h) = self.stream_groups.held.get_mut(&group) else {
             return;
         };
-        let index = h.applied;
+        let index = h.core.applied;
         let empty = |raft: &crate::cluster::node::RaftNode| {
             raft.send(ToRaft::GroupCompact {
                 group,
@@ -361,7 +390,7 @@ impl Broker {
             return;
         }
         match raft.group_dir(group) {
-            Some(dir) => match h.replica.freeze() {
+            Some(dir) => match h.core.replica.freeze() {
                 Ok(mut frozen) => {
                     let dead = frozen.take_dead();
                     let frozen = std::sync::Arc::new(frozen);
@@ -386,8 +415,8 @@ impl Broker {
                 }
             },
             None => {
-                h.replica.delete_dead();
-                let data = h.replica.snapshot().unwrap_or_else(|e| {
+                h.core.replica.delete_dead();
+                let data = h.core.replica.snapshot().unwrap_or_else(|e| {
                     crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
                     Vec::new()
                 });

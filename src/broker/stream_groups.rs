@@ -26,17 +26,20 @@
 //!   sends what their apply accepted, so a new leader goes on where the
 //!   old one stopped.
 //!
+//! Each held stream's group is a [`Group`] (`stream/group.rs`): the
+//! replica and the leader's bookkeeping of its proposals, a pure component
+//! the stream simulation drives too. This file routes events to it,
+//! feeds it the group's Raft events and renders its answers.
+//!
 //! The replica keeps an index of its messages in memory and their
-//! payloads in segment files under `<data>/replicas/g<group>.<n>` (see
+//! payloads in segment files under `<data>/replicas/g<group>` (see
 //! `stream/payloads.rs`; in memory when the broker has no data
-//! directory). Those files are a cache: the group's log (and its
-//! snapshots, taken from [`Replica::snapshot`] when the log grows long) is
-//! what keeps the stream across restarts. The directory is emptied when
-//! the broker starts, and a restarted member applies its snapshot and the
-//! log again; a snapshot restored while running goes to a fresh
-//! directory, and the old one is removed with the replica it replaces.
+//! directory), kept across restarts: they are fsynced before a snapshot
+//! that names them is stored, and a snapshot holds only the stream's
+//! state (see `stream_catchup.rs` for a member that lacks what one
+//! names).
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::time::{Duration, Instant};
 
@@ -60,29 +63,18 @@ use crate::protocol::stream_messages::{
     StreamConfig, FETCH_BATCH_MAX,
 };
 use crate::routing::subs::SubTable;
+use crate::stream::group::{Done, Group};
 use crate::stream::payloads::Payloads;
 use crate::stream::replica::{AckKind, Frozen, Malformed, Op, Outcome, Publish, Replica};
 use crate::stream::stream::{Msg, Stored};
 
-/// How long a request may wait for its entry to be committed and
-/// applied before it is answered `unavailable` (the contract's bound is
-/// 5 s).
-pub const ENTRY_WAIT: Duration = Duration::from_millis(4_500);
-/// How often a leader proposes an [`Op::Expire`] for a stream with
-/// `max_age_ms` or a `Msg-Id` window.
-const EXPIRE_EVERY: Duration = Duration::from_secs(1);
-/// How often a leader looks for deliveries that used up `max_deliver`
-/// (an [`Op::Exhausted`] proposed twice finds nothing the second time).
-const EXHAUST_EVERY: Duration = Duration::from_millis(100);
-/// Most requests waiting on one stream's entries.
-const WAITING_MAX: usize = 100_000;
+pub use crate::stream::group::ENTRY_WAIT;
 /// Most fetches waiting for messages on one stream.
 const FETCH_WAITS_MAX: usize = 10_000;
 
 /// Who answers once an op's outcome is known.
 #[derive(Debug, Clone)]
-enum Reply {
-    None,
+pub(super) enum Reply {
     /// With `revision`, a bucket write: `{ok, revision}`.
     Publish {
         conn: ConnId,
@@ -124,7 +116,7 @@ enum Reply {
 
 /// A `consumer.fetch` waiting for messages or for its delivery entry.
 #[derive(Debug, Clone)]
-struct FetchWait {
+pub(super) struct FetchWait {
     conn: ConnId,
     ack_id: u64,
     consumer: String,
@@ -132,42 +124,13 @@ struct FetchWait {
     deadline: Instant,
 }
 
-/// An entry proposed and not applied yet: its bytes (to tell it from
-/// another leader's entry at the same index) and one reply per op.
-struct InFlight {
-    data: Vec<u8>,
-    replies: Vec<Reply>,
-    since: Instant,
-}
-
 /// One replicated stream held here.
 pub(super) struct Held {
     pub(super) name: String,
-    pub(super) replica: Replica,
-    pub(super) applied: u64,
-    role: Role,
-    term: u64,
-    pub(super) leader: Option<u64>,
-    /// The leader has applied an entry of its own term: its state holds
-    /// everything it acked.
-    pub(super) serving: bool,
-    /// An empty entry was proposed in this term so that one of its
-    /// entries applies (and the leader starts serving) even when no
-    /// request comes.
-    barrier: bool,
-    /// This turn's ops and their replies.
-    ops: Vec<Op>,
-    replies: Vec<Reply>,
-    /// Proposed, index not known yet (by tag).
-    proposed: HashMap<u64, InFlight>,
-    /// Appended at an index, not applied yet.
-    at: BTreeMap<u64, InFlight>,
+    /// The replica and the leader's proposals.
+    pub(super) core: Group<Reply>,
     /// Fetches waiting for messages.
     waits: VecDeque<FetchWait>,
-    /// Consumers with a delivery entry in flight.
-    delivering: HashSet<String>,
-    next_expire: Option<Instant>,
-    next_exhaust: Option<Instant>,
     /// Where the replica's payload files are (`<data>/replicas/g<group>`)
     /// and the segment size, with a data directory.
     pub(super) store: Option<(std::path::PathBuf, u64)>,
@@ -192,23 +155,10 @@ pub(super) struct Held {
 /// Snapshots a node keeps to serve members catching up from them.
 pub(super) const FROZEN_KEPT: usize = 2;
 
-impl Held {
-    fn waiting(&self) -> usize {
-        self.replies.len()
-            + self
-                .proposed
-                .values()
-                .map(|f| f.replies.len())
-                .sum::<usize>()
-            + self.at.values().map(|f| f.replies.len()).sum::<usize>()
-    }
-}
-
 /// The replicated streams held on this node, by group.
 #[derive(Default)]
 pub(crate) struct StreamGroups {
     pub(super) held: HashMap<GroupId, Held>,
-    next_tag: u64,
     /// Reused buffer for ack headers.
     pub(super) head: Vec<u8>,
     /// Round robin over a deliver group's members.
@@ -238,36 +188,30 @@ impl StreamGroups {
         ack_id: Option<u64>,
         revision: bool,
     ) -> Result<(), ApiError> {
-        let Some(h) = self
-            .held
-            .get_mut(&p.group)
-            .filter(|h| h.role == Role::Leader)
-        else {
+        let Some(h) = self.held.get_mut(&p.group).filter(|h| h.core.leads()) else {
             return Err(unavailable(
                 "this node does not lead the stream (its leader changed)",
             ));
         };
-        if h.waiting() >= WAITING_MAX {
+        if h.core.full() {
             return Err(ApiError::new(
                 Code::Limit,
                 "too many publishes are waiting for the stream's replicas",
             ));
         }
-        h.ops.push(Op::Publish(Publish {
+        let op = Op::Publish(Publish {
             subject: p.subject.to_string(),
             headers: p.headers.map(str::to_string),
             data: p.data.to_vec(),
             binary: p.binary,
             time_ms: epoch_ms(),
-        }));
-        h.replies.push(match ack_id {
-            Some(ack_id) => Reply::Publish {
-                conn,
-                ack_id,
-                revision,
-            },
-            None => Reply::None,
         });
+        let reply = ack_id.map(|ack_id| Reply::Publish {
+            conn,
+            ack_id,
+            revision,
+        });
+        h.core.take(op, reply);
         Ok(())
     }
 
@@ -277,7 +221,7 @@ impl StreamGroups {
     pub(crate) fn forget_conn(&mut self, conn: ConnId) {
         self.batches.forget_conn(conn);
         let gone = |r: &Reply| match r {
-            Reply::None | Reply::Push { .. } => false,
+            Reply::Push { .. } => false,
             Reply::Publish { conn: c, .. }
             | Reply::Ok { conn: c, .. }
             | Reply::Purge { conn: c, .. }
@@ -285,17 +229,9 @@ impl StreamGroups {
             Reply::Fetch(w) => w.conn == conn,
             Reply::Read { conn: c, .. } => *c == conn,
         };
-        let forget = |rs: &mut Vec<Reply>| {
-            for r in rs.iter_mut().filter(|r| gone(r)) {
-                *r = Reply::None;
-            }
-        };
         for h in self.held.values_mut() {
             h.waits.retain(|w| w.conn != conn);
-            forget(&mut h.replies);
-            for f in h.proposed.values_mut().chain(h.at.values_mut()) {
-                forget(&mut f.replies);
-            }
+            h.core.forget(gone);
         }
     }
 
@@ -325,13 +261,13 @@ impl StreamGroups {
 
     /// The leader of group `group` as this member knows it.
     pub(crate) fn leader(&self, group: GroupId) -> Option<u64> {
-        self.held.get(&group).and_then(|h| h.leader)
+        self.held.get(&group).and_then(|h| h.core.leader())
     }
 
     /// `(messages, bytes, first_seq, last_seq, consumers)` of group
     /// `group`'s replica here.
     pub(crate) fn state(&self, group: GroupId) -> Option<Value> {
-        self.held.get(&group).map(|h| state_json(&h.replica))
+        self.held.get(&group).map(|h| state_json(&h.core.replica))
     }
 }
 
@@ -441,21 +377,8 @@ impl Broker {
                 p.group,
                 Held {
                     name: name.clone(),
-                    replica: Replica::new(cfg),
-                    applied: 0,
-                    role: Role::Follower,
-                    term: 0,
-                    leader: None,
-                    serving: false,
-                    barrier: false,
-                    ops: Vec::new(),
-                    replies: Vec::new(),
-                    proposed: HashMap::new(),
-                    at: BTreeMap::new(),
+                    core: Group::new(Replica::new(cfg)),
                     waits: VecDeque::new(),
-                    delivering: HashSet::new(),
-                    next_expire: None,
-                    next_exhaust: None,
                     opened: store.is_none(),
                     store,
                     catchup: None,
@@ -475,7 +398,7 @@ impl Broker {
             .collect();
         for g in gone {
             if let Some(h) = self.stream_groups.held.remove(&g) {
-                h.replica.destroy();
+                h.core.replica.destroy();
             }
         }
         self.want_group_members();
@@ -495,9 +418,8 @@ impl Broker {
             .collect();
         for g in groups {
             if let Some(h) = self.stream_groups.held.get_mut(&g) {
-                if h.role == Role::Leader {
-                    h.ops.push(Op::Expire { now_ms: 0 });
-                    h.replies.push(Reply::None);
+                if h.core.leads() {
+                    h.core.take(Op::Expire { now_ms: 0 }, None);
                 }
             }
         }
@@ -516,10 +438,10 @@ impl Broker {
             .ok_or_else(|| unavailable("not in a cluster"))?;
         let me = c.me();
         if let Some(h) = self.stream_groups.held.get(&group) {
-            if h.role == Role::Leader {
+            if h.core.leads() {
                 return Ok(Route::Here);
             }
-            return match h.leader {
+            return match h.core.leader() {
                 Some(l) if l != me => Ok(Route::Relay(l)),
                 _ => Err(unavailable(
                     "the stream has no leader (its replicas are electing one)",
@@ -771,7 +693,7 @@ impl Broker {
                 | StreamOp::ConsumerList
                 | StreamOp::ConsumerCreate
         );
-        if reads && !h.serving {
+        if reads && !h.core.serving() {
             return Err(unavailable(
                 "the stream's new leader is catching up; try again",
             ));
@@ -783,27 +705,24 @@ impl Broker {
             let Some(ack_id) = ack_id else {
                 return Ok(None);
             };
-            h.ops.push(Op::Expire { now_ms: 0 });
-            h.replies.push(Reply::Read {
+            let read = Reply::Read {
                 conn,
                 ack_id,
                 op,
                 arg: arg.map_or("{}", RawValue::get).to_string(),
-                as_of: h.applied,
-            });
+                as_of: h.core.applied,
+            };
+            h.core.take(Op::Expire { now_ms: 0 }, Some(read));
             return Ok(None);
         }
-        if h.waiting() >= WAITING_MAX {
+        if h.core.full() {
             return Err(ApiError::new(
                 Code::Limit,
                 "too many requests are waiting for the stream's replicas",
             ));
         }
-        let r = &h.replica;
-        let reply_ok = |ack_id: Option<u64>| match ack_id {
-            Some(ack_id) => Reply::Ok { conn, ack_id },
-            None => Reply::None,
-        };
+        let r = &h.core.replica;
+        let reply_ok = |ack_id: Option<u64>| ack_id.map(|ack_id| Reply::Ok { conn, ack_id });
         match op {
             StreamOp::StreamInfo => {
                 let body =
@@ -880,32 +799,27 @@ impl Broker {
                 }
                 let config = serde_json::to_string(&cfg)
                     .map_err(|e| ApiError::new(Code::Internal, e.to_string()))?;
-                h.ops.push(Op::ConsumerCreate { config });
-                h.replies.push(match ack_id {
-                    Some(ack_id) => Reply::Consumer {
-                        conn,
-                        ack_id,
-                        name: cfg.name,
-                    },
-                    None => Reply::None,
+                let reply = ack_id.map(|ack_id| Reply::Consumer {
+                    conn,
+                    ack_id,
+                    name: cfg.name,
                 });
+                h.core.take(Op::ConsumerCreate { config }, reply);
                 Ok(None)
             }
             StreamOp::ConsumerDelete => {
                 let req: ConsumerReq = parse(arg)?;
-                h.ops.push(Op::ConsumerDelete { name: req.name });
-                h.replies.push(reply_ok(ack_id));
+                let op = Op::ConsumerDelete { name: req.name };
+                h.core.take(op, reply_ok(ack_id));
                 Ok(None)
             }
             StreamOp::StreamPurge => {
                 let req: PurgeReq = parse(arg)?;
-                h.ops.push(Op::Purge {
+                let op = Op::Purge {
                     filter: req.subject,
-                });
-                h.replies.push(match ack_id {
-                    Some(ack_id) => Reply::Purge { conn, ack_id },
-                    None => Reply::None,
-                });
+                };
+                h.core
+                    .take(op, ack_id.map(|ack_id| Reply::Purge { conn, ack_id }));
                 Ok(None)
             }
             StreamOp::Ack | StreamOp::Nak | StreamOp::Term | StreamOp::Wip => {
@@ -919,16 +833,16 @@ impl Broker {
                     StreamOp::Term => AckKind::Term,
                     _ => AckKind::Wip,
                 };
-                h.ops.push(Op::Acks {
+                let op = Op::Acks {
                     consumer: req.consumer,
                     acks: vec![(kind, req.seq)],
-                });
-                h.replies.push(reply_ok(ack_id));
+                };
+                h.core.take(op, reply_ok(ack_id));
                 Ok(None)
             }
             StreamOp::ConsumerFetch => {
                 let req: FetchReq = parse(arg)?;
-                if r.consumer(&req.consumer).is_none() && h.serving {
+                if r.consumer(&req.consumer).is_none() && h.core.serving() {
                     return Err(ApiError::new(
                         Code::NotFound,
                         format!("no consumer {:?}", req.consumer),
@@ -982,9 +896,9 @@ impl Broker {
     }
 
     /// At the end of a loop turn: on each group this node leads, the
-    /// waiting fetches take their deliveries, expiry is due, and the
-    /// turn's ops go out as one entry; requests waiting too long are
-    /// answered `unavailable`.
+    /// waiting fetches take their deliveries, and the group's turn ends
+    /// (its ops go out as one entry, see [`Group::flush`]); requests
+    /// refused meanwhile are answered `unavailable`.
     pub(crate) fn flush_stream_groups(&mut self, sink: &mut dyn Sink) {
         if self.stream_groups.held.is_empty() {
             return;
@@ -995,91 +909,26 @@ impl Broker {
         let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) else {
             return;
         };
-        let mut answers: Vec<(ConnId, u64, String)> = Vec::new();
-        let groups = &mut self.stream_groups;
-        for (&group, h) in groups.held.iter_mut() {
-            if h.role == Role::Leader && !h.serving && !h.barrier {
-                h.barrier = true;
-                let data = crate::stream::replica::encode_entry(&[]);
-                groups.next_tag += 1;
+        let mut out = Settled::default();
+        let now_ms = epoch_ms();
+        for (&group, h) in self.stream_groups.held.iter_mut() {
+            if h.core.leads() {
+                plan_fetches(h, now, &mut out.answers);
+                plan_pushes(h, &mut self.fsm.subs, &self.remote_push, now);
+            }
+            let mut done = Vec::new();
+            for p in h.core.flush(now, now_ms, &mut done) {
                 raft.send(ToRaft::GroupPropose {
                     group,
-                    tag: groups.next_tag,
-                    data,
+                    tag: p.tag,
+                    data: p.data,
                 });
             }
-            if h.role == Role::Leader {
-                plan_fetches(h, now, &mut answers);
-                plan_pushes(h, &mut self.fsm.subs, &self.remote_push, now);
-                if h.serving && h.next_exhaust.is_none_or(|t| t <= now) {
-                    h.next_exhaust = Some(now + EXHAUST_EVERY);
-                    for consumer in h.replica.consumer_names() {
-                        let seqs = h.replica.exhausted_deliveries(&consumer, now);
-                        if !seqs.is_empty() {
-                            h.ops.push(Op::Exhausted { consumer, seqs });
-                            h.replies.push(Reply::None);
-                        }
-                    }
-                }
-                let cfg = h.replica.config();
-                if cfg.max_age_ms > 0 || cfg.duplicate_window_ms > 0 {
-                    let due = h.next_expire.is_none_or(|t| t <= now);
-                    if due && h.serving {
-                        h.next_expire = Some(now + EXPIRE_EVERY);
-                        h.ops.push(Op::Expire { now_ms: epoch_ms() });
-                        h.replies.push(Reply::None);
-                    }
-                }
-            }
-            if !h.ops.is_empty() {
-                let ops = std::mem::take(&mut h.ops);
-                let replies = std::mem::take(&mut h.replies);
-                if h.role != Role::Leader {
-                    for r in &replies {
-                        refuse(r, &mut answers, "the stream's leader changed; try again");
-                    }
-                    continue;
-                }
-                let data = crate::stream::replica::encode_entry(&ops);
-                groups.next_tag += 1;
-                let tag = groups.next_tag;
-                h.proposed.insert(
-                    tag,
-                    InFlight {
-                        data: data.clone(),
-                        replies,
-                        since: now,
-                    },
-                );
-                raft.send(ToRaft::GroupPropose { group, tag, data });
-            }
-            // Whatever waited past the bound: answered, never left hanging.
-            let old = |f: &InFlight| now.duration_since(f.since) >= ENTRY_WAIT;
-            let stale: Vec<u64> =
-                h.at.iter()
-                    .filter(|(_, f)| old(f))
-                    .map(|(i, _)| *i)
-                    .collect();
-            for i in stale {
-                if let Some(f) = h.at.remove(&i) {
-                    give_up(h, &f, &mut answers);
-                }
-            }
-            let stale: Vec<u64> = h
-                .proposed
-                .iter()
-                .filter(|(_, f)| old(f))
-                .map(|(t, _)| *t)
-                .collect();
-            for t in stale {
-                if let Some(f) = h.proposed.remove(&t) {
-                    give_up(h, &f, &mut answers);
-                }
+            for d in done {
+                settle(h, d, now, &mut out);
             }
         }
-        for (conn, ack_id, body) in answers {
-            self.stream_groups.answer(sink, conn, ack_id, body);
-        }
+        self.stream_groups.send_settled(sink, out);
     }
 
     /// What the Raft thread says about stream group `group`.
@@ -1096,10 +945,8 @@ impl Broker {
         let Some(h) = self.stream_groups.held.get_mut(&group) else {
             return;
         };
-        let mut answers: Vec<(ConnId, u64, String)> = Vec::new();
-        let mut binary: Vec<(ConnId, u64, String, Vec<Vec<u8>>)> = Vec::new();
-        let mut reads = Vec::new();
-        let mut pushes: Vec<(String, Vec<(u64, u64)>)> = Vec::new();
+        let mut done = Vec::new();
+        let mut out = Settled::default();
         match event {
             GroupEvent::Restore { index, data, file } => {
                 if h.installed.take() == Some(index) {
@@ -1117,9 +964,14 @@ impl Broker {
                 self.snapshot_arrived(group, index, &data, file, now);
                 return;
             }
-            GroupEvent::Apply { .. } if h.lost || h.catchup.is_some() => {
+            GroupEvent::Apply { index, .. } if h.lost || h.catchup.is_some() => {
                 // The replica is not whole: the group's core is started
-                // again without its log, or waits for it to be.
+                // again without its log, or waits for it to be. An entry
+                // past the snapshot being fetched (a new leader fed the
+                // core meanwhile) is noted: the catch-up cannot end there.
+                if let Some(cu) = h.catchup.as_mut() {
+                    cu.skipped(index);
+                }
             }
             GroupEvent::Apply { index, term, data } => {
                 if !h.opened {
@@ -1128,96 +980,23 @@ impl Broker {
                     h.opened = true;
                     if let Some((dir, segment_bytes)) = &h.store {
                         match Payloads::open(dir, *segment_bytes) {
-                            Ok(p) => h.replica.set_payloads(p),
+                            Ok(p) => h.core.replica.set_payloads(p),
                             Err(e) => crate::log_error!("{}: {e}", dir.display()),
                         }
                     }
                 }
-                h.applied = index;
-                if h.role == Role::Leader && term == h.term {
-                    h.serving = true;
-                }
-                let flight = match h.at.remove(&index) {
-                    Some(f) if f.data == data => Some(f),
-                    // Another leader's entry took the index this node's
-                    // proposal had: that proposal is not in the log, and
-                    // its requests are answered now, not left waiting.
-                    Some(f) => {
-                        give_up(h, &f, &mut answers);
-                        None
-                    }
-                    None => None,
-                };
-                if data.is_empty() {
-                    if let Some(f) = flight {
-                        give_up(h, &f, &mut answers);
-                    }
-                } else {
-                    let ops = match crate::stream::replica::decode_entry(&data) {
-                        Ok(ops) => ops,
-                        Err(e) => {
-                            crate::log_error!("stream {:?}: entry {index}: {e}", h.name);
-                            Vec::new()
-                        }
-                    };
-                    let outcomes = h.replica.apply(&ops, now);
-                    for (op, out) in ops.iter().zip(&outcomes) {
-                        if let (Op::Deliver { consumer, .. }, Outcome::Delivered(_)) = (op, out) {
-                            h.delivering.remove(consumer);
-                        }
-                    }
-                    if let Some(f) = flight {
-                        for (reply, out) in f.replies.into_iter().zip(outcomes) {
-                            match reply {
-                                Reply::Read {
-                                    conn,
-                                    ack_id,
-                                    op,
-                                    arg,
-                                    as_of,
-                                } => reads.push((conn, ack_id, op, arg, as_of)),
-                                Reply::Push { consumer } => {
-                                    if let Outcome::Delivered(list) = out {
-                                        pushes.push((consumer, list));
-                                    }
-                                }
-                                reply => answer(h, &reply, out, now, &mut answers, &mut binary),
-                            }
-                        }
-                    }
+                if let Err(e) = h.core.apply(index, term, &data, now, &mut done, None) {
+                    crate::log_error!("stream {:?}: entry {index}: {e}", h.name);
                 }
             }
             GroupEvent::Proposed { tag, result } => {
-                if let Some(f) = h.proposed.remove(&tag) {
-                    match result {
-                        Ok(index) => {
-                            h.at.insert(index, f);
-                        }
-                        Err(_) => give_up(h, &f, &mut answers),
-                    }
-                }
+                h.core.proposed(tag, result.ok(), &mut done);
             }
             GroupEvent::Status(s) => {
-                let was_leader = h.role == Role::Leader;
-                if s.term != h.term || s.role != Role::Leader {
-                    h.barrier = false;
-                }
-                h.role = s.role;
-                h.term = s.term;
-                h.leader = s.leader;
-                if s.role != Role::Leader {
-                    h.serving = false;
-                    h.next_expire = None;
-                    h.next_exhaust = None;
-                    if was_leader {
-                        for w in std::mem::take(&mut h.waits) {
-                            answers.push((
-                                w.conn,
-                                w.ack_id,
-                                unavailable("the stream's leader changed").ack_body(),
-                            ));
-                        }
-                        h.delivering.clear();
+                if h.core.status(s.role == Role::Leader, s.term, s.leader) {
+                    for w in std::mem::take(&mut h.waits) {
+                        let body = unavailable("the stream's leader changed").ack_body();
+                        out.answers.push((w.conn, w.ack_id, body));
                     }
                 }
                 if s.leader == Some(me) {
@@ -1230,10 +1009,15 @@ impl Broker {
             // Taken above.
             GroupEvent::Settled { .. } => {}
         }
-        if !pushes.is_empty() {
-            self.push_delivered(sink, group, pushes);
+        if let Some(h) = self.stream_groups.held.get_mut(&group) {
+            for d in done {
+                settle(h, d, now, &mut out);
+            }
         }
-        for (conn, ack_id, op, arg, as_of) in reads {
+        if !out.pushes.is_empty() {
+            self.push_delivered(sink, group, std::mem::take(&mut out.pushes));
+        }
+        for (conn, ack_id, op, arg, as_of) in std::mem::take(&mut out.reads) {
             self.stream_groups.lag_as_of = Some(as_of);
             let raw = RawValue::from_string(arg).ok();
             let r = self.serve(
@@ -1247,19 +1031,13 @@ impl Broker {
                 true,
             );
             match r {
-                Ok(Some(body)) => answers.push((conn, ack_id, body)),
+                Ok(Some(body)) => out.answers.push((conn, ack_id, body)),
                 Ok(None) => {}
-                Err(e) => answers.push((conn, ack_id, e.ack_body())),
+                Err(e) => out.answers.push((conn, ack_id, e.ack_body())),
             }
             self.stream_groups.lag_as_of = None;
         }
-        for (conn, ack_id, body) in answers {
-            self.stream_groups.answer(sink, conn, ack_id, body);
-        }
-        for (conn, ack_id, body, attachments) in binary {
-            let head = &mut self.stream_groups.head;
-            super::stream_out::send_ack(sink, head, conn, ack_id, body.as_bytes(), &attachments);
-        }
+        self.stream_groups.send_settled(sink, out);
     }
 
     /// Sends the deliveries a push consumer's entry accepted to its
@@ -1275,7 +1053,7 @@ impl Broker {
             return;
         };
         for (name, list) in pushes {
-            let Some(c) = h.replica.consumer(&name) else {
+            let Some(c) = h.core.replica.consumer(&name) else {
                 continue;
             };
             let Some(subject) = c.cfg.deliver_subject.as_deref() else {
@@ -1283,7 +1061,7 @@ impl Broker {
             };
             let deliver_group = c.cfg.deliver_group.as_deref();
             for (seq, delivered) in list {
-                let Some(m) = msg_of(&h.replica, seq) else {
+                let Some(m) = msg_of(&h.core.replica, seq) else {
                     continue;
                 };
                 let to = Push {
@@ -1354,7 +1132,7 @@ impl Broker {
                 .stream_groups
                 .held
                 .get(&group)
-                .is_some_and(|h| h.role == Role::Leader);
+                .is_some_and(|h| h.core.leads());
             if led_only && !leads {
                 continue;
             }
@@ -1375,10 +1153,56 @@ impl Broker {
     }
 }
 
+/// What a group's events settled: answers to send, and the reads and
+/// push deliveries whose entries applied.
+#[derive(Default)]
+struct Settled {
+    answers: Vec<(ConnId, u64, String)>,
+    binary: Vec<(ConnId, u64, String, Vec<Vec<u8>>)>,
+    reads: Vec<(ConnId, u64, StreamOp, String, u64)>,
+    pushes: Vec<(String, Vec<(u64, u64)>)>,
+}
+
+impl StreamGroups {
+    /// Sends the answers `out` holds.
+    fn send_settled(&mut self, sink: &mut dyn Sink, out: Settled) {
+        for (conn, ack_id, body) in out.answers {
+            self.answer(sink, conn, ack_id, body);
+        }
+        for (conn, ack_id, body, attachments) in out.binary {
+            let head = &mut self.head;
+            super::stream_out::send_ack(sink, head, conn, ack_id, body.as_bytes(), &attachments);
+        }
+    }
+}
+
+/// One request of group `h` done: refused, or answered with its op's
+/// outcome (a read is served, a push consumer's deliveries sent, by the
+/// caller).
+fn settle(h: &mut Held, d: Done<Reply>, now: Instant, out: &mut Settled) {
+    match d {
+        Done::Refused(r, why) => refuse(&r, &mut out.answers, why),
+        Done::Applied(
+            Reply::Read {
+                conn,
+                ack_id,
+                op,
+                arg,
+                as_of,
+            },
+            _,
+        ) => out.reads.push((conn, ack_id, op, arg, as_of)),
+        Done::Applied(Reply::Push { consumer }, Outcome::Delivered(list)) => {
+            out.pushes.push((consumer, list));
+        }
+        Done::Applied(Reply::Push { .. }, _) => {}
+        Done::Applied(reply, outcome) => answer(h, &reply, outcome, now, out),
+    }
+}
+
 fn refuse(r: &Reply, answers: &mut Vec<(ConnId, u64, String)>, why: &str) {
     let body = unavailable(why).ack_body();
     match r {
-        Reply::None => {}
         Reply::Publish { conn, ack_id, .. }
         | Reply::Ok { conn, ack_id }
         | Reply::Purge { conn, ack_id }
@@ -1389,48 +1213,23 @@ fn refuse(r: &Reply, answers: &mut Vec<(ConnId, u64, String)>, why: &str) {
     }
 }
 
-/// An entry that will not be applied as proposed (refused, overwritten,
-/// or not applied within [`ENTRY_WAIT`]): its requests are answered
-/// `unavailable`; a fetch may have been delivered, so it is not retried.
-fn give_up(h: &mut Held, f: &InFlight, answers: &mut Vec<(ConnId, u64, String)>) {
-    for r in &f.replies {
-        match r {
-            Reply::Fetch(w) => {
-                h.delivering.remove(&w.consumer);
-            }
-            Reply::Push { consumer } => {
-                h.delivering.remove(consumer);
-            }
-            _ => {}
-        }
-        refuse(
-            r,
-            answers,
-            "the stream's replicas did not confirm in time; try again",
-        );
-    }
-}
-
 /// On the leader: every waiting fetch whose consumer has no delivery in
 /// flight and has messages due gets an [`Op::Deliver`]; an expired or
 /// `no_wait` fetch with nothing due is answered with no messages.
 fn plan_fetches(h: &mut Held, now: Instant, answers: &mut Vec<(ConnId, u64, String)>) {
     let mut keep = VecDeque::new();
     while let Some(w) = h.waits.pop_front() {
-        if h.replica.consumer(&w.consumer).is_none() && h.serving {
+        let serving = h.core.serving();
+        if h.core.replica.consumer(&w.consumer).is_none() && serving {
             let e = ApiError::new(Code::NotFound, format!("no consumer {:?}", w.consumer));
             answers.push((w.conn, w.ack_id, e.ack_body()));
             continue;
         }
-        if !h.delivering.contains(&w.consumer) && h.serving {
-            let seqs = h.replica.next_deliveries(&w.consumer, w.batch, now);
+        if !h.core.delivering(&w.consumer) && serving {
+            let seqs = h.core.replica.next_deliveries(&w.consumer, w.batch, now);
             if !seqs.is_empty() {
-                h.delivering.insert(w.consumer.clone());
-                h.ops.push(Op::Deliver {
-                    consumer: w.consumer.clone(),
-                    seqs,
-                });
-                h.replies.push(Reply::Fetch(w));
+                let consumer = w.consumer.clone();
+                h.core.deliver(&consumer, seqs, Reply::Fetch(w));
                 continue;
             }
         }
@@ -1449,49 +1248,48 @@ fn plan_fetches(h: &mut Held, now: Instant, answers: &mut Vec<(ConnId, u64, Stri
 /// control: nothing goes out while no one listens, and `max_ack_pending`
 /// bounds what is unacked).
 fn plan_pushes(h: &mut Held, subs: &mut SubTable, remote: &RemotePush, now: Instant) {
-    if !h.serving {
+    if !h.core.serving() {
         return;
     }
-    let last_seq = h.replica.last_seq();
-    for name in h.replica.consumer_names() {
-        let Some(c) = h.replica.consumer(&name) else {
+    let last_seq = h.core.replica.last_seq();
+    for name in h.core.replica.consumer_names() {
+        let Some(c) = h.core.replica.consumer(&name) else {
             continue;
         };
         let Some(subject) = c.cfg.deliver_subject.as_deref() else {
             continue;
         };
         let due = c.next_deadline().is_some_and(|t| t <= now);
-        if h.delivering.contains(&name) || !(due || c.may_have_work(last_seq)) {
+        if h.core.delivering(&name) || !(due || c.may_have_work(last_seq)) {
             continue;
         }
         if !has_targets(subs, remote, subject, c.cfg.deliver_group.as_deref()) {
             continue;
         }
-        let seqs = h.replica.next_deliveries(&name, PUSH_PER_TURN_MAX, now);
+        let seqs = h
+            .core
+            .replica
+            .next_deliveries(&name, PUSH_PER_TURN_MAX, now);
         if seqs.is_empty() {
             continue;
         }
-        h.delivering.insert(name.clone());
-        h.ops.push(Op::Deliver {
-            consumer: name.clone(),
+        h.core.deliver(
+            &name,
             seqs,
-        });
-        h.replies.push(Reply::Push { consumer: name });
+            Reply::Push {
+                consumer: name.clone(),
+            },
+        );
     }
 }
 
 /// Answers one request with its op's outcome.
-fn answer(
-    h: &mut Held,
-    reply: &Reply,
-    out: Outcome,
-    now: Instant,
-    answers: &mut Vec<(ConnId, u64, String)>,
-    binary: &mut Vec<(ConnId, u64, String, Vec<Vec<u8>>)>,
-) {
+fn answer(h: &mut Held, reply: &Reply, out: Outcome, now: Instant, settled: &mut Settled) {
     let err = |e: ApiError| e.ack_body();
+    let Settled {
+        answers, binary, ..
+    } = settled;
     match (reply, out) {
-        (Reply::None, _) => {}
         (Reply::Publish { conn, ack_id, .. }, Outcome::Published(r))
             if matches!(reply, Reply::Publish { revision: true, .. }) =>
         {
@@ -1530,7 +1328,7 @@ fn answer(
         (Reply::Consumer { conn, ack_id, name }, Outcome::Consumer(r)) => {
             let body = match r {
                 Ok(()) => {
-                    let info = consumer_json(&h.replica, name).unwrap_or(Value::Null);
+                    let info = consumer_json(&h.core.replica, name).unwrap_or(Value::Null);
                     ok_with(json!({ "consumer": info }))
                 }
                 Err(e) => err(e),
@@ -1538,7 +1336,6 @@ fn answer(
             answers.push((*conn, *ack_id, body));
         }
         (Reply::Fetch(w), Outcome::Delivered(list)) => {
-            h.delivering.remove(&w.consumer);
             if list.is_empty() && w.deadline > now {
                 // Raced with an ack or a removal: wait on.
                 h.waits.push_back(w.clone());
@@ -1549,7 +1346,7 @@ fn answer(
             body.extend_from_slice(b"[{\"ok\":true,\"messages\":[");
             let mut first = true;
             for (seq, delivered) in list {
-                let Some(m) = msg_of(&h.replica, seq) else {
+                let Some(m) = msg_of(&h.core.replica, seq) else {
                     continue;
                 };
                 if body.len() > FETCH_BYTES_MAX {
@@ -1609,9 +1406,9 @@ fn restore(
     };
     match restored {
         Ok((whole, rep)) => {
-            h.replica = rep;
+            h.core.replica = rep;
             h.opened = true;
-            h.applied = index;
+            h.core.applied = index;
             if !whole {
                 crate::log_warn!(
                     "stream {:?}: its files here lack messages of its snapshot at {index}",
@@ -1645,9 +1442,8 @@ pub(super) fn write_snapshot(
     let again = raft.clone();
     let dead_again = dead.clone();
     let job = move || {
-        let written = frozen.sync().and_then(|()| {
-            let mut w = snapshot_file::Writer::create(&dir, index)?;
-            frozen.write_to(&mut w)?;
+        let written = snapshot_file::Writer::create(&dir, index).and_then(|mut w| {
+            frozen.store(&mut w)?;
             w.finish()
         });
         let data = match written {

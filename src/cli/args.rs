@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use getopts::{Matches, Options, ParsingStyle};
 
-use crate::config::{parse_duration, parse_size};
+use crate::config::{parse_bytes, parse_duration};
 
 /// Where the CLI connects when neither `--server` nor `GOMBUS_URL` is set.
 pub const DEFAULT_SERVER: &str = "127.0.0.1:8080";
@@ -95,6 +95,12 @@ fn stream_add_opts(o: &mut Options) {
     o.optopt("", "max-msgs", "keep at most N messages", "N");
     o.optopt(
         "",
+        "max-msgs-per-subject",
+        "keep at most N messages of each subject",
+        "N",
+    );
+    o.optopt(
+        "",
         "max-bytes",
         "keep at most this many bytes (e.g. 1GiB)",
         "SIZE",
@@ -117,6 +123,12 @@ fn stream_add_opts(o: &mut Options) {
         "dupe-window",
         "Msg-Id duplicate window (e.g. 2m)",
         "DURATION",
+    );
+    o.optopt(
+        "",
+        "replicas",
+        "copies kept on this many cluster nodes (default 1)",
+        "N",
     );
 }
 
@@ -224,6 +236,15 @@ fn consumer_next_opts(o: &mut Options) {
     );
     o.optflag("", "no-wait", "answer at once, even with nothing pending");
     o.optflag("", "no-ack", "do not ack what was fetched");
+}
+
+fn consumer_nak_opts(o: &mut Options) {
+    o.optopt(
+        "",
+        "delay",
+        "redeliver no sooner than this (e.g. 10s; default at once)",
+        "DURATION",
+    );
 }
 
 fn bench_opts(o: &mut Options) {
@@ -429,9 +450,57 @@ pub const COMMANDS: &[Command] = &[
         opts: no_opts,
     },
     Command {
+        path: &["consumer", "ack"],
+        args: "STREAM NAME SEQ",
+        about: "Acknowledge a delivered message.",
+        opts: no_opts,
+    },
+    Command {
+        path: &["consumer", "nak"],
+        args: "STREAM NAME SEQ",
+        about: "Hand a delivered message back for redelivery (--delay).",
+        opts: consumer_nak_opts,
+    },
+    Command {
+        path: &["consumer", "term"],
+        args: "STREAM NAME SEQ",
+        about: "Stop delivering a message, without acking it.",
+        opts: no_opts,
+    },
+    Command {
+        path: &["consumer", "wip"],
+        args: "STREAM NAME SEQ",
+        about: "Still working on a message: restart its ack wait.",
+        opts: no_opts,
+    },
+    Command {
         path: &["server", "info"],
         args: "",
         about: "Show the server's node, uptime and counts (/control).",
+        opts: no_opts,
+    },
+    Command {
+        path: &["server", "health"],
+        args: "",
+        about: "Read /healthz; fails unless the server answers 200.",
+        opts: no_opts,
+    },
+    Command {
+        path: &["server", "metrics"],
+        args: "",
+        about: "Print the server's Prometheus metrics (/metrics).",
+        opts: no_opts,
+    },
+    Command {
+        path: &["group", "set"],
+        args: "QUEUE MODE",
+        about: "Make a queue group loadbalance or broadcast (/control).",
+        opts: no_opts,
+    },
+    Command {
+        path: &["group", "ls"],
+        args: "",
+        about: "List the queue groups set to a mode (/control).",
         opts: no_opts,
     },
     Command {
@@ -450,6 +519,12 @@ pub const COMMANDS: &[Command] = &[
         path: &["cluster", "remove"],
         args: "ID",
         about: "Remove a node from the cluster (/control).",
+        opts: no_opts,
+    },
+    Command {
+        path: &["rtt"],
+        args: "",
+        about: "Measure the round trip to the server (ping).",
         opts: no_opts,
     },
     Command {
@@ -528,11 +603,7 @@ impl Parsed {
     /// A size option (`512`, `64KiB`, `1MB`).
     pub fn opt_size(&self, name: &str) -> Result<Option<u64>, ArgError> {
         self.opt(name)
-            .map(|v| {
-                parse_size(&v)
-                    .map(|n| n as u64)
-                    .map_err(|e| self.usage_error(format!("--{name}: {e}")))
-            })
+            .map(|v| parse_bytes(&v).map_err(|e| self.usage_error(format!("--{name}: {e}"))))
             .transpose()
     }
 

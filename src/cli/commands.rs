@@ -1,5 +1,7 @@
-//! The messaging commands (`pub`, `sub`, `req`, `reply`) and the
-//! `/control` ones (`server info`, `cluster status|add|remove`).
+//! The messaging commands (`pub`, `sub`, `req`, `reply`, `rtt`), the
+//! `/control` ones (`server info`, `group set|ls`,
+//! `cluster status|add|remove`) and the HTTP reads (`server health`,
+//! `server metrics`).
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -213,12 +215,109 @@ pub fn reply(p: &Parsed) -> Result<(), Run> {
 /// Sends `event` with no arguments on /control and returns its ack
 /// without `ok`.
 fn control_call(p: &Parsed, event: &str) -> Result<Value, Run> {
+    control_call_with(p, event, json!({}))
+}
+
+fn control_call_with(p: &Parsed, event: &str, args: Value) -> Result<Value, Run> {
     let client = connect(&p.global, Namespace::Control)?;
     let ack = client
-        .call(event, json!({}))
+        .call(event, args)
         .map_err(|e| Failure::call(event, &e))?;
     let _ = client.close();
     Ok(strip_ok(ack))
+}
+
+/// `rtt`: one `ping` event and the time its ack took.
+pub fn rtt(p: &Parsed) -> Result<(), Run> {
+    let client = connect(&p.global, Namespace::Root)?;
+    let started = std::time::Instant::now();
+    client.ping().map_err(|e| Failure::call("ping", &e))?;
+    let took = started.elapsed();
+    let _ = client.close();
+    let server = client_url(p);
+    if p.global.json {
+        output::json_line(&json!({"server": server, "rtt_ms": took.as_secs_f64() * 1000.0}));
+    } else {
+        println!("{server}: rtt {:.3} ms", took.as_secs_f64() * 1000.0);
+    }
+    Ok(())
+}
+
+fn client_url(p: &Parsed) -> &str {
+    p.global.servers.first().map_or("", String::as_str)
+}
+
+/// `server health` (`/healthz`) and `server metrics` (`/metrics`): an HTTP
+/// GET on the first server that answers. `health` fails unless it is 200.
+pub fn server_http(p: &Parsed) -> Result<(), Run> {
+    let path = match p.command.path[1] {
+        "health" => "/healthz",
+        _ => "/metrics",
+    };
+    let mut last = None;
+    for server in &p.global.servers {
+        match crate::client::http_get(server, path, p.global.timeout) {
+            Ok((code, body)) => {
+                if path == "/metrics" {
+                    print!("{body}");
+                } else if p.global.json {
+                    let status: Value = serde_json::from_str(&body).unwrap_or(json!(body));
+                    output::json_line(&json!({"server": server, "code": code, "health": status}));
+                } else {
+                    println!("{server}: {code} {}", body.trim());
+                }
+                if code != 200 {
+                    return Err(Failure(format!("{server}{path} answered {code}")).into());
+                }
+                return Ok(());
+            }
+            Err(e) => last = Some(Failure::call(&format!("GET {server}{path}"), &e)),
+        }
+    }
+    Err(last
+        .unwrap_or_else(|| Failure("no server given".into()))
+        .into())
+}
+
+/// `group set QUEUE MODE`.
+pub fn group_set(p: &Parsed) -> Result<(), Run> {
+    let (queue, mode) = (&p.args[0], &p.args[1]);
+    if !["loadbalance", "broadcast"].contains(&mode.as_str()) {
+        return Err(p
+            .usage_error(format!("MODE: {mode:?} is not loadbalance or broadcast"))
+            .into());
+    }
+    control_call_with(p, "group.set", json!({"queue": queue, "mode": mode}))?;
+    if p.global.json {
+        output::json_line(&json!({"ok": true, "queue": queue, "mode": mode}));
+    } else {
+        println!("queue group {queue}: {mode}");
+    }
+    Ok(())
+}
+
+/// `group ls`.
+pub fn group_list(p: &Parsed) -> Result<(), Run> {
+    let ack = control_call(p, "group.list")?;
+    if p.global.json {
+        output::json_pretty(&ack);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = ack["groups"]
+        .as_array()
+        .map(|groups| {
+            groups
+                .iter()
+                .map(|g| vec![output::plain(&g["queue"]), output::plain(&g["mode"])])
+                .collect()
+        })
+        .unwrap_or_default();
+    if rows.is_empty() {
+        println!("no queue group rules (every queue load-balances)");
+    } else {
+        output::table(&["QUEUE", "MODE"], &rows);
+    }
+    Ok(())
 }
 
 pub fn server_info(p: &Parsed) -> Result<(), Run> {

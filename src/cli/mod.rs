@@ -1,11 +1,13 @@
 //! The `gombus` command line, on the blocking Rust client: everyday
-//! messaging (`pub`, `sub`, `req`, `reply`), streams and consumers,
-//! key-value buckets, server
-//! and cluster status, and benchmarks.
+//! messaging (`pub`, `sub`, `req`, `reply`, `rtt`), streams and consumers,
+//! key-value buckets, queue group modes, server health, metrics and
+//! cluster membership, and benchmarks. Every request event of the
+//! contract (docs/PROTOCOL.md) but the node-to-node ones has a command;
+//! tests/cli.rs checks that each of its fields has a flag.
 //!
 //! - [`args`]: global flags, the command table, parsing and help.
 //! - [`output`]: text and `--json` printing, the failure type.
-//! - [`commands`]: messaging and `/control` commands.
+//! - [`commands`]: messaging, `/control` and HTTP commands.
 //! - [`streams`]: `stream …` and `consumer …`, through the contract's
 //!   events (section 5) with `Client::call`.
 //! - [`kv`]: `kv …`, key-value buckets (section 14) through the client's
@@ -135,6 +137,10 @@ fn dispatch(p: &Parsed) -> Result<(), Run> {
         ["req"] => commands::request(p),
         ["reply"] => commands::reply(p),
         ["server", "info"] => commands::server_info(p),
+        ["server", "health" | "metrics"] => commands::server_http(p),
+        ["group", "set"] => commands::group_set(p),
+        ["group", "ls"] => commands::group_list(p),
+        ["rtt"] => commands::rtt(p),
         ["cluster", "status"] => commands::cluster_status(p),
         ["cluster", "add"] => commands::cluster_add(p),
         ["cluster", "remove"] => commands::cluster_remove(p),

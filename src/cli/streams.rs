@@ -1,5 +1,6 @@
-//! `stream add|info|ls|rm|purge|get` and `consumer add|info|ls|rm|next`,
-//! each one event of the contract's section 5 sent with `Client::call`.
+//! `stream add|info|ls|rm|purge|get` and
+//! `consumer add|info|ls|rm|next|ack|nak|term|wip`, each one event of the
+//! contract's streams section sent with `Client::call`.
 
 use std::time::Duration;
 
@@ -156,11 +157,13 @@ fn stream_config(p: &Parsed) -> Result<Value, Run> {
         &["limits", "workqueue", "interest"],
     )?;
     put_u64(p, &mut o, "max-msgs", "max_msgs")?;
+    put_u64(p, &mut o, "max-msgs-per-subject", "max_msgs_per_subject")?;
     put_size(p, &mut o, "max-bytes", "max_bytes")?;
     put_ms(p, &mut o, "max-age", "max_age_ms")?;
     put_size(p, &mut o, "max-msg-size", "max_msg_size")?;
     put_choice(p, &mut o, "discard", "discard", &["old", "new"])?;
     put_ms(p, &mut o, "dupe-window", "duplicate_window_ms")?;
+    put_u64(p, &mut o, "replicas", "replicas")?;
     Ok(Value::Object(o))
 }
 
@@ -229,8 +232,10 @@ fn print_streams(list: &Value) {
 
 pub fn consumer(p: &Parsed) -> Result<(), Run> {
     let sub = p.command.path[1];
-    if sub == "next" {
-        return next(p);
+    match sub {
+        "next" => return next(p),
+        "ack" | "nak" | "term" | "wip" => return settle(p, sub),
+        _ => {}
     }
     let stream = &p.args[0];
     let (event, args) = match sub {
@@ -326,6 +331,34 @@ fn print_consumers(list: &Value) {
             output::plain(&c["num_ack_pending"]),
         ]
     });
+}
+
+/// `consumer ack|nak|term|wip STREAM NAME SEQ`: the event of that name
+/// for one delivered message.
+fn settle(p: &Parsed, event: &str) -> Result<(), Run> {
+    let (stream, name) = (&p.args[0], &p.args[1]);
+    let Ok(seq) = p.args[2].trim().parse::<u64>() else {
+        return Err(p
+            .usage_error(format!("SEQ: {:?} is not a whole number", p.args[2]))
+            .into());
+    };
+    let mut args = json!({"stream": stream, "consumer": name, "seq": seq});
+    // Only `nak` has --delay (getopts panics on an option it lacks).
+    if event == "nak" {
+        if let Some(d) = p.opt_duration("delay")? {
+            args["delay_ms"] = json!(d.as_millis() as u64);
+        }
+    }
+    if call_once(p, event, args)?.is_some() {
+        let done = match event {
+            "ack" => "acked",
+            "nak" => "handed back",
+            "term" => "terminated",
+            _ => "extended the ack wait of",
+        };
+        println!("{done} message {seq} of consumer {name} on stream {stream}");
+    }
+    Ok(())
 }
 
 /// `consumer next`: fetch up to `--count` messages and ack each.

@@ -197,6 +197,33 @@ impl Handshake {
     }
 }
 
+/// A plain HTTP GET of `path` on the server `url` names (the broker's
+/// `/healthz` and `/metrics`, contract section 8), bounded by `timeout`:
+/// the status code and the body.
+pub fn http_get(url: &str, path: &str, timeout: Duration) -> Result<(u16, String), Error> {
+    let target = wire::parse_target(url).map_err(|e| Error::Handshake(e.0))?;
+    let mut stream = tcp_connect(&target.host_port, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        target.host_port
+    )?;
+    let mut text = Vec::new();
+    stream.read_to_end(&mut text)?;
+    let text = String::from_utf8_lossy(&text);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| Error::Protocol("an HTTP answer without its header end".into()))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| Error::Protocol(format!("not an HTTP status line: {head:.40}")))?;
+    Ok((code, body.to_string()))
+}
+
 fn tcp_connect(host_port: &str, timeout: Duration) -> Result<TcpStream, Error> {
     let mut last = None;
     for addr in host_port.to_socket_addrs()? {

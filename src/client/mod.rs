@@ -112,6 +112,7 @@ mod supervisor;
 mod wire;
 
 pub use backoff::Reconnect;
+pub use dial::http_get;
 pub use kv::{BucketConfig, Kv, KvEntry, KvWatch, KvWatchEvent, WatchFrom};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

@@ -136,10 +136,11 @@ pub enum GroupEvent {
         term: u64,
         data: Vec<u8>,
     },
-    /// A proposal was appended to this leader's log, or refused.
+    /// A proposal was appended to this leader's log at `(index, term)`,
+    /// or refused.
     Proposed {
         tag: u64,
-        result: Result<u64, ProposeError>,
+        result: Result<(u64, u64), ProposeError>,
     },
     /// The role, term or leader changed.
     Status(Status),
@@ -681,7 +682,7 @@ impl Worker {
                     Ok(ToRaft::GroupPropose { group, tag, data }) => {
                         let result = match self.multi.get_mut(group) {
                             Some(core) if group != CONTROL_GROUP => match core.propose(data) {
-                                Ok(Proposed::Appended { index, .. }) => Ok(index),
+                                Ok(Proposed::Appended { index, term }) => Ok((index, term)),
                                 Ok(Proposed::Forwarded { .. }) => {
                                     Err(ProposeError::NotLeader(core.leader()))
                                 }
@@ -800,7 +801,12 @@ impl Worker {
                 }
             }
             Body::Snapshot { snapshot } | Body::ConfSnapshot { snapshot, .. } => {
-                let Some(r) = FileRef::decode(&snapshot.data) else {
+                let taken = (self.multi.get(m.group))
+                    .is_some_and(|c| c.takes_snapshot(m.term, snapshot.index, snapshot.term));
+                let Some(r) = FileRef::decode(&snapshot.data).filter(|_| taken) else {
+                    // A snapshot the core will not install (its log holds
+                    // that entry, or it is stale) goes to it as it is: the
+                    // replica must not rebase onto it.
                     self.multi.step(m);
                     return;
                 };

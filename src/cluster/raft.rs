@@ -632,6 +632,15 @@ impl Raft {
     pub fn last_index(&self) -> u64 {
         self.log.last_index()
     }
+    /// Whether a snapshot at `index` of `term`, in a message of term
+    /// `msg_term`, would replace this core's state rather than only move
+    /// its commit index (its log already holds that entry) or be refused
+    /// (a stale sender, or nothing newer than what is committed here): a
+    /// shell holding a snapshot back until the state machine has what it
+    /// names asks this first.
+    pub fn takes_snapshot(&self, msg_term: u64, index: u64, term: u64) -> bool {
+        msg_term >= self.term && index > self.commit && self.log.term(index) != Some(term)
+    }
     /// The snapshot the log starts after (index 0: none).
     pub fn snapshot(&self) -> &Snapshot {
         &self.log.snap

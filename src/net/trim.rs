@@ -172,14 +172,24 @@ mod tests {
         assert!(should_trim(11 << 20, &mut low), "freed again after reuse");
     }
 
+    /// A block past glibc's default mmap threshold (128 KiB) that the test
+    /// thread's arena can hold: a thread's heaps are at most 64 MiB on
+    /// 64-bit hosts but 1 MiB on 32-bit ones (armv7), where anything larger
+    /// is mapped whatever the threshold. The broker's loop runs on the main
+    /// thread, whose heap has no such bound.
+    #[cfg(target_pointer_width = "64")]
+    const BLOCK: usize = 16 << 20;
+    #[cfg(target_pointer_width = "32")]
+    const BLOCK: usize = 512 << 10;
+
     #[test]
     fn large_buffers_come_from_the_heap() {
         assert!(take_over_returning(), "glibc took both thresholds");
-        // 16 MiB is far past glibc's default mmap threshold: without the
-        // new one it would be a mapping of its own while it lives.
+        // Without the new threshold the block would be a mapping of its
+        // own while it lives.
         let mapped = || unsafe { mallinfo2() }.hblkhd;
         let before = mapped();
-        let block = std::hint::black_box(vec![1u8; 16 << 20]);
+        let block = std::hint::black_box(vec![1u8; BLOCK]);
         assert_eq!(mapped(), before, "no mapping of its own");
         drop(std::hint::black_box(block));
     }

@@ -334,7 +334,8 @@ mod tests {
                 65535,
                 65536,
                 1 << 20,
-                u32::MAX as usize + 7,
+                // Past 4 GiB where usize allows (usize::MAX on 32-bit).
+                usize::try_from(u64::from(u32::MAX) + 7).unwrap_or(usize::MAX),
             ] {
                 let mut ours = Vec::new();
                 write_header(&mut ours, opcode, len);

@@ -9,8 +9,11 @@
 //!   snapshot, Raft's hard state and snapshot).
 //! - [`sync`]: the broker's fsync thread for stream files (group commit,
 //!   tickets, `-sync` policies).
+//! - [`fsync`]: fsync of files and directories whose durability the
+//!   stream simulation models, with an observer for it.
 //! - [`delete_files`]: files whose contents no stored state needs any
 //!   more, deleted.
+pub mod fsync;
 pub mod record;
 pub mod statefile;
 pub mod sync;

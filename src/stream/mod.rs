@@ -13,13 +13,16 @@
 //! - [`meta`]: stream and consumer configs and cursors on disk (snapshot +
 //!   event log).
 //! - [`payloads`]: where a replica keeps its message payloads (segment
-//!   files, or memory for the simulation); a cache of the Raft log.
+//!   files kept across restarts, or memory without a data directory).
+//! - [`group`]: one replicated stream as its Raft group sees it: the
+//!   replica and the leader's bookkeeping of its proposals (pure).
 //! - [`replica`]: the state machine of a replicated stream: the entries
 //!   its Raft group carries and their deterministic apply, with snapshots.
 //! - [`stream`]: one stream's config, limits, dedup window and retention
 //!   over its segment store.
 pub mod consumer;
 pub mod dedup;
+pub mod group;
 pub mod index;
 pub mod limits;
 pub mod meta;

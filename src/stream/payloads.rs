@@ -34,6 +34,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::segment::{self, MsgRef, Rec};
+use crate::storage::fsync::{sync_dir, sync_file};
 use crate::storage::record;
 
 /// Where a message's record is: its offset in the file that holds its
@@ -118,11 +119,6 @@ fn empty_dir(dir: &Path) -> io::Result<()> {
     fs::create_dir_all(dir)
 }
 
-/// Fsyncs directory `dir` (its entries: files made, renamed or deleted).
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
 impl Payloads {
     pub fn memory() -> Payloads {
         Payloads::Memory(BTreeMap::new())
@@ -177,7 +173,7 @@ impl Payloads {
             if keep_len < file_len {
                 let f = OpenOptions::new().write(true).open(&path)?;
                 f.set_len(keep_len)?;
-                f.sync_all()?;
+                sync_file(&f, &path)?;
             }
             d.segs.insert(
                 first,
@@ -315,7 +311,10 @@ impl Payloads {
                     .collect();
                 let dir = std::mem::take(&mut d.dir_changed).then(|| d.dir.clone());
                 Ok(Detached {
-                    files: Files::Disk(files),
+                    files: Files::Disk {
+                        root: d.dir.clone(),
+                        files,
+                    },
                     unsynced,
                     dir,
                     dead: std::mem::take(&mut d.dead),
@@ -499,8 +498,11 @@ pub struct Detached {
 
 enum Files {
     Memory(BTreeMap<u64, Vec<u8>>),
-    /// Each file by its first seq.
-    Disk(BTreeMap<u64, File>),
+    /// Each file by its first seq, in directory `root`.
+    Disk {
+        root: PathBuf,
+        files: BTreeMap<u64, File>,
+    },
 }
 
 impl Detached {
@@ -513,7 +515,7 @@ impl Detached {
                 .filter(|r| r.len() == loc.len as usize && loc.len > 0)
                 .cloned()
                 .ok_or_else(|| io::Error::other(format!("no message {seq} at {loc:?}"))),
-            Files::Disk(files) => {
+            Files::Disk { files, .. } => {
                 let (_, file) = files
                     .range(..=seq)
                     .next_back()
@@ -529,10 +531,10 @@ impl Detached {
     /// Fsyncs the files written since the store was last detached, then
     /// the directory if files were made in it.
     pub fn sync(&self) -> io::Result<()> {
-        if let Files::Disk(files) = &self.files {
+        if let Files::Disk { root, files } = &self.files {
             for first in &self.unsynced {
                 if let Some(f) = files.get(first) {
-                    f.sync_all()?;
+                    sync_file(f, &root.join(segment::file_name(*first)))?;
                 }
             }
         }
@@ -654,7 +656,8 @@ impl Disk {
         self.flush()?;
         for first in std::mem::take(&mut self.unsynced) {
             if self.segs.contains_key(&first) {
-                File::open(self.path(first))?.sync_all()?;
+                let path = self.path(first);
+                sync_file(&File::open(&path)?, &path)?;
             }
         }
         if std::mem::take(&mut self.dir_changed) {

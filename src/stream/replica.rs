@@ -1324,6 +1324,16 @@ impl Frozen {
         self.payloads.sync()
     }
 
+    /// Stores the snapshot: fsyncs the payload files it names, THEN writes
+    /// its bytes to `w` (a snapshot stored before the messages it names
+    /// are durable would, after a crash, name messages no file holds, and
+    /// the log entries that held them are compacted away). How many bytes
+    /// it wrote.
+    pub fn store(&self, w: &mut dyn Write) -> io::Result<u64> {
+        self.sync()?;
+        self.write_to(w)
+    }
+
     /// The payload files that died before it, to delete once its
     /// snapshot is stored.
     pub fn take_dead(&mut self) -> Vec<std::path::PathBuf> {

@@ -27,6 +27,9 @@ static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
 /// A running broker process.
 pub struct Broker {
     child: Child,
+    /// The program and the arguments before the broker's own (a launcher
+    /// such as `qemu-aarch64` and the binary), for [`Broker::restart`].
+    program: Vec<String>,
     /// `127.0.0.1:PORT`, ready for `Client::connect`.
     pub addr: String,
     data_dir: PathBuf,
@@ -52,8 +55,16 @@ impl Broker {
     /// [`Broker::start_with_env`] with the broker binary at `bin` (e.g. an
     /// installed copy).
     pub fn start_program(bin: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Broker {
+        Broker::start_command(&[bin.to_string()], extra_args, env)
+    }
+
+    /// [`Broker::start_program`] through a launcher: `program` is the
+    /// command and its first arguments (`["qemu-arm", "/path/broker"]`).
+    pub fn start_command(program: &[String], extra_args: &[&str], env: &[(&str, &str)]) -> Broker {
         let data_dir = fresh_dir();
-        let mut child = Command::new(bin)
+        let bin = program.join(" ");
+        let mut child = Command::new(&program[0])
+            .args(&program[1..])
             .arg("-addr=127.0.0.1:0")
             .arg("-node-id=test")
             .arg(format!("-data={}", data_dir.display()))
@@ -69,6 +80,7 @@ impl Broker {
         let reader = drain_stderr(&mut child, &log, lines_tx);
         let mut broker = Broker {
             child,
+            program: program.to_vec(),
             addr: String::new(),
             data_dir,
             log,
@@ -179,9 +191,9 @@ impl Broker {
     /// until it listens. For tests of clients that outlive a crash.
     pub fn restart(&mut self, extra_args: &[&str]) {
         self.kill();
-        let bin = std::env::var("GOMBUS_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string());
-        let mut child = Command::new(&bin)
+        let bin = self.program.join(" ");
+        let mut child = Command::new(&self.program[0])
+            .args(&self.program[1..])
             .arg(format!("-addr={}", self.addr))
             .arg("-node-id=test")
             .arg(format!("-data={}", self.data_dir.display()))
@@ -238,4 +250,29 @@ fn fresh_dir() -> PathBuf {
     std::fs::create_dir_all(&dir)
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
     dir
+}
+
+/// A plain HTTP/1.1 GET; (status code, body).
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
 }

@@ -11,10 +11,28 @@
 //! or answered on the strength of an unsynced write). A crash loses every
 //! write not yet synced.
 //!
+//! Each replica keeps its payloads in real segment files (in a directory
+//! of the run's own, on tmpfs where there is one), and its snapshots are
+//! the small ones: the stream's state, naming messages those files hold.
+//! The syncs the replica makes are heard through `storage::fsync`'s
+//! observer and kept as the node's disk image (each file's synced length,
+//! each directory's synced entries); a crash cuts every file back to that
+//! image. A restarted replica must find every message its snapshot names.
+//! A member sent a leader's snapshot rebases onto it and fetches what it
+//! lacks from the sender's frozen state at that index (`Frozen::
+//! records_after`, `Replica::take_records`: the code `cluster.catchup`
+//! runs, without its network hop), as `node.rs` and `stream_catchup.rs`
+//! do: the core takes the snapshot only once the replica is whole, and a
+//! snapshot no newer than what the core has committed goes to it as is.
+//!
 //! Clients publish (with a `Msg-Id`, retried under the same id when no
 //! answer comes), fetch from and ack a consumer, at whichever node leads
-//! each stream. Each node's leader batches what it is given into one
-//! entry of [`replica::Op`]s and answers when that entry applies.
+//! each stream. Each node holds each of its streams as the broker does:
+//! a [`Group`] (`stream/group.rs`), the very component that batches what
+//! a leader is given into one entry of [`replica::Op`]s, answers a request
+//! only when the entry this node proposed applies, and proposes the
+//! leader's own entries (its first empty one, expiry, deliveries out of
+//! `max_deliver`).
 //!
 //! Checked at every step: one leader per group and term; every replica
 //! applies the same entry and gets the same outcomes at each index; no
@@ -26,16 +44,22 @@
 
 #![allow(dead_code)]
 
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use gombus::cluster::raft::{self, Config, Proposed, Raft, Ready, Role};
 use gombus::cluster::raft_log::{LogStore, MemoryLog};
-use gombus::cluster::raft_msg::{Entry, EntryKind, GroupId, HardState, Message, NodeId};
+use gombus::cluster::raft_msg::{Body, Entry, EntryKind, GroupId, HardState, Message, NodeId};
 use gombus::cluster::raft_multi::{self, Multi};
 use gombus::protocol::stream_messages::StreamConfig;
-use gombus::stream::replica::{self, AckKind, Op, Outcome, Publish, Replica};
+use gombus::storage::fsync::{self, Synced};
+use gombus::stream::group::{Done, Group};
+use gombus::stream::payloads::Payloads;
+use gombus::stream::replica::{self, AckKind, Frozen, Op, Outcome, Publish, Replica};
 use gombus::stream::stream::Stored;
 
 /// SplitMix64, seeded: the run replays from its seed.
@@ -82,6 +106,70 @@ impl Faults {
 
 /// The consumer every stream has.
 const CONSUMER: &str = "c";
+/// Small payload files, so that they roll and die often.
+const SEGMENT_BYTES: u64 = 2048;
+/// What one catch-up batch carries at most.
+const CATCHUP_BYTES: usize = 1024;
+
+/// What the run's syncs made durable: each file's synced length, each
+/// directory's entries when it was last synced.
+#[derive(Default)]
+struct Image {
+    files: BTreeMap<PathBuf, u64>,
+    dirs: BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+}
+
+impl Image {
+    fn heard(&mut self, path: &Path, what: Synced) {
+        match what {
+            Synced::File { len } => {
+                self.files.insert(path.to_path_buf(), len);
+            }
+            Synced::Dir => {
+                let entries = std::fs::read_dir(path)
+                    .map(|rd| rd.flatten().map(|e| e.path()).collect())
+                    .unwrap_or_default();
+                self.dirs.insert(path.to_path_buf(), entries);
+            }
+        }
+    }
+
+    /// Cuts the files under `root` back to what is durable: a file the
+    /// last sync of its directory did not see is gone, and one it did is
+    /// cut to its synced length.
+    fn crash(&self, root: &Path) {
+        let Ok(dirs) = std::fs::read_dir(root) else {
+            return;
+        };
+        for dir in dirs.flatten().map(|e| e.path()) {
+            let linked = self.dirs.get(&dir);
+            for f in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = f.path();
+                if !linked.is_some_and(|l| l.contains(&path)) {
+                    let _ = std::fs::remove_file(&path);
+                    continue;
+                }
+                let len = self.files.get(&path).copied().unwrap_or(0);
+                let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                if file.metadata().unwrap().len() > len {
+                    file.set_len(len).unwrap();
+                }
+            }
+        }
+    }
+}
+
+/// Where a run keeps its nodes' files: on tmpfs when there is one.
+fn run_dir(seed: u64) -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let t = std::thread::current().id();
+    base.join(format!("gombus-sim-{}-{t:?}-{seed}", std::process::id()))
+}
 
 /// A stream group: its id and the nodes holding it.
 #[derive(Debug, Clone)]
@@ -99,13 +187,8 @@ enum Asked {
     Other,
 }
 
-/// One stream replica's state at a node.
-struct StreamState {
-    replica: Replica,
-    applied: u64,
-    /// Proposals this node made as leader: index -> (term, what each op was).
-    awaiting: BTreeMap<u64, (u64, Vec<Asked>)>,
-}
+/// One stream replica's state at a node, as the broker holds it.
+type StreamState = Group<Asked>;
 
 /// What one node has on disk, per group.
 #[derive(Default)]
@@ -118,6 +201,16 @@ pub struct Node {
     pub id: NodeId,
     pub multi: Option<Multi>,
     disk: BTreeMap<GroupId, Disk>,
+    /// Where its replicas' payload files are (`g<group>` under it).
+    root: PathBuf,
+    /// Each group's last two frozen states (by snapshot index), to serve
+    /// members catching up; gone with a crash, as the broker's are.
+    frozen: BTreeMap<GroupId, VecDeque<(u64, Frozen)>>,
+    /// Payload files to delete once a snapshot at the index is stored.
+    dead: Vec<(GroupId, u64, Vec<PathBuf>)>,
+    /// The snapshot index each group's core takes next, its replica
+    /// already made whole for it.
+    installed: BTreeMap<GroupId, u64>,
     /// Written, not yet synced: (sync done at, group, Ready), in order.
     unsynced: VecDeque<(u64, GroupId, Ready)>,
     streams: BTreeMap<GroupId, StreamState>,
@@ -130,6 +223,9 @@ pub type Check = Result<(), String>;
 
 pub struct Sim {
     pub seed: u64,
+    /// The run's files, removed when it ends.
+    dir: PathBuf,
+    image: Rc<RefCell<Image>>,
     pub rng: Rng,
     pub now: u64,
     base: Instant,
@@ -164,6 +260,13 @@ pub struct Sim {
     pub trace: bool,
 }
 
+impl Drop for Sim {
+    fn drop(&mut self) {
+        fsync::observe(None);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 fn stream_config() -> StreamConfig {
     let v = serde_json::json!({
         "name": "S",
@@ -194,11 +297,22 @@ impl Sim {
                 members: (0..3).map(|j| (k * 2 + j) % n64 + 1).collect(),
             })
             .collect();
+        let dir = run_dir(seed);
+        let _ = std::fs::remove_dir_all(&dir);
+        let image = Rc::new(RefCell::new(Image::default()));
+        let heard = image.clone();
+        fsync::observe(Some(Box::new(move |p: &Path, w| {
+            heard.borrow_mut().heard(p, w)
+        })));
         let nodes = (1..=n64)
             .map(|id| Node {
                 id,
                 multi: None,
                 disk: BTreeMap::new(),
+                root: dir.join(format!("n{id}")),
+                frozen: BTreeMap::new(),
+                dead: Vec::new(),
+                installed: BTreeMap::new(),
                 unsynced: VecDeque::new(),
                 streams: BTreeMap::new(),
                 control_applied: 0,
@@ -207,6 +321,8 @@ impl Sim {
             .collect();
         let mut sim = Sim {
             seed,
+            dir,
+            image,
             rng,
             now: 0,
             base: Instant::now(),
@@ -286,19 +402,32 @@ impl Sim {
             let snap = loaded.snapshot.clone();
             multi.insert(g, Raft::new(cfg, hs, loaded.snapshot, loaded.entries));
             if g != 0 {
+                let dir = self.nodes[i].root.join(format!("g{g}"));
                 let replica = if snap.index > 0 {
-                    Replica::restore(&snap.data, now).expect("a snapshot this sim wrote")
+                    // Its files as the crash left them, and its snapshot:
+                    // every message the snapshot names must be there.
+                    let len = snap.data.len() as u64;
+                    let (rep, target) =
+                        Replica::restore_files(&mut &snap.data[..], len, now, &dir, SEGMENT_BYTES)
+                            .expect("a snapshot this sim wrote");
+                    if !rep.is_whole(&target) {
+                        panic!(
+                            "node {id} restarted with group {g}'s snapshot at {} naming {} \
+                             messages, its synced files holding {}",
+                            snap.index,
+                            target.count,
+                            rep.messages()
+                        );
+                    }
+                    rep
                 } else {
-                    Replica::new(self.stream_cfg.clone())
+                    let mut rep = Replica::new(self.stream_cfg.clone());
+                    rep.set_payloads(Payloads::open(&dir, SEGMENT_BYTES).unwrap());
+                    rep
                 };
-                self.nodes[i].streams.insert(
-                    g,
-                    StreamState {
-                        replica,
-                        applied: snap.index,
-                        awaiting: BTreeMap::new(),
-                    },
-                );
+                let mut group = Group::new(replica);
+                group.applied = snap.index;
+                self.nodes[i].streams.insert(g, group);
             } else {
                 self.nodes[i].control_applied = snap.index;
             }
@@ -323,6 +452,10 @@ impl Sim {
         node.multi = None;
         node.unsynced.clear();
         node.streams.clear();
+        node.frozen.clear();
+        node.installed.clear();
+        node.dead.clear();
+        self.image.borrow().crash(&node.root);
     }
 
     /// The node that leads group `g` in the highest term, if any.
@@ -389,6 +522,18 @@ impl Sim {
             if let Some((first, es)) = &ready.entries {
                 disk.log.append(*first, es).unwrap();
             }
+            if let Some(s) = &ready.snapshot {
+                let node = &mut self.nodes[i];
+                let (done, keep) = std::mem::take(&mut node.dead)
+                    .into_iter()
+                    .partition(|(dg, at, _)| *dg == g && *at <= s.index);
+                node.dead = keep;
+                for (_, _, files) in done {
+                    for f in files {
+                        let _ = std::fs::remove_file(f);
+                    }
+                }
+            }
             after.push((g, ready.persisted()));
         }
         if after.is_empty() {
@@ -398,6 +543,9 @@ impl Sim {
             if let Some(st) = a.status {
                 if st.role == Role::Leader {
                     self.on_new_leader(i, *g, st.term)?;
+                }
+                if let Some(group) = self.nodes[i].streams.get_mut(g) {
+                    group.status(st.role == Role::Leader, st.term, st.leader);
                 }
             }
             if let Some(snap) = a.restore.take() {
@@ -454,13 +602,111 @@ impl Sim {
             self.nodes[i].control_applied = index;
             return Ok(());
         }
-        let replica = Replica::restore(data, self.instant()).map_err(|e| e.to_string())?;
         self.snapshots_installed += 1;
-        let st = self.nodes[i].streams.get_mut(&g).unwrap();
-        st.replica = replica;
-        st.applied = index;
-        st.awaiting.clear();
-        Ok(())
+        if self.nodes[i].installed.remove(&g) == Some(index) {
+            // Made whole for it already (see `arrive`).
+            return Ok(());
+        }
+        Err(format!(
+            "node {} restored group {g}'s snapshot at {index} ({} bytes) that it did not fetch",
+            self.nodes[i].id,
+            data.len()
+        ))
+    }
+
+    /// A message for node `i` arrives. A leader's snapshot of a stream
+    /// group goes to the core only once the replica holds everything it
+    /// names: the replica rebases onto it and fetches what it lacks from
+    /// the sender's frozen state at its index. Returns whether the message
+    /// goes on to the core (not when the sender no longer holds that
+    /// state: it sends a newer snapshot later).
+    fn arrive(&mut self, i: usize, m: &Message) -> Result<bool, String> {
+        let snapshot = match &m.body {
+            Body::Snapshot { snapshot } | Body::ConfSnapshot { snapshot, .. } if m.group != 0 => {
+                snapshot
+            }
+            _ => return Ok(true),
+        };
+        let (g, index, id) = (m.group, snapshot.index, self.nodes[i].id);
+        let Some(core) = self.nodes[i].multi.as_ref().and_then(|mm| mm.get(g)) else {
+            return Ok(true);
+        };
+        let taken = core.takes_snapshot(m.term, index, snapshot.term);
+        if !taken || self.nodes[i].installed.get(&g) == Some(&index) {
+            // One the core will not install, or made whole for it already.
+            return Ok(true);
+        }
+        let now = self.instant();
+        let from = (m.from - 1) as usize;
+        let src = std::mem::take(&mut self.nodes[from].frozen);
+        let r = self.catch_up(i, g, &snapshot.data, index, now, &src);
+        self.nodes[from].frozen = src;
+        if self.trace {
+            println!(
+                "{} node {id} catching up group {g} to {index}: {r:?}",
+                self.now
+            );
+        }
+        if r == Ok(false) {
+            // The sender no longer holds that state (it restarted): as
+            // the broker does for `cluster.catchup`, it takes a snapshot
+            // now, which its core sends next.
+            let applied = self.nodes[from].streams.get(&g).map_or(0, |s| s.applied);
+            if self.alive(from) && applied >= index {
+                self.compact(from, g);
+            }
+        }
+        r
+    }
+
+    /// Node `i`'s replica of `g` made whole for the snapshot `data` at
+    /// `index`, fetching from `src` (the sender's frozen states).
+    fn catch_up(
+        &mut self,
+        i: usize,
+        g: GroupId,
+        data: &[u8],
+        index: u64,
+        now: Instant,
+        src: &BTreeMap<GroupId, VecDeque<(u64, Frozen)>>,
+    ) -> Result<bool, String> {
+        let id = self.nodes[i].id;
+        // The broker rebases first and then waits, applying nothing, for
+        // the leader's batches or a newer snapshot; here the fetch is
+        // done at once, so the replica is left as it is when there is
+        // nothing to fetch from.
+        let Some((_, frozen)) = src
+            .get(&g)
+            .and_then(|k| k.iter().find(|(at, _)| *at == index))
+        else {
+            return Ok(false);
+        };
+        let node = &mut self.nodes[i];
+        let st = node.streams.get_mut(&g).unwrap();
+        let target = st
+            .replica
+            .rebase(&mut &data[..], data.len() as u64, now)
+            .map_err(|e| format!("node {id} rebasing {g} onto {index}: {e}"))?;
+        for _ in 0..2 {
+            while target.wants_after(st.replica.held_through()) {
+                let (recs, _) = frozen
+                    .records_after(st.replica.held_through(), CATCHUP_BYTES)
+                    .map_err(|e| format!("leader's records of {g} at {index}: {e}"))?;
+                if recs.is_empty() || st.replica.take_records(&recs, &target).is_err() {
+                    break;
+                }
+            }
+            if st.replica.is_whole(&target) {
+                st.replica.sync().map_err(|e| e.to_string())?;
+                st.applied = index;
+                node.installed.insert(g, index);
+                return Ok(true);
+            }
+            st.replica.start_over();
+        }
+        Err(format!(
+            "node {id}'s replica of {g} cannot be made whole for the snapshot at {index}"
+        ))
     }
 
     fn compact(&mut self, i: usize, g: GroupId) {
@@ -468,11 +714,23 @@ impl Sim {
         let (index, data) = if g == 0 {
             (node.control_applied, Vec::new())
         } else {
-            let st = &node.streams[&g];
-            (
-                st.applied,
-                st.replica.snapshot().expect("payloads in memory read back"),
-            )
+            // As the broker does it (`snapshot_now`, `write_snapshot`): the
+            // replica frozen at its applied index, its files synced and
+            // the small snapshot written, the dead files deleted once it
+            // is stored.
+            let st = node.streams.get_mut(&g).unwrap();
+            let mut frozen = st.replica.freeze().expect("a replica freezes");
+            let mut data = Vec::new();
+            frozen.store(&mut data).expect("a snapshot is stored");
+            let index = st.applied;
+            node.dead.push((g, index, frozen.take_dead()));
+            let kept = node.frozen.entry(g).or_default();
+            kept.retain(|(at, _)| *at != index);
+            kept.push_back((index, frozen));
+            if kept.len() > 2 {
+                kept.pop_front();
+            }
+            (index, data)
         };
         if let Some(r) = node.multi.as_mut().and_then(|m| m.get_mut(g)) {
             r.compact(index, data);
@@ -506,28 +764,38 @@ impl Sim {
             return Ok(());
         }
         let now = self.instant();
-        let (is_leader_of_term, term) = {
-            let r = self.nodes[i].multi.as_ref().unwrap().get(g).unwrap();
-            (r.role() == Role::Leader && r.term() == e.term, e.term)
-        };
         let st = self.nodes[i].streams.get_mut(&g).unwrap();
-        if e.index != st.applied + 1 {
+        if e.index > st.applied + 1 {
             return Err(format!(
                 "node {id} applied {g}/{} after {}",
                 e.index, st.applied
             ));
         }
-        st.applied = e.index;
-        let ops = match e.kind {
-            EntryKind::Noop | EntryKind::Config => Vec::new(),
-            EntryKind::Command => replica::decode_entry(&e.data).map_err(|e| e.to_string())?,
+        // At or below `applied`: the replica was made whole for a later
+        // snapshot while the entry waited on this node's fsync; its
+        // group skips it.
+        // As the Raft thread hands entries to the broker: Raft's own
+        // entries as empty data.
+        let data: &[u8] = match e.kind {
+            EntryKind::Noop | EntryKind::Config => &[],
+            EntryKind::Command => &e.data,
         };
-        let outcomes = st.replica.apply(&ops, now);
-        let asked = st
-            .awaiting
-            .remove(&e.index)
-            .filter(|(t, _)| *t == term)
-            .map(|(_, a)| a);
+        let skipped = e.index <= st.applied;
+        let mut done = Vec::new();
+        let mut outcomes = Vec::new();
+        st.apply(e.index, e.term, data, now, &mut done, Some(&mut outcomes))
+            .map_err(|e| e.to_string())?;
+        if skipped {
+            return self.answered(i, g, done);
+        }
+        if !data.is_empty() {
+            let ops = replica::decode_entry(data).map_err(|e| e.to_string())?;
+            for op in ops {
+                if let Op::Exhausted { seqs, .. } = op {
+                    self.exhausted += seqs.len() as u64;
+                }
+            }
+        }
         match self.outcomes.get(&(g, e.index)) {
             Some(had) if *had != outcomes => {
                 return Err(format!(
@@ -537,14 +805,20 @@ impl Sim {
             }
             Some(_) => {}
             None => {
-                self.outcomes.insert((g, e.index), outcomes.clone());
+                self.outcomes.insert((g, e.index), outcomes);
             }
         }
-        let Some(asked) = asked else {
-            return Ok(());
-        };
-        // This node proposed the entry: answer the clients.
-        for (a, o) in asked.into_iter().zip(outcomes) {
+        self.answered(i, g, done)
+    }
+
+    /// What node `i`'s stream `g` answered its clients.
+    fn answered(&mut self, i: usize, g: GroupId, done: Vec<Done<Asked>>) -> Check {
+        let id = self.nodes[i].id;
+        for d in done {
+            let Done::Applied(a, o) = d else {
+                // Refused: a publish stays unanswered (its client retries).
+                continue;
+            };
             match (a, o) {
                 (Asked::Publish(pid), Outcome::Published(Ok(stored))) => {
                     let seq = match stored {
@@ -559,7 +833,7 @@ impl Sim {
                     }
                     self.unanswered.entry(g).or_default().remove(&pid);
                 }
-                (Asked::Deliver, Outcome::Delivered(ds)) if is_leader_of_term => {
+                (Asked::Deliver, Outcome::Delivered(ds)) => {
                     for (seq, _) in ds {
                         if self.done.get(&g).is_some_and(|d| d.contains(&seq)) {
                             return Err(format!(
@@ -581,18 +855,40 @@ impl Sim {
         Ok(())
     }
 
-    /// A leader (or a node that believes it leads) of stream `g` takes
-    /// `asked` as one entry.
-    fn propose(&mut self, i: usize, g: GroupId, ops: Vec<Op>, asked: Vec<Asked>) -> Check {
-        let Some(r) = self.nodes[i].multi.as_mut().and_then(|m| m.get_mut(g)) else {
+    /// The end of node `i`'s turn for stream `g`: what its [`Group`] has
+    /// to propose goes to the group's Raft core, as the broker sends it.
+    fn flush(&mut self, i: usize, g: GroupId) -> Check {
+        let now = self.instant();
+        let now_ms = self.now;
+        let mut done = Vec::new();
+        let node = &mut self.nodes[i];
+        let (Some(multi), Some(st)) = (node.multi.as_mut(), node.streams.get_mut(&g)) else {
             return Ok(());
         };
-        if let Ok(Proposed::Appended { index, term }) = r.propose(replica::encode_entry(&ops)) {
-            if let Some(st) = self.nodes[i].streams.get_mut(&g) {
-                st.awaiting.insert(index, (term, asked));
+        for p in st.flush(now, now_ms, &mut done) {
+            let at = match multi.get_mut(g).map(|r| r.propose(p.data)) {
+                Some(Ok(Proposed::Appended { index, term })) => Some((index, term)),
+                _ => None,
+            };
+            st.proposed(p.tag, at, &mut done);
+        }
+        self.answered(i, g, done)?;
+        self.process(i)
+    }
+
+    /// A node that leads stream `g` (or believes it does) takes `ops`,
+    /// each answered to the client that asked, and ends its turn.
+    fn propose(&mut self, i: usize, g: GroupId, ops: Vec<(Op, Asked)>) -> Check {
+        let Some(st) = self.nodes[i].streams.get_mut(&g) else {
+            return Ok(());
+        };
+        for (op, asked) in ops {
+            match op {
+                Op::Deliver { consumer, seqs } => st.deliver(&consumer, seqs, asked),
+                op => st.take(op, Some(asked)),
             }
         }
-        self.process(i)
+        self.flush(i, g)
     }
 
     /// Where a client of stream `g` goes: mostly the leader, sometimes
@@ -613,19 +909,18 @@ impl Sim {
         };
         let now_ms = self.now;
         let mut ops = Vec::new();
-        let mut asked = Vec::new();
         // The consumer exists once its creation applied anywhere.
         let has_consumer = self.nodes[i]
             .streams
             .get(&g)
             .is_some_and(|s| s.replica.consumer(CONSUMER).is_some());
         if !has_consumer && self.rng.chance(300) {
-            ops.push(Op::ConsumerCreate {
+            let op = Op::ConsumerCreate {
                 config: format!(
                     "{{\"name\":\"{CONSUMER}\",\"ack_wait_ms\":1000,\"max_deliver\":2}}"
                 ),
-            });
-            asked.push(Asked::Other);
+            };
+            ops.push((op, Asked::Other));
         }
         // Publishes: new ones, and retries of unanswered ones.
         for _ in 0..self.rng.below(4) {
@@ -644,26 +939,27 @@ impl Sim {
                 }
             };
             self.unanswered.entry(g).or_default().insert(pid, now_ms);
-            ops.push(Op::Publish(Publish {
+            let op = Op::Publish(Publish {
                 subject: format!("s.{}", pid % 3),
                 headers: Some(format!("{{\"Msg-Id\":\"p{pid}\"}}")),
                 data: pid.to_string().into_bytes(),
                 binary: false,
                 time_ms: now_ms,
-            }));
-            asked.push(Asked::Publish(pid));
+            });
+            ops.push((op, Asked::Publish(pid)));
         }
-        // A fetch.
+        // A fetch, planned as a leader plans it: one delivery entry in
+        // flight per consumer.
         if has_consumer && self.rng.chance(500) {
             let st = &self.nodes[i].streams[&g];
             let max = self.rng.range(1, 6) as usize;
             let seqs = st.replica.next_deliveries(CONSUMER, max, self.instant());
-            if !seqs.is_empty() {
-                ops.push(Op::Deliver {
+            if !seqs.is_empty() && !st.delivering(CONSUMER) {
+                let op = Op::Deliver {
                     consumer: CONSUMER.into(),
                     seqs,
-                });
-                asked.push(Asked::Deliver);
+                };
+                ops.push((op, Asked::Deliver));
             }
         }
         // Acks of what the consumer client holds.
@@ -680,33 +976,15 @@ impl Sim {
             if kind == AckKind::Wip {
                 self.held.entry(g).or_default().push(seq);
             }
-            ops.push(Op::Acks {
+            let op = Op::Acks {
                 consumer: CONSUMER.into(),
                 acks: vec![(kind, seq)],
-            });
-            asked.push(Asked::Ack(kind, seq));
+            };
+            ops.push((op, Asked::Ack(kind, seq)));
         }
-        // Deliveries out of max_deliver, finished as the leader does it.
-        if has_consumer && self.rng.chance(400) {
-            let st = &self.nodes[i].streams[&g];
-            let seqs = st.replica.exhausted_deliveries(CONSUMER, self.instant());
-            if !seqs.is_empty() {
-                self.exhausted += seqs.len() as u64;
-                ops.push(Op::Exhausted {
-                    consumer: CONSUMER.into(),
-                    seqs,
-                });
-                asked.push(Asked::Other);
-            }
-        }
-        if self.rng.chance(30) {
-            ops.push(Op::Expire { now_ms });
-            asked.push(Asked::Other);
-        }
-        if ops.is_empty() {
-            return Ok(());
-        }
-        self.propose(i, g, ops, asked)
+        // Expiry and deliveries out of max_deliver: the leader's own
+        // entries, proposed by its group at the end of each turn.
+        self.propose(i, g, ops)
     }
 
     /// Something for the control group now and then.
@@ -759,6 +1037,9 @@ impl Sim {
             if self.cut.contains(&(m.from, m.to)) || !self.alive(to) {
                 return Ok(true);
             }
+            if !self.arrive(to, &m)? {
+                return Ok(true);
+            }
             self.nodes[to].multi.as_mut().unwrap().step(m);
             self.process(to)?;
         } else {
@@ -766,6 +1047,11 @@ impl Sim {
             self.nodes[i].next_tick = first + raft::TICK_MS;
             self.nodes[i].multi.as_mut().unwrap().tick();
             self.process(i)?;
+            // A turn of the broker's loop ends on every tick too.
+            let groups: Vec<GroupId> = self.nodes[i].streams.keys().copied().collect();
+            for g in groups {
+                self.flush(i, g)?;
+            }
         }
         Ok(true)
     }
@@ -926,7 +1212,7 @@ pub fn final_checks(sim: &mut Sim, healed_at: u64) -> Check {
                         binary: false,
                         time_ms: t,
                     });
-                    sim.propose(l, g, vec![op], vec![Asked::Publish(pid)])?;
+                    sim.propose(l, g, vec![(op, Asked::Publish(pid))])?;
                 }
             }
             t += 10;
