@@ -138,7 +138,7 @@ fn compare_and_set_across_a_cluster_and_a_leader_loss() {
     );
 
     let acked = Arc::new(Mutex::new(Vec::new()));
-    race(&c, &[0, 1, 2], Duration::from_secs(2), &acked);
+    race(&c, &[0, 1, 2], Duration::from_secs(1), &acked);
     let (value, revision) = settled(&c, (leader + 1) % 3);
     let before = acked.lock().unwrap().clone();
     assert!(
@@ -170,7 +170,7 @@ fn compare_and_set_across_a_cluster_and_a_leader_loss() {
     let rest: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
     let (v, r) = settled(&c, rest[0]);
     assert_eq!((v, r), (value, revision), "an acked write lost or moved");
-    race(&c, &rest, Duration::from_secs(2), &acked);
+    race(&c, &rest, Duration::from_secs(1), &acked);
     let (value, revision) = settled(&c, rest[1]);
     let all = acked.lock().unwrap().clone();
     assert!(
