@@ -21,7 +21,8 @@
 //!   and its requests are refused at once.
 //! - A request whose entry is not applied within [`ENTRY_WAIT`] is refused
 //!   rather than left waiting.
-//! - At most one delivery entry per consumer is in flight.
+//! - At most one delivery entry per consumer is in flight, and its
+//!   messages go out only while this node still leads in its term.
 //! - A new leader proposes an empty entry and serves reads only once an
 //!   entry of its own term applied (its state then holds all it acked).
 //!
@@ -373,8 +374,20 @@ impl<R> Group<R> {
             }
         }
         if let Some(f) = flight {
-            let answered = f.replies.into_iter().zip(outcomes);
-            done.extend(answered.filter_map(|(r, o)| Some(Done::Applied(r?, o))));
+            // Deliveries go out only while this node still leads in the
+            // entry's term: a deposed leader applying its entry late would
+            // hand out messages its successor may have seen acked since
+            // (entries after this one). Unanswered, they are due again
+            // after `ack_wait`, as any delivery that went astray.
+            let hands_out = self.leading && self.term == term;
+            for ((r, o), op) in f.replies.into_iter().zip(outcomes).zip(&ops) {
+                let Some(r) = r else { continue };
+                if matches!(op, Op::Deliver { .. }) && !hands_out {
+                    done.push(Done::Refused(r, "the stream's leader changed; try again"));
+                } else {
+                    done.push(Done::Applied(r, o));
+                }
+            }
         }
         Ok(())
     }
@@ -522,6 +535,33 @@ mod tests {
         assert!(g.delivering("c"));
         g.status(false, 2, Some(2));
         assert!(!g.delivering("c"), "a deposed leader plans nothing");
+    }
+
+    #[test]
+    fn a_deposed_leader_hands_out_no_delivery_its_entry_made() {
+        let mut g = group();
+        let now = Instant::now();
+        let mut done = Vec::new();
+        g.status(true, 1, Some(1));
+        g.flush(now, 0, &mut done);
+        g.apply(1, 1, &[], now, &mut done, None).unwrap();
+        let create = Op::ConsumerCreate {
+            config: r#"{"name":"c"}"#.into(),
+        };
+        g.take(create, None);
+        g.take(publish(1), None);
+        let p = g.flush(now, 0, &mut done);
+        g.proposed(p[0].tag, Some((2, 1)), &mut done);
+        g.apply(2, 1, &p[0].data, now, &mut done, None).unwrap();
+        g.deliver("c", vec![1], 9);
+        let p = g.flush(now, 0, &mut done);
+        g.proposed(p[0].tag, Some((3, 1)), &mut done);
+        // Deposed before its delivery entry applies (a new leader
+        // committed it in term 2).
+        g.status(false, 2, Some(2));
+        g.apply(3, 1, &p[0].data, now, &mut done, None).unwrap();
+        assert!(matches!(done.as_slice(), [Done::Refused(9, _)]), "{done:?}");
+        assert!(!g.delivering("c"));
     }
 
     #[test]
