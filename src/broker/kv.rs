@@ -131,6 +131,13 @@ impl Broker {
             }
             Place::Local | Place::Leader(_) => {}
         }
+        let reads = matches!(op, KvOp::Info | KvOp::Get | KvOp::History | KvOp::Keys);
+        if let Place::Leader(group) = place {
+            if reads && !self.stream_groups.kv_read_applied {
+                return (self.stream_groups)
+                    .kv_read_through_log(group, conn, ack_id, op, name, arg);
+            }
+        }
         match op {
             KvOp::DeleteBucket => {
                 let raw = name_arg(&stream)?;

@@ -112,6 +112,15 @@ pub(super) enum Reply {
         /// own no-op.
         as_of: u64,
     },
+    /// A bucket read (`kv.get`, `kv.info`, ...), made again once its
+    /// no-op entry applied, as a stream read is.
+    KvRead {
+        conn: ConnId,
+        ack_id: u64,
+        op: super::events::KvOp,
+        event: String,
+        arg: String,
+    },
 }
 
 /// A `consumer.fetch` waiting for messages or for its delivery entry.
@@ -175,6 +184,9 @@ pub(crate) struct StreamGroups {
     /// While a read is answered: the index applied when it came, which
     /// replicas' `lag` is counted against.
     lag_as_of: Option<u64>,
+    /// While a bucket read whose no-op entry applied is made again: it is
+    /// answered from the replica now.
+    pub(super) kv_read_applied: bool,
 }
 
 impl StreamGroups {
@@ -227,7 +239,7 @@ impl StreamGroups {
             | Reply::Purge { conn: c, .. }
             | Reply::Consumer { conn: c, .. } => *c == conn,
             Reply::Fetch(w) => w.conn == conn,
-            Reply::Read { conn: c, .. } => *c == conn,
+            Reply::Read { conn: c, .. } | Reply::KvRead { conn: c, .. } => *c == conn,
         };
         for h in self.held.values_mut() {
             h.waits.retain(|w| w.conn != conn);
@@ -257,6 +269,42 @@ impl StreamGroups {
             self.old_payload_dirs_gone = true;
         }
         Some((root.join(format!("g{group}")), segment_bytes))
+    }
+
+    /// A bucket read on the leader of its group `group`, made through the
+    /// log as a stream read is (a no-op entry; the read is made again
+    /// once it applied), so that a leader cut off from its group never
+    /// answers from a state it lost.
+    pub(super) fn kv_read_through_log(
+        &mut self,
+        group: GroupId,
+        conn: ConnId,
+        ack_id: Option<u64>,
+        op: super::events::KvOp,
+        event: &str,
+        arg: Option<&RawValue>,
+    ) -> Result<Option<String>, ApiError> {
+        let Some(ack_id) = ack_id else {
+            return Ok(None);
+        };
+        let h = (self.held.get_mut(&group))
+            .filter(|h| h.core.serving())
+            .ok_or_else(|| unavailable("the bucket's leader is not serving yet"))?;
+        if h.core.full() {
+            return Err(ApiError::new(
+                Code::Limit,
+                "too many requests are waiting for the bucket's replicas",
+            ));
+        }
+        let read = Reply::KvRead {
+            conn,
+            ack_id,
+            op,
+            event: event.to_string(),
+            arg: arg.map_or("{}", RawValue::get).to_string(),
+        };
+        h.core.take(Op::Expire { now_ms: 0 }, Some(read));
+        Ok(None)
     }
 
     /// The leader of group `group` as this member knows it.
@@ -1050,6 +1098,17 @@ impl Broker {
             }
             self.stream_groups.lag_as_of = None;
         }
+        for (conn, ack_id, op, event, arg) in std::mem::take(&mut out.kv_reads) {
+            self.stream_groups.kv_read_applied = true;
+            let raw = RawValue::from_string(arg).ok();
+            let r = self.kv_event(sink, conn, op, &event, raw.as_deref(), Some(ack_id), &[]);
+            self.stream_groups.kv_read_applied = false;
+            match r {
+                Ok(Some(body)) => out.answers.push((conn, ack_id, body)),
+                Ok(None) => {}
+                Err(e) => out.answers.push((conn, ack_id, e.ack_body())),
+            }
+        }
         self.stream_groups.send_settled(sink, out);
     }
 
@@ -1173,6 +1232,7 @@ struct Settled {
     answers: Vec<(ConnId, u64, String)>,
     binary: Vec<(ConnId, u64, String, Vec<Vec<u8>>)>,
     reads: Vec<(ConnId, u64, StreamOp, String, u64)>,
+    kv_reads: Vec<(ConnId, u64, super::events::KvOp, String, String)>,
     pushes: Vec<(String, Vec<(u64, u64)>)>,
 }
 
@@ -1205,6 +1265,16 @@ fn settle(h: &mut Held, d: Done<Reply>, now: Instant, out: &mut Settled) {
             },
             _,
         ) => out.reads.push((conn, ack_id, op, arg, as_of)),
+        Done::Applied(
+            Reply::KvRead {
+                conn,
+                ack_id,
+                op,
+                event,
+                arg,
+            },
+            _,
+        ) => out.kv_reads.push((conn, ack_id, op, event, arg)),
         Done::Applied(Reply::Push { consumer }, Outcome::Delivered(list)) => {
             out.pushes.push((consumer, list));
         }
@@ -1222,7 +1292,9 @@ fn refuse(r: &Reply, answers: &mut Vec<(ConnId, u64, String)>, why: &str) {
         | Reply::Consumer { conn, ack_id, .. } => answers.push((*conn, *ack_id, body)),
         Reply::Fetch(w) => answers.push((w.conn, w.ack_id, body)),
         Reply::Push { .. } => {}
-        Reply::Read { conn, ack_id, .. } => answers.push((*conn, *ack_id, body)),
+        Reply::Read { conn, ack_id, .. } | Reply::KvRead { conn, ack_id, .. } => {
+            answers.push((*conn, *ack_id, body))
+        }
     }
 }
 
