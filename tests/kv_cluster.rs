@@ -179,6 +179,20 @@ fn compare_and_set_across_a_cluster_and_a_leader_loss() {
     );
     check(&all, value, revision);
 
+    // A leader that cannot reach a majority answers no read: a read of a
+    // replicated bucket goes through the log.
+    let l = agreed_stream_group_leader(&c, &rest, "KV_ctr", SERVE_WAIT, |_| true);
+    let f = rest.iter().copied().find(|&i| i != l).expect("a follower");
+    c.pause(f);
+    let got = c
+        .client(l)
+        .call("kv.get", json!({"bucket": "ctr", "key": "n"}));
+    c.resume(f);
+    assert!(
+        got.is_err(),
+        "a read answered by a leader with no majority: {got:?}"
+    );
+
     // An R1 bucket lives on the node that created it; the others relay.
     let owner = rest[0];
     let other = rest[1];
