@@ -591,7 +591,11 @@ fn case_slow_consumer(addr: &str, broker: &common::Broker) -> Result<String, Str
 /// The metric's exact name is the broker's; any sample whose name mentions
 /// `slow` with a value of at least 1 counts.
 fn slow_consumers_counted(addr: &str) -> Result<(), String> {
-    let body = http_get(addr, "/metrics")?;
+    let body = match common::try_http_get(addr, "/metrics") {
+        Ok((200, body)) => body,
+        Ok((code, _)) => return Err(format!("GET /metrics: status {code}")),
+        Err(e) => return Err(format!("GET /metrics on {addr}: {e}")),
+    };
     let counted = body
         .lines()
         .filter(|line| !line.starts_with('#'))
@@ -610,53 +614,6 @@ fn slow_consumers_counted(addr: &str) -> Result<(), String> {
         Err(format!(
             "GET /metrics shows no slow-consumer sample >= 1:\n{body}"
         ))
-    }
-}
-
-/// A minimal HTTP/1.1 GET with `Connection: close`; returns the body of a
-/// 200 answer. Reads until EOF or until `Content-Length` bytes arrived.
-fn http_get(addr: &str, path: &str) -> Result<String, String> {
-    let mut stream = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
-    stream
-        .set_read_timeout(Some(WAIT))
-        .map_err(|e| format!("read timeout: {e}"))?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .map_err(|e| format!("GET {path}: {e}"))?;
-    let mut raw = Vec::new();
-    let mut chunk = [0u8; 16 * 1024];
-    loop {
-        let text = String::from_utf8_lossy(&raw).into_owned();
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let length = head
-                .lines()
-                .filter_map(|l| l.split_once(':'))
-                .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
-                .and_then(|(_, v)| v.trim().parse::<usize>().ok());
-            if length.is_some_and(|n| body.len() >= n) {
-                return http_body(head, body, path);
-            }
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => raw.extend_from_slice(chunk.get(..n).unwrap_or(&[])),
-            Err(e) => return Err(format!("GET {path}: read: {e}")),
-        }
-    }
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    match text.split_once("\r\n\r\n") {
-        Some((head, body)) => http_body(head, body, path),
-        None => Err(format!("GET {path}: incomplete answer {text:?}")),
-    }
-}
-
-fn http_body(head: &str, body: &str, path: &str) -> Result<String, String> {
-    let status = head.lines().next().unwrap_or("");
-    if status.split_whitespace().nth(1) == Some("200") {
-        Ok(body.to_string())
-    } else {
-        Err(format!("GET {path}: {status}"))
     }
 }
 

@@ -365,10 +365,8 @@ fn server_info_and_cluster_status_with_control_token() {
 #[test]
 fn second_server_is_tried_when_the_first_is_down() {
     let b = Broker::start(&[]);
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
-    };
+    // Nothing listens there once the probe let it go.
+    let dead = format!("127.0.0.1:{}", common::free_port());
     let both = format!("{dead},{}", b.addr);
     let out = ok(&["-s", &both, "pub", "a", "1", "--json"]);
     assert!(out.contains("\"published\":1"), "{out}");

@@ -94,7 +94,7 @@ fn leader_and_term(c: &Cluster, i: usize) -> (Option<String>, u64) {
 /// A sample of node `i`'s `/metrics`, by name and label set as written
 /// (e.g. `gombus_raft_handshakes_refused_total{reason="proof"}`).
 fn metric(c: &Cluster, i: usize, sample: &str) -> f64 {
-    let (code, text) = http_get(&c.http[i], "/metrics").expect("GET /metrics");
+    let (code, text) = http_get(&c.http[i], "/metrics");
     assert_eq!(code, 200);
     text.lines()
         .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
@@ -345,7 +345,7 @@ fn a_node_with_another_cluster_token_never_joins() {
     // n3 says why, and so do the nodes it tried to reach or that tried it.
     await_log(&c, 2, "cluster tokens differ?");
     await_log(&c, leader, "cluster tokens differ?");
-    let (code, body) = http_get(&c.http[2], "/healthz").unwrap();
+    let (code, body) = http_get(&c.http[2], "/healthz");
     assert_eq!(code, 503, "n3 /healthz: {body}");
     assert_eq!(leader_and_term(&c, 2).0, None, "n3 knows no leader");
     // A leader counts a member reachable once it has heard from it within a

@@ -127,13 +127,9 @@ fn a_client_that_vanishes_mid_request_harms_nobody() {
     assert!(get(&b.addr, "/healthz").starts_with("HTTP/1.1 200 OK"));
 }
 
-fn broker_bin() -> String {
-    std::env::var("GOMBUS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string())
-}
-
 #[test]
 fn help_lists_every_flag_and_bad_flags_exit_2() {
-    let help = Command::new(broker_bin())
+    let help = Command::new(common::broker_bin())
         .arg("-help")
         .output()
         .expect("run");
@@ -163,7 +159,10 @@ fn help_lists_every_flag_and_bad_flags_exit_2() {
         &["-ping-interval=soon"],
         &["stray"],
     ] {
-        let out = Command::new(broker_bin()).args(bad).output().expect("run");
+        let out = Command::new(common::broker_bin())
+            .args(bad)
+            .output()
+            .expect("run");
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(

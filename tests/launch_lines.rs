@@ -61,10 +61,6 @@ fn the_launch_lines_form_a_cluster_that_delivers_across_nodes() {
     }
 }
 
-fn broker_bin() -> String {
-    std::env::var("GOMBUS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string())
-}
-
 #[test]
 fn bad_cluster_values_exit_2_naming_the_flag() {
     let http = free_port();
@@ -95,7 +91,7 @@ fn bad_cluster_values_exit_2_naming_the_flag() {
     ];
     let data = std::env::temp_dir().join(format!("gombus-launch-bad-{}", std::process::id()));
     for (cluster, want) in cases {
-        let out = Command::new(broker_bin())
+        let out = Command::new(cluster_support::broker_bin())
             .args([
                 "-node-id=n1".to_string(),
                 format!("-addr=:{http}"),

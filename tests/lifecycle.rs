@@ -405,9 +405,7 @@ fn env_vars_set_flags_and_flags_win() {
 
 #[test]
 fn bad_env_value_is_refused_with_the_variable_named() {
-    let bin =
-        std::env::var("GOMBUS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string());
-    let out = std::process::Command::new(bin)
+    let out = std::process::Command::new(common::broker_bin())
         .arg("-addr=127.0.0.1:0")
         .env("GOMBUS_PING_INTERVAL", "soon")
         .output()

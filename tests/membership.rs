@@ -20,7 +20,7 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cluster_support::{call_until, http_get, read_stream};
+use cluster_support::{broker_bin, call_until, free_port, free_ports, read_stream, try_http_get};
 use gombus::client::{Client, Options, Reconnect};
 use serde_json::{json, Value};
 
@@ -29,26 +29,6 @@ const STARTUP_WAIT: Duration = Duration::from_secs(15);
 const WAIT: Duration = Duration::from_secs(20);
 /// One test's processes at a time: elections are timed on a quiet host.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-static NEXT_ROOT: AtomicU64 = AtomicU64::new(0);
-
-/// `n` distinct free loopback ports: every listener is held until all
-/// are picked, so no two picks are the same port.
-fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("no free loopback port"))
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().expect("a bound port").port())
-        .collect()
-}
-
-fn free_port() -> u16 {
-    free_ports(1)[0]
-}
-
-fn broker_bin() -> String {
-    std::env::var("GOMBUS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string())
-}
 
 /// One node: its addresses, flags, and process while it runs.
 struct Node {
@@ -72,12 +52,8 @@ impl Nodes {
     /// and waits until they agree on a leader.
     fn start() -> Nodes {
         let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-        let root = std::env::temp_dir().join(format!(
-            "gombus-membership-{}-{}",
-            std::process::id(),
-            NEXT_ROOT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&root).unwrap();
+        // Removed when `Nodes` drops.
+        let root = cluster_support::TempDir::new("membership").keep();
         let names = ["n1", "n2", "n3"];
         let ports = free_ports(6);
         let http: Vec<String> = ports[..3]
@@ -332,7 +308,7 @@ impl Nodes {
     fn await_health(&self, i: usize, code: u16, status: &str) {
         let deadline = Instant::now() + WAIT;
         loop {
-            let got = http_get(&self.nodes[i].http, "/healthz");
+            let got = try_http_get(&self.nodes[i].http, "/healthz");
             if let Ok((c, body)) = &got {
                 if *c == code && body.contains(status) {
                     return;

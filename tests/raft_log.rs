@@ -3,33 +3,19 @@
 //! at every write boundary of a small run (every byte of every append, and
 //! between each step of a snapshot) recovering to a consistent prefix.
 
+mod support;
+
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use gombus::cluster::raft_log::{
     DurableLog, Loaded, LogStore, MembershipFile, MemoryLog, StateFile,
 };
 use gombus::cluster::raft_msg::{Entry, EntryKind, HardState, Member, Membership, Snapshot};
 use gombus::storage::record;
+use support::TempDir;
 
 /// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("gombus-raft-log-{}-{name}", std::process::id()));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
 fn e(index: u64, term: u64) -> Entry {
     Entry {
         term,

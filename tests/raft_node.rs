@@ -3,12 +3,15 @@
 //! the election timeout's bound; the killed node restarts from its durable
 //! log and catches up.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::{Duration, Instant};
+
+use support::free_port;
 
 /// One line a node printed: (node name, the line).
 type Line = (String, String);
@@ -30,14 +33,6 @@ fn example_bin() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
     dir.join("examples").join("raft_node")
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 struct Cluster {

@@ -2,34 +2,17 @@
 //! restarts, torn-tail recovery at every byte offset, corruption of fsynced
 //! data refused.
 
+mod support;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use gombus::storage::sync::{SyncPolicy, Syncer};
 use gombus::stream::store::{Options, State, Store, StoreError};
+use support::TempDir;
 
 /// A directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let p =
-            std::env::temp_dir().join(format!("gombus-store-{tag}-{}-{nanos}", std::process::id()));
-        fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
 fn small(segment_bytes: u64) -> Options {
     Options {
         segment_bytes,

@@ -4,9 +4,11 @@
 //! under each sync policy. The writer is this test binary run again in a
 //! child mode.
 
+mod support;
+
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use gombus::storage::sync::{parse_policy, Syncer};
 use gombus::stream::store::{Options, Store};
+use support::TempDir;
 
 const CHILD_DIR: &str = "GOMBUS_STORE_KILL_DIR";
 const CHILD_POLICY: &str = "GOMBUS_STORE_KILL_POLICY";
@@ -59,14 +62,6 @@ fn child(dir: &Path, policy: &str) {
     }
 }
 
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Kills the child on drop, whatever happens in the test.
 struct Killed(std::process::Child);
 
@@ -78,10 +73,7 @@ impl Drop for Killed {
 }
 
 fn kill_and_check(policy: &str) {
-    let dir = TempDir(
-        std::env::temp_dir().join(format!("gombus-store-kill-{policy}-{}", std::process::id())),
-    );
-    let _ = fs::remove_dir_all(&dir.0);
+    let dir = TempDir::new(&format!("store-kill-{policy}"));
     let exe = std::env::current_exe().unwrap();
     let mut child = Killed(
         Command::new(exe)

@@ -3,13 +3,16 @@
 //! against a plain in-memory map. Seeded; a failure prints its seed, and
 //! `GOMBUS_SEED=<n> cargo test --test store_model` replays it.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use gombus::storage::sync::{SyncPolicy, Syncer};
 use gombus::stream::store::{Options, Store};
+use support::TempDir;
 
 /// SplitMix64 ([`gombus::rand`]): small, seedable, good enough to pick operations.
 struct Rng(u64);
@@ -55,25 +58,6 @@ impl Model {
         };
         let bytes = self.msgs.values().map(record_bytes).sum();
         (self.msgs.len() as u64, bytes, first, last)
-    }
-}
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-impl TempDir {
-    /// An emptied `gombus-<kind>-<pid>-<seed>` under the system temp dir.
-    fn fresh(kind: &str, seed: u64) -> TempDir {
-        let dir = TempDir(
-            std::env::temp_dir().join(format!("gombus-{kind}-{}-{seed}", std::process::id())),
-        );
-        let _ = fs::remove_dir_all(&dir.0);
-        dir
     }
 }
 
@@ -165,7 +149,7 @@ fn check(store: &Store, model: &Model, rng: &mut Rng, ctx: &str) {
 }
 
 fn run(seed: u64, ops: usize) {
-    let dir = TempDir::fresh("store-model", seed);
+    let dir = TempDir::new(&format!("store-model-{seed}"));
     let mut rng = Rng(seed);
     let syncer = Arc::new(Syncer::start(SyncPolicy::Always).unwrap());
     let opts = |rng: &mut Rng| Options {
@@ -278,7 +262,7 @@ fn store_matches_model() {
 /// The store used as a Raft log: appends, suffix cuts (`truncate_from`),
 /// prefix compaction (`remove_below`), reads and restarts against a map.
 fn run_log(seed: u64, ops: usize) {
-    let dir = TempDir::fresh("store-log-model", seed);
+    let dir = TempDir::new(&format!("store-log-model-{seed}"));
     let mut rng = Rng(seed);
     let syncer = Arc::new(Syncer::start(SyncPolicy::Always).unwrap());
     let opts = |rng: &mut Rng| Options {

@@ -37,21 +37,6 @@ fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// A plain HTTP GET on loopback; the body.
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
-
 fn stream(c: &Client, name: &str, subjects: &[&str]) {
     c.stream_create(&StreamConfig::new(name, subjects)).unwrap();
 }
@@ -109,7 +94,7 @@ fn create_info_list_delete() {
     .unwrap();
     assert_eq!(ctl.call("server.info", json!({})).unwrap()["streams"], 2);
     c.publish_stream("audit.x", 1).unwrap();
-    let metrics = http_get(&b.addr, "/metrics");
+    let metrics = common::http_exchange(&b.addr, "/metrics").expect("GET /metrics");
     assert!(metrics.contains("gombus_streams 2"), "{metrics}");
     assert!(
         metrics.contains("gombus_stream_messages{stream=\"AUDIT\"} 1"),

@@ -392,9 +392,7 @@ fn forbidden_is_counted_by_user_and_kind_and_tokens_never_show() {
 fn bad_files_are_refused_at_start_with_the_line_and_loose_modes_warned() {
     use std::os::unix::fs::PermissionsExt;
     let bad = write_users("{\"users\": [\n {\"name\": \"a\", \"token\": \"t\"},\n {\"name\": \"b\", \"token\": \"t\"}\n]}");
-    let bin =
-        std::env::var("GOMBUS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string());
-    let out = Command::new(&bin)
+    let out = Command::new(common::broker_bin())
         .arg("-addr=127.0.0.1:0")
         .arg(format!("-users={}", bad.display()))
         .output()

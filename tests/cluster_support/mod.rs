@@ -13,14 +13,18 @@
 #![allow(dead_code)] // Each test binary uses a different part of it.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+#[path = "../support/mod.rs"]
+pub mod support;
+
+#[allow(unused_imports)] // each test binary calls a different part
+pub use support::{broker_bin, free_port, free_ports, http_get, try_http_get, TempDir};
 
 use gombus::client::{Client, Options, Reconnect};
 use serde_json::{json, Value};
@@ -38,23 +42,10 @@ pub const LEADER_WAIT: Duration = Duration::from_secs(10);
 const LOG_LINES_MAX: usize = 300;
 const LISTENING_MARKER: &str = "listening on ";
 
-static NEXT_ROOT: AtomicU64 = AtomicU64::new(0);
 /// Held by each running cluster: the tests of one binary run their clusters
 /// one after another, so timings (elections, failover) are not measured on
 /// a host busy with several clusters at once.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-/// A free loopback port: bind port 0, read it, let the listener go.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
-}
-
-fn broker_bin() -> String {
-    std::env::var("GOMBUS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string())
-}
 
 /// How the nodes' flags are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,14 +127,8 @@ impl Cluster {
     /// (e.g. each node's own address in a network namespace).
     pub fn prepare_at(launch: Launch, http: Vec<String>, raft: Vec<String>) -> Cluster {
         let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let n = NEXT_ROOT.fetch_add(1, Ordering::Relaxed);
-        let root =
-            std::env::temp_dir().join(format!("gombus-cluster-{}-{n}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&root).expect("cannot create the cluster's data root");
+        // Removed when the cluster drops, once its processes are gone.
+        let root = TempDir::new("cluster").keep();
         Cluster {
             http,
             raft,
@@ -173,7 +158,7 @@ impl Cluster {
         let deadline = Instant::now() + within;
         for &i in nodes {
             loop {
-                let answer = http_get(&self.http[i], "/healthz");
+                let answer = try_http_get(&self.http[i], "/healthz");
                 if matches!(answer, Ok((200, _))) {
                     break;
                 }
@@ -561,7 +546,7 @@ fn agreed_leader(statuses: &[Result<Value, String>]) -> Option<(String, u64)> {
 /// names it, as an index into the cluster's nodes (None: none known, or
 /// the node does not answer).
 pub fn stream_group_leader(c: &Cluster, i: usize, name: &str) -> Option<usize> {
-    let (code, body) = http_get(&c.http[i], "/metrics").ok()?;
+    let (code, body) = try_http_get(&c.http[i], "/metrics").ok()?;
     if code != 200 {
         return None;
     }
@@ -604,28 +589,6 @@ pub fn agreed_stream_group_leader(
         );
         thread::sleep(Duration::from_millis(10));
     }
-}
-
-/// A plain HTTP/1.1 GET on `addr`; (status code, body).
-pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((code, body))
 }
 
 /// `event` through `client`, retried while it fails (a stream group

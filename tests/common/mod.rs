@@ -4,16 +4,20 @@
 #![allow(dead_code)] // Each test binary uses a different part of it.
 
 pub mod raw_ws;
+#[path = "../support/mod.rs"]
+pub mod support;
+
+#[allow(unused_imports)] // each test binary calls a different part
+pub use support::{broker_bin, free_port, http_exchange, http_get, try_http_get, TempDir};
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// How long a broker may take to print its `listening on` line.
 const STARTUP_WAIT: Duration = Duration::from_secs(10);
@@ -21,8 +25,6 @@ const STARTUP_WAIT: Duration = Duration::from_secs(10);
 const LOG_LINES_MAX: usize = 200;
 /// The marker the broker prints once it accepts connections.
 const LISTENING_MARKER: &str = "listening on ";
-
-static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
 
 /// A running broker process.
 pub struct Broker {
@@ -47,9 +49,7 @@ impl Broker {
 
     /// [`Broker::start`] with extra environment variables (`GOMBUS_*`).
     pub fn start_with_env(extra_args: &[&str], env: &[(&str, &str)]) -> Broker {
-        let bin = std::env::var("GOMBUS_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string());
-        Broker::start_program(&bin, extra_args, env)
+        Broker::start_program(&broker_bin(), extra_args, env)
     }
 
     /// [`Broker::start_with_env`] with the broker binary at `bin` (e.g. an
@@ -61,7 +61,7 @@ impl Broker {
     /// [`Broker::start_program`] through a launcher: `program` is the
     /// command and its first arguments (`["qemu-arm", "/path/broker"]`).
     pub fn start_command(program: &[String], extra_args: &[&str], env: &[(&str, &str)]) -> Broker {
-        let data_dir = fresh_dir();
+        let data_dir = TempDir::new("test").keep();
         let bin = program.join(" ");
         let mut child = Command::new(&program[0])
             .args(&program[1..])
@@ -238,41 +238,4 @@ fn drain_stderr(
 fn listening_addr(line: &str) -> Option<String> {
     let (_, rest) = line.split_once(LISTENING_MARKER)?;
     rest.split_whitespace().next().map(str::to_string)
-}
-
-fn fresh_dir() -> PathBuf {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("gombus-test-{}-{n}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-    dir
-}
-
-/// A plain HTTP/1.1 GET; (status code, body).
-pub fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
 }

@@ -441,8 +441,7 @@ impl NetCluster {
     /// naming member `via` in `-cluster`, and waits (bounded) until it
     /// listens. Its data directory is new (under the cluster's root).
     pub fn join(&self, name: &str, via: usize) -> Joined {
-        let bin = std::env::var("GOMBUS_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string());
+        let bin = crate::cluster_support::broker_bin();
         let root = self.c.data_dir(0);
         let data = root.parent().unwrap_or(&root).join(name);
         let me = addr(SPARE);

@@ -27,7 +27,7 @@ use gombus::client::ConsumerConfig;
 use gombus::client::StreamConfig;
 use serde_json::Value;
 
-use cluster_support::{http_get, Cluster, IDS};
+use cluster_support::{try_http_get, Cluster, IDS};
 use faults::{Kind, Rng};
 use load::{Ctx, StreamSpec};
 use report::{FaultRecord, Sample};
@@ -180,8 +180,12 @@ impl Soak {
         let start = Instant::now();
         while start.elapsed() < within {
             self.tick();
-            let healthy =
-                (0..3).all(|i| matches!(http_get(&self.cluster.http[i], "/healthz"), Ok((200, _))));
+            let healthy = (0..3).all(|i| {
+                matches!(
+                    try_http_get(&self.cluster.http[i], "/healthz"),
+                    Ok((200, _))
+                )
+            });
             if healthy && self.agreed_leader() {
                 return Some(start.elapsed());
             }

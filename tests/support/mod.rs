@@ -1,0 +1,109 @@
+//! What many test binaries need, in one place: the broker binary under
+//! test, free loopback ports, a temporary directory removed on drop, and a
+//! plain HTTP/1.1 GET. A test file takes it with `mod support;`; the
+//! shared process harnesses (`common`, `cluster_support`) include it too
+//! and re-export what their users call.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The broker under test: `GOMBUS_BIN` (`make test` sets it to the static
+/// release build), else the one cargo built for this test run.
+pub fn broker_bin() -> String {
+    std::env::var("GOMBUS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string())
+}
+
+/// A free loopback port: bind port 0, read it, let the listener go.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+/// `n` distinct free loopback ports, all held until every one is known.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("no free loopback port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("local addr").port())
+        .collect()
+}
+
+static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh, empty directory under the system's temp dir, named
+/// `gombus-<tag>-<pid>-<n>-<nanos>`, removed with everything in it on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("gombus-{tag}-{}-{n}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// Keeps the directory: the caller now owns its removal.
+    pub fn keep(self) -> PathBuf {
+        let dir = self.0.clone();
+        std::mem::forget(self);
+        dir
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The whole answer (status line, headers, body) to a GET of `path` on
+/// `addr`, sent with `Connection: close` and read to its end (at most 5 s
+/// between reads).
+pub fn http_exchange(addr: &str, path: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    Ok(String::from_utf8_lossy(&raw).into_owned())
+}
+
+/// A GET of `path` on `addr`: (status code, body); 0 when no status line
+/// came.
+pub fn try_http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let text = http_exchange(addr, path)?;
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// [`try_http_get`] that fails the test when `addr` cannot be reached.
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    try_http_get(addr, path).unwrap_or_else(|e| panic!("GET {path} on {addr}: {e}"))
+}
