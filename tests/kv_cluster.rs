@@ -238,4 +238,46 @@ fn compare_and_set_across_a_cluster_and_a_leader_loss() {
         Err(Error::Server { code, .. }) => assert_eq!(code, "wrong_revision"),
         other => panic!("a stale compare-and-set: {other:?}"),
     }
+
+    // Every node lists and describes every bucket: the R1 one wherever it
+    // lives, the replicated one with its leader's state.
+    for &i in &rest {
+        let deadline = Instant::now() + SERVE_WAIT;
+        let listed = loop {
+            let got = c.client(i).call("kv.list", json!({}));
+            let fine = got.as_ref().is_ok_and(|v| {
+                let b = &v["buckets"];
+                b[0]["config"]["bucket"] == "ctr"
+                    && b[0]["state"]["revision"] == revision
+                    && b[1]["config"]["bucket"] == "one"
+                    && b[1]["state"]["revision"] == rev
+                    && b.as_array().map(Vec::len) == Some(2)
+            });
+            if fine || Instant::now() > deadline {
+                break got;
+            }
+            thread::sleep(Duration::from_millis(50));
+        };
+        let listed = listed.expect("kv.list");
+        let b = &listed["buckets"];
+        assert_eq!(b.as_array().map(Vec::len), Some(2), "node {i}: {listed}");
+        assert_eq!(b[0]["config"]["bucket"], "ctr", "node {i}: {listed}");
+        assert_eq!(b[0]["config"]["replicas"], 3, "node {i}: {listed}");
+        assert_eq!(b[0]["state"]["values"], 1, "node {i}: {listed}");
+        assert_eq!(b[0]["state"]["revision"], revision, "node {i}: {listed}");
+        assert_eq!(b[1]["config"]["bucket"], "one", "node {i}: {listed}");
+        assert_eq!(b[1]["config"]["replicas"], 1, "node {i}: {listed}");
+        assert_eq!(b[1]["state"]["values"], 1, "node {i}: {listed}");
+        assert_eq!(b[1]["state"]["revision"], rev, "node {i}: {listed}");
+        for (bucket, at) in [("ctr", revision), ("one", rev)] {
+            let info = call_until(
+                &c.client(i),
+                "kv.info",
+                json!({ "bucket": bucket }),
+                SERVE_WAIT,
+            );
+            assert_eq!(info["bucket"]["config"]["bucket"], bucket, "{info}");
+            assert_eq!(info["bucket"]["state"]["revision"], at, "{info}");
+        }
+    }
 }
