@@ -130,7 +130,8 @@ conformance:
 
 # The project's side-by-side benchmark (scripts/bench.sh, bench/): gombus
 # against nats-server and a plain Node socket.io relay, same client work,
-# workloads fanout, queue, reqrep, stream, conns, fanout3 (a three-node
+# workloads fanout, queue, reqrep, stream, kv (acked puts, then gets, to a
+# key-value bucket; nats: JetStream's KV layout), conns, fanout3 (a three-node
 # cluster) and stream3 (acked publishes to a stream with three replicas on
 # a three-node cluster, publisher on a follower and on the leader); medians
 # over RUNS (3) with server CPU per message, under $GOMBUS_BENCH_DIR (default /tmp/gombus-bench-own). A missing nats-server or

@@ -1,9 +1,10 @@
 //! Key-value buckets in a cluster (docs/PROTOCOL.md "Key-value buckets"):
 //! three real `broker` processes on loopback. Clients on every node do
-//! compare-and-set increments of one counter in an R3 bucket; the final
-//! value equals the number of acked increments and no revision is acked
-//! twice, also across a kill -9 of the bucket's leader. An R1 bucket is
-//! used from a node that does not hold it (its events are relayed).
+//! compare-and-set increments of one counter in an R3 bucket for 10 s; the
+//! final value equals the number of acked increments, no revision is acked
+//! twice and no client sees a revision go back, also across a kill -9 of
+//! the bucket's leader. An R1 bucket is used from a node that does not
+//! hold it (its events are relayed).
 
 mod cluster_support;
 
@@ -32,38 +33,53 @@ fn read(c: &Client) -> Result<(u64, u64), Error> {
     }
 }
 
-/// Increments the counter by compare-and-set until `stop`; returns the
-/// revisions its acked writes got.
+/// Increments the counter by compare-and-set until `stop`, adding the
+/// revisions its acked writes got to `acked`. Checks that what this client
+/// sees never goes back: each read's revision is at least the latest it
+/// saw (read or acked), and each acked write's is above it.
 fn incrementer(
     c: Client,
     stop: Arc<AtomicBool>,
     acked: Arc<Mutex<Vec<u64>>>,
 ) -> thread::JoinHandle<()> {
     thread::spawn(move || {
+        let mut seen = 0u64;
         while !stop.load(Ordering::Acquire) {
             let Ok((n, rev)) = read(&c) else {
                 thread::sleep(Duration::from_millis(20));
                 continue;
             };
+            assert!(
+                rev >= seen,
+                "a read went back from revision {seen} to {rev}"
+            );
+            seen = rev;
             let put = json!({"bucket": "ctr", "key": "n", "value": n + 1, "revision": rev});
             if let Ok(v) = c.call("kv.put", put) {
                 let r = v["revision"].as_u64().expect("a revision");
+                assert!(r > seen, "a write acked at revision {r}, not above {seen}");
+                seen = r;
                 acked.lock().unwrap().push(r);
             }
         }
     })
 }
 
+/// Clients on `nodes` increment the counter for `for_`; a client's
+/// assertion failing fails the test.
 fn race(c: &Cluster, nodes: &[usize], for_: Duration, acked: &Arc<Mutex<Vec<u64>>>) {
     let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = nodes
         .iter()
         .map(|&i| incrementer(c.client(i), Arc::clone(&stop), Arc::clone(acked)))
         .collect();
+    // The time to run, not a wait for something to happen.
     thread::sleep(for_);
     stop.store(true, Ordering::Release);
     for w in workers {
-        w.join().expect("an incrementer");
+        if let Err(e) = w.join() {
+            std::panic::resume_unwind(e);
+        }
     }
 }
 
@@ -138,11 +154,11 @@ fn compare_and_set_across_a_cluster_and_a_leader_loss() {
     );
 
     let acked = Arc::new(Mutex::new(Vec::new()));
-    race(&c, &[0, 1, 2], Duration::from_secs(1), &acked);
+    race(&c, &[0, 1, 2], Duration::from_secs(10), &acked);
     let (value, revision) = settled(&c, (leader + 1) % 3);
     let before = acked.lock().unwrap().clone();
     assert!(
-        before.len() >= 10,
+        before.len() >= 500,
         "too few increments acked: {}",
         before.len()
     );
@@ -221,5 +237,47 @@ fn compare_and_set_across_a_cluster_and_a_leader_loss() {
     ) {
         Err(Error::Server { code, .. }) => assert_eq!(code, "wrong_revision"),
         other => panic!("a stale compare-and-set: {other:?}"),
+    }
+
+    // Every node lists and describes every bucket: the R1 one wherever it
+    // lives, the replicated one with its leader's state.
+    for &i in &rest {
+        let deadline = Instant::now() + SERVE_WAIT;
+        let listed = loop {
+            let got = c.client(i).call("kv.list", json!({}));
+            let fine = got.as_ref().is_ok_and(|v| {
+                let b = &v["buckets"];
+                b[0]["config"]["bucket"] == "ctr"
+                    && b[0]["state"]["revision"] == revision
+                    && b[1]["config"]["bucket"] == "one"
+                    && b[1]["state"]["revision"] == rev
+                    && b.as_array().map(Vec::len) == Some(2)
+            });
+            if fine || Instant::now() > deadline {
+                break got;
+            }
+            thread::sleep(Duration::from_millis(50));
+        };
+        let listed = listed.expect("kv.list");
+        let b = &listed["buckets"];
+        assert_eq!(b.as_array().map(Vec::len), Some(2), "node {i}: {listed}");
+        assert_eq!(b[0]["config"]["bucket"], "ctr", "node {i}: {listed}");
+        assert_eq!(b[0]["config"]["replicas"], 3, "node {i}: {listed}");
+        assert_eq!(b[0]["state"]["values"], 1, "node {i}: {listed}");
+        assert_eq!(b[0]["state"]["revision"], revision, "node {i}: {listed}");
+        assert_eq!(b[1]["config"]["bucket"], "one", "node {i}: {listed}");
+        assert_eq!(b[1]["config"]["replicas"], 1, "node {i}: {listed}");
+        assert_eq!(b[1]["state"]["values"], 1, "node {i}: {listed}");
+        assert_eq!(b[1]["state"]["revision"], rev, "node {i}: {listed}");
+        for (bucket, at) in [("ctr", revision), ("one", rev)] {
+            let info = call_until(
+                &c.client(i),
+                "kv.info",
+                json!({ "bucket": bucket }),
+                SERVE_WAIT,
+            );
+            assert_eq!(info["bucket"]["config"]["bucket"], bucket, "{info}");
+            assert_eq!(info["bucket"]["state"]["revision"], at, "{info}");
+        }
     }
 }

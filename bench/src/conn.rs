@@ -218,6 +218,80 @@ impl Conn {
         }
     }
 
+    /// Creates key-value bucket `bucket` with history 1 (Socket.IO
+    /// `kv.create`; NATS: stream `KV_<bucket>` on `$KV.<bucket>.>` as
+    /// JetStream's own key-value buckets are made, with direct gets),
+    /// accepting one that already exists.
+    pub fn create_bucket(&mut self, bucket: &str) -> io::Result<()> {
+        let ack = match self {
+            Conn::Sio(_) => self.api("kv.create", &format!("{{\"bucket\":\"{bucket}\"}}"))?,
+            Conn::Nats(_) => self.api(
+                &format!("$JS.API.STREAM.CREATE.KV_{bucket}"),
+                &format!(
+                    "{{\"name\":\"KV_{bucket}\",\"subjects\":[\"$KV.{bucket}.>\"],\"storage\":\"file\",\
+                     \"num_replicas\":1,\"max_msgs_per_subject\":1,\"discard\":\"new\",\
+                     \"allow_rollup_hdrs\":true,\"deny_delete\":true,\"allow_direct\":true}}"
+                ),
+            )?,
+        };
+        let fine = match self {
+            Conn::Sio(_) => ack.contains("\"ok\":true") || ack.contains("\"code\":\"exists\""),
+            // A server without direct gets leaves `allow_direct` out of
+            // the config it answers with.
+            Conn::Nats(_) => {
+                (!ack.contains("\"error\"") || ack.contains("10058"))
+                    && ack.contains("\"allow_direct\":true")
+            }
+        };
+        if fine {
+            Ok(())
+        } else {
+            Err(fail(format!("bucket create refused: {ack}")))
+        }
+    }
+
+    /// A put of `value` to `key` answered as `Event::Ack { id }` (Socket.IO
+    /// `kv.put`, the value a JSON string; NATS: a publish to
+    /// `$KV.<bucket>.<key>`, answered by the JetStream PubAck).
+    pub fn kv_put(&mut self, bucket: &str, key: &str, value: &[u8], id: u64) -> io::Result<()> {
+        match self {
+            Conn::Sio(c) => {
+                let v = std::str::from_utf8(value).map_err(|_| fail("value is not UTF-8"))?;
+                c.emit(
+                    Some(id),
+                    "kv.put",
+                    &format!("{{\"bucket\":\"{bucket}\",\"key\":\"{key}\",\"value\":\"{v}\"}}"),
+                )
+            }
+            Conn::Nats(c) => {
+                c.publish(&format!("$KV.{bucket}.{key}"), None, Some(id), value);
+                Ok(())
+            }
+        }
+    }
+
+    /// A get of `key`'s latest value answered as `Event::Ack { id }`
+    /// (Socket.IO `kv.get`; NATS: a JetStream direct get of the last
+    /// message on `$KV.<bucket>.<key>`).
+    pub fn kv_get(&mut self, bucket: &str, key: &str, id: u64) -> io::Result<()> {
+        match self {
+            Conn::Sio(c) => c.emit(
+                Some(id),
+                "kv.get",
+                &format!("{{\"bucket\":\"{bucket}\",\"key\":\"{key}\"}}"),
+            ),
+            Conn::Nats(c) => {
+                c.publish(
+                    &format!("$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{key}"),
+                    None,
+                    Some(id),
+                    b"",
+                );
+                Ok(())
+            }
+        }
+    }
+
     /// One API call answered on its own: a Socket.IO event with an ack id
     /// (`what` is the event), or a NATS request on `what` answered on this
     /// connection's inbox (subscribed here). Returns the answer's text.

@@ -25,9 +25,9 @@ use serde_json::Value;
 
 const USAGE: &str = "usage:
   loadgen suite
-  loadgen run fanout|queue|reqrep|stream|stream3|conns --proto sio|nats|nats-ws --addr HOST:PORT
+  loadgen run fanout|queue|reqrep|stream|stream3|kv|conns --proto sio|nats|nats-ws --addr HOST:PORT
               [--sub-addr HOST:PORT,...] (stream3: the other nodes) [--server-pid PID,...] [--msgs N] [--size S]
-              [--subs K] [--window W] [--batch B] [--conns C] [--warm]
+              [--subs K] [--window W] [--batch B] [--conns C] [--keys K] [--warm]
   loadgen report FILE.jsonl...
 The suite's settings (RUNS, PEERS, WORKLOADS, *_MSGS, SIZE, ...) are described
 in docs/PERFORMANCE.md.";
@@ -90,6 +90,7 @@ fn run(args: &[String]) -> ExitCode {
         window: 256,
         batch: 128,
         conns: 1000,
+        keys: 1000,
         server_pids: Vec::new(),
         nodes: Vec::new(),
         warm: false,
@@ -133,6 +134,7 @@ fn run(args: &[String]) -> ExitCode {
                 "--window" => s.window = num()?,
                 "--batch" => s.batch = num()?.max(1),
                 "--conns" => s.conns = num()?,
+                "--keys" => s.keys = num()?.max(1),
                 _ => return Err(format!("unknown option {flag}")),
             }
             Ok(())
@@ -163,7 +165,11 @@ fn run(args: &[String]) -> ExitCode {
         "queue" => work::fanout(&s, true, "queue"),
         "reqrep" => work::reqrep(&s),
         "stream" => work::stream(&s),
-        "stream3" => work::stream3(&s, Duration::from_secs(30)).map(|rows| {
+        "stream3" | "kv" => match workload.as_str() {
+            "kv" => work::kv(&s),
+            _ => work::stream3(&s, Duration::from_secs(30)),
+        }
+        .map(|rows| {
             // One line per row; the last one decides like a single row.
             for r in &rows[..rows.len().saturating_sub(1)] {
                 println!("{r}");

@@ -1,5 +1,5 @@
 //! The NATS client protocol: a pure parser of what the server sends
-//! (INFO, MSG, PING, PONG, +OK, -ERR) and a blocking connection that
+//! (INFO, MSG, HMSG, PING, PONG, +OK, -ERR) and a blocking connection that
 //! speaks CONNECT, SUB, PUB and PING, over plain TCP or over WebSocket
 //! (the same byte stream in binary frames, one frame per write, as NATS'
 //! own WebSocket clients send it). Replies to this connection's requests
@@ -18,9 +18,12 @@ use crate::conn::{fail, Event};
 /// One server operation, with byte ranges into the parsed buffer.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Op {
+    /// MSG, or HMSG with `headers` (the header block, `NATS/1.0…`, right
+    /// before `payload`).
     Msg {
         subject: Range<usize>,
         reply: Option<Range<usize>>,
+        headers: Option<Range<usize>>,
         payload: Range<usize>,
     },
     Ping,
@@ -46,9 +49,10 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Op, usize)>, String> {
         .position(|&c| c == b' ' || c == b'\t')
         .unwrap_or(line.len());
     let verb = &line[..word_end];
-    if verb.eq_ignore_ascii_case(b"MSG") {
-        // At most four fields: subject, sid, [reply,] size.
-        let mut fields: [Range<usize>; 5] = Default::default();
+    let hmsg = verb.eq_ignore_ascii_case(b"HMSG");
+    if hmsg || verb.eq_ignore_ascii_case(b"MSG") {
+        // At most five fields: subject, sid, [reply,] [header size,] size.
+        let mut fields: [Range<usize>; 6] = Default::default();
         let mut count = 0;
         let mut i = word_end;
         while i < line.len() {
@@ -67,19 +71,26 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Op, usize)>, String> {
                 count += 1;
             }
         }
-        let (subject, reply, len) = match count {
-            3 => (fields[0].clone(), None, fields[2].clone()),
-            4 => (
-                fields[0].clone(),
-                Some(fields[2].clone()),
-                fields[3].clone(),
-            ),
+        let sizes = if hmsg { 2 } else { 1 };
+        let (subject, reply) = match count - sizes.min(count) {
+            2 => (fields[0].clone(), None),
+            3 => (fields[0].clone(), Some(fields[2].clone())),
             _ => return Err(format!("bad MSG line {:?}", String::from_utf8_lossy(line))),
         };
-        let n: usize = std::str::from_utf8(&line[len])
-            .ok()
-            .and_then(|t| t.parse().ok())
-            .ok_or_else(|| format!("bad MSG size in {:?}", String::from_utf8_lossy(line)))?;
+        let num = |r: &Range<usize>| -> Result<usize, String> {
+            std::str::from_utf8(&line[r.clone()])
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .ok_or_else(|| format!("bad MSG size in {:?}", String::from_utf8_lossy(line)))
+        };
+        let n = num(&fields[count - 1])?;
+        let h = if hmsg { num(&fields[count - 2])? } else { 0 };
+        if h > n {
+            return Err(format!(
+                "header size over total in {:?}",
+                String::from_utf8_lossy(line)
+            ));
+        }
         if buf.len() < next + n + 2 {
             return Ok(None);
         }
@@ -89,7 +100,8 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Op, usize)>, String> {
         let op = Op::Msg {
             subject,
             reply,
-            payload: next..next + n,
+            headers: hmsg.then_some(next..next + h),
+            payload: next + h..next + n,
         };
         return Ok(Some((op, next + n + 2)));
     }
@@ -236,7 +248,7 @@ impl Nats {
             }
         }
         c.out.extend_from_slice(
-            b"CONNECT {\"verbose\":false,\"pedantic\":false,\"echo\":true,\"headers\":false,\
+            b"CONNECT {\"verbose\":false,\"pedantic\":false,\"echo\":true,\"headers\":true,\
               \"lang\":\"rust\",\"version\":\"0.1\",\"protocol\":1}\r\n",
         );
         c.barrier()?;
@@ -286,12 +298,14 @@ impl Nats {
                         Op::Msg {
                             subject,
                             reply,
+                            headers,
                             payload,
                         } => {
                             let sh = |r: Range<usize>| r.start + base..r.end + base;
                             return Ok(Op::Msg {
                                 subject: sh(subject),
                                 reply: reply.map(sh),
+                                headers: headers.map(sh),
                                 payload: sh(payload),
                             });
                         }
@@ -317,6 +331,7 @@ impl Nats {
                 Op::Msg {
                     subject,
                     reply,
+                    headers,
                     payload,
                 } => {
                     let subj = &self.buf[subject];
@@ -329,11 +344,12 @@ impl Nats {
                             .ok()
                             .and_then(|t| t.parse().ok());
                         if let Some(id) = id {
-                            let body = &self.buf[payload];
+                            // `raw`: the headers too, if any.
+                            let from = headers.map_or(payload.start, |h| h.start);
                             return Ok(Event::Ack {
                                 id,
-                                data: body,
-                                raw: body,
+                                data: &self.buf[payload.clone()],
+                                raw: &self.buf[from..payload.end],
                             });
                         }
                     }
@@ -434,6 +450,7 @@ mod tests {
                 subject,
                 reply,
                 payload,
+                ..
             } => {
                 assert_eq!(text(buf, &subject), "a.b");
                 assert_eq!(reply, None);
@@ -454,6 +471,47 @@ mod tests {
             o => panic!("{o:?}"),
         }
         assert_eq!(parse(&buf[n + m..]).unwrap(), Some((Op::Ping, 6)));
+    }
+
+    #[test]
+    fn msg_with_headers() {
+        let head = "NATS/1.0\r\nNats-Sequence: 42\r\n\r\n";
+        let buf = format!(
+            "HMSG $KV.b.k 1 _INBOX.z.3 {} {}\r\n{head}v1\r\nHMSG a 2 {} {}\r\n{head}\r\n",
+            head.len(),
+            head.len() + 2,
+            head.len(),
+            head.len()
+        );
+        let buf = buf.as_bytes();
+        let (op, n) = parse(buf).unwrap().unwrap();
+        match op {
+            Op::Msg {
+                subject,
+                reply: Some(r),
+                headers: Some(h),
+                payload,
+            } => {
+                assert_eq!(text(buf, &subject), "$KV.b.k");
+                assert_eq!(text(buf, &r), "_INBOX.z.3");
+                assert_eq!(text(buf, &h), head);
+                assert_eq!(text(buf, &payload), "v1");
+            }
+            o => panic!("{o:?}"),
+        }
+        match parse(&buf[n..]).unwrap().unwrap().0 {
+            Op::Msg {
+                reply: None,
+                headers: Some(h),
+                payload,
+                ..
+            } => {
+                assert_eq!(h.len(), head.len());
+                assert!(payload.is_empty());
+            }
+            o => panic!("{o:?}"),
+        }
+        assert!(parse(b"HMSG a 1 5 3\r\nabc\r\n").is_err());
     }
 
     #[test]

@@ -11,6 +11,8 @@ pub fn rate_of(workload: &str) -> (&'static str, &'static str) {
         "queue" => ("msgs_per_s", "msgs/s"),
         "reqrep" => ("msgs_per_s", "requests/s"),
         "stream" | "stream3" | "stream3-follower" | "stream3-leader" => ("acked_per_s", "acked/s"),
+        "kv-put" => ("acked_per_s", "puts/s"),
+        "kv-get" => ("acked_per_s", "gets/s"),
         "conns" => ("conns_per_s", "conns/s"),
         _ => ("msgs_per_s", "msgs/s"),
     }

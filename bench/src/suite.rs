@@ -21,7 +21,7 @@ use crate::report;
 use crate::work::{self, Spec};
 
 /// Workloads run when WORKLOADS is not set.
-pub const DEFAULT_WORKLOADS: &str = "fanout queue reqrep stream conns fanout3 stream3";
+pub const DEFAULT_WORKLOADS: &str = "fanout queue reqrep stream kv conns fanout3 stream3";
 pub const DEFAULT_PEERS: &str = "gombus nats nats-ws sio-relay";
 
 pub struct Settings {
@@ -33,6 +33,8 @@ pub struct Settings {
     pub reqrep_msgs: u64,
     pub stream_msgs: u64,
     pub stream3_msgs: u64,
+    pub kv_msgs: u64,
+    pub kv_keys: u64,
     pub cluster_msgs: u64,
     pub window: u64,
     pub conns: u64,
@@ -82,6 +84,8 @@ impl Settings {
             reqrep_msgs: env_num("REQREP_MSGS", 20_000)?,
             stream_msgs: env_num("STREAM_MSGS", 300_000)?,
             stream3_msgs: env_num("STREAM3_MSGS", 100_000)?,
+            kv_msgs: env_num("KV_MSGS", 100_000)?,
+            kv_keys: env_num("KV_KEYS", 1000)?.max(1),
             cluster_msgs: env_num("CLUSTER_MSGS", 200_000)?,
             window: env_num("STREAM_WINDOW", 256)?,
             conns: env_num("CONNS", 5000)?,
@@ -102,7 +106,7 @@ impl Settings {
         };
         for w in &s.workloads {
             if ![
-                "fanout", "queue", "reqrep", "stream", "conns", "fanout3", "stream3",
+                "fanout", "queue", "reqrep", "stream", "kv", "conns", "fanout3", "stream3",
             ]
             .contains(&w.as_str())
             {
@@ -316,7 +320,7 @@ fn healthy(addr: &str) -> bool {
 pub enum Mode {
     /// fanout, queue, reqrep, conns: messaging only.
     Plain,
-    /// stream: with an empty store.
+    /// stream, kv: with an empty store (nats: JetStream on).
     Stream,
     /// fanout3: three nodes.
     Cluster,
@@ -480,6 +484,8 @@ pub fn unavailable(set: &Settings, peer: &str) -> Option<String> {
 pub fn not_supported(peer: &str, workload: &str) -> Option<&'static str> {
     match (peer, workload) {
         ("sio-relay", "stream") => Some("the relay has no streams"),
+        ("sio-relay", "kv") => Some("the relay has no key-value buckets"),
+        ("nats-ws", "kv") => Some("the kv workload compares gombus with nats over TCP"),
         ("sio-relay", "fanout3") => Some("the relay has no clustering"),
         ("nats-ws", "fanout3") => Some("the cluster workload compares gombus with nats over TCP"),
         ("sio-relay", "stream3") => Some("the relay has no streams"),
@@ -502,6 +508,7 @@ fn spec(set: &Settings, peer: &str, r: &Running, workload: &str) -> Spec {
         "stream" => set.stream_msgs,
         "fanout3" => set.cluster_msgs,
         "stream3" => set.stream3_msgs,
+        "kv" => set.kv_msgs,
         _ => set.conns,
     };
     Spec {
@@ -519,6 +526,7 @@ fn spec(set: &Settings, peer: &str, r: &Running, workload: &str) -> Spec {
         window: set.window,
         batch: set.batch,
         conns: set.conns,
+        keys: set.kv_keys,
         server_pids: r.pids(),
         nodes: r.addrs.clone(),
         warm: cluster,
@@ -544,6 +552,7 @@ fn run_one(set: &Settings, peer: &str, r: &Running, workload: &str) -> Result<Ve
         "reqrep" => work::reqrep(&s).map(|v| vec![v]),
         "stream" => work::stream(&s).map(|v| vec![v]),
         "stream3" => work::stream3(&s, set.cluster_wait),
+        "kv" => work::kv(&s),
         "conns" => work::conns(&s).map(|v| vec![v]),
         other => Err(format!("unknown workload {other}")),
     };
@@ -579,6 +588,7 @@ pub fn run(set: &Settings) -> Result<Vec<Value>, String> {
     let groups: Vec<(Mode, Vec<String>)> = [
         (Mode::Plain, vec!["fanout", "queue", "reqrep"]),
         (Mode::Stream, vec!["stream"]),
+        (Mode::Stream, vec!["kv"]),
         (Mode::Plain, vec!["conns"]),
         (Mode::Cluster, vec!["fanout3"]),
         (Mode::ClusterStream, vec!["stream3"]),
@@ -716,5 +726,7 @@ mod tests {
         assert!(not_supported("sio-relay", "stream3").is_some());
         assert!(not_supported("gombus", "fanout3").is_none());
         assert!(not_supported("nats", "stream").is_none());
+        assert!(not_supported("nats", "kv").is_none());
+        assert!(not_supported("sio-relay", "kv").is_some());
     }
 }

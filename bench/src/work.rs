@@ -38,6 +38,8 @@ pub struct Spec {
     /// Publishes per write (flush).
     pub batch: u64,
     pub conns: u64,
+    /// Keys the kv workload spreads its puts over.
+    pub keys: u64,
     /// The server's processes (a cluster: every node).
     pub server_pids: Vec<u32>,
     /// Every node's client address (a cluster: n1 first; else the one).
@@ -452,17 +454,10 @@ pub fn reqrep(s: &Spec) -> Res<Value> {
 
 /// The stream sequence number in an ack, or None for a refusal.
 pub fn ack_seq(raw: &[u8]) -> Option<u64> {
-    if memchr::memmem::find(raw, b"\"error\"").is_some()
-        || memchr::memmem::find(raw, b"\"ok\":false").is_some()
-    {
+    if refused(raw) {
         return None;
     }
-    let at = memchr::memmem::find(raw, b"\"seq\":")? + 6;
-    let digits = raw[at..].iter().take_while(|c| c.is_ascii_digit()).count();
-    std::str::from_utf8(&raw[at..at + digits])
-        .ok()?
-        .parse()
-        .ok()
+    number_after(raw, b"\"seq\":")
 }
 
 /// stream: acked publishes into stream BENCH with at most `window` awaiting
@@ -483,13 +478,39 @@ pub fn stream(s: &Spec) -> Res<Value> {
 /// made already): `s.msgs` publishes to `subject`, at most `s.window`
 /// awaiting their ack. The row: rate, latencies, CPU and checks.
 fn publish_window(s: &Spec, c: &mut Conn, subject: &str, workload: &str) -> Map<String, Value> {
+    let mut body = payload::body(s.size);
+    let send = |c: &mut Conn, id: u64| {
+        payload::stamp(&mut body, id);
+        c.publish_acked(subject, &body, id)
+    };
+    let answer = |_: u64, _: &[u8], raw: &[u8]| {
+        ack_seq(raw).ok_or_else(|| format!("publish refused: {}", String::from_utf8_lossy(raw)))
+    };
+    windowed(s, c, workload, true, send, answer).0
+}
+
+/// `s.msgs` acked operations on connection `c`, operation `id` sent by
+/// `send`, at most `s.window` awaiting their answer; topped up when a
+/// quarter of the window (at most `s.batch`) is free. `answer` reads an
+/// operation's answer (id, data, whole answer) into its sequence number
+/// (stream seq, key revision), or says why it is refused or wrong. With
+/// `ordered`, a later operation must get a higher sequence number (acked
+/// writes of one publisher). The row (rate `acked_per_s`, latencies, CPU,
+/// checks) and the sequence number of each operation (0: none).
+fn windowed(
+    s: &Spec,
+    c: &mut Conn,
+    workload: &str,
+    ordered: bool,
+    mut send: impl FnMut(&mut Conn, u64) -> std::io::Result<()>,
+    mut answer: impl FnMut(u64, &[u8], &[u8]) -> Result<u64, String>,
+) -> (Map<String, Value>, Vec<u64>) {
     let (n, w) = (s.msgs, s.window.max(1));
     let mut error = None;
     if let Err(e) = c.set_read_timeout(SLICE) {
         error = Some(e.to_string());
     }
     let refill = (w / 4).clamp(1, s.batch.max(1));
-    let mut body = payload::body(s.size);
     let mut sent_at = vec![0u32; n as usize];
     let mut acked = Tally::new(n);
     let (mut next, mut inflight, mut last_seq) = (0u64, 0u64, 0u64);
@@ -508,9 +529,8 @@ fn publish_window(s: &Spec, c: &mut Conn, subject: &str, workload: &str) -> Map<
             let at = clock.t0.elapsed().as_micros() as u32;
             let sent = (next..next + k)
                 .try_for_each(|id| {
-                    payload::stamp(&mut body, id);
                     sent_at[id as usize] = at;
-                    c.publish_acked(subject, &body, id)
+                    send(c, id)
                 })
                 .and_then(|_| c.flush());
             if let Err(e) = sent {
@@ -521,7 +541,7 @@ fn publish_window(s: &Spec, c: &mut Conn, subject: &str, workload: &str) -> Map<
             inflight += k;
         }
         match c.next() {
-            Ok(Event::Ack { id, raw, .. }) => {
+            Ok(Event::Ack { id, data, raw }) => {
                 let now = Instant::now();
                 progress = now;
                 if id >= next {
@@ -538,14 +558,12 @@ fn publish_window(s: &Spec, c: &mut Conn, subject: &str, workload: &str) -> Map<
                 last_ack = now;
                 let t = now.duration_since(clock.t0).as_micros() as u64;
                 lat.push(t.saturating_sub(u64::from(sent_at[id as usize])));
-                match ack_seq(raw) {
-                    None => {
+                match answer(id, data, raw) {
+                    Err(why) => {
                         refused += 1;
-                        error.get_or_insert_with(|| {
-                            format!("publish refused: {}", String::from_utf8_lossy(raw))
-                        });
+                        error.get_or_insert(why);
                     }
-                    Some(q) => {
+                    Ok(q) => {
                         seq_of[id as usize] = q;
                         if q < last_seq {
                             acks_out_of_order += 1;
@@ -580,7 +598,7 @@ fn publish_window(s: &Spec, c: &mut Conn, subject: &str, workload: &str) -> Map<
     // numbers may not: a later publish must be stored under a higher one,
     // and no two publishes under the same.
     let (mut reordered, mut dup_seq, mut prev) = (0u64, 0u64, 0u64);
-    for &q in seq_of.iter().filter(|q| **q > 0) {
+    for &q in seq_of.iter().filter(|q| ordered && **q > 0) {
         if q == prev {
             dup_seq += 1;
         } else if q < prev {
@@ -588,7 +606,9 @@ fn publish_window(s: &Spec, c: &mut Conn, subject: &str, workload: &str) -> Map<
         }
         prev = prev.max(q);
     }
-    row.insert("acks_out_of_order".into(), json!(acks_out_of_order));
+    if ordered {
+        row.insert("acks_out_of_order".into(), json!(acks_out_of_order));
+    }
     checks(
         &mut row,
         lost,
@@ -597,7 +617,110 @@ fn publish_window(s: &Spec, c: &mut Conn, subject: &str, workload: &str) -> Map<
         bad + refused,
         error,
     );
-    row
+    (row, seq_of)
+}
+
+/// The bucket the kv workload writes.
+const BUCKET: &str = "bench";
+
+/// kv: bucket `bench` (history 1) is created, then `s.msgs` acked puts,
+/// put `id` writing body `id` to key `k<id % keys>`, then `s.msgs` gets of
+/// the latest value of key `k<id % keys>`, each with at most `s.window`
+/// awaiting their answer and the stream workload's refill rule. Puts
+/// must get revisions in put order, each once; every get must return the
+/// key's last put, body and revision. One row each, `kv-put` and `kv-get`.
+pub fn kv(s: &Spec) -> Res<Vec<Value>> {
+    let mut c = Conn::connect(s.proto, &s.pub_addr, false).map_err(e2s)?;
+    c.listen_inbox().map_err(e2s)?;
+    c.set_read_timeout(Duration::from_secs(5)).map_err(e2s)?;
+    c.create_bucket(BUCKET).map_err(e2s)?;
+    let (n, keys) = (s.msgs, s.keys.clamp(1, s.msgs.max(1)));
+    let key = |id: u64| format!("k{}", id % keys);
+    let mut body = payload::body(s.size);
+    let put = |c: &mut Conn, id: u64| {
+        payload::stamp(&mut body, id);
+        c.kv_put(BUCKET, &key(id), &body, id)
+    };
+    let put_answer = |_: u64, _: &[u8], raw: &[u8]| {
+        kv_revision(raw).ok_or_else(|| format!("put refused: {}", String::from_utf8_lossy(raw)))
+    };
+    let (mut put_row, revision_of) = windowed(s, &mut c, "kv-put", true, put, put_answer);
+    put_row.insert("keys".into(), json!(keys));
+    if put_row["ok"] != json!(true) {
+        return Ok(vec![Value::Object(put_row)]);
+    }
+    // The last put of key `id % keys`.
+    let last = |id: u64| {
+        let k = id % keys;
+        k + (n - 1 - k) / keys * keys
+    };
+    let mut want = payload::body(s.size);
+    let proto = s.proto;
+    let get = |c: &mut Conn, id: u64| c.kv_get(BUCKET, &key(id), id);
+    let get_answer = |id: u64, data: &[u8], raw: &[u8]| {
+        let l = last(id);
+        payload::stamp(&mut want, l);
+        match kv_entry(proto, data, raw) {
+            Some((value, rev)) if value == want && rev == revision_of[l as usize] => Ok(rev),
+            _ => Err(format!(
+                "get of {} answered {}, not put {l} at revision {}",
+                key(id),
+                String::from_utf8_lossy(raw),
+                revision_of[l as usize]
+            )),
+        }
+    };
+    let (mut get_row, _) = windowed(s, &mut c, "kv-get", false, get, get_answer);
+    get_row.insert("keys".into(), json!(keys));
+    Ok(vec![Value::Object(put_row), Value::Object(get_row)])
+}
+
+/// The number after `key` (e.g. `"seq":`) in `raw`.
+fn number_after(raw: &[u8], key: &[u8]) -> Option<u64> {
+    let at = memchr::memmem::find(raw, key)? + key.len();
+    let digits = raw[at..].iter().take_while(|c| c.is_ascii_digit()).count();
+    std::str::from_utf8(&raw[at..at + digits])
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// Whether an answer is a refusal (an error, `ok:false`).
+fn refused(raw: &[u8]) -> bool {
+    memchr::memmem::find(raw, b"\"error\"").is_some()
+        || memchr::memmem::find(raw, b"\"ok\":false").is_some()
+}
+
+/// The revision a put's answer gives: gombus `{ok, revision}`, a
+/// JetStream PubAck's `seq`; None for a refusal.
+pub fn kv_revision(raw: &[u8]) -> Option<u64> {
+    if refused(raw) {
+        return None;
+    }
+    number_after(raw, b"\"revision\":").or_else(|| number_after(raw, b"\"seq\":"))
+}
+
+/// The value and revision a get's answer gives: gombus `{ok, entry:{value,
+/// revision}}` (the bench's values are JSON strings), a JetStream direct
+/// get's message (the value as body, the revision in `Nats-Sequence`);
+/// None for a refusal or a missing key.
+pub fn kv_entry<'a>(proto: Proto, data: &'a [u8], raw: &'a [u8]) -> Option<(&'a [u8], u64)> {
+    match proto {
+        Proto::Sio => {
+            if refused(raw) {
+                return None;
+            }
+            let value = crate::sio::string_field(raw, b"\"value\":\"")?;
+            Some((value, number_after(raw, b"\"revision\":")?))
+        }
+        Proto::Nats | Proto::NatsWs => {
+            // A missing key is a header-only `NATS/1.0 404 …`.
+            if !raw.starts_with(b"NATS/1.0\r\n") {
+                return None;
+            }
+            Some((data, number_after(raw, b"Nats-Sequence: ")?))
+        }
+    }
 }
 
 /// How long stream3 waits for a stream's leader and replicas, and for its
@@ -865,5 +988,29 @@ mod tests {
             None
         );
         assert_eq!(ack_seq(br#"[{"ok":false,"error":{"code":"limit"}}]"#), None);
+    }
+
+    #[test]
+    fn kv_answers_both_protocols() {
+        assert_eq!(kv_revision(br#"[{"ok":true,"revision":9}]"#), Some(9));
+        assert_eq!(kv_revision(br#"{"stream":"KV_bench","seq":9}"#), Some(9));
+        let refused = br#"[{"ok":false,"error":{"code":"wrong_revision","revision":3}}]"#;
+        assert_eq!(kv_revision(refused), None);
+        let got = br#"[{"ok":true,"entry":{"key":"k1","value":"0000000004xx","revision":5,"time":1,"op":"put"}}]"#;
+        assert_eq!(
+            kv_entry(Proto::Sio, b"", got),
+            Some((&b"0000000004xx"[..], 5))
+        );
+        let missing = br#"[{"ok":false,"error":{"code":"not_found"}}]"#;
+        assert_eq!(kv_entry(Proto::Sio, b"", missing), None);
+        let head = "NATS/1.0\r\nNats-Stream: KV_bench\r\nNats-Sequence: 5\r\n\r\n";
+        let raw = format!("{head}0000000004xx");
+        let data = &raw.as_bytes()[head.len()..];
+        assert_eq!(
+            kv_entry(Proto::Nats, data, raw.as_bytes()),
+            Some((&b"0000000004xx"[..], 5))
+        );
+        let gone = b"NATS/1.0 404 Message Not Found\r\n\r\n";
+        assert_eq!(kv_entry(Proto::Nats, b"", gone), None);
     }
 }

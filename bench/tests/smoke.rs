@@ -32,12 +32,14 @@ fn every_workload_against_gombus() {
         .env("GOMBUS_BIN", broker())
         .env("GOMBUS_BENCH_OUT", &out)
         .env("PEERS", "gombus")
-        .env("WORKLOADS", "fanout queue reqrep stream conns fanout3")
+        .env("WORKLOADS", "fanout queue reqrep stream kv conns fanout3")
         .env("RUNS", "1")
         .env("FANOUT_MSGS", "2000")
         .env("QUEUE_MSGS", "2000")
         .env("REQREP_MSGS", "200")
         .env("STREAM_MSGS", "2000")
+        .env("KV_MSGS", "2000")
+        .env("KV_KEYS", "50")
         .env("CLUSTER_MSGS", "2000")
         .env("CONNS", "100")
         .env("SIZE", "64")
@@ -61,7 +63,7 @@ fn every_workload_against_gombus() {
         .collect();
     assert_eq!(
         names,
-        ["fanout", "queue", "reqrep", "stream", "conns", "fanout3"]
+        ["fanout", "queue", "reqrep", "stream", "kv-put", "kv-get", "conns", "fanout3"]
     );
     for r in &rows {
         assert_eq!(r["ok"], Value::Bool(true), "{r}");
@@ -74,12 +76,17 @@ fn every_workload_against_gombus() {
     assert!(rows[0]["deliveries_per_s"].as_f64().unwrap() > 0.0);
     assert!(rows[2]["p99_us"].as_u64().unwrap() >= rows[2]["p50_us"].as_u64().unwrap());
     assert!(rows[3]["acked_per_s"].as_f64().unwrap() > 0.0);
-    assert!(rows[4]["bytes_per_conn"].as_f64().is_some());
+    assert!(rows[4]["acked_per_s"].as_f64().unwrap() > 0.0);
+    assert!(rows[5]["acked_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(rows[5]["keys"], 50);
+    assert!(rows[6]["bytes_per_conn"].as_f64().is_some());
     let table = std::fs::read_to_string(out.join("table.md")).expect("table.md");
     for w in [
         "| fanout | gombus | 1 |",
         "| queue |",
         "| stream |",
+        "| kv-put |",
+        "| kv-get |",
         "| conns |",
         "| fanout3 |",
     ] {

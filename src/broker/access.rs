@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use serde_json::value::RawValue;
 
+use super::cluster::Listing;
 use super::dispatch::Broker;
 use super::metrics::Family;
 use super::session::Session;
@@ -220,6 +221,12 @@ impl Broker {
 
     /// A `stream.list` answer shows only the user's streams.
     pub(crate) fn filter_stream_list(&mut self, conn: ConnId, body: String) -> String {
+        self.filter_list(conn, body, Listing::Streams)
+    }
+
+    /// A `stream.list` or `kv.list` answer shows only the entries whose
+    /// stream is among the user's `streams`.
+    pub(crate) fn filter_list(&mut self, conn: ConnId, body: String, listing: Listing) -> String {
         let Some(r) = self.conn_rights(conn) else {
             return body;
         };
@@ -228,16 +235,12 @@ impl Broker {
         };
         if let Some(list) = v
             .get_mut(0)
-            .and_then(|a| a.get_mut("streams"))
+            .and_then(|a| a.get_mut(listing.field()))
             .and_then(|s| s.as_array_mut())
         {
             list.retain(|s| {
-                let name = s
-                    .pointer("/config/name")
-                    .or_else(|| s.get("name"))
-                    .and_then(|n| n.as_str())
-                    .unwrap_or_default();
-                r.rights().streams.allows(name)
+                let name = listing.stream_of(s).unwrap_or_default();
+                r.rights().streams.allows(&name)
             });
         }
         v.to_string()

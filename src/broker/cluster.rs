@@ -118,12 +118,63 @@ struct Relay {
     group: Option<(GroupId, u64)>,
 }
 
-/// A `stream.list` gathered from every node.
+/// A `stream.list` or `kv.list` gathered from every node.
 struct Gather {
     conn: ConnId,
     ack_id: u64,
     left: usize,
-    streams: Vec<Value>,
+    listing: Listing,
+    entries: Vec<Value>,
+}
+
+/// What a gathered list lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Listing {
+    /// `stream.list`: `{streams:[{config:{name}, …}]}`.
+    Streams,
+    /// `kv.list`: `{buckets:[{config:{bucket}, …}]}`.
+    Buckets,
+}
+
+impl Listing {
+    /// The event asked of every node.
+    pub(crate) fn event(self) -> &'static str {
+        match self {
+            Listing::Streams => "stream.list",
+            Listing::Buckets => "kv.list",
+        }
+    }
+
+    /// The answer's field holding the entries.
+    pub(crate) fn field(self) -> &'static str {
+        match self {
+            Listing::Streams => "streams",
+            Listing::Buckets => "buckets",
+        }
+    }
+
+    /// An entry's name, by which entries are merged and sorted.
+    pub(crate) fn name(self, entry: &Value) -> Option<&str> {
+        let key = match self {
+            Listing::Streams => "name",
+            Listing::Buckets => "bucket",
+        };
+        entry["config"][key].as_str()
+    }
+
+    /// The stream an entry stands for (rights name streams).
+    pub(crate) fn stream_of(self, entry: &Value) -> Option<String> {
+        match self {
+            Listing::Streams => entry
+                .pointer("/config/name")
+                .or_else(|| entry.get("name"))
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            Listing::Buckets => self
+                .name(entry)
+                .map(crate::protocol::kv_messages::stream_name),
+        }
+    }
 }
 
 pub(crate) struct Cluster {

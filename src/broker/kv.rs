@@ -15,6 +15,7 @@
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
+use super::cluster::Listing;
 use super::events::{KvOp, StreamOp};
 use super::stream_groups::{Route, ENTRY_WAIT};
 use super::streams::{
@@ -100,7 +101,7 @@ impl Broker {
         attachments: &[Vec<u8>],
     ) -> Result<Option<String>, ApiError> {
         if op == KvOp::List {
-            return self.kv_list(conn);
+            return self.kv_list(conn, arg, ack_id);
         }
         let BucketReq { bucket: b } = parse(arg)?;
         kvm::check_bucket(&b)?;
@@ -358,41 +359,69 @@ impl Broker {
         self.kv_event(sink, conn, KvOp::Info, "kv.info", Some(&info), ack_id, &[])
     }
 
-    fn kv_list(&mut self, conn: ConnId) -> Result<Option<String>, ApiError> {
+    /// `kv.list`. On a single node, its buckets. In a cluster, every
+    /// reachable node's, as `stream.list` (docs/PROTOCOL.md §9): this
+    /// node's R1 buckets and every replicated one (its state from the
+    /// replica held here, zero where none is), each replaced by the entry
+    /// of the node holding it or leading its group; asked by a peer
+    /// (`{"local":true}`), only the buckets this node holds or leads.
+    fn kv_list(
+        &mut self,
+        conn: ConnId,
+        arg: Option<&RawValue>,
+        ack_id: Option<u64>,
+    ) -> Result<Option<String>, ApiError> {
+        let from_peer = arg.is_some_and(|a| a.get().contains("\"local\":true"));
         let mut list = Vec::new();
         for name in self.streams.names() {
-            if kvm::bucket_of_stream(&name).is_none() || self.kv_use_check(conn, &name).is_err() {
-                continue;
+            if kvm::bucket_of_stream(&name).is_some() {
+                let st = kv_state(self.streams.kv_source(&name)?)?;
+                list.push(bucket_json(&st, 1));
             }
-            let st = kv_state(self.streams.kv_source(&name)?)?;
-            list.push(bucket_json(&st, 1));
         }
-        let led: Vec<(String, GroupId)> = self
-            .stream_groups
-            .held
-            .iter()
-            .filter(|(_, h)| h.core.serving() && kvm::bucket_of_stream(&h.name).is_some())
-            .map(|(g, h)| (h.name.clone(), *g))
+        let gather = self.cluster.is_some() && !from_peer;
+        let replicated: Vec<(String, GroupId, u64)> = self
+            .fsm
+            .streams
+            .keys()
+            .filter(|n| kvm::bucket_of_stream(n).is_some())
+            .filter_map(|n| self.placed(n).map(|(g, m)| (n.clone(), g, m.len() as u64)))
             .collect();
-        for (name, group) in led {
-            if self.kv_use_check(conn, &name).is_err() {
-                continue;
-            }
-            let replicas = self.kv_replicas(&name);
-            let st = self.kv_read(&Place::Leader(group), &name, kv_state)?;
+        for (name, group, replicas) in replicated {
+            let held = self.stream_groups.held.get(&group);
+            let leads = held.is_some_and(|h| h.core.serving());
+            let st = match held {
+                Some(h) if leads || (gather && h.opened && !h.lost) => kv_state(&h.core.replica)?,
+                _ if gather => {
+                    let Some(config) = self
+                        .fsm
+                        .streams
+                        .get(&name)
+                        .and_then(|s| placed_config(&s.config))
+                    else {
+                        continue;
+                    };
+                    KvState {
+                        config,
+                        values: 0,
+                        bytes: 0,
+                        revision: 0,
+                    }
+                }
+                _ => continue,
+            };
             list.push(bucket_json(&st, replicas));
+        }
+        if gather {
+            return self.gather_list(conn, ack_id, Listing::Buckets, list);
         }
         list.sort_by(|a, b| {
             a["config"]["bucket"]
                 .as_str()
                 .cmp(&b["config"]["bucket"].as_str())
         });
-        Ok(Some(ok_with(json!({ "buckets": list }))))
-    }
-
-    fn kv_use_check(&mut self, conn: ConnId, stream: &str) -> Result<(), ApiError> {
-        let raw = name_arg(stream)?;
-        self.check_stream(conn, "stream.info", Some(&raw))
+        let body = json!([{"ok": true, "buckets": list}]).to_string();
+        Ok(Some(self.filter_list(conn, body, Listing::Buckets)))
     }
 
     /// `kv.put`, `kv.delete`, `kv.purge`: a publish to the key's subject
@@ -586,6 +615,14 @@ fn watchable<'a>(
     held.values()
         .find(|h| h.name == stream && h.opened && !h.lost && h.catchup.is_none())
         .map(|h| &h.core.replica)
+}
+
+/// The stream config the cluster records for a replicated stream (with
+/// its `replicas`, which the stream's own config does not carry).
+fn placed_config(recorded: &Value) -> Option<StreamConfig> {
+    let mut config = recorded.clone();
+    config.as_object_mut()?.remove("replicas");
+    serde_json::from_value(config).ok()
 }
 
 /// `{"name": stream}` as a raw argument.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::cluster::{ChangeAck, PROPOSE_WAIT};
+use super::cluster::{ChangeAck, Listing, PROPOSE_WAIT};
 use super::events::StreamOp;
 use super::session::NSP_ROOT;
 use super::Broker;
@@ -87,7 +87,7 @@ impl Broker {
             };
             let mut streams = streams;
             streams.extend(self.replicated_list_entries(false));
-            return Some(self.gather_stream_list(conn, ack_id, streams));
+            return Some(self.gather_list(conn, ack_id, Listing::Streams, streams));
         }
         let field = op.names_stream_by()?;
         let argv = arg

@@ -1,6 +1,6 @@
 //! Requests relayed to another node (a stream it owns, a publish its
 //! stream captures) and answered with that node's answer; a `stream.list`
-//! gathered from every node.
+//! or `kv.list` gathered from every node.
 
 use super::*;
 
@@ -97,12 +97,13 @@ impl Broker {
         }
     }
 
-    /// `stream.list` in a cluster: this node's streams plus every other
-    /// node's, asked for over the links.
-    pub(crate) fn gather_stream_list(
+    /// `stream.list` or `kv.list` in a cluster: this node's entries
+    /// (`local`) plus every other node's, asked for over the links.
+    pub(crate) fn gather_list(
         &mut self,
         conn: ConnId,
         ack_id: Option<u64>,
+        listing: Listing,
         local: Vec<Value>,
     ) -> Result<Option<String>, ApiError> {
         let Some(ack_id) = ack_id else {
@@ -126,12 +127,13 @@ impl Broker {
             conn,
             ack_id,
             left: 0,
-            streams: local,
+            listing,
+            entries: local,
         };
         for link in links {
             let tag = c.tag(TAG_RELAY);
             let args = r#"{"local":true}"#.to_string();
-            let out = LinkOut::control(tag, "stream.list", args, PROPOSE_WAIT).on_root();
+            let out = LinkOut::control(tag, listing.event(), args, PROPOSE_WAIT).on_root();
             let queued = c.call_link(link, out);
             if queued {
                 g.left += 1;
@@ -139,11 +141,20 @@ impl Broker {
             }
         }
         if g.left == 0 {
-            let body = json!([{"ok": true, "streams": g.streams}]).to_string();
-            return Ok(Some(body));
+            return Ok(Some(self.gathered_body(g)));
         }
         c.gathers.insert(gid, g);
         Ok(None)
+    }
+
+    /// The answer of a gather whose nodes all answered (or failed to): its
+    /// entries by name, only those the asking socket may see.
+    fn gathered_body(&mut self, mut g: Gather) -> String {
+        let listing = g.listing;
+        g.entries
+            .sort_by(|a, b| listing.name(a).cmp(&listing.name(b)));
+        let body = json!([{"ok": true, listing.field(): g.entries}]).to_string();
+        self.filter_list(g.conn, body, listing)
     }
 
     pub(super) fn relay_answered(
@@ -162,21 +173,18 @@ impl Broker {
             g.left -= 1;
             if let Ok((text, _)) = &result {
                 let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
-                if let Some(list) = v.get("streams").and_then(Value::as_array) {
+                let listing = g.listing;
+                if let Some(list) = v.get(listing.field()).and_then(Value::as_array) {
                     for entry in list {
-                        merge_entry(&mut g.streams, entry.clone());
+                        merge_entry(listing, &mut g.entries, entry.clone());
                     }
                 }
             }
             if g.left == 0 {
-                if let Some(mut g) = c.gathers.remove(&gid) {
-                    g.streams.sort_by(|a, b| {
-                        let name = |v: &Value| v["config"]["name"].as_str().map(str::to_string);
-                        name(a).cmp(&name(b))
-                    });
-                    let body = json!([{"ok": true, "streams": g.streams}]).to_string();
-                    let body = self.filter_stream_list(g.conn, body);
-                    send_ack(sink, g.conn, NSP_ROOT, g.ack_id, &body);
+                if let Some(g) = c.gathers.remove(&gid) {
+                    let (conn, ack_id) = (g.conn, g.ack_id);
+                    let body = self.gathered_body(g);
+                    send_ack(sink, conn, NSP_ROOT, ack_id, &body);
                 }
             }
             return;
@@ -197,16 +205,18 @@ impl Broker {
     }
 }
 
-/// Adds a peer's `stream.list` entry to a gathered list. A name listed
-/// already is a replicated stream this node knows only as a member or
+/// Adds a peer's entry to a gathered list. A name listed already is a
+/// replicated stream (or bucket) this node knows only as a member or
 /// bystander; the peer that sent it leads the stream's group (a peer
-/// lists only those, see `stream_cluster.rs`), so its entry, with each
-/// replica's lag, replaces this node's own.
-fn merge_entry(streams: &mut Vec<Value>, entry: Value) {
-    let name = |v: &Value| v["config"]["name"].as_str().map(str::to_string);
-    let key = name(&entry);
-    match streams.iter_mut().find(|s| key.is_some() && name(s) == key) {
+/// lists only those, see `stream_cluster.rs` and `kv.rs`), so its entry
+/// replaces this node's own.
+fn merge_entry(listing: Listing, entries: &mut Vec<Value>, entry: Value) {
+    let key = listing.name(&entry).map(str::to_string);
+    match entries
+        .iter_mut()
+        .find(|s| key.is_some() && listing.name(s).map(str::to_string) == key)
+    {
         Some(known) => *known = entry,
-        None => streams.push(entry),
+        None => entries.push(entry),
     }
 }
