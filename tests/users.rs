@@ -11,7 +11,10 @@
 //! python-socketio and socket.io-client runs of the same rules are in
 //! tests/interop.rs.
 
+// Both harnesses include tests/support; this binary takes both.
+#[allow(clippy::duplicate_mod)]
 mod cluster_support;
+#[allow(clippy::duplicate_mod)]
 mod common;
 
 use std::io::{Read, Write};

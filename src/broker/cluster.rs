@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::ack::{send_ack, send_ack_with};
 use super::session::NSP_ROOT;
 use super::Broker;
 use crate::cluster::forward::{self, PeerMessage};
@@ -32,7 +33,6 @@ use crate::cluster::raft::Role;
 use crate::cluster::raft_msg::GroupId;
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ApiError, Code};
-use crate::protocol::socketio::{self, PacketType};
 use crate::protocol::subject;
 use crate::routing::groups::GroupMode;
 use crate::routing::sublist::Sublist;
@@ -570,30 +570,6 @@ impl Cluster {
             .get(name)
             .copied()
             .filter(|&n| n != self.me)
-    }
-}
-
-/// The answer to a Socket.IO event, written as an ACK.
-pub(crate) fn send_ack(sink: &mut dyn Sink, conn: ConnId, nsp: &str, ack_id: u64, body: &str) {
-    let head = socketio::encode(PacketType::Ack, 0, nsp, Some(ack_id), "");
-    sink.send_text(conn, &[&head, body.as_bytes()]);
-}
-
-/// Relays an answer (its first argument's JSON text and attachments) as
-/// an ACK.
-fn relay_ack(sink: &mut dyn Sink, conn: ConnId, ack_id: u64, value: &str, attachments: &[Vec<u8>]) {
-    let kind = if attachments.is_empty() {
-        PacketType::Ack
-    } else {
-        PacketType::BinaryAck
-    };
-    let mut head = Vec::with_capacity(24);
-    socketio::write_header(&mut head, kind, attachments.len(), NSP_ROOT, Some(ack_id));
-    let body = format!("[{value}]");
-    if sink.send_text(conn, &[&head, body.as_bytes()]) {
-        for a in attachments {
-            sink.send_binary(conn, a);
-        }
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::value::RawValue;
 
 use super::access::Admission;
+use super::ack::send_ack_with;
 use super::cluster::{ChangeAck, Cluster, ClusterSettings};
 use super::events::{self, Route};
 use super::messaging::{push_json_str, Lent, Messaging};
@@ -401,9 +402,8 @@ impl Broker {
         };
         let Some(id) = p.id else { return };
         let body = body.as_deref().unwrap_or(OK_BODY);
-        self.ack_head.clear();
-        socketio::write_header(&mut self.ack_head, PacketType::Ack, 0, p.nsp, Some(id));
-        sink.send_text(conn, &[&self.ack_head, body.as_bytes()]);
+        let head = &mut self.ack_head;
+        send_ack_with(sink, head, p.nsp, conn, id, body.as_bytes(), &[]);
     }
 
     /// A `/` event; `data` is the whole event array, read in one pass.

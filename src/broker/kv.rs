@@ -29,7 +29,6 @@ use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_with, ApiError, Code};
 use crate::protocol::kv_messages::{self as kvm, BucketReq, CreateReq, KeyReq, KeysReq, WatchReq};
 use crate::protocol::messages::PubArg;
-use crate::protocol::socketio;
 use crate::protocol::stream_messages::StreamConfig;
 use crate::routing::subs::SID_BYTES_MAX;
 use crate::stream::limits::KvOp as WriteOp;
@@ -680,13 +679,8 @@ fn entries_answer(
     }
     if let Some(ack_id) = ack_id {
         let mut head = Vec::new();
-        let kind = socketio::PacketType::BinaryAck;
-        socketio::write_header(&mut head, kind, attachments.len(), "/", Some(ack_id));
-        if sink.send_text(conn, &[&head, body.as_bytes()]) {
-            for a in &attachments {
-                sink.send_binary(conn, a);
-            }
-        }
+        let body = body.as_bytes();
+        super::ack::send_ack_with(sink, &mut head, "/", conn, ack_id, body, &attachments);
     }
     None
 }

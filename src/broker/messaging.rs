@@ -12,6 +12,7 @@
 use std::time::Instant;
 
 use super::access::Access;
+use super::ack::{send_ack, send_ack_with};
 use super::cluster::Cluster;
 use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT};
 use super::session::Session;
@@ -102,8 +103,7 @@ impl Messaging {
         let expired = self.requests.expired(sink.now());
         for p in &expired {
             let e = ApiError::new(crate::protocol::errors::Code::Timeout, "no reply in time");
-            let head = socketio::encode(PacketType::Ack, 0, "/", Some(p.ack_id), "");
-            sink.send_text(p.conn, &[&head, e.ack_body().as_bytes()]);
+            send_ack(sink, p.conn, "/", p.ack_id, &e.ack_body());
         }
         expired.len()
     }
@@ -395,13 +395,6 @@ fn answer_request(
     headers: Option<&str>,
     attachments: &[Vec<u8>],
 ) {
-    let kind = if attachments.is_empty() {
-        PacketType::Ack
-    } else {
-        PacketType::BinaryAck
-    };
-    let mut head = Vec::with_capacity(24);
-    socketio::write_header(&mut head, kind, attachments.len(), "/", Some(p.ack_id));
     let mut body = Vec::with_capacity(data.len() + inbox.len() + 48);
     body.extend_from_slice(b"[{\"ok\":true,\"subject\":");
     push_json_str(&mut body, inbox);
@@ -412,11 +405,8 @@ fn answer_request(
         body.extend_from_slice(h.as_bytes());
     }
     body.extend_from_slice(b"}]");
-    if sink.send_text(p.conn, &[&head, &body]) {
-        for a in attachments {
-            sink.send_binary(p.conn, a);
-        }
-    }
+    let mut head = Vec::with_capacity(24);
+    send_ack_with(sink, &mut head, "/", p.conn, p.ack_id, &body, attachments);
 }
 
 /// Appends `s` as a JSON string literal, escaping only when needed.

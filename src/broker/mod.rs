@@ -13,6 +13,7 @@
 //! - [`session`]: one client's Socket.IO state (namespaces, attachments).
 //! - [`dispatch`]: the [`Broker`], the port's `Handler`: events in,
 //!   deliveries and acks out into the caller's `Sink`.
+//! - [`ack`]: the one writer of an answer (ACK or BINARY_ACK).
 //! - [`events`]: the one table of events: name, namespace, argument
 //!   type, handler; unknown names are answered from it.
 //! - [`messaging`]: the [`Messaging`](messaging::Messaging) component:
@@ -48,6 +49,7 @@
 //! - [`history`]: per-second traffic samples (rates, the chart).
 //! - [`dashboard`]: the page at `/` and the JSON at `/api/info`.
 pub mod access;
+pub mod ack;
 pub mod cluster;
 pub mod control;
 pub mod dashboard;

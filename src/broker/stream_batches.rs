@@ -38,7 +38,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::cluster::send_ack;
+use super::ack::send_ack;
 use super::session::{NSP_CONTROL, NSP_ROOT};
 use super::stream_groups::{StreamGroups, ENTRY_WAIT};
 use super::Broker;

@@ -354,7 +354,7 @@ impl Broker {
             r#"[{{"ok":true,"index":{index},"through":{through},"records":{{"_placeholder":true,"num":0}}}}]"#
         );
         let head = &mut self.stream_groups.head;
-        super::stream_out::send_ack_in(
+        super::ack::send_ack_with(
             sink,
             head,
             NSP_CONTROL,

@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
+use super::ack::send_ack_with;
 use super::events::StreamOp;
 use super::session::NSP_ROOT;
 use super::stream_out::{has_targets, push_accepted, push_message, Push, RemotePush};
@@ -817,14 +818,7 @@ impl Broker {
                 }
                 if let Some(ack_id) = ack_id {
                     let head = &mut self.stream_groups.head;
-                    super::stream_out::send_ack(
-                        sink,
-                        head,
-                        conn,
-                        ack_id,
-                        body.as_bytes(),
-                        &attachments,
-                    );
+                    send_ack_with(sink, head, "/", conn, ack_id, body.as_bytes(), &attachments);
                 }
                 Ok(None)
             }
@@ -1244,7 +1238,7 @@ impl StreamGroups {
         }
         for (conn, ack_id, body, attachments) in out.binary {
             let head = &mut self.head;
-            super::stream_out::send_ack(sink, head, conn, ack_id, body.as_bytes(), &attachments);
+            send_ack_with(sink, head, "/", conn, ack_id, body.as_bytes(), &attachments);
         }
     }
 }

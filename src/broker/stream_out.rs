@@ -13,8 +13,7 @@ use serde_json::{json, Value};
 use super::streams::{
     after_events, ConsumerSummary, OpenStream, FETCH_BYTES_MAX, PUSH_PER_TURN_MAX,
 };
-use crate::port::{ConnId, Sink};
-use crate::protocol::socketio::{self, PacketType};
+use crate::port::Sink;
 use crate::protocol::stream_messages::AckPolicy;
 use crate::routing::groups::GroupMode;
 use crate::routing::subs::SubTable;
@@ -420,43 +419,6 @@ pub(super) fn message_body(seq: u64, m: &Msg) -> (String, Vec<Vec<u8>>) {
     push_message(&mut out, &mut attachments, seq, m, None);
     out.extend_from_slice(b"}]");
     (String::from_utf8(out).unwrap_or_default(), attachments)
-}
-
-/// Sends the ack `ack_id` with `body`: an ACK, or a BINARY_ACK followed
-/// by `attachments` in binary frames when there are any.
-pub(super) fn send_ack(
-    sink: &mut dyn Sink,
-    head: &mut Vec<u8>,
-    conn: ConnId,
-    ack_id: u64,
-    body: &[u8],
-    attachments: &[Vec<u8>],
-) {
-    send_ack_in(sink, head, "/", conn, ack_id, body, attachments);
-}
-
-/// [`send_ack`] in namespace `nsp`.
-pub(super) fn send_ack_in(
-    sink: &mut dyn Sink,
-    head: &mut Vec<u8>,
-    nsp: &str,
-    conn: ConnId,
-    ack_id: u64,
-    body: &[u8],
-    attachments: &[Vec<u8>],
-) {
-    let kind = if attachments.is_empty() {
-        PacketType::Ack
-    } else {
-        PacketType::BinaryAck
-    };
-    head.clear();
-    socketio::write_header(head, kind, attachments.len(), nsp, Some(ack_id));
-    if sink.send_text(conn, &[head, body]) {
-        for a in attachments {
-            sink.send_binary(conn, a);
-        }
-    }
 }
 
 /// Up to `batch` deliveries of consumer `name` as JSON objects joined by

@@ -30,9 +30,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
+use super::ack::send_ack_with;
 use super::events::StreamOp;
 use super::stream_out::{
-    consumer_json, fetch_body, message_body, push_slot, push_str, send_ack, stream_json, take_batch,
+    consumer_json, fetch_body, message_body, push_slot, push_str, stream_json, take_batch,
 };
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_with, ApiError, Code, OK_BODY};

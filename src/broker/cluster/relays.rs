@@ -205,6 +205,22 @@ impl Broker {
     }
 }
 
+/// Relays an answer (its first argument's JSON text and attachments) as
+/// an ACK.
+fn relay_ack(sink: &mut dyn Sink, conn: ConnId, ack_id: u64, value: &str, attachments: &[Vec<u8>]) {
+    let body = format!("[{value}]");
+    let mut head = Vec::with_capacity(24);
+    send_ack_with(
+        sink,
+        &mut head,
+        NSP_ROOT,
+        conn,
+        ack_id,
+        body.as_bytes(),
+        attachments,
+    );
+}
+
 /// Adds a peer's entry to a gathered list. A name listed already is a
 /// replicated stream (or bucket) this node knows only as a member or
 /// bystander; the peer that sent it leads the stream's group (a peer

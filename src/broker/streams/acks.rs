@@ -195,8 +195,6 @@ impl Streams {
                 self.body.extend_from_slice(b"}]");
             }
         }
-        self.head.clear();
-        socketio::write_header(&mut self.head, PacketType::Ack, 0, "/", Some(h.ack_id));
-        sink.send_text(h.conn, &[&self.head, &self.body]);
+        send_ack_with(sink, &mut self.head, "/", h.conn, h.ack_id, &self.body, &[]);
     }
 }

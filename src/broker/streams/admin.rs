@@ -207,9 +207,10 @@ impl Streams {
             return Ok(Some(body));
         }
         if let Some(ack_id) = ack_id {
-            send_ack(
+            send_ack_with(
                 sink,
                 &mut self.head,
+                "/",
                 conn,
                 ack_id,
                 body.as_bytes(),

@@ -20,9 +20,16 @@ impl Streams {
                 e.code,
                 format!("{}: deleted while the fetch waited", e.message),
             );
-            self.head.clear();
-            socketio::write_header(&mut self.head, PacketType::Ack, 0, "/", Some(w.ack_id));
-            sink.send_text(w.conn, &[&self.head, e.ack_body().as_bytes()]);
+            let body = e.ack_body();
+            send_ack_with(
+                sink,
+                &mut self.head,
+                "/",
+                w.conn,
+                w.ack_id,
+                body.as_bytes(),
+                &[],
+            );
         }
     }
 
@@ -88,9 +95,10 @@ impl Streams {
                 return Ok(Some(out));
             }
             // Binary messages: a BINARY_ACK, sent here.
-            send_ack(
+            send_ack_with(
                 sink,
                 &mut self.head,
+                "/",
                 conn,
                 ack_id,
                 out.as_bytes(),
@@ -152,9 +160,10 @@ impl Streams {
             }
             let w = self.waits.remove(i);
             let text = fetch_body(&body);
-            send_ack(
+            send_ack_with(
                 sink,
                 &mut self.head,
+                "/",
                 w.conn,
                 w.ack_id,
                 text.as_bytes(),

@@ -343,7 +343,7 @@ pub fn start_watch(
     let (mut head, mut body) = (Vec::new(), Vec::new());
     if let Some(ack_id) = ack_id {
         let ack = ok_with(json!({ "sid": sid }));
-        send_ack(sink, &mut head, conn, ack_id, ack.as_bytes(), &[]);
+        send_ack_with(sink, &mut head, "/", conn, ack_id, ack.as_bytes(), &[]);
     }
     let may = |subj: &str| readable.as_ref().is_none_or(|r| r.allows_subject(subj));
     let sends = first.iter().filter(|e| may(&e.msg.subject)).map(Some);
