@@ -20,16 +20,8 @@ impl Streams {
                 e.code,
                 format!("{}: deleted while the fetch waited", e.message),
             );
-            let body = e.ack_body();
-            send_ack_with(
-                sink,
-                &mut self.head,
-                "/",
-                w.conn,
-                w.ack_id,
-                body.as_bytes(),
-                &[],
-            );
+            let (head, body) = (&mut self.head, e.ack_body());
+            send_ack_with(sink, head, "/", w.conn, w.ack_id, body.as_bytes(), &[]);
         }
     }
 
