@@ -55,16 +55,66 @@ const VIEW_EVERY: Duration = Duration::from_millis(10);
 const WAITERS_MAX: usize = 100_000;
 /// Most requests relayed to other nodes and awaiting their answer.
 const RELAYS_MAX: usize = 100_000;
-/// Tags of proposals made for a peer's `cluster.command`, and of relayed
-/// calls, are told apart from this node's own operation numbers by these.
-const TAG_REMOTE: u64 = 1 << 62;
-const TAG_RELAY: u64 = 1 << 61;
-/// Tags of membership changes and of their relays to the leader.
-const TAG_MEMBER: u64 = 1 << 60;
-/// Tags of `cluster.catchup` calls (`stream_catchup.rs`) and of
-/// `cluster.publish` batches (`stream_batches.rs`).
-pub(crate) const TAG_CATCHUP: u64 = 1 << 59;
-pub(crate) const TAG_BATCH: u64 = 1 << 58;
+/// What a proposal to the control group or a call to a peer node was
+/// made for. The Raft thread and the node links carry a plain `u64` tag
+/// and hand it back with the outcome; [`Tag::raw`] and [`Tag::of`] turn
+/// one into the other (a kind in the top bits, a number below), so the
+/// answer reaches the part that asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tag {
+    /// One of this node's own changes: its op number (a waiter).
+    Own(u64),
+    /// A proposal made for a peer's `cluster.command`.
+    Remote(u64),
+    /// A request relayed to the node that serves it, or one call of a
+    /// gathered listing.
+    Relay(u64),
+    /// A membership change, or its relay to the leader.
+    Member(u64),
+    /// A `cluster.catchup` call (`stream_catchup.rs`).
+    Catchup(u64),
+    /// A `cluster.publish` batch (`stream_batches.rs`).
+    Batch(u64),
+}
+
+/// The part of the boot id an operation number carries (bits 32-57 of
+/// the number): the bits above mark [`Tag`]s of the other kinds.
+const OP_BOOT_MASK: u64 = (1 << 26) - 1;
+
+impl Tag {
+    const REMOTE: u64 = 1 << 62;
+    const RELAY: u64 = 1 << 61;
+    const MEMBER: u64 = 1 << 60;
+    const CATCHUP: u64 = 1 << 59;
+    const BATCH: u64 = 1 << 58;
+    /// Every kind's bit: a number never reaches them.
+    const KINDS: u64 = Tag::REMOTE | Tag::RELAY | Tag::MEMBER | Tag::CATCHUP | Tag::BATCH;
+
+    /// The `u64` the Raft thread and the links carry.
+    pub fn raw(self) -> u64 {
+        match self {
+            Tag::Own(n) => n,
+            Tag::Remote(n) => Tag::REMOTE | n,
+            Tag::Relay(n) => Tag::RELAY | n,
+            Tag::Member(n) => Tag::MEMBER | n,
+            Tag::Catchup(n) => Tag::CATCHUP | n,
+            Tag::Batch(n) => Tag::BATCH | n,
+        }
+    }
+
+    /// The tag a `u64` handed back stands for.
+    pub fn of(raw: u64) -> Tag {
+        let n = raw & !Tag::KINDS;
+        match raw & Tag::KINDS {
+            Tag::REMOTE => Tag::Remote(n),
+            Tag::RELAY => Tag::Relay(n),
+            Tag::MEMBER => Tag::Member(n),
+            Tag::CATCHUP => Tag::Catchup(n),
+            Tag::BATCH => Tag::Batch(n),
+            _ => Tag::Own(raw),
+        }
+    }
+}
 
 mod forwards;
 mod membership;
@@ -289,9 +339,10 @@ impl Cluster {
             term: 0,
             leader: None,
             waiters: BTreeMap::new(),
-            // Operation numbers carry the boot id, so an entry from this
-            // node's earlier life, replayed from the log, answers nobody.
-            next_op: boot << 32,
+            // Operation numbers carry (26 bits of) the boot id, so an entry
+            // from this node's earlier life, replayed from the log, answers
+            // nobody; they stay below the bits that mark the other tags.
+            next_op: (boot & OP_BOOT_MASK) << 32,
             remote: HashMap::new(),
             relays: HashMap::new(),
             created: Vec::new(),
@@ -464,7 +515,7 @@ impl Cluster {
     pub fn call_node(
         &mut self,
         node: u64,
-        kind: u64,
+        kind: fn(u64) -> Tag,
         event: &str,
         args: String,
         attachments: Vec<Vec<u8>>,
@@ -486,9 +537,10 @@ impl Cluster {
         self.links.as_ref().is_some_and(|l| l.call(link, out))
     }
 
-    fn tag(&mut self, kind: u64) -> u64 {
+    /// A fresh tag of `kind` (e.g. `Tag::Relay`), as the links carry it.
+    fn tag(&mut self, kind: fn(u64) -> Tag) -> u64 {
         self.next_tag += 1;
-        kind | self.next_tag
+        kind(self.next_tag).raw()
     }
 
     /// Forgets what waits for `conn`'s socket in `/` (it ended): replies
@@ -637,9 +689,8 @@ mod tests {
         assert!(f.subs.is_empty());
     }
 
-    #[test]
-    fn inboxes_route_to_their_node() {
-        let settings = ClusterSettings {
+    fn test_settings() -> ClusterSettings {
+        ClusterSettings {
             names: vec!["n1".into(), "n.2".into(), "n3".into()],
             raft: NodeConfig {
                 id: 1,
@@ -654,11 +705,44 @@ mod tests {
                 join: false,
             },
             peers_http: vec![],
-        };
-        let c = Cluster::new(settings, 1);
+        }
+    }
+
+    #[test]
+    fn inboxes_route_to_their_node() {
+        let c = Cluster::new(test_settings(), 1);
         assert_eq!(c.inbox_node("_INBOX.n_2.ab12.7"), Some(2));
         assert_eq!(c.inbox_node("_INBOX.n1.ab12.7"), None, "own inbox");
         assert_eq!(c.inbox_node("_INBOX.zz.ab12.7"), None);
         assert_eq!(c.inbox_node("orders.new"), None);
+    }
+
+    #[test]
+    fn tags_come_back_as_the_kind_they_were_made_as() {
+        for n in [1, 7, 1 << 40, (1 << 58) - 1] {
+            for tag in [
+                Tag::Remote(n),
+                Tag::Relay(n),
+                Tag::Member(n),
+                Tag::Catchup(n),
+                Tag::Batch(n),
+                Tag::Own(n),
+            ] {
+                assert_eq!(Tag::of(tag.raw()), tag);
+            }
+        }
+    }
+
+    #[test]
+    fn a_nodes_own_operation_numbers_are_never_taken_for_another_kind() {
+        // Boot ids are random 32-bit numbers: with every high bit set,
+        // the operation numbers must still read as this node's own.
+        for boot in [1, 0xffff_ffff, 0x8000_0000, 0x7c00_0000, 0x0400_0000] {
+            let mut c = Cluster::new(test_settings(), boot);
+            for _ in 0..3 {
+                c.next_op += 1;
+                assert_eq!(Tag::of(c.next_op), Tag::Own(c.next_op), "boot {boot:#x}");
+            }
+        }
     }
 }

@@ -290,7 +290,7 @@ impl Broker {
                 let args = format!(r#"{{"from":{}}}"#, c.me());
                 c.call_node(
                     leader,
-                    super::cluster::TAG_BATCH,
+                    super::cluster::Tag::Batch,
                     "cluster.publish",
                     args,
                     vec![batch.body],

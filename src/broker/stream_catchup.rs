@@ -243,7 +243,7 @@ impl Broker {
         cu.asked = c
             .call_node(
                 leader,
-                super::cluster::TAG_CATCHUP,
+                super::cluster::Tag::Catchup,
                 "cluster.catchup",
                 args,
                 Vec::new(),

@@ -167,7 +167,7 @@ impl Broker {
             What::Add(_) => ADD_WAIT,
             _ => REMOVE_WAIT + MOVE_WAIT,
         };
-        let tag = c.tag(TAG_MEMBER);
+        let tag = c.tag(Tag::Member);
         let mut moving = None;
         if c.role == Role::Leader {
             let Some(raft) = c.raft.as_ref() else {
@@ -317,7 +317,7 @@ impl Broker {
         }
         c.next_ask = now + ASK_EVERY;
         for link in 0..c.link_addrs.len() {
-            let tag = c.tag(TAG_MEMBER);
+            let tag = c.tag(Tag::Member);
             let out = LinkOut::control(tag, "cluster.members", "{}".into(), ASK_EVERY);
             let queued = c.call_link(link, out);
             if queued {

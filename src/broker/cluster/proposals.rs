@@ -284,7 +284,7 @@ impl Broker {
                     ));
                 }
                 c.next_tag += 1;
-                let tag = TAG_REMOTE | c.next_tag;
+                let tag = Tag::Remote(c.next_tag).raw();
                 c.remote.insert(tag, (conn, ack_id));
                 raft.send(ToRaft::Propose { tag, data });
                 Ok(None)

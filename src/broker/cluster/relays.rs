@@ -40,7 +40,7 @@ impl Broker {
                 "too many relayed requests waiting",
             ));
         }
-        let tag = c.tag(TAG_RELAY);
+        let tag = c.tag(Tag::Relay);
         let out = LinkOut::control(tag, event, arg, timeout)
             .with_attachments(attachments)
             .on_root();
@@ -131,7 +131,7 @@ impl Broker {
             entries: local,
         };
         for link in links {
-            let tag = c.tag(TAG_RELAY);
+            let tag = c.tag(Tag::Relay);
             let args = r#"{"local":true}"#.to_string();
             let out = LinkOut::control(tag, listing.event(), args, PROPOSE_WAIT).on_root();
             let queued = c.call_link(link, out);

@@ -81,7 +81,7 @@ impl Broker {
                 let Some(c) = self.cluster.as_mut() else {
                     return;
                 };
-                if tag & TAG_REMOTE != 0 {
+                if let Tag::Remote(_) = Tag::of(tag) {
                     if let Some((conn, ack_id)) = c.remote.remove(&tag) {
                         let body = match result {
                             Ok(index) => format!("[{{\"ok\":true,\"index\":{index}}}]"),
@@ -176,21 +176,12 @@ impl Broker {
                 }
             }
             LinkEvent::Answer { tag, result } => {
-                if tag & TAG_MEMBER != 0 {
-                    self.member_relay_answered(sink, tag, result);
-                    return;
-                }
-                if tag & TAG_RELAY != 0 {
-                    self.relay_answered(sink, tag, result);
-                    return;
-                }
-                if tag & TAG_CATCHUP != 0 {
-                    self.catchup_answered(sink.now(), tag, result);
-                    return;
-                }
-                if tag & TAG_BATCH != 0 {
-                    self.batch_answered(sink, tag, result);
-                    return;
+                match Tag::of(tag) {
+                    Tag::Member(_) => return self.member_relay_answered(sink, tag, result),
+                    Tag::Relay(_) => return self.relay_answered(sink, tag, result),
+                    Tag::Catchup(_) => return self.catchup_answered(sink.now(), tag, result),
+                    Tag::Batch(_) => return self.batch_answered(sink, tag, result),
+                    Tag::Own(_) | Tag::Remote(_) => {}
                 }
                 let ok = result.as_ref().is_ok_and(|(text, _)| {
                     serde_json::from_str::<Value>(text)
