@@ -39,8 +39,11 @@
 //!   retrying forever ([`Reconnect`]);
 //! - after the handshake it re-sends every live subscription under the same
 //!   sid (queue group and the deliveries left of a `max` included), so a
-//!   [`Subscription`] handle simply keeps receiving; then it sends the
-//!   publishes held while down; only then do new calls go through;
+//!   [`Subscription`] handle simply keeps receiving (one refused
+//!   `unavailable` or `timeout`, as a node back from a restart answers
+//!   until its cluster has a leader, is sent again, up to 30 times); then
+//!   it sends the publishes held while down; only then do new calls go
+//!   through;
 //! - calls waiting for an ack when the link dropped fail with
 //!   [`Error::Disconnected`] (the server may or may not have acted on them);
 //!   calls made while down fail fast with [`Error::Reconnecting`], except
@@ -674,6 +677,7 @@ impl Client {
                 left: max,
                 inbox: Arc::clone(&inbox),
                 watch: watch.clone(),
+                resub_tries: 0,
             };
             state.subs.insert(sid.clone(), route);
         }

@@ -68,6 +68,28 @@ pub(super) struct SubRoute {
     /// A bucket watch's `kv.watch` argument, sent again instead of a
     /// `sub` after a reconnect.
     pub(super) watch: Option<Value>,
+    /// Times in a row its re-sent subscription was refused as
+    /// unavailable since the last reconnect.
+    pub(super) resub_tries: u32,
+}
+
+/// Most times a re-sent subscription refused `unavailable` or `timeout`
+/// (a node back from a restart whose cluster has no leader yet answers so,
+/// after waiting up to 4 s for one) is sent again before it is ended.
+pub(super) const RESUB_TRIES_MAX: u32 = 30;
+
+impl SubRoute {
+    /// The event and argument that make subscription `sid` again on a new
+    /// link: its `kv.watch`, or a `sub` with what is left of its `max`.
+    pub(super) fn resend(&self, sid: &str) -> (&'static str, Value) {
+        match &self.watch {
+            Some(w) => ("kv.watch", w.clone()),
+            None => {
+                let arg = super::sub_arg(sid, &self.subject, self.queue.as_deref(), self.left);
+                ("sub", arg)
+            }
+        }
+    }
 }
 
 /// A fire-and-forget or acked publish written while the link was down,
@@ -558,18 +580,24 @@ impl Shared {
                 let _ = self.emit("unsub", json!({ "sid": sid }), &[], None, false);
                 state = self.state();
             }
-            None => {}
-            Some(e) => {
-                // The server refused the subscription back: end it visibly
-                // rather than leave its handle waiting forever.
-                if let Some(route) = state.subs.remove(&sid) {
-                    route.inbox.close();
+            None => {
+                if let Some(route) = state.subs.get_mut(&sid) {
+                    route.resub_tries = 0;
                 }
-                self.push_event(Event::ResubscribeFailed {
-                    sid,
-                    error: e.to_string(),
-                });
             }
+            Some(e) if transient(&e) => {
+                if let Some((link, text)) = self.resend_sub(&mut state, &sid) {
+                    // Asked again: it still counts as outstanding. Not under
+                    // the lock: the write takes the link's.
+                    drop(state);
+                    // A failed write means the link is going; the
+                    // reconnect then sends every subscription again.
+                    let _ = link.send(&text, &[]);
+                    return;
+                }
+                self.end_sub(&mut state, sid, &e);
+            }
+            Some(e) => self.end_sub(&mut state, sid, &e),
         }
         state.resubs_unacked = state.resubs_unacked.saturating_sub(1);
         if state.resubs_unacked == 0 {
@@ -577,6 +605,39 @@ impl Shared {
                 self.push_event(event);
             }
         }
+    }
+
+    /// The server refused subscription `sid` back: end it visibly rather
+    /// than leave its handle waiting forever.
+    fn end_sub(&self, state: &mut State, sid: String, e: &Error) {
+        if let Some(route) = state.subs.remove(&sid) {
+            route.inbox.close();
+        }
+        self.push_event(Event::ResubscribeFailed {
+            sid,
+            error: e.to_string(),
+        });
+    }
+
+    /// Subscription `sid` asked for again on the current link, unless it
+    /// is gone, has used up [`RESUB_TRIES_MAX`], or the link is down: the
+    /// link and the packet to write on it (its ack is registered).
+    fn resend_sub(&self, state: &mut State, sid: &str) -> Option<(Arc<Link>, String)> {
+        let Phase::Up(link) = &state.phase else {
+            return None;
+        };
+        let link = Arc::clone(link);
+        let route = state.subs.get_mut(sid)?;
+        if route.resub_tries >= RESUB_TRIES_MAX {
+            return None;
+        }
+        route.resub_tries += 1;
+        let (event, arg) = route.resend(sid);
+        let id = state.register(Waiter::Resub(sid.to_string()));
+        let payload = json!([event, arg]).to_string();
+        let namespace = &self.opts.namespace;
+        let text = socketio::encode_message(PacketType::Event, 0, namespace, Some(id), &payload);
+        Some((link, text))
     }
 }
 
@@ -595,6 +656,12 @@ pub(super) fn check_size(
         )));
     }
     Ok(())
+}
+
+/// A refusal that a later try may not meet: the node has no cluster
+/// leader yet (`unavailable`), or its answer did not come in time.
+fn transient(e: &Error) -> bool {
+    matches!(e, Error::Server { code, .. } if code == "unavailable" || code == "timeout")
 }
 
 pub(super) fn check_ack(reply: ReceivedAck) -> Result<ReceivedAck, Error> {
@@ -678,6 +745,7 @@ mod tests {
             left,
             inbox: Arc::clone(&inbox),
             watch: None,
+            resub_tries: 0,
         };
         shared.state().subs.insert(sid.to_string(), route);
         inbox
@@ -812,11 +880,14 @@ mod tests {
         assert_eq!(shared.events.try_recv(), Ok(None));
     }
 
-    #[test]
-    fn a_subscription_dropped_while_re_sent_is_ended_on_the_server() {
+    /// A client whose link is up, over a loopback socket; the server's end.
+    fn up() -> (Shared, TcpStream) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (mut theirs, _) = listener.accept().unwrap();
+        let (theirs, _) = listener.accept().unwrap();
+        theirs
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
         let link = Arc::new(Link {
             url: "test".to_string(),
             writer: Mutex::new(Writer {
@@ -830,25 +901,77 @@ mod tests {
         });
         let shared = down(0);
         shared.state().phase = Phase::Up(link);
+        (shared, theirs)
+    }
+
+    /// The next text message the client wrote to the server's end.
+    fn written(theirs: &mut TcpStream, decoder: &mut wire::FrameDecoder) -> String {
+        let mut chunk = [0u8; 256];
+        loop {
+            if let Some(message) = decoder.next().unwrap() {
+                match message {
+                    wire::WsMessage::Text(t) => return t,
+                    other => panic!("not text: {other:?}"),
+                }
+            }
+            let n = std::io::Read::read(theirs, &mut chunk).unwrap();
+            assert!(n > 0, "the link closed");
+            decoder.push(&chunk[..n]);
+        }
+    }
+
+    #[test]
+    fn a_subscription_dropped_while_re_sent_is_ended_on_the_server() {
+        let (shared, mut theirs) = up();
         let id = shared.state().register(Waiter::Resub("9".to_string()));
         shared.acked(id, reply(json!({"ok": true, "sid": "9"})));
         let mut decoder = wire::FrameDecoder::new(1024);
-        let mut chunk = [0u8; 256];
-        theirs
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
-        let message = loop {
-            if let Some(message) = decoder.next().unwrap() {
-                break message;
-            }
-            let n = std::io::Read::read(&mut theirs, &mut chunk).unwrap();
-            assert!(n > 0, "the link closed without an unsub");
-            decoder.push(&chunk[..n]);
-        };
         assert_eq!(
-            message,
-            wire::WsMessage::Text(r#"42["unsub",{"sid":"9"}]"#.to_string())
+            written(&mut theirs, &mut decoder),
+            r#"42["unsub",{"sid":"9"}]"#
         );
+    }
+
+    #[test]
+    fn a_resubscribe_refused_unavailable_is_asked_again_up_to_its_tries() {
+        let (shared, mut theirs) = up();
+        let inbox = route(&shared, "4", None);
+        shared.state().resubs_unacked = 1;
+        let mut decoder = wire::FrameDecoder::new(1024);
+        let unavailable =
+            json!({"ok": false, "error": {"code": "unavailable", "message": "no leader"}});
+        let mut id = shared.state().register(Waiter::Resub("4".to_string()));
+        for _ in 0..RESUB_TRIES_MAX {
+            shared.acked(id, reply(unavailable.clone()));
+            let text = written(&mut theirs, &mut decoder);
+            assert!(text.contains(r#"["sub",{"#), "{text}");
+            assert!(text.contains(r#""sid":"4""#), "{text}");
+            assert_eq!(inbox.try_recv(), Ok(None), "still open");
+            assert_eq!(shared.state().resubs_unacked, 1, "still outstanding");
+            id = shared.state().pending.keys().copied().max().unwrap();
+        }
+        // Its tries used up, the next refusal ends it.
+        shared.acked(id, reply(unavailable));
+        assert_eq!(inbox.recv(None), Err(Empty::Closed));
+        assert!(matches!(
+            shared.events.try_recv(),
+            Ok(Some(Event::ResubscribeFailed { .. }))
+        ));
+    }
+
+    #[test]
+    fn a_resubscribe_that_takes_after_a_refusal_starts_its_tries_again() {
+        let (shared, mut theirs) = up();
+        let _inbox = route(&shared, "5", None);
+        let mut decoder = wire::FrameDecoder::new(1024);
+        let id = shared.state().register(Waiter::Resub("5".to_string()));
+        let timeout = json!({"ok": false, "error": {"code": "timeout", "message": "slow"}});
+        shared.acked(id, reply(timeout));
+        written(&mut theirs, &mut decoder);
+        assert_eq!(shared.state().subs["5"].resub_tries, 1);
+        let id = shared.state().pending.keys().copied().max().unwrap();
+        shared.acked(id, reply(json!({"ok": true, "sid": "5"})));
+        assert_eq!(shared.state().subs["5"].resub_tries, 0);
     }
 
     #[test]

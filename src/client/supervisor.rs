@@ -15,7 +15,7 @@ use super::backoff::Backoff;
 use super::dial::{dial, Dialed};
 use super::reader::{ReadHalf, Reader};
 use super::shared::{Link, Phase, Shared, Waiter, Writer};
-use super::{sub_arg, Error, Event};
+use super::{Error, Event};
 use crate::protocol::socketio::{self, PacketType};
 
 /// Splits a finished handshake into the write side callers share and the
@@ -136,12 +136,9 @@ fn resume(shared: &Shared, link: &Arc<Link>, announce: Event) -> Result<(), Erro
             .subs
             .iter()
             .filter(|(_, route)| route.left != Some(0))
-            .map(|(sid, route)| match &route.watch {
-                Some(w) => (sid.clone(), "kv.watch", w.clone()),
-                None => {
-                    let arg = sub_arg(sid, &route.subject, route.queue.as_deref(), route.left);
-                    (sid.clone(), "sub", arg)
-                }
+            .map(|(sid, route)| {
+                let (event, arg) = route.resend(sid);
+                (sid.clone(), event, arg)
             })
             .collect();
         state.resubs_unacked = args.len();
