@@ -1294,7 +1294,10 @@ fn refuse(r: &Reply, answers: &mut Vec<(ConnId, u64, String)>, why: &str) {
 
 /// On the leader: every waiting fetch whose consumer has no delivery in
 /// flight and has messages due gets an [`Op::Deliver`]; an expired or
-/// `no_wait` fetch with nothing due is answered with no messages.
+/// `no_wait` fetch with nothing due is answered with no messages. A
+/// leader not serving yet (its own first entry not applied) cannot tell
+/// what is due: such a fetch is refused `unavailable`, to be asked again,
+/// rather than answered with an empty batch a reader takes for the end.
 fn plan_fetches(h: &mut Held, now: Instant, answers: &mut Vec<(ConnId, u64, String)>) {
     let mut keep = VecDeque::new();
     while let Some(w) = h.waits.pop_front() {
@@ -1313,7 +1316,12 @@ fn plan_fetches(h: &mut Held, now: Instant, answers: &mut Vec<(ConnId, u64, Stri
             }
         }
         if w.deadline <= now {
-            answers.push((w.conn, w.ack_id, "[{\"ok\":true,\"messages\":[]}]".into()));
+            let body = if serving {
+                "[{\"ok\":true,\"messages\":[]}]".to_string()
+            } else {
+                unavailable("the stream's leader is not serving yet").ack_body()
+            };
+            answers.push((w.conn, w.ack_id, body));
             continue;
         }
         keep.push_back(w);
@@ -1550,5 +1558,67 @@ pub(super) fn write_snapshot(
             data: Vec::new(),
             dead: dead_again,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::stream_messages::read_config;
+
+    fn held_with_one_message() -> Held {
+        let Value::Object(m) = json!({"name": "S", "subjects": ["s.>"]}) else {
+            unreachable!()
+        };
+        let mut replica = Replica::new(read_config(m).unwrap());
+        let now = Instant::now();
+        replica.apply(
+            &[
+                Op::Publish(crate::stream::replica::Publish {
+                    subject: "s.a".into(),
+                    headers: None,
+                    data: b"1".to_vec(),
+                    binary: false,
+                    time_ms: 1,
+                }),
+                Op::ConsumerCreate {
+                    config: r#"{"name":"c","ack_policy":"none"}"#.into(),
+                },
+            ],
+            now,
+        );
+        Held {
+            name: "S".into(),
+            core: Group::new(replica),
+            waits: VecDeque::new(),
+            store: None,
+            opened: true,
+            catchup: None,
+            installed: None,
+            lost: false,
+            frozen: VecDeque::new(),
+            forced_at: None,
+        }
+    }
+
+    #[test]
+    fn a_no_wait_fetch_at_a_leader_not_serving_yet_is_refused_not_answered_empty() {
+        let mut h = held_with_one_message();
+        assert!(!h.core.serving());
+        let now = Instant::now();
+        h.waits.push_back(FetchWait {
+            conn: 1,
+            ack_id: 7,
+            consumer: "c".into(),
+            batch: 10,
+            deadline: now,
+        });
+        let mut answers = Vec::new();
+        plan_fetches(&mut h, now, &mut answers);
+        assert_eq!(answers.len(), 1);
+        let (conn, ack_id, body) = &answers[0];
+        assert_eq!((*conn, *ack_id), (1, 7));
+        assert!(body.contains("\"unavailable\""), "{body}");
+        assert!(h.waits.is_empty());
     }
 }
