@@ -148,21 +148,16 @@ pub(super) struct Held {
     pub(super) opened: bool,
     /// Fetching what a snapshot names from the group's leader (see
     /// `stream_catchup.rs`); no entry is applied meanwhile.
-    pub(super) catchup: Option<super::stream_catchup::CatchUp>,
+    pub(super) catchup: Option<crate::stream::catchup::CatchUp>,
     /// The snapshot index the Raft core takes next, already held here.
     pub(super) installed: Option<u64>,
     /// The replica lacks messages its log needs: no entry is applied
     /// until the leader's snapshot arrives.
     pub(super) lost: bool,
-    /// This node's latest snapshots, to serve members catching up from
-    /// them (at most [`FROZEN_KEPT`]), and whether one is being written.
-    pub(super) frozen: VecDeque<(u64, std::sync::Arc<Frozen>)>,
-    /// When a snapshot was last taken unasked (for a member catching up).
-    pub(super) forced_at: Option<Instant>,
+    /// The states frozen for this node's latest snapshots, to serve
+    /// members catching up from them.
+    pub(super) sources: crate::stream::catchup::Sources,
 }
-
-/// Snapshots a node keeps to serve members catching up from them.
-pub(super) const FROZEN_KEPT: usize = 2;
 
 /// The replicated streams held on this node, by group.
 #[derive(Default)]
@@ -444,8 +439,7 @@ impl Broker {
                     catchup: None,
                     installed: None,
                     lost: false,
-                    frozen: VecDeque::new(),
-                    forced_at: None,
+                    sources: Default::default(),
                 },
             );
             if let Some(raft) = c.raft_node() {
