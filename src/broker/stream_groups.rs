@@ -1019,7 +1019,7 @@ impl Broker {
                 self.snapshot_arrived(group, index, &data, file, now);
                 return;
             }
-            GroupEvent::Apply { index, .. } if h.lost || h.catchup.is_some() => {
+            GroupEvent::Apply { index, .. } if (h.lost && index > 1) || h.catchup.is_some() => {
                 // The replica is not whole: the group's core is started
                 // again without its log, or waits for it to be. An entry
                 // past the snapshot being fetched (a new leader fed the
@@ -1029,6 +1029,16 @@ impl Broker {
                 }
             }
             GroupEvent::Apply { index, term, data } => {
+                if h.lost {
+                    // The core that lost its log is fed the leader's log
+                    // from its start (the leader took no snapshot yet)
+                    // rather than a snapshot: the replica is built again
+                    // from that log.
+                    h.lost = false;
+                    h.opened = false;
+                    h.core.applied = 0;
+                    h.core.replica = Replica::new(h.core.replica.config().clone());
+                }
                 if !h.opened {
                     // A log applied from its start: the files of an
                     // earlier run go.
