@@ -29,9 +29,10 @@ fn seeds_total() -> u64 {
 
 /// What the runs did, summed: catch-ups begun and ended whole, their
 /// requests and refusals, groups started again without their log,
-/// members damaged and found damaged at their restart.
+/// members damaged and found damaged at their restart, elections won by
+/// a member catching up.
 #[derive(Default)]
-struct Tally([u64; 7]);
+struct Tally([u64; 8]);
 
 impl Tally {
     fn add(&mut self, sim: &Sim) {
@@ -43,6 +44,7 @@ impl Tally {
             sim.groups_lost,
             sim.damaged_members,
             sim.damage_found,
+            sim.leaders_catching_up,
         ];
         for (t, g) in self.0.iter_mut().zip(got) {
             *t += g;
@@ -52,11 +54,11 @@ impl Tally {
 
 impl std::fmt::Display for Tally {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let [c, w, a, r, l, d, found] = self.0;
+        let [c, w, a, r, l, d, found, led] = self.0;
         write!(
             f,
-            "catch-ups {c} (whole {w}, requests {a}, refused {r}), groups lost {l}, \
-             damaged members {d} (found at restart {found})"
+            "catch-ups {c} (whole {w}, requests {a}, refused {r}, leading meanwhile {led}), \
+             groups lost {l}, damaged members {d} (found at restart {found})"
         )
     }
 }

@@ -1376,6 +1376,36 @@ mod tests {
         }
     }
 
+    /// A data directory of the test's own.
+    fn temp_data(what: &str) -> PathBuf {
+        std::env::temp_dir().join(format!(
+            "gombus-node-{what}-{}-{}",
+            std::process::id(),
+            crate::rand::random_seed()
+        ))
+    }
+
+    /// A bootstrapped one-node cluster on `data`, and the poll its waker
+    /// is registered with.
+    fn one_node(data: &Path, memory_log: bool) -> (RaftNode, mio::Poll) {
+        let poll = mio::Poll::new().unwrap();
+        let waker = Arc::new(Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let cfg = NodeConfig {
+            id: 1,
+            listen,
+            members: [(1, listen)].into(),
+            data: data.to_path_buf(),
+            memory_log,
+            bootstrap: true,
+            secret: None,
+            names: BTreeMap::new(),
+            infos: BTreeMap::new(),
+            join: false,
+        };
+        (RaftNode::start(cfg, waker).unwrap(), poll)
+    }
+
     /// The status stream group `group` reports last within 5 s of
     /// `node` starting to hold it (at least one is reported).
     fn group_status(node: &RaftNode, group: GroupId, until: impl Fn(&Status) -> bool) -> Status {
@@ -1407,28 +1437,9 @@ mod tests {
     /// voting with it could elect a leader that lacks them.
     #[test]
     fn a_group_that_lost_its_log_does_not_vote_after_a_restart() {
-        let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let data = std::env::temp_dir().join(format!(
-            "gombus-node-lost-{}-{}",
-            std::process::id(),
-            crate::rand::random_seed()
-        ));
+        let data = temp_data("lost");
         let start = || {
-            let poll = mio::Poll::new().unwrap();
-            let waker = Arc::new(Waker::new(poll.registry(), mio::Token(0)).unwrap());
-            let cfg = NodeConfig {
-                id: 1,
-                listen,
-                members: [(1, listen)].into(),
-                data: data.clone(),
-                memory_log: false,
-                bootstrap: true,
-                secret: None,
-                names: BTreeMap::new(),
-                infos: BTreeMap::new(),
-                join: false,
-            };
-            let node = RaftNode::start(cfg, waker).unwrap();
+            let (node, poll) = one_node(&data, false);
             node.send(ToRaft::Group {
                 group: 7,
                 members: vec![1],
@@ -1455,27 +1466,8 @@ mod tests {
     /// on committing (not spin on the wish), and ask only once.
     #[test]
     fn a_node_due_for_a_snapshot_keeps_working_until_it_gets_one() {
-        let poll = mio::Poll::new().unwrap();
-        let waker = Arc::new(Waker::new(poll.registry(), mio::Token(0)).unwrap());
-        let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let data = std::env::temp_dir().join(format!(
-            "gombus-node-snapshot-{}-{}",
-            std::process::id(),
-            crate::rand::random_seed()
-        ));
-        let cfg = NodeConfig {
-            id: 1,
-            listen,
-            members: [(1, listen)].into(),
-            data: data.clone(),
-            memory_log: true,
-            bootstrap: true,
-            secret: None,
-            names: BTreeMap::new(),
-            infos: BTreeMap::new(),
-            join: false,
-        };
-        let node = RaftNode::start(cfg, waker).unwrap();
+        let data = temp_data("snapshot");
+        let (node, _poll) = one_node(&data, true);
         let mut seen = Seen::default();
         drain(&node, &mut seen, |s| s.leader);
         let target = Config::new(1, vec![1]).snapshot_entries + 500;
