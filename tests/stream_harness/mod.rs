@@ -895,7 +895,15 @@ impl Sim {
                     tag,
                 });
             }
-            Next::StartedOver | Next::Wait => {}
+            Next::StartedOver => {
+                // Every member's state at an index is the same, and what
+                // a replica holds below what it fetches is what the
+                // snapshot names: fetched records never disagree.
+                return Err(format!(
+                    "node {id}'s replica of {g} disagrees with the snapshot it fetched"
+                ));
+            }
+            Next::Wait => {}
         }
         Ok(())
     }
