@@ -56,7 +56,7 @@ const CATCHUP_CALL_WAIT: Duration = Duration::from_secs(5);
 /// The member's and the leader's waits: a call asked again after
 /// [`CATCHUP_CALL_WAIT`], 500 ms after a refusal, and a snapshot taken
 /// unasked for members catching up at most every 2 s.
-pub(super) const PACE: Pace = Pace {
+const PACE: Pace = Pace {
     call_wait: CATCHUP_CALL_WAIT,
     retry: Duration::from_millis(500),
     forced_every: Duration::from_secs(2),
