@@ -1,15 +1,16 @@
 //! Deterministic simulation of replicated streams over many Raft groups
 //! (see tests/stream_harness): the control group and two or three R3
 //! stream groups on 3 or 5 nodes, with lossy networks, partitions,
-//! crashes that lose unsynced writes, and the checker after every step
-//! and at the end of every run. `SIM_SEEDS` sets how many seeds run
+//! crashes that lose unsynced writes, members catching up over that
+//! network, members whose payload files are damaged, and the checker
+//! after every step and at the end of every run. `SIM_SEEDS` sets how many seeds run
 //! (default 2000, split over two tests: 3 and 5 nodes); `make sim
 //! SEEDS=N` runs more in release. A failure names its seed and the command
 //! that replays it.
 
 mod stream_harness;
 
-use stream_harness::run_seed;
+use stream_harness::Sim;
 
 fn nodes(seed: u64) -> usize {
     if seed.is_multiple_of(2) {
@@ -26,9 +27,56 @@ fn seeds_total() -> u64 {
         .unwrap_or(2000)
 }
 
-fn run_one(seed: u64) -> Result<(), String> {
-    match std::panic::catch_unwind(|| run_seed(seed, nodes(seed))) {
-        Ok(r) => r,
+/// What the runs did, summed: catch-ups begun and ended whole, their
+/// requests and refusals, groups started again without their log,
+/// members damaged and found damaged at their restart, elections won by
+/// a member catching up.
+#[derive(Default)]
+struct Tally([u64; 8]);
+
+impl Tally {
+    fn add(&mut self, sim: &Sim) {
+        let got = [
+            sim.catchups,
+            sim.caught_up,
+            sim.catchup_asks,
+            sim.catchup_refused,
+            sim.groups_lost,
+            sim.damaged_members,
+            sim.damage_found,
+            sim.leaders_catching_up,
+        ];
+        for (t, g) in self.0.iter_mut().zip(got) {
+            *t += g;
+        }
+    }
+}
+
+impl std::fmt::Display for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [c, w, a, r, l, d, found, led] = self.0;
+        write!(
+            f,
+            "catch-ups {c} (whole {w}, requests {a}, refused {r}, leading meanwhile {led}), \
+             groups lost {l}, damaged members {d} (found at restart {found})"
+        )
+    }
+}
+
+fn run_one(seed: u64, tally: &mut Tally) -> Result<(), String> {
+    let ran = std::panic::catch_unwind(|| {
+        let (sim, r) = stream_harness::run(seed, nodes(seed));
+        let mut t = Tally::default();
+        t.add(&sim);
+        (t, r)
+    });
+    match ran {
+        Ok((t, r)) => {
+            for (a, b) in tally.0.iter_mut().zip(t.0) {
+                *a += b;
+            }
+            r
+        }
         Err(p) => {
             let msg = p
                 .downcast_ref::<String>()
@@ -45,8 +93,9 @@ fn run_group(first: u64) {
     let mut failures = Vec::new();
     let mut seed = first;
     let mut ran = 0;
+    let mut tally = Tally::default();
     while seed < seeds_total() {
-        if let Err(e) = run_one(seed) {
+        if let Err(e) = run_one(seed, &mut tally) {
             failures.push(format!(
                 "seed {seed} ({} nodes): {e}\n  replay: STREAM_SIM_SEED={seed} cargo test --test stream_sim replay -- --ignored --nocapture",
                 nodes(seed)
@@ -56,7 +105,7 @@ fn run_group(first: u64) {
         seed += 2;
     }
     println!(
-        "{ran} seeds of {} nodes in {:.1} s",
+        "{ran} seeds of {} nodes in {:.1} s: {tally}",
         nodes(first),
         started.elapsed().as_secs_f64()
     );
@@ -88,7 +137,7 @@ fn replay() {
         .parse()
         .expect("STREAM_SIM_SEED is a number");
     println!("seed {seed}: {} nodes", nodes(seed));
-    let r = run_seed(seed, nodes(seed));
+    let r = stream_harness::run_seed(seed, nodes(seed));
     assert_eq!(r, Ok(()), "seed {seed}");
 }
 
@@ -101,9 +150,11 @@ fn stats() {
         let (sim, r) = stream_harness::run(seed, nodes(seed));
         let acked: usize = sim.acked.values().map(|a| a.len()).sum();
         let done: usize = sim.done.values().map(|a| a.len()).sum();
+        let mut t = Tally::default();
+        t.add(&sim);
         println!(
             "seed {seed} {r:?} steps {} acked publishes {acked} handed out {} acks ok {done} \
-             leader changes {} snapshots installed {} finished by max_deliver {}",
+             leader changes {} snapshots installed {} finished by max_deliver {}; {t}",
             sim.steps, sim.handed_out, sim.leader_changes, sim.snapshots_installed, sim.exhausted
         );
         assert_eq!(r, Ok(()), "seed {seed}");

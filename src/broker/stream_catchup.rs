@@ -21,7 +21,9 @@
 //!   payload files held open), so compacting again meanwhile changes
 //!   nothing for this catch-up; a leader without that state (it
 //!   restarted, or leads since) takes a new snapshot, which the core
-//!   sends in turn: the member keeps what it fetched and goes on;
+//!   sends in turn: the member keeps what it fetched and goes on. Both
+//!   ends' bookkeeping is `stream/catchup.rs`'s (the stream simulation
+//!   runs it too); this file carries it over the links;
 //! - once it holds exactly what the snapshot names (count, bytes and
 //!   digest agree) it fsyncs its files and lets the core take the
 //!   snapshot ([`ToRaft::GroupInstall`]). If what it holds disagrees it
@@ -36,14 +38,14 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::session::NSP_CONTROL;
-use super::stream_groups::FROZEN_KEPT;
 use super::Broker;
 use crate::cluster::node::ToRaft;
 use crate::cluster::raft_msg::GroupId;
 use crate::cluster::snapshot_file::{self, FileRef};
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ApiError, Code};
-use crate::stream::replica::{Replica, Target, SMALL_VERSION};
+use crate::stream::catchup::{Answer, CatchUp, Next, Pace, Served};
+use crate::stream::replica::{Replica, SMALL_VERSION};
 
 /// Most record bytes one `cluster.catchup` answer carries (at least one
 /// record): under the peer's `maxPayload`, which is `-max-payload` plus
@@ -51,36 +53,14 @@ use crate::stream::replica::{Replica, Target, SMALL_VERSION};
 pub const CATCHUP_BATCH_BYTES: usize = 512 << 10;
 /// How long a `cluster.catchup` call may take before it is asked again.
 const CATCHUP_CALL_WAIT: Duration = Duration::from_secs(5);
-/// How long a member waits to ask again after a refusal.
-const CATCHUP_RETRY: Duration = Duration::from_millis(500);
-/// How often a node takes a snapshot unasked for members catching up.
-const FORCED_SNAPSHOT_EVERY: Duration = Duration::from_secs(2);
-
-/// A replica fetching what a snapshot names from the group's leader.
-#[derive(Debug)]
-pub(crate) struct CatchUp {
-    /// The snapshot's index: the Raft core takes it once the replica is
-    /// whole.
-    index: u64,
-    target: Target,
-    /// The call in flight (its tag) and when it was made.
-    asked: Option<(u64, Instant)>,
-    /// Not asked again before then.
-    retry_at: Option<Instant>,
-    since: Instant,
-    /// Record bytes received.
-    received: u64,
-    /// The last entry the core committed meanwhile (it is skipped): past
-    /// `index`, the snapshot no longer covers what the core applied.
-    skipped_through: u64,
-}
-
-impl CatchUp {
-    /// The core committed the entry at `index` during the catch-up.
-    pub(crate) fn skipped(&mut self, index: u64) {
-        self.skipped_through = self.skipped_through.max(index);
-    }
-}
+/// The member's and the leader's waits: a call asked again after
+/// [`CATCHUP_CALL_WAIT`], 500 ms after a refusal, and a snapshot taken
+/// unasked for members catching up at most every 2 s.
+const PACE: Pace = Pace {
+    call_wait: CATCHUP_CALL_WAIT,
+    retry: Duration::from_millis(500),
+    forced_every: Duration::from_secs(2),
+};
 
 impl Broker {
     /// A small snapshot of group `group` at `index` arrived whole (`data`
@@ -139,15 +119,7 @@ impl Broker {
                 );
                 h.lost = false;
                 h.installed = None;
-                h.catchup = Some(CatchUp {
-                    index,
-                    target,
-                    asked: None,
-                    retry_at: None,
-                    since: now,
-                    received: 0,
-                    skipped_through: 0,
-                });
+                h.catchup = Some(CatchUp::new(index, target, now));
                 self.catch_up(group, now);
             }
             Err(e) => crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name),
@@ -177,82 +149,73 @@ impl Broker {
         let Some(cu) = h.catchup.as_mut() else {
             return;
         };
-        if cu.skipped_through > cu.index {
-            // A leader fed the core entries past the snapshot (it holds
-            // a longer log than the one that sent it): they were not
-            // applied, so the replica starts again from a fresh snapshot.
-            crate::log_warn!(
-                "stream {:?}: entries past its snapshot at {} came during its catch-up; \
-                 fetching again",
-                h.name,
-                cu.index
-            );
-            h.catchup = None;
-            h.lost = true;
-            if let Some(raft) = c.raft_node() {
-                raft.send(ToRaft::GroupLost { group });
-            }
-            return;
-        }
-        let held = h.core.replica.held_through();
-        if !cu.target.wants_after(held) {
-            if !h.core.replica.is_whole(&cu.target) {
-                crate::log_warn!(
-                    "stream {:?}: its messages disagree with the snapshot at {}; starting over",
-                    h.name,
-                    cu.index
-                );
-                h.core.replica.start_over();
-                return;
-            }
-            if let Err(e) = h.core.replica.sync() {
+        let next = match cu.next(&mut h.core.replica, now, &PACE) {
+            Ok(n) => n,
+            Err(e) => {
                 crate::log_error!("stream {:?}: syncing its files: {e}", h.name);
                 return;
             }
-            let index = cu.index;
-            crate::log_info!(
-                "stream {:?}: caught up to its snapshot at {index}: {} bytes fetched in {} ms",
-                h.name,
-                cu.received,
-                now.saturating_duration_since(cu.since).as_millis()
-            );
-            h.catchup = None;
-            h.core.applied = index;
-            h.installed = Some(index);
-            if let Some(raft) = c.raft_node() {
-                raft.send(ToRaft::GroupInstall { group, index });
-            }
-            return;
-        }
-        let waiting = cu
-            .asked
-            .is_some_and(|(_, at)| now.saturating_duration_since(at) < CATCHUP_CALL_WAIT);
-        if waiting || cu.retry_at.is_some_and(|t| now < t) {
-            return;
-        }
-        let Some(leader) = h.core.leader().filter(|&l| l != me) else {
-            return;
         };
-        let args = json!({
-            "group": group,
-            "index": cu.index,
-            "after": held,
-            "max": CATCHUP_BATCH_BYTES,
-        })
-        .to_string();
-        cu.asked = c
-            .call_node(
-                leader,
-                super::cluster::Tag::Catchup,
-                "cluster.catchup",
-                args,
-                Vec::new(),
-                CATCHUP_CALL_WAIT,
-                false,
-            )
-            .map(|tag| (tag, now));
-        if cu.asked.is_none() {
-            cu.retry_at = Some(now + CATCHUP_RETRY);
+        match next {
+            Next::Lost => {
+                // A leader fed the core entries past the snapshot (it
+                // holds a longer log than the one that sent it): they were
+                // not applied, so the replica starts again from a fresh
+                // snapshot.
+                crate::log_warn!(
+                    "stream {:?}: entries past its snapshot at {} came during its catch-up; \
+                     fetching again",
+                    h.name,
+                    cu.index
+                );
+                h.catchup = None;
+                h.lost = true;
+                if let Some(raft) = c.raft_node() {
+                    raft.send(ToRaft::GroupLost { group });
+                }
+            }
+            Next::StartedOver => crate::log_warn!(
+                "stream {:?}: its messages disagree with the snapshot at {}; starting over",
+                h.name,
+                cu.index
+            ),
+            Next::Whole { index } => {
+                crate::log_info!(
+                    "stream {:?}: caught up to its snapshot at {index}: {} bytes fetched in {} ms",
+                    h.name,
+                    cu.received,
+                    now.saturating_duration_since(cu.since).as_millis()
+                );
+                h.catchup = None;
+                h.core.applied = index;
+                h.installed = Some(index);
+                if let Some(raft) = c.raft_node() {
+                    raft.send(ToRaft::GroupInstall { group, index });
+                }
+            }
+            Next::Ask { index, after } => {
+                let Some(leader) = h.core.leader().filter(|&l| l != me) else {
+                    return;
+                };
+                let args = json!({
+                    "group": group,
+                    "index": index,
+                    "after": after,
+                    "max": CATCHUP_BATCH_BYTES,
+                })
+                .to_string();
+                let tag = c.call_node(
+                    leader,
+                    super::cluster::Tag::Catchup,
+                    "cluster.catchup",
+                    args,
+                    Vec::new(),
+                    CATCHUP_CALL_WAIT,
+                    false,
+                );
+                cu.asked(tag, now, &PACE);
+            }
+            Next::Wait => {}
         }
     }
 
@@ -263,38 +226,31 @@ impl Broker {
         tag: u64,
         result: Result<(String, Vec<Vec<u8>>), crate::cluster::link::CallError>,
     ) {
-        let found = (self.stream_groups.held.iter_mut()).find(|(_, h)| {
-            h.catchup
-                .as_ref()
-                .and_then(|c| c.asked)
-                .is_some_and(|(t, _)| t == tag)
-        });
+        let found = (self.stream_groups.held.iter_mut())
+            .find(|(_, h)| h.catchup.as_ref().is_some_and(|c| c.waits_on(tag)));
         let Some((&group, h)) = found else {
             return;
         };
         let Some(cu) = h.catchup.as_mut() else {
             return;
         };
-        cu.asked = None;
         let (text, attachments) = match result {
             Ok(r) => r,
             Err(e) => {
                 crate::log_warn!("stream {:?}: catching up: {}", h.name, e.message);
-                cu.retry_at = Some(now + CATCHUP_RETRY);
-                return;
+                (String::new(), Vec::new())
             }
         };
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        if v.get("ok") != Some(&Value::Bool(true)) || v.get("index") != Some(&json!(cu.index)) {
-            cu.retry_at = Some(now + CATCHUP_RETRY);
-            return;
-        }
-        let recs = attachments.first().map_or(&[][..], Vec::as_slice);
-        cu.received += recs.len() as u64;
-        let target = cu.target.clone();
-        if let Err(e) = h.core.replica.take_records(recs, &target) {
+        let answer = match v.get("index").and_then(Value::as_u64) {
+            Some(index) if v.get("ok") == Some(&Value::Bool(true)) => Answer::Records {
+                index,
+                recs: attachments.first().map_or(&[][..], Vec::as_slice),
+            },
+            _ => Answer::Refused,
+        };
+        if let Err(e) = cu.answered(&mut h.core.replica, tag, answer, now, &PACE) {
             crate::log_warn!("stream {:?}: catching up: {e}; starting over", h.name);
-            h.core.replica.start_over();
         }
         self.catch_up(group, now);
     }
@@ -328,25 +284,24 @@ impl Broker {
         let Some(h) = self.stream_groups.held.get_mut(&group) else {
             return Err(ApiError::new(Code::NotFound, "no such stream group here"));
         };
-        let Some(frozen) = (h.frozen.iter())
-            .find(|(i, _)| *i == index)
-            .map(|(_, f)| f.clone())
-        else {
-            let due = h
-                .forced_at
-                .is_none_or(|t| now.saturating_duration_since(t) >= FORCED_SNAPSHOT_EVERY);
-            if due && h.core.applied >= index {
-                h.forced_at = Some(now);
-                self.snapshot_now(group);
+        let served = h
+            .sources
+            .serve(index, after, max, h.core.applied, now, &PACE)
+            .map_err(|e| {
+                ApiError::new(Code::Internal, format!("reading the stream's files: {e}"))
+            })?;
+        let (recs, through) = match served {
+            Served::Records(recs, through) => (recs, through),
+            Served::Gone { snapshot_now } => {
+                if snapshot_now {
+                    self.snapshot_now(group);
+                }
+                return Err(ApiError::new(
+                    Code::Unavailable,
+                    "this node no longer holds that snapshot's state; a newer snapshot follows",
+                ));
             }
-            return Err(ApiError::new(
-                Code::Unavailable,
-                "this node no longer holds that snapshot's state; a newer snapshot follows",
-            ));
         };
-        let (recs, through) = frozen.records_after(after, max).map_err(|e| {
-            ApiError::new(Code::Internal, format!("reading the stream's files: {e}"))
-        })?;
         let Some(ack_id) = ack_id else {
             return Ok(None);
         };
@@ -395,11 +350,7 @@ impl Broker {
                 Ok(mut frozen) => {
                     let dead = frozen.take_dead();
                     let frozen = std::sync::Arc::new(frozen);
-                    h.frozen.retain(|(i, _)| *i != index);
-                    h.frozen.push_back((index, frozen.clone()));
-                    while h.frozen.len() > FROZEN_KEPT {
-                        h.frozen.pop_front();
-                    }
+                    h.sources.keep(index, frozen.clone());
                     super::stream_groups::write_snapshot(
                         raft.sender(),
                         group,

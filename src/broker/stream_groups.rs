@@ -149,21 +149,16 @@ pub(super) struct Held {
     pub(super) opened: bool,
     /// Fetching what a snapshot names from the group's leader (see
     /// `stream_catchup.rs`); no entry is applied meanwhile.
-    pub(super) catchup: Option<super::stream_catchup::CatchUp>,
+    pub(super) catchup: Option<crate::stream::catchup::CatchUp>,
     /// The snapshot index the Raft core takes next, already held here.
     pub(super) installed: Option<u64>,
     /// The replica lacks messages its log needs: no entry is applied
     /// until the leader's snapshot arrives.
     pub(super) lost: bool,
-    /// This node's latest snapshots, to serve members catching up from
-    /// them (at most [`FROZEN_KEPT`]), and whether one is being written.
-    pub(super) frozen: VecDeque<(u64, std::sync::Arc<Frozen>)>,
-    /// When a snapshot was last taken unasked (for a member catching up).
-    pub(super) forced_at: Option<Instant>,
+    /// The states frozen for this node's latest snapshots, to serve
+    /// members catching up from them.
+    pub(super) sources: crate::stream::catchup::Sources,
 }
-
-/// Snapshots a node keeps to serve members catching up from them.
-pub(super) const FROZEN_KEPT: usize = 2;
 
 /// The replicated streams held on this node, by group.
 #[derive(Default)]
@@ -445,8 +440,7 @@ impl Broker {
                     catchup: None,
                     installed: None,
                     lost: false,
-                    frozen: VecDeque::new(),
-                    forced_at: None,
+                    sources: Default::default(),
                 },
             );
             if let Some(raft) = c.raft_node() {
@@ -1019,7 +1013,7 @@ impl Broker {
                 self.snapshot_arrived(group, index, &data, file, now);
                 return;
             }
-            GroupEvent::Apply { index, .. } if h.lost || h.catchup.is_some() => {
+            GroupEvent::Apply { index, .. } if (h.lost && index > 1) || h.catchup.is_some() => {
                 // The replica is not whole: the group's core is started
                 // again without its log, or waits for it to be. An entry
                 // past the snapshot being fetched (a new leader fed the
@@ -1029,6 +1023,16 @@ impl Broker {
                 }
             }
             GroupEvent::Apply { index, term, data } => {
+                if h.lost {
+                    // The core that lost its log is fed the leader's log
+                    // from its start (the leader took no snapshot yet)
+                    // rather than a snapshot: the replica is built again
+                    // from that log.
+                    h.lost = false;
+                    h.opened = false;
+                    h.core.applied = 0;
+                    h.core.replica = Replica::new(h.core.replica.config().clone());
+                }
                 if !h.opened {
                     // A log applied from its start: the files of an
                     // earlier run go.
@@ -1596,8 +1600,7 @@ mod tests {
             catchup: None,
             installed: None,
             lost: false,
-            frozen: VecDeque::new(),
-            forced_at: None,
+            sources: Default::default(),
         }
     }
 

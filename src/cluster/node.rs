@@ -278,6 +278,8 @@ struct GroupStore {
     install: Option<Message>,
     /// Payload files to delete once a snapshot at that index is stored.
     dead: Vec<(u64, Vec<PathBuf>)>,
+    /// Its log was lost ([`LOST_MARK`]): it is not a voter yet.
+    lost: bool,
 }
 
 /// Stream group `group`'s directory under the Raft directory `raft`.
@@ -285,9 +287,21 @@ fn group_dir(raft: &Path, group: GroupId) -> PathBuf {
     raft.join(format!("g{group}"))
 }
 
+/// Marks a stream group whose log was emptied (its replica or snapshot
+/// file lacked what the log needed) until its core votes again: a log that
+/// may have acknowledged entries it no longer holds must not vote, after
+/// a restart either (an empty log with a term would vote at once).
+const LOST_MARK: &str = "lost";
+
 /// A stream group's durable log in `dir` emptied: its entries and its
-/// snapshot record removed (the state and membership files stay).
+/// snapshot record removed (the state and membership files stay), and
+/// [`LOST_MARK`] made durable first.
 fn empty_log(dir: &Path) -> Result<DurableLog, String> {
+    let mark = dir.join(LOST_MARK);
+    std::fs::File::create(&mark)
+        .and_then(|f| crate::storage::fsync::sync_file(&f, &mark))
+        .and_then(|()| crate::storage::fsync::sync_dir(dir))
+        .map_err(|e| format!("raft log: marking it lost: {e}"))?;
     for f in ["log", "snapshot"] {
         match std::fs::remove_file(dir.join(f)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -1008,7 +1022,7 @@ impl Worker {
         // it up (by snapshot), rather than from a state it does not have.
         let snap_ref = FileRef::decode(&loaded.snapshot.data).filter(|_| !self.memory_log);
         let opened = snap_ref.map(|r| snapshot_file::open(&dir, loaded.snapshot.index, &r));
-        let (mut snap_file, mut lost) = (None, lost_log);
+        let (mut snap_file, mut lost) = (None, lost_log || dir.join(LOST_MARK).exists());
         match opened {
             Some(Ok(f)) => snap_file = Some(f),
             Some(Err(e)) => {
@@ -1071,6 +1085,7 @@ impl Worker {
                 settled_in: 0,
                 install: None,
                 dead: Vec::new(),
+                lost,
             },
         );
         Ok(())
@@ -1304,6 +1319,14 @@ impl Worker {
             push(GroupEvent::Status(s));
         }
         if let Some(g) = self.groups.get_mut(&group) {
+            if g.lost && after.status.is_some_and(|s| s.voter) {
+                // Caught up in this life: it may vote after a restart too.
+                g.lost = false;
+                let mark = group_dir(&self.dir, group).join(LOST_MARK);
+                if let Err(e) = std::fs::remove_file(&mark) {
+                    crate::log_error!("{}: {e}", mark.display());
+                }
+            }
             let waiting = g.snapshot_retry.is_some_and(|t| Instant::now() < t);
             if after.want_snapshot && !g.snapshot_asked && !waiting {
                 g.snapshot_asked = true;
@@ -1353,32 +1376,98 @@ mod tests {
         }
     }
 
-    /// The core asks for a snapshot in every `Ready` once the log is
-    /// long; until the broker's snapshot comes back, the thread must go
-    /// on committing (not spin on the wish), and ask only once.
-    #[test]
-    fn a_node_due_for_a_snapshot_keeps_working_until_it_gets_one() {
+    /// A data directory of the test's own.
+    fn temp_data(what: &str) -> PathBuf {
+        std::env::temp_dir().join(format!(
+            "gombus-node-{what}-{}-{}",
+            std::process::id(),
+            crate::rand::random_seed()
+        ))
+    }
+
+    /// A bootstrapped one-node cluster on `data`, and the poll its waker
+    /// is registered with.
+    fn one_node(data: &Path, memory_log: bool) -> (RaftNode, mio::Poll) {
         let poll = mio::Poll::new().unwrap();
         let waker = Arc::new(Waker::new(poll.registry(), mio::Token(0)).unwrap());
         let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let data = std::env::temp_dir().join(format!(
-            "gombus-node-snapshot-{}-{}",
-            std::process::id(),
-            crate::rand::random_seed()
-        ));
         let cfg = NodeConfig {
             id: 1,
             listen,
             members: [(1, listen)].into(),
-            data: data.clone(),
-            memory_log: true,
+            data: data.to_path_buf(),
+            memory_log,
             bootstrap: true,
             secret: None,
             names: BTreeMap::new(),
             infos: BTreeMap::new(),
             join: false,
         };
-        let node = RaftNode::start(cfg, waker).unwrap();
+        (RaftNode::start(cfg, waker).unwrap(), poll)
+    }
+
+    /// The status stream group `group` reports last within 5 s of
+    /// `node` starting to hold it (at least one is reported).
+    fn group_status(node: &RaftNode, group: GroupId, until: impl Fn(&Status) -> bool) -> Status {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut last = None;
+        loop {
+            while let Some(m) = node.try_recv() {
+                if let FromRaft::Group {
+                    group: g,
+                    event: GroupEvent::Status(s),
+                } = m
+                {
+                    if g == group {
+                        last = Some(s);
+                    }
+                }
+            }
+            if let Some(s) = last.filter(|s| until(s)) {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "group {group}: {last:?}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A stream group whose log was lost (`GroupLost`) waits as a
+    /// non-voter to be caught up, and still does after a restart: its
+    /// empty log may have acknowledged entries it no longer holds, and
+    /// voting with it could elect a leader that lacks them.
+    #[test]
+    fn a_group_that_lost_its_log_does_not_vote_after_a_restart() {
+        let data = temp_data("lost");
+        let start = || {
+            let (node, poll) = one_node(&data, false);
+            node.send(ToRaft::Group {
+                group: 7,
+                members: vec![1],
+                join: false,
+            });
+            (node, poll)
+        };
+        let (node, _poll) = start();
+        let s = group_status(&node, 7, |s| s.role == Role::Leader);
+        assert!(s.voter && s.term > 0);
+        node.send(ToRaft::GroupLost { group: 7 });
+        let s = group_status(&node, 7, |s| s.role != Role::Leader);
+        assert!(!s.voter, "{s:?}");
+        drop(node);
+        let (node, _poll) = start();
+        let s = group_status(&node, 7, |_| true);
+        assert!(!s.voter, "votes again after a restart: {s:?}");
+        drop(node);
+        let _ = std::fs::remove_dir_all(&data);
+    }
+
+    /// The core asks for a snapshot in every `Ready` once the log is
+    /// long; until the broker's snapshot comes back, the thread must go
+    /// on committing (not spin on the wish), and ask only once.
+    #[test]
+    fn a_node_due_for_a_snapshot_keeps_working_until_it_gets_one() {
+        let data = temp_data("snapshot");
+        let (node, _poll) = one_node(&data, true);
         let mut seen = Seen::default();
         drain(&node, &mut seen, |s| s.leader);
         let target = Config::new(1, vec![1]).snapshot_entries + 500;

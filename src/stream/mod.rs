@@ -14,12 +14,15 @@
 //!   event log).
 //! - [`payloads`]: where a replica keeps its message payloads (segment
 //!   files kept across restarts, or memory without a data directory).
+//! - [`catchup`]: a replica fetching what a leader's small snapshot names,
+//!   by ranges: the member's requests and the leader's answers (pure).
 //! - [`group`]: one replicated stream as its Raft group sees it: the
 //!   replica and the leader's bookkeeping of its proposals (pure).
 //! - [`replica`]: the state machine of a replicated stream: the entries
 //!   its Raft group carries and their deterministic apply, with snapshots.
 //! - [`stream`]: one stream's config, limits, dedup window and retention
 //!   over its segment store.
+pub mod catchup;
 pub mod consumer;
 pub mod dedup;
 pub mod group;

@@ -53,13 +53,16 @@ use std::time::{Duration, Instant};
 
 use gombus::cluster::raft::{self, Config, Proposed, Raft, Ready, Role};
 use gombus::cluster::raft_log::{LogStore, MemoryLog};
-use gombus::cluster::raft_msg::{Body, Entry, EntryKind, GroupId, HardState, Message, NodeId};
+use gombus::cluster::raft_msg::{
+    Body, Entry, EntryKind, GroupId, HardState, Message, NodeId, Snapshot,
+};
 use gombus::cluster::raft_multi::{self, Multi};
 use gombus::protocol::stream_messages::StreamConfig;
 use gombus::storage::fsync::{self, Synced};
+use gombus::stream::catchup::{Answer, CatchUp, Next, Pace, Served, Sources};
 use gombus::stream::group::{Done, Group};
 use gombus::stream::payloads::Payloads;
-use gombus::stream::replica::{self, AckKind, Frozen, Op, Outcome, Publish, Replica};
+use gombus::stream::replica::{self, AckKind, Op, Outcome, Publish, Replica};
 use gombus::stream::stream::Stored;
 
 /// SplitMix64, seeded: the run replays from its seed.
@@ -90,6 +93,9 @@ pub struct Faults {
     pub slow_per_mille: u64,
     /// Most extra ms an fsync takes.
     pub sync_ms: u64,
+    /// Chance, every 20 ms of chaos, that a member's payload files are
+    /// damaged while it is down (see [`Sim::damage`]).
+    pub damage_per_mille: u64,
 }
 
 impl Faults {
@@ -100,6 +106,7 @@ impl Faults {
             slow_ms: 0,
             slow_per_mille: 0,
             sync_ms: 1,
+            damage_per_mille: 0,
         }
     }
 }
@@ -110,6 +117,14 @@ const CONSUMER: &str = "c";
 const SEGMENT_BYTES: u64 = 2048;
 /// What one catch-up batch carries at most.
 const CATCHUP_BYTES: usize = 1024;
+/// The catch-up's waits, on the simulation's clock: a request asked
+/// again after 250 ms (its network takes up to about 300 ms), 100 ms after
+/// a refusal, a snapshot forced for a member at most every 300 ms.
+const PACE: Pace = Pace {
+    call_wait: Duration::from_millis(250),
+    retry: Duration::from_millis(100),
+    forced_every: Duration::from_millis(300),
+};
 
 /// What the run's syncs made durable: each file's synced length, each
 /// directory's entries when it was last synced.
@@ -190,11 +205,48 @@ enum Asked {
 /// One stream replica's state at a node, as the broker holds it.
 type StreamState = Group<Asked>;
 
+/// What crosses the simulated network: Raft's messages, and a catch-up's
+/// requests and answers (`cluster.catchup` in the broker).
+#[derive(Debug, Clone)]
+enum Wire {
+    Raft(Message),
+    /// Member `from` asks `to` for the records after `after` of its state
+    /// frozen for the snapshot of `group` at `index`.
+    Ask {
+        from: NodeId,
+        to: NodeId,
+        group: GroupId,
+        index: u64,
+        after: u64,
+        tag: u64,
+    },
+    /// The answer: the records of the state at `index`, or refused.
+    Answer {
+        from: NodeId,
+        to: NodeId,
+        tag: u64,
+        index: u64,
+        recs: Option<Vec<u8>>,
+    },
+}
+
+impl Wire {
+    fn ends(&self) -> (NodeId, NodeId) {
+        match self {
+            Wire::Raft(m) => (m.from, m.to),
+            Wire::Ask { from, to, .. } | Wire::Answer { from, to, .. } => (*from, *to),
+        }
+    }
+}
+
 /// What one node has on disk, per group.
 #[derive(Default)]
 struct Disk {
     hs: HardState,
     log: MemoryLog,
+    /// `node.rs`'s mark of a group whose log was lost: it starts as a
+    /// non-voter until its core votes again.
+    lost_mark: bool,
 }
 
 pub struct Node {
@@ -203,9 +255,17 @@ pub struct Node {
     disk: BTreeMap<GroupId, Disk>,
     /// Where its replicas' payload files are (`g<group>` under it).
     root: PathBuf,
-    /// Each group's last two frozen states (by snapshot index), to serve
-    /// members catching up; gone with a crash, as the broker's are.
-    frozen: BTreeMap<GroupId, VecDeque<(u64, Frozen)>>,
+    /// Each group's last frozen states, to serve members catching up;
+    /// gone with a crash, as the broker's are.
+    sources: BTreeMap<GroupId, Sources>,
+    /// A leader's snapshot held back from the group's core until the
+    /// replica is whole for it (as `node.rs` holds it).
+    install: BTreeMap<GroupId, Message>,
+    /// Replicas fetching what a held snapshot names.
+    catchups: BTreeMap<GroupId, CatchUp>,
+    /// Replicas that lack messages their log needs: nothing is applied
+    /// until the leader's snapshot arrives.
+    lost: BTreeSet<GroupId>,
     /// Payload files to delete once a snapshot at the index is stored.
     dead: Vec<(GroupId, u64, Vec<PathBuf>)>,
     /// The snapshot index each group's core takes next, its replica
@@ -234,7 +294,7 @@ pub struct Sim {
     pub faults: Faults,
     stream_cfg: StreamConfig,
     net: BinaryHeap<Reverse<(u64, u64)>>,
-    in_flight: BTreeMap<u64, Message>,
+    in_flight: BTreeMap<u64, Wire>,
     msg_seq: u64,
     pub cut: BTreeSet<(NodeId, NodeId)>,
     // What the checks remember.
@@ -256,6 +316,27 @@ pub struct Sim {
     pub snapshots_installed: u64,
     /// Sequences proposed as finished by `max_deliver`.
     pub exhausted: u64,
+    /// Members whose files were damaged and that are not whole and voting
+    /// again yet: at most one per group, so a majority stays intact.
+    damaged: BTreeSet<(NodeId, GroupId)>,
+    /// Tags of catch-up requests.
+    next_tag: u64,
+    /// Catch-ups begun, and ended whole.
+    pub catchups: u64,
+    pub caught_up: u64,
+    /// Catch-up requests sent, and refused (the state was gone).
+    pub catchup_asks: u64,
+    pub catchup_refused: u64,
+    /// Groups started again without their log (`GroupLost`): files found
+    /// damaged at a restart, or entries past the snapshot during a
+    /// catch-up.
+    pub groups_lost: u64,
+    /// Members whose files were damaged, and those of them a restart
+    /// found lacking messages.
+    pub damaged_members: u64,
+    pub damage_found: u64,
+    /// Elections won by a member catching up.
+    pub leaders_catching_up: u64,
     pub steps: u64,
     pub trace: bool,
 }
@@ -279,6 +360,14 @@ fn stream_config() -> StreamConfig {
     let mut c: StreamConfig = gombus::protocol::stream_messages::read_config(m).unwrap();
     c.validate().unwrap();
     c
+}
+
+/// The index of the snapshot a message carries.
+fn snapshot_index(m: &Message) -> Option<u64> {
+    match &m.body {
+        Body::Snapshot { snapshot } | Body::ConfSnapshot { snapshot, .. } => Some(snapshot.index),
+        _ => None,
+    }
 }
 
 fn pub_id_of(data: &[u8]) -> u64 {
@@ -310,7 +399,10 @@ impl Sim {
                 multi: None,
                 disk: BTreeMap::new(),
                 root: dir.join(format!("n{id}")),
-                frozen: BTreeMap::new(),
+                sources: BTreeMap::new(),
+                install: BTreeMap::new(),
+                catchups: BTreeMap::new(),
+                lost: BTreeSet::new(),
                 dead: Vec::new(),
                 installed: BTreeMap::new(),
                 unsynced: VecDeque::new(),
@@ -346,6 +438,16 @@ impl Sim {
             leader_changes: 0,
             snapshots_installed: 0,
             exhausted: 0,
+            damaged: BTreeSet::new(),
+            next_tag: 0,
+            catchups: 0,
+            caught_up: 0,
+            catchup_asks: 0,
+            catchup_refused: 0,
+            groups_lost: 0,
+            damaged_members: 0,
+            damage_found: 0,
+            leaders_catching_up: 0,
             steps: 0,
             trace: std::env::var_os("SIM_TRACE").is_some(),
         };
@@ -374,6 +476,31 @@ impl Sim {
             .unwrap_or_default()
     }
 
+    /// Group `g`'s core at node `i` from what its disk holds, as
+    /// `node.rs`'s `hold_group` makes it (`lost`: its log was just
+    /// emptied), and the snapshot it starts from.
+    fn core(&mut self, i: usize, g: GroupId, lost: bool) -> (Raft, Snapshot) {
+        let id = self.nodes[i].id;
+        let members = self.members_of(g);
+        let disk = self.nodes[i].disk.entry(g).or_default();
+        let loaded = disk.log.load().unwrap();
+        let mut cfg = Config::new(id, members);
+        cfg.group = g;
+        let life = (g << 40) ^ (id << 20) ^ disk.hs.epoch;
+        cfg.seed = Rng(self.seed ^ life.rotate_left(17)).next();
+        cfg.snapshot_entries = 25;
+        cfg.inflight_max = 8;
+        cfg.append_entries_max = 16;
+        cfg.forward_proposals = false;
+        let empty = loaded.snapshot.index == 0 && loaded.entries.is_empty();
+        cfg.voter = raft::starts_as_voter(true, lost || disk.lost_mark, &disk.hs, empty);
+        let snap = loaded.snapshot.clone();
+        (
+            Raft::new(cfg, disk.hs, loaded.snapshot, loaded.entries),
+            snap,
+        )
+    }
+
     /// Starts node `i` from what its disk holds (synced writes only).
     pub fn start(&mut self, i: usize) {
         let id = self.nodes[i].id;
@@ -387,37 +514,32 @@ impl Sim {
         let mut multi = Multi::new(id);
         let now = self.instant();
         for g in ids {
-            let members = self.members_of(g);
-            let disk = self.nodes[i].disk.entry(g).or_default();
-            let loaded = disk.log.load().unwrap();
-            let mut cfg = Config::new(id, members);
-            cfg.group = g;
-            let life = (g << 40) ^ (id << 20) ^ disk.hs.epoch;
-            cfg.seed = Rng(self.seed ^ life.rotate_left(17)).next();
-            cfg.snapshot_entries = 25;
-            cfg.inflight_max = 8;
-            cfg.append_entries_max = 16;
-            cfg.forward_proposals = false;
-            let hs = disk.hs;
-            let snap = loaded.snapshot.clone();
-            multi.insert(g, Raft::new(cfg, hs, loaded.snapshot, loaded.entries));
+            let (raft, snap) = self.core(i, g, false);
+            multi.insert(g, raft);
             if g != 0 {
                 let dir = self.nodes[i].root.join(format!("g{g}"));
                 let replica = if snap.index > 0 {
                     // Its files as the crash left them, and its snapshot:
-                    // every message the snapshot names must be there.
+                    // every message the snapshot names must be there,
+                    // unless its files were damaged.
                     let len = snap.data.len() as u64;
                     let (rep, target) =
                         Replica::restore_files(&mut &snap.data[..], len, now, &dir, SEGMENT_BYTES)
                             .expect("a snapshot this sim wrote");
                     if !rep.is_whole(&target) {
-                        panic!(
-                            "node {id} restarted with group {g}'s snapshot at {} naming {} \
-                             messages, its synced files holding {}",
-                            snap.index,
-                            target.count,
-                            rep.messages()
-                        );
+                        if !self.damaged.contains(&(id, g)) {
+                            panic!(
+                                "node {id} restarted with group {g}'s snapshot at {} naming {} \
+                                 messages, its synced files holding {}",
+                                snap.index,
+                                target.count,
+                                rep.messages()
+                            );
+                        }
+                        // As the broker does: the group starts again
+                        // without its log, and is caught up.
+                        self.damage_found += 1;
+                        self.nodes[i].lost.insert(g);
                     }
                     rep
                 } else {
@@ -437,6 +559,10 @@ impl Sim {
         if self.trace {
             println!("{} start node {id}", self.now);
         }
+        let lost: Vec<GroupId> = self.nodes[i].lost.iter().copied().collect();
+        for g in lost {
+            self.lose_group(i, g);
+        }
     }
 
     pub fn crash(&mut self, i: usize) {
@@ -452,7 +578,10 @@ impl Sim {
         node.multi = None;
         node.unsynced.clear();
         node.streams.clear();
-        node.frozen.clear();
+        node.sources.clear();
+        node.install.clear();
+        node.catchups.clear();
+        node.lost.clear();
         node.installed.clear();
         node.dead.clear();
         self.image.borrow().crash(&node.root);
@@ -470,6 +599,11 @@ impl Sim {
     }
 
     fn send(&mut self, m: Message) {
+        self.post(Wire::Raft(m));
+    }
+
+    /// Puts `w` on the network, which may drop, repeat or delay it.
+    fn post(&mut self, w: Wire) {
         if self.rng.chance(self.faults.drop_per_mille) {
             return;
         }
@@ -485,7 +619,7 @@ impl Sim {
             }
             self.msg_seq += 1;
             self.net.push(Reverse((self.now + delay, self.msg_seq)));
-            self.in_flight.insert(self.msg_seq, m.clone());
+            self.in_flight.insert(self.msg_seq, w.clone());
         }
     }
 
@@ -503,15 +637,20 @@ impl Sim {
     }
 
     /// Completes the fsyncs due at node `i`: persists, then sends and
-    /// applies what waited on them.
-    fn sync_due(&mut self, i: usize) -> Check {
+    /// applies what waited on them. Returns whether any of it was more
+    /// than a core's wish for a snapshot (which a replica that is not
+    /// whole does not grant, so the wish comes in every round).
+    fn sync_due(&mut self, i: usize) -> Result<bool, String> {
         let mut after = Vec::new();
+        let mut stored = false;
         while self.nodes[i]
             .unsynced
             .front()
             .is_some_and(|u| u.0 <= self.now)
         {
             let (_, g, ready) = self.nodes[i].unsynced.pop_front().unwrap();
+            stored |=
+                ready.hard_state.is_some() || ready.snapshot.is_some() || ready.entries.is_some();
             let disk = self.nodes[i].disk.entry(g).or_default();
             if let Some(hs) = ready.hard_state {
                 disk.hs = hs;
@@ -536,9 +675,15 @@ impl Sim {
             }
             after.push((g, ready.persisted()));
         }
-        if after.is_empty() {
-            return Ok(());
-        }
+        let busy = stored
+            || after.iter().any(|(_, a)| {
+                !a.messages.is_empty()
+                    || a.restore.is_some()
+                    || !a.committed.is_empty()
+                    || !a.reads.is_empty()
+                    || !a.forwarded.is_empty()
+                    || a.status.is_some()
+            });
         for (g, a) in &mut after {
             if let Some(st) = a.status {
                 if st.role == Role::Leader {
@@ -546,6 +691,11 @@ impl Sim {
                 }
                 if let Some(group) = self.nodes[i].streams.get_mut(g) {
                     group.status(st.role == Role::Leader, st.term, st.leader);
+                }
+                if st.voter {
+                    if let Some(disk) = self.nodes[i].disk.get_mut(g) {
+                        disk.lost_mark = false;
+                    }
                 }
             }
             if let Some(snap) = a.restore.take() {
@@ -561,7 +711,7 @@ impl Sim {
         for m in raft_multi::outgoing(&mut after) {
             self.send(m);
         }
-        Ok(())
+        Ok(busy)
     }
 
     /// Runs node `i` until it has nothing more to write or sync now.
@@ -575,10 +725,9 @@ impl Sim {
                 .unsynced
                 .front()
                 .is_some_and(|u| u.0 <= self.now);
-            if !due {
+            if !due || !self.sync_due(i)? {
                 return Ok(());
             }
-            self.sync_due(i)?;
         }
         Err(format!("node {} never quiets down", self.nodes[i].id))
     }
@@ -594,6 +743,19 @@ impl Sim {
         }
         self.leaders.insert((g, term), id);
         self.leader_changes += 1;
+        // A member catching up may still win an election (its log can be
+        // as up to date as any, holding a suffix the leader's snapshot
+        // replaced); it applies nothing, and the first entry it commits
+        // past the snapshot ends in `GroupLost`. A member whose log was
+        // lost never does: it is not a voter.
+        if self.nodes[i].lost.contains(&g) {
+            return Err(format!(
+                "node {id} leads group {g} in term {term} having lost its log"
+            ));
+        }
+        if self.nodes[i].catchups.contains_key(&g) {
+            self.leaders_catching_up += 1;
+        }
         Ok(())
     }
 
@@ -615,11 +777,12 @@ impl Sim {
     }
 
     /// A message for node `i` arrives. A leader's snapshot of a stream
-    /// group goes to the core only once the replica holds everything it
-    /// names: the replica rebases onto it and fetches what it lacks from
-    /// the sender's frozen state at its index. Returns whether the message
-    /// goes on to the core (not when the sender no longer holds that
-    /// state: it sends a newer snapshot later).
+    /// group that the core would install (`Raft::takes_snapshot`) is held
+    /// back from it, as `node.rs` holds it: the replica rebases onto it
+    /// and fetches what it lacks over the network ([`Sim::catch_up`]),
+    /// and the core takes it only once the replica is whole. One the core
+    /// would not install goes to it as it is. Returns whether the message
+    /// goes on to the core.
     fn arrive(&mut self, i: usize, m: &Message) -> Result<bool, String> {
         let snapshot = match &m.body {
             Body::Snapshot { snapshot } | Body::ConfSnapshot { snapshot, .. } if m.group != 0 => {
@@ -627,90 +790,224 @@ impl Sim {
             }
             _ => return Ok(true),
         };
-        let (g, index, id) = (m.group, snapshot.index, self.nodes[i].id);
+        let (g, index) = (m.group, snapshot.index);
         let Some(core) = self.nodes[i].multi.as_ref().and_then(|mm| mm.get(g)) else {
             return Ok(true);
         };
-        let taken = core.takes_snapshot(m.term, index, snapshot.term);
-        if !taken || self.nodes[i].installed.get(&g) == Some(&index) {
-            // One the core will not install, or made whole for it already.
+        if !core.takes_snapshot(m.term, index, snapshot.term) {
             return Ok(true);
         }
-        let now = self.instant();
-        let from = (m.from - 1) as usize;
-        let src = std::mem::take(&mut self.nodes[from].frozen);
-        let r = self.catch_up(i, g, &snapshot.data, index, now, &src);
-        self.nodes[from].frozen = src;
-        if self.trace {
-            println!(
-                "{} node {id} catching up group {g} to {index}: {r:?}",
-                self.now
-            );
+        let node = &mut self.nodes[i];
+        let again = node.install.get(&g).and_then(snapshot_index) == Some(index);
+        node.install.insert(g, m.clone());
+        if !again {
+            self.snapshot_arrived(i, g, index, &snapshot.data)?;
         }
-        if r == Ok(false) {
-            // The sender no longer holds that state (it restarted): as
-            // the broker does for `cluster.catchup`, it takes a snapshot
-            // now, which its core sends next.
-            let applied = self.nodes[from].streams.get(&g).map_or(0, |s| s.applied);
-            if self.alive(from) && applied >= index {
-                self.compact(from, g);
-            }
-        }
-        r
+        Ok(false)
     }
 
-    /// Node `i`'s replica of `g` made whole for the snapshot `data` at
-    /// `index`, fetching from `src` (the sender's frozen states).
-    fn catch_up(
-        &mut self,
-        i: usize,
-        g: GroupId,
-        data: &[u8],
-        index: u64,
-        now: Instant,
-        src: &BTreeMap<GroupId, VecDeque<(u64, Frozen)>>,
-    ) -> Result<bool, String> {
-        let id = self.nodes[i].id;
-        // The broker rebases first and then waits, applying nothing, for
-        // the leader's batches or a newer snapshot; here the fetch is
-        // done at once, so the replica is left as it is when there is
-        // nothing to fetch from.
-        let Some((_, frozen)) = src
-            .get(&g)
-            .and_then(|k| k.iter().find(|(at, _)| *at == index))
-        else {
-            return Ok(false);
-        };
+    /// The leader's snapshot of `g` at `index` arrived at node `i`: its
+    /// replica takes the snapshot's state and starts fetching what it
+    /// lacks (`stream_catchup.rs`'s `snapshot_arrived`).
+    fn snapshot_arrived(&mut self, i: usize, g: GroupId, index: u64, data: &[u8]) -> Check {
+        let now = self.instant();
         let node = &mut self.nodes[i];
-        let st = node.streams.get_mut(&g).unwrap();
+        let id = node.id;
+        let Some(st) = node.streams.get_mut(&g) else {
+            return Ok(());
+        };
         let target = st
             .replica
             .rebase(&mut &data[..], data.len() as u64, now)
             .map_err(|e| format!("node {id} rebasing {g} onto {index}: {e}"))?;
-        for _ in 0..2 {
-            while target.wants_after(st.replica.held_through()) {
-                let (recs, _) = frozen
-                    .records_after(st.replica.held_through(), CATCHUP_BYTES)
-                    .map_err(|e| format!("leader's records of {g} at {index}: {e}"))?;
-                if recs.is_empty() || st.replica.take_records(&recs, &target).is_err() {
-                    break;
+        if self.trace {
+            println!(
+                "{} node {id} catching up group {g} to {index}: holds {} of {} messages",
+                self.now,
+                st.replica.messages(),
+                target.count
+            );
+        }
+        node.lost.remove(&g);
+        node.installed.remove(&g);
+        node.catchups.insert(g, CatchUp::new(index, target, now));
+        self.catchups += 1;
+        self.catch_up(i, g)
+    }
+
+    /// A turn of node `i`'s catch-up of stream `g`, as the broker takes
+    /// it (`stream/catchup.rs` decides): the next request to the leader
+    /// the member knows, or, once whole, the held snapshot to the core.
+    fn catch_up(&mut self, i: usize, g: GroupId) -> Check {
+        let now = self.instant();
+        let node = &mut self.nodes[i];
+        let id = node.id;
+        let (Some(cu), Some(st)) = (node.catchups.get_mut(&g), node.streams.get_mut(&g)) else {
+            return Ok(());
+        };
+        let next = cu
+            .next(&mut st.replica, now, &PACE)
+            .map_err(|e| format!("node {id} syncing {g}'s files: {e}"))?;
+        let leader = st.leader().filter(|&l| l != id);
+        if self.trace && !matches!(next, Next::Wait | Next::Ask { .. }) {
+            println!("{} node {id} catching up group {g}: {next:?}", self.now);
+        }
+        match next {
+            Next::Lost => {
+                node.catchups.remove(&g);
+                node.lost.insert(g);
+                self.lose_group(i, g);
+                self.process(i)?;
+            }
+            Next::Whole { index } => {
+                st.applied = index;
+                node.catchups.remove(&g);
+                node.installed.insert(g, index);
+                self.caught_up += 1;
+                // `ToRaft::GroupInstall`: the held snapshot, if it is
+                // still that one, goes to the core.
+                let held = node.install.remove(&g);
+                match held {
+                    Some(m) if snapshot_index(&m) == Some(index) => {
+                        node.multi.as_mut().unwrap().step(m);
+                        self.process(i)?;
+                    }
+                    Some(m) => {
+                        node.install.insert(g, m);
+                    }
+                    None => {}
                 }
             }
-            if st.replica.is_whole(&target) {
-                st.replica.sync().map_err(|e| e.to_string())?;
-                st.applied = index;
-                node.installed.insert(g, index);
-                return Ok(true);
+            Next::Ask { index, after } => {
+                let Some(to) = leader else {
+                    return Ok(());
+                };
+                self.next_tag += 1;
+                let tag = self.next_tag;
+                cu.asked(Some(tag), now, &PACE);
+                self.catchup_asks += 1;
+                self.post(Wire::Ask {
+                    from: id,
+                    to,
+                    group: g,
+                    index,
+                    after,
+                    tag,
+                });
             }
-            st.replica.start_over();
+            Next::StartedOver => {
+                // Every member's state at an index is the same, and what
+                // a replica holds below what it fetches is what the
+                // snapshot names: fetched records never disagree.
+                return Err(format!(
+                    "node {id}'s replica of {g} disagrees with the snapshot it fetched"
+                ));
+            }
+            Next::Wait => {}
         }
-        Err(format!(
-            "node {id}'s replica of {g} cannot be made whole for the snapshot at {index}"
-        ))
+        Ok(())
+    }
+
+    /// Node `j` answers member `from`'s request for the records after
+    /// `after` of its state of `g` frozen at `index` (`cluster.catchup`).
+    /// Without that state it refuses, and takes a new snapshot if due.
+    fn serve_catchup(
+        &mut self,
+        j: usize,
+        from: NodeId,
+        g: GroupId,
+        index: u64,
+        after: u64,
+        tag: u64,
+    ) -> Check {
+        let now = self.instant();
+        let node = &mut self.nodes[j];
+        let id = node.id;
+        let Some(applied) = node.streams.get(&g).map(|s| s.applied) else {
+            return Ok(());
+        };
+        let served = node
+            .sources
+            .entry(g)
+            .or_default()
+            .serve(index, after, CATCHUP_BYTES, applied, now, &PACE)
+            .map_err(|e| format!("node {id} reading {g}'s records at {index}: {e}"))?;
+        let recs = match served {
+            Served::Records(recs, _) => Some(recs),
+            Served::Gone { snapshot_now } => {
+                if snapshot_now {
+                    self.compact(j, g);
+                    self.process(j)?;
+                }
+                None
+            }
+        };
+        self.post(Wire::Answer {
+            from: id,
+            to: from,
+            tag,
+            index,
+            recs,
+        });
+        Ok(())
+    }
+
+    /// An answer to a catch-up request of node `i` arrives: taken if it
+    /// answers the request in flight.
+    fn catchup_answered(&mut self, i: usize, tag: u64, index: u64, recs: Option<Vec<u8>>) -> Check {
+        let now = self.instant();
+        let node = &mut self.nodes[i];
+        let id = node.id;
+        let Some((&g, cu)) = node.catchups.iter_mut().find(|(_, c)| c.waits_on(tag)) else {
+            return Ok(());
+        };
+        let st = node.streams.get_mut(&g).unwrap();
+        let answer = match &recs {
+            Some(recs) => Answer::Records { index, recs },
+            None => {
+                self.catchup_refused += 1;
+                Answer::Refused
+            }
+        };
+        // Every member's state at one index is the same, so the records
+        // of the leader's state at the index always fit.
+        cu.answered(&mut st.replica, tag, answer, now, &PACE)
+            .map_err(|e| format!("node {id} catching up {g} to {}: {e}", cu.index))?;
+        self.catch_up(i, g)
+    }
+
+    /// Node `i` starts stream group `g` again without its log, as
+    /// `node.rs`'s `lose_group` does: its hard state kept (a new core,
+    /// in a new epoch), its log emptied, what it had not synced gone.
+    fn lose_group(&mut self, i: usize, g: GroupId) {
+        self.groups_lost += 1;
+        if self.trace {
+            println!(
+                "{} node {} starts group {g} again without its log",
+                self.now, self.nodes[i].id
+            );
+        }
+        let node = &mut self.nodes[i];
+        let Some(core) = node.multi.as_mut().and_then(|m| m.remove(g)) else {
+            return;
+        };
+        let disk = node.disk.entry(g).or_default();
+        disk.hs = core.hard_state();
+        disk.log = MemoryLog::default();
+        disk.lost_mark = true;
+        node.unsynced.retain(|u| u.1 != g);
+        node.install.remove(&g);
+        let (raft, _) = self.core(i, g, true);
+        self.nodes[i].multi.as_mut().unwrap().insert(g, raft);
     }
 
     fn compact(&mut self, i: usize, g: GroupId) {
         let node = &mut self.nodes[i];
+        if node.lost.contains(&g) || node.catchups.contains_key(&g) {
+            // Not whole: the broker answers with an empty snapshot, which
+            // the Raft thread does not take.
+            return;
+        }
         let (index, data) = if g == 0 {
             (node.control_applied, Vec::new())
         } else {
@@ -724,12 +1021,8 @@ impl Sim {
             frozen.store(&mut data).expect("a snapshot is stored");
             let index = st.applied;
             node.dead.push((g, index, frozen.take_dead()));
-            let kept = node.frozen.entry(g).or_default();
-            kept.retain(|(at, _)| *at != index);
-            kept.push_back((index, frozen));
-            if kept.len() > 2 {
-                kept.pop_front();
-            }
+            let kept = node.sources.entry(g).or_default();
+            kept.keep(index, std::sync::Arc::new(frozen));
             (index, data)
         };
         if let Some(r) = node.multi.as_mut().and_then(|m| m.get_mut(g)) {
@@ -761,6 +1054,28 @@ impl Sim {
                 ));
             }
             node.control_applied = e.index;
+            return Ok(());
+        }
+        let node = &mut self.nodes[i];
+        if node.lost.contains(&g) && e.index == 1 {
+            // A core that lost its log fed the leader's log from its start
+            // (no snapshot taken there yet): as the broker does, the
+            // replica is built again from that log.
+            let dir = node.root.join(format!("g{g}"));
+            let mut rep = Replica::new(self.stream_cfg.clone());
+            rep.set_payloads(Payloads::open(&dir, SEGMENT_BYTES).unwrap());
+            let st = node.streams.get_mut(&g).unwrap();
+            st.replica = rep;
+            st.applied = 0;
+            node.lost.remove(&g);
+        }
+        if node.lost.contains(&g) || node.catchups.contains_key(&g) {
+            // Not whole: nothing is applied, and an entry past the
+            // snapshot being fetched is noted (the catch-up cannot end
+            // in an install that skips it).
+            if let Some(cu) = node.catchups.get_mut(&g) {
+                cu.skipped(e.index);
+            }
             return Ok(());
         }
         let now = self.instant();
@@ -1032,16 +1347,32 @@ impl Sim {
             self.process(i)?;
         } else if msg_at == first {
             self.net.pop();
-            let m = self.in_flight.remove(&msg.unwrap().1).unwrap();
-            let to = (m.to - 1) as usize;
-            if self.cut.contains(&(m.from, m.to)) || !self.alive(to) {
+            let w = self.in_flight.remove(&msg.unwrap().1).unwrap();
+            let (from, to_id) = w.ends();
+            let to = (to_id - 1) as usize;
+            if self.cut.contains(&(from, to_id)) || !self.alive(to) {
                 return Ok(true);
             }
-            if !self.arrive(to, &m)? {
-                return Ok(true);
+            match w {
+                Wire::Raft(m) => {
+                    if !self.arrive(to, &m)? {
+                        return Ok(true);
+                    }
+                    self.nodes[to].multi.as_mut().unwrap().step(m);
+                    self.process(to)?;
+                }
+                Wire::Ask {
+                    from,
+                    group,
+                    index,
+                    after,
+                    tag,
+                    ..
+                } => self.serve_catchup(to, from, group, index, after, tag)?,
+                Wire::Answer {
+                    tag, index, recs, ..
+                } => self.catchup_answered(to, tag, index, recs)?,
             }
-            self.nodes[to].multi.as_mut().unwrap().step(m);
-            self.process(to)?;
         } else {
             let i = tick.unwrap().1;
             self.nodes[i].next_tick = first + raft::TICK_MS;
@@ -1051,6 +1382,7 @@ impl Sim {
             let groups: Vec<GroupId> = self.nodes[i].streams.keys().copied().collect();
             for g in groups {
                 self.flush(i, g)?;
+                self.catch_up(i, g)?;
             }
         }
         Ok(true)
@@ -1119,6 +1451,100 @@ impl Sim {
         Ok(())
     }
 
+    /// A member's payload files are damaged while it is down: it stops
+    /// (as in a crash), one of its stream's segment files is deleted, has
+    /// a byte flipped, or its last one (the one being written) is cut
+    /// short, and it starts again. The variants of the process test
+    /// `damaged_replica_heals`. Only a member whose stream has no other
+    /// member damaged and not yet whole and voting again: a majority of
+    /// each group keeps its files.
+    pub fn damage(&mut self) -> Check {
+        self.settle_damaged();
+        // (node, group) pairs that may be damaged: a running member, with
+        // payload files on its disk, of a group whose other members are
+        // intact (none damaged, lost or catching up).
+        let mut can = Vec::new();
+        for s in &self.groups {
+            let intact = |id: NodeId| {
+                let node = &self.nodes[(id - 1) as usize];
+                !self.damaged.contains(&(id, s.id))
+                    && !node.lost.contains(&s.id)
+                    && !node.catchups.contains_key(&s.id)
+                    && !node.disk.get(&s.id).is_some_and(|d| d.lost_mark)
+            };
+            if !s.members.iter().all(|&id| intact(id)) {
+                continue;
+            }
+            for &id in &s.members {
+                let node = &self.nodes[(id - 1) as usize];
+                let dir = node.root.join(format!("g{}", s.id));
+                let durable = (self.image.borrow().dirs.get(&dir)).is_some_and(|f| !f.is_empty());
+                if node.multi.is_some() && durable {
+                    can.push((id, s.id));
+                }
+            }
+        }
+        if can.is_empty() {
+            return Ok(());
+        }
+        let (id, g) = can[self.rng.below(can.len() as u64) as usize];
+        let i = (id - 1) as usize;
+        self.crash(i);
+        let dir = self.nodes[i].root.join(format!("g{g}"));
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        files.sort();
+        if !files.is_empty() {
+            let k = self.rng.below(files.len() as u64) as usize;
+            let what = match self.rng.below(3) {
+                0 => {
+                    std::fs::remove_file(&files[k]).unwrap();
+                    "deleted"
+                }
+                1 => {
+                    let mut bytes = std::fs::read(&files[k]).unwrap();
+                    if !bytes.is_empty() {
+                        let at = self.rng.below(bytes.len() as u64) as usize;
+                        bytes[at] ^= 1 << self.rng.below(8);
+                        std::fs::write(&files[k], &bytes).unwrap();
+                    }
+                    "a bit flipped"
+                }
+                _ => {
+                    let last = files.last().unwrap();
+                    let f = std::fs::OpenOptions::new().write(true).open(last).unwrap();
+                    let len = f.metadata().unwrap().len();
+                    f.set_len(self.rng.below(len)).unwrap();
+                    "the last file cut"
+                }
+            };
+            if self.trace {
+                println!("{} node {id}'s files of group {g}: {what}", self.now);
+            }
+            self.damaged.insert((id, g));
+            self.damaged_members += 1;
+        }
+        self.start(i);
+        self.process(i)
+    }
+
+    /// Forgets the damaged members that are whole and voting again.
+    fn settle_damaged(&mut self) {
+        let healed: Vec<(NodeId, GroupId)> = (self.damaged.iter().copied())
+            .filter(|&(id, g)| {
+                let node = &self.nodes[(id - 1) as usize];
+                let voter = (node.multi.as_ref())
+                    .and_then(|m| m.get(g))
+                    .is_some_and(|r| r.is_voter());
+                voter && !node.lost.contains(&g) && !node.catchups.contains_key(&g)
+            })
+            .collect();
+        for h in healed {
+            self.damaged.remove(&h);
+        }
+    }
+
     /// Every node's groups, one line each.
     pub fn describe(&self) -> String {
         let mut out = Vec::new();
@@ -1151,9 +1577,14 @@ pub fn run(seed: u64, n: usize) -> (Sim, Check) {
         slow_ms: 300,
         slow_per_mille: pick.below(80),
         sync_ms: pick.range(0, 6),
+        damage_per_mille: 0,
     };
     let chaos_per_mille = pick.range(20, 200);
+    // From 0 to 2.9% every 20 ms (none in a fifth of the runs): about two
+    // tries a run, each made on a member with payload files on its disk.
+    let damage_per_mille = pick.below(36).saturating_sub(6);
     let mut sim = Sim::new(seed, n, faults);
+    sim.faults.damage_per_mille = damage_per_mille;
     let r = chaos_then_heal(&mut sim, chaos_per_mille);
     (sim, r)
 }
@@ -1175,6 +1606,9 @@ fn chaos_then_heal(sim: &mut Sim, chaos_per_mille: u64) -> Check {
         }
         if sim.rng.chance(chaos_per_mille) {
             sim.chaos()?;
+        }
+        if sim.rng.chance(sim.faults.damage_per_mille) {
+            sim.damage()?;
         }
     }
     final_checks(sim, chaos_end)
@@ -1228,9 +1662,16 @@ pub fn final_checks(sim: &mut Sim, healed_at: u64) -> Check {
             }
         }
     }
-    // Every replica applies everything committed.
+    // Every replica is whole and applies everything committed.
     let caught_up = |sim: &Sim, g: GroupId| {
         let members = sim.members_of(g);
+        let whole = members.iter().all(|&id| {
+            let node = &sim.nodes[(id - 1) as usize];
+            !node.lost.contains(&g) && !node.catchups.contains_key(&g)
+        });
+        if !whole {
+            return false;
+        }
         let applied: Vec<u64> = members
             .iter()
             .map(|&id| sim.nodes[(id - 1) as usize].streams[&g].applied)
