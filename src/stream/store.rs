@@ -102,6 +102,10 @@ use super::segment::{self, MsgRef, Rec};
 use crate::storage::record;
 use crate::storage::sync::{FileKey, SyncPolicy, Syncer, Ticket};
 
+mod compact;
+#[doc(hidden)]
+pub use compact::Phase;
+
 /// Default size at which the active segment rolls.
 pub const SEGMENT_BYTES_DEFAULT: u64 = 64 << 20;
 /// Largest segment size (offsets in the index are `u32`).
@@ -236,6 +240,14 @@ struct Seg {
     file: File,
     /// Live messages in it.
     live: u64,
+    /// Framed bytes of its live messages.
+    live_bytes: u64,
+    /// Message records the file holds, live or removed.
+    held: u64,
+    /// Its length once sealed (the active segment's is `active_len`).
+    len: u64,
+    /// Rewritten by compaction: it has a span.
+    compacted: bool,
     /// Its registration with the syncer (the active segment only).
     key: Option<FileKey>,
 }
@@ -351,6 +363,11 @@ pub struct Store {
     synced: u64,
     marked: u64,
     failed: Option<String>,
+    /// Sealed segments may be worth compacting (set at open and roll).
+    compact_due: bool,
+    /// A Truncate record was loaded or written: seqs may go back, so no
+    /// segment is compacted.
+    truncated: bool,
 }
 
 impl Store {
@@ -379,8 +396,9 @@ impl Store {
                 names.push(first);
             } else if let Some(first) = index::parse_name(name) {
                 idx_files.push((first, ent.path()));
-            } else if name.ends_with(".idx.tmp") {
-                // Left by a crash while an index was written.
+            } else if name.ends_with(".idx.tmp") || name.ends_with(".seg.tmp") {
+                // Left by a crash while an index or a compacted segment
+                // was written.
                 let _ = fs::remove_file(ent.path());
             }
         }
@@ -412,6 +430,8 @@ impl Store {
             synced: 0,
             marked: 0,
             failed: None,
+            compact_due: true,
+            truncated: false,
         };
         let report = super::recover::load(&mut store, &names)?;
         Ok((store, report))
@@ -666,6 +686,7 @@ impl Store {
         self.subjects.clear();
         for s in &mut self.segs {
             s.live = 0;
+            s.live_bytes = 0;
         }
         if self.next_seq > self.active().first_seq {
             // A fresh segment, so the old ones can all go.
@@ -766,6 +787,14 @@ impl Store {
         self.check()?;
         if seq >= self.next_seq {
             return Ok(0);
+        }
+        if self.segs.iter().any(|s| s.compacted) {
+            // A compacted segment's span claims the seqs up to the next
+            // segment; seqs going back would contradict it.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "cannot truncate a compacted store",
+            ));
         }
         // Below `base` everything is gone already (compacted or removed):
         // a cut there would bring back seqs a compaction passed. It also
@@ -907,12 +936,14 @@ impl Store {
         self.bytes += len;
         if let Some(s) = self.segs.back_mut() {
             s.live += 1;
+            s.live_bytes += len;
+            s.held += 1;
         }
         true
     }
 
     /// One past the last seq `entries` covers.
-    fn entries_end(&self) -> u64 {
+    pub(super) fn entries_end(&self) -> u64 {
         self.base + self.entries.len() as u64
     }
 
@@ -926,8 +957,10 @@ impl Store {
         self.msgs -= 1;
         self.bytes -= u64::from(e.len);
         self.subjects.drop_one(e.subj, seq);
-        let s = self.seg_of(seq);
-        self.segs[s].live -= 1;
+        let j = self.seg_of(seq);
+        let s = &mut self.segs[j];
+        s.live -= 1;
+        s.live_bytes -= u64::from(e.len);
         true
     }
 
@@ -945,6 +978,7 @@ impl Store {
 
     /// Every message at or after `seq` is gone; `seq` is the next one.
     pub(super) fn truncate_mem(&mut self, seq: u64) {
+        self.truncated = true;
         if seq >= self.next_seq {
             return;
         }
@@ -1088,10 +1122,13 @@ impl Store {
             }
             s.retire(k);
         }
+        let len = self.active_len();
         if let Some(seg) = self.segs.back_mut() {
             seg.key = None;
+            seg.len = len;
         }
         self.undirtied = false;
+        self.compact_due = true;
         let first = self.next_seq;
         let path = self.dir.join(segment::file_name(first));
         let file = OpenOptions::new()
@@ -1133,13 +1170,25 @@ impl Store {
 
     /// Adds a segment after the others (its messages are indexed next).
     pub(super) fn push_segment(&mut self, first_seq: u64, path: PathBuf, file: File) {
+        let len = file.metadata().map_or(0, |m| m.len());
         self.segs.push_back(Seg {
             first_seq,
             path,
             file,
             live: 0,
+            live_bytes: 0,
+            held: 0,
+            len,
+            compacted: false,
             key: None,
         });
+    }
+
+    /// The segment pushed last was compacted (recovery read its span).
+    pub(super) fn mark_compacted(&mut self) {
+        if let Some(s) = self.segs.back_mut() {
+            s.compacted = true;
+        }
     }
 
     pub(super) fn next_seq(&self) -> u64 {
