@@ -816,3 +816,47 @@ fn rebuild_kv(s: &Store) -> Kv {
     }
     Kv { live }
 }
+
+/// The figures of docs/DESIGN.md: one cold key, then 200 000 puts of
+/// 128 B over 10 hot keys (history 1) with 1 MiB segments, flushing every
+/// 100 puts as an event loop turn would; one compaction step after each
+/// flush (as a stream takes) unless `GOMBUS_COMPACT=0`. Prints segments, bytes on disk and the
+/// process's resident memory. Run with
+/// `cargo test --release --test store cold_key_figures -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn cold_key_figures() {
+    let compact = std::env::var("GOMBUS_COMPACT").map_or(true, |v| v != "0");
+    let dir = TempDir::new("compact-figures");
+    let opts = small(1 << 20);
+    let mut s = open(&dir.0, &opts);
+    let mut kv = Kv {
+        live: Default::default(),
+    };
+    kv.put(&mut s, "kv.cold", b"written once");
+    for i in 0..200_000u64 {
+        kv.put(&mut s, &format!("kv.hot.{}", i % 10), &[b'v'; 128]);
+        if i % 100 == 99 {
+            s.flush().unwrap();
+            if compact {
+                s.compact_step().unwrap();
+            }
+        }
+    }
+    s.flush().unwrap();
+    let rss = fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("VmRSS"))
+        .unwrap_or("VmRSS: ?")
+        .to_string();
+    eprintln!(
+        "compaction {compact}: {} live, {} segments, {} bytes on disk, {rss}",
+        s.state().messages,
+        s.segment_count(),
+        dir_bytes(&dir.0)
+    );
+    drop(s);
+    let s = open(&dir.0, &opts);
+    kv.check(&s, "reopened");
+}

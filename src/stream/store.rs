@@ -38,6 +38,12 @@
 //!   record in the active segment, so it survives restart once flushed;
 //!   a segment is deleted whole once every message in it is gone and every
 //!   segment before it is deleted.
+//! - Compaction: [`Store::compact_step`] (which a stream runs after each
+//!   flush) rewrites sealed segments whose live messages fill under a
+//!   quarter of them, oldest first, a bounded run per step, so messages
+//!   that outlive newer ones (a key-value bucket's cold keys) no longer
+//!   pin every segment written since: disk stays within about four times
+//!   the live bytes plus a few segments.
 //!
 //! # As a log
 //!
@@ -48,7 +54,8 @@
 //! suffix, after which seqs go back. Streams never call them, and cluster
 //! mode's Raft log is a file of its own (`cluster/raft_log.rs`); they are
 //! checked, with their recovery rules, against a model
-//! (`tests/store_model.rs`). Everything else
+//! (`tests/store_model.rs`). A compacted store refuses `truncate_from`
+//! (a span says the seqs it covers are settled). Everything else
 //! (group commit through the [`Syncer`], recovery, index files) is the
 //! same as for streams.
 //!
@@ -77,6 +84,14 @@
 //! - otherwise it is a torn tail: the file is cut there, and the cut is
 //!   reported (file, offset, bytes, reason). Its records are never served.
 //!
+//! A compacted segment (head, span, a `Synced` mark over the whole file,
+//! then needed removals and live messages) was fsynced before it replaced
+//! the old file, so a bad record in it is corruption; its mark says
+//! nothing about earlier segments. Seqs inside a span that the file does
+//! not hold are gone, and do not count as a skip; a segment file whose
+//! first seq lies inside an earlier file's span was merged into it by a
+//! compaction the crash interrupted, and is deleted, as is a `.seg.tmp`.
+//!
 //! Marks are written lazily, so the known synced offset is a lower bound:
 //! bit rot in the very last acked records may be taken for a torn tail.
 //! Under `-sync=none` there are no marks and every bad record is a cut.
@@ -84,7 +99,8 @@
 //! # Memory
 //!
 //! 24 bytes per seq from the first live one to the last (removed ones in
-//! between keep their slot until the front passes them), plus one entry per
+//! between keep their slot until the front passes them; compaction does
+//! not change this), plus one entry per
 //! distinct live subject, plus the write buffer (`cache_bytes`, 4 MiB by
 //! default, held at most twice).
 
