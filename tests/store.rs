@@ -860,3 +860,43 @@ fn cold_key_figures() {
     let s = open(&dir.0, &opts);
     kv.check(&s, "reopened");
 }
+
+#[test]
+fn a_skip_no_span_explains_is_still_refused_after_compaction() {
+    use gombus::stream::segment::{self, MsgRef};
+    let dir = TempDir::new("compact-skip");
+    let opts = small(4 << 10);
+    let mut s = open(&dir.0, &opts);
+    let mut kv = Kv {
+        live: Default::default(),
+    };
+    kv.put(&mut s, "cold", b"written once");
+    for i in 0..600u64 {
+        kv.put(&mut s, &format!("hot.{}", i % 3), &[b'h'; 100]);
+        s.flush().unwrap();
+        s.compact_step().unwrap();
+    }
+    assert!(s.segment_count() <= 3, "{} segments", s.segment_count());
+    let far = s.state().last_seq + 1_000_000_000;
+    drop(s);
+    kv.check(&open(&dir.0, &opts), "compacted");
+    let mut out = Vec::new();
+    segment::put_head(&mut out, far);
+    segment::put_msg(
+        &mut out,
+        &MsgRef {
+            seq: far,
+            time_ms: 1,
+            subject: "x",
+            headers: None,
+            data: b"",
+            binary: false,
+        },
+    );
+    fs::write(dir.0.join(segment::file_name(far)), out).unwrap();
+    match Store::open(&dir.0, opts) {
+        Err(StoreError::Corrupt { why, .. }) => assert!(why.contains("beyond"), "{why}"),
+        Err(e) => panic!("wrong error {e}"),
+        Ok(_) => panic!("a skip of a billion seqs was taken"),
+    }
+}

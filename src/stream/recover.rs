@@ -490,3 +490,26 @@ fn apply_op(store: &mut Store, op: Op) {
         Op::Truncate(seq) => store.truncate_mem(seq),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Gaps;
+
+    #[test]
+    fn spans_explain_only_the_seqs_they_cover() {
+        let mut g = Gaps {
+            max: 3,
+            spans: Vec::new(),
+        };
+        assert_eq!(g.allow(10, 100), 3);
+        assert!(g.add(10, 50));
+        assert!(g.add(60, 80));
+        assert!(!g.add(70, 90), "overlaps the one before");
+        assert!(!g.add(90, 90), "empty");
+        assert_eq!(g.allow(5, 100), 3 + 40 + 20);
+        assert_eq!(g.allow(20, 30), 3 + 10);
+        assert_eq!(g.allow(50, 60), 3);
+        assert_eq!(g.allow(75, 100), 3 + 5);
+        assert_eq!(g.allow(80, 100), 3);
+    }
+}
