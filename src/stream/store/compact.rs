@@ -68,6 +68,15 @@ impl Store {
     /// [`Store::compact_step`], calling `seen` at each [`Phase`].
     #[doc(hidden)]
     pub fn compact_step_seen(&mut self, seen: &mut dyn FnMut(Phase)) -> io::Result<bool> {
+        let done = self.compact_run(seen);
+        if done.is_err() {
+            // Not again at every flush: at the next roll.
+            self.compact_due = false;
+        }
+        done
+    }
+
+    fn compact_run(&mut self, seen: &mut dyn FnMut(Phase)) -> io::Result<bool> {
         self.check()?;
         if !self.compact_due || self.truncated {
             return Ok(false);
