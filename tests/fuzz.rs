@@ -1017,6 +1017,7 @@ fn segment_corpus() -> Vec<Vec<u8>> {
     segment::put_floor(&mut out, 3);
     segment::put_synced(&mut out, 77);
     segment::put_truncate(&mut out, 2);
+    segment::put_span(&mut out, 9);
     vec![out]
 }
 
@@ -1063,6 +1064,7 @@ fn index_corpus() -> Vec<Vec<u8>> {
         last_crc: 0xdead_beef,
         first_seq: 10,
         synced: 2048,
+        span: 0,
         subjects: vec!["orders.eu".into(), "b".into()],
         msgs: vec![
             index::IdxMsg {

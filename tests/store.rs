@@ -608,3 +608,295 @@ fn a_torn_head_of_a_fresh_segment_is_rewritten() {
         assert_eq!(s.get(first - 1).unwrap().unwrap().data, payload(first - 1));
     }
 }
+
+/// What a key-value bucket with history 1 does to its store: each put
+/// removes the subject's previous message.
+struct Kv {
+    live: std::collections::BTreeMap<u64, (String, Vec<u8>)>,
+}
+
+impl Kv {
+    fn put(&mut self, s: &mut Store, subject: &str, data: &[u8]) -> u64 {
+        if let Some(old) = s.last_seq_for_subject(subject) {
+            assert!(s.remove(old).unwrap());
+            self.live.remove(&old);
+        }
+        let seq = s.append(subject, None, data, false, 1).unwrap();
+        self.live.insert(seq, (subject.to_string(), data.to_vec()));
+        seq
+    }
+
+    /// The store shows exactly the live messages, none of the removed.
+    fn check(&self, s: &Store, ctx: &str) {
+        let st = s.state();
+        assert_eq!(st.messages, self.live.len() as u64, "{ctx}: {st:?}");
+        for q in 0..=st.last_seq + 1 {
+            let got = s.get(q).unwrap().map(|m| (m.subject, m.data));
+            assert_eq!(got.as_ref(), self.live.get(&q), "{ctx}: seq {q}");
+        }
+    }
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    segments(dir)
+        .iter()
+        .map(|p| fs::metadata(p).unwrap().len())
+        .sum()
+}
+
+#[test]
+fn compaction_frees_the_segments_a_cold_key_pins() {
+    let dir = TempDir::new("compact-cold");
+    let opts = small(16 << 10);
+    let mut s = open(&dir.0, &opts);
+    let mut kv = Kv {
+        live: Default::default(),
+    };
+    kv.put(&mut s, "cold", b"written once");
+    for i in 0..4000u64 {
+        kv.put(&mut s, &format!("hot.{}", i % 10), &[i as u8; 128]);
+        if i % 20 == 19 {
+            s.flush().unwrap();
+            while s.compact_step().unwrap() {}
+        }
+    }
+    s.flush().unwrap();
+    // 4000 puts of ~170 bytes fill 40 segments of 16 KiB; compaction keeps
+    // the cold key and the hot keys' last values in one small file.
+    assert!(s.segment_count() <= 3, "{} segments", s.segment_count());
+    assert!(dir_bytes(&dir.0) <= 2 * (16 << 10), "{}", dir_bytes(&dir.0));
+    kv.check(&s, "before restart");
+    drop(s);
+    for round in 0..2 {
+        let s = open(&dir.0, &opts);
+        kv.check(&s, &format!("reopen {round}"));
+    }
+}
+
+/// Copies every file of `from` into a new directory.
+fn copy_dir(from: &Path, tag: &str) -> TempDir {
+    let to = TempDir::new(tag);
+    for e in fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        fs::copy(&p, to.0.join(p.file_name().unwrap())).unwrap();
+    }
+    to
+}
+
+/// A store where compaction must keep removal records: the first segment
+/// stays mostly live (not worth rewriting) but holds messages removed
+/// later, from segments that are worth rewriting.
+fn store_needing_removals(dir: &Path, opts: &Options) -> (Store, Kv) {
+    let mut s = open(dir, opts);
+    let mut kv = Kv {
+        live: Default::default(),
+    };
+    for i in 0..24u64 {
+        kv.put(&mut s, &format!("keep.{i}"), &[b'k'; 100]);
+    }
+    let mut doomed: Vec<String> = (0..6).map(|i| format!("keep.{}", i * 4)).collect();
+    for i in 0..300u64 {
+        kv.put(&mut s, &format!("hot.{}", i % 4), &[i as u8; 100]);
+        if i % 40 == 39 {
+            if let Some(subj) = doomed.pop() {
+                let q = s.last_seq_for_subject(&subj).unwrap();
+                assert!(s.remove(q).unwrap());
+                kv.live.remove(&q);
+            }
+        }
+    }
+    s.flush().unwrap();
+    (s, kv)
+}
+
+#[test]
+fn a_crash_at_every_compaction_step_recovers_exactly_the_live_messages() {
+    let dir = TempDir::new("compact-crash");
+    let opts = small(3000);
+    // Index files for the sealed segments, as a store that was reopened has.
+    drop(store_needing_removals(&dir.0, &opts).0);
+    let (mut s, kv) = {
+        let s = open(&dir.0, &opts);
+        let (_, kv) = (0, rebuild_kv(&s));
+        (s, kv)
+    };
+    kv.check(&s, "reopened");
+    let before = s.segment_count();
+    let mut snaps: Vec<(String, TempDir)> = Vec::new();
+    let mut steps = 0;
+    loop {
+        let mut seen = |p: gombus::stream::store::Phase| {
+            let tag = format!("step {steps} {p:?}");
+            snaps.push((tag, copy_dir(&dir.0, "compact-crash-snap")));
+        };
+        if !s.compact_step_seen(&mut seen).unwrap() {
+            break;
+        }
+        steps += 1;
+    }
+    assert!(steps >= 1, "nothing was compacted");
+    assert!(
+        s.segment_count() < before,
+        "{} segments, {before} before",
+        s.segment_count()
+    );
+    kv.check(&s, "after compaction");
+    // A crash while the new file was written leaves a torn temp file.
+    let (tag, written) = &snaps[0];
+    assert!(tag.ends_with("Written"), "{tag}");
+    let torn = copy_dir(&written.0, "compact-crash-torn");
+    for e in fs::read_dir(&torn.0).unwrap() {
+        let p = e.unwrap().path();
+        if p.to_string_lossy().ends_with(".seg.tmp") {
+            let len = fs::metadata(&p).unwrap().len();
+            fs::OpenOptions::new()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_len(len / 2)
+                .unwrap();
+        }
+    }
+    snaps.push(("torn temp file".into(), torn));
+    // A crash after the rename, with only some of the merged segments
+    // deleted.
+    let mut partial = Vec::new();
+    for w in snaps.windows(2) {
+        let ((t, renamed), (_, done)) = (&w[0], &w[1]);
+        if !t.ends_with("Renamed") {
+            continue;
+        }
+        let names = |d: &Path| -> Vec<_> {
+            segments(d)
+                .iter()
+                .map(|p| p.file_name().unwrap().to_owned())
+                .collect()
+        };
+        let kept = names(&done.0);
+        let merged: Vec<_> = names(&renamed.0)
+            .into_iter()
+            .filter(|n| !kept.contains(n))
+            .collect();
+        if merged.len() >= 2 {
+            let c = copy_dir(&renamed.0, "compact-crash-partial");
+            fs::remove_file(c.0.join(&merged[0])).unwrap();
+            partial.push(c);
+        }
+    }
+    assert!(!partial.is_empty(), "no step merged segments");
+    snaps.extend(
+        partial
+            .into_iter()
+            .map(|d| ("partly deleted".to_string(), d)),
+    );
+    for (tag, snap) in &snaps {
+        for round in 0..2 {
+            let (s, report) = Store::open(&snap.0, opts.clone()).unwrap();
+            assert!(report.cuts.is_empty(), "{tag}: {:?}", report.cuts);
+            kv.check(&s, &format!("{tag}, open {round}"));
+            assert_eq!(segments(&snap.0).len(), s.segment_count(), "{tag}");
+            let tmp = fs::read_dir(&snap.0)
+                .unwrap()
+                .any(|e| e.unwrap().path().to_string_lossy().ends_with(".tmp"));
+            assert!(!tmp, "{tag}: a temp file was left");
+        }
+    }
+    drop(s);
+    let s = open(&dir.0, &opts);
+    kv.check(&s, "reopened after compaction");
+}
+
+/// The live messages of `s`, read back.
+fn rebuild_kv(s: &Store) -> Kv {
+    let mut live = std::collections::BTreeMap::new();
+    for q in 0..=s.state().last_seq {
+        if let Some(m) = s.get(q).unwrap() {
+            live.insert(q, (m.subject, m.data));
+        }
+    }
+    Kv { live }
+}
+
+/// The figures of docs/DESIGN.md: one cold key, then 200 000 puts of
+/// 128 B over 10 hot keys (history 1) with 1 MiB segments, flushing every
+/// 100 puts as an event loop turn would; one compaction step after each
+/// flush (as a stream takes) unless `GOMBUS_COMPACT=0`. Prints segments, bytes on disk and the
+/// process's resident memory. Run with
+/// `cargo test --release --test store cold_key_figures -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn cold_key_figures() {
+    let compact = std::env::var("GOMBUS_COMPACT").map_or(true, |v| v != "0");
+    let dir = TempDir::new("compact-figures");
+    let opts = small(1 << 20);
+    let mut s = open(&dir.0, &opts);
+    let mut kv = Kv {
+        live: Default::default(),
+    };
+    kv.put(&mut s, "kv.cold", b"written once");
+    for i in 0..200_000u64 {
+        kv.put(&mut s, &format!("kv.hot.{}", i % 10), &[b'v'; 128]);
+        if i % 100 == 99 {
+            s.flush().unwrap();
+            if compact {
+                s.compact_step().unwrap();
+            }
+        }
+    }
+    s.flush().unwrap();
+    let rss = fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("VmRSS"))
+        .unwrap_or("VmRSS: ?")
+        .to_string();
+    eprintln!(
+        "compaction {compact}: {} live, {} segments, {} bytes on disk, {rss}",
+        s.state().messages,
+        s.segment_count(),
+        dir_bytes(&dir.0)
+    );
+    drop(s);
+    let s = open(&dir.0, &opts);
+    kv.check(&s, "reopened");
+}
+
+#[test]
+fn a_skip_no_span_explains_is_still_refused_after_compaction() {
+    use gombus::stream::segment::{self, MsgRef};
+    let dir = TempDir::new("compact-skip");
+    let opts = small(4 << 10);
+    let mut s = open(&dir.0, &opts);
+    let mut kv = Kv {
+        live: Default::default(),
+    };
+    kv.put(&mut s, "cold", b"written once");
+    for i in 0..600u64 {
+        kv.put(&mut s, &format!("hot.{}", i % 3), &[b'h'; 100]);
+        s.flush().unwrap();
+        s.compact_step().unwrap();
+    }
+    assert!(s.segment_count() <= 3, "{} segments", s.segment_count());
+    let far = s.state().last_seq + 1_000_000_000;
+    drop(s);
+    kv.check(&open(&dir.0, &opts), "compacted");
+    let mut out = Vec::new();
+    segment::put_head(&mut out, far);
+    segment::put_msg(
+        &mut out,
+        &MsgRef {
+            seq: far,
+            time_ms: 1,
+            subject: "x",
+            headers: None,
+            data: b"",
+            binary: false,
+        },
+    );
+    fs::write(dir.0.join(segment::file_name(far)), out).unwrap();
+    match Store::open(&dir.0, opts) {
+        Err(StoreError::Corrupt { why, .. }) => assert!(why.contains("beyond"), "{why}"),
+        Err(e) => panic!("wrong error {e}"),
+        Ok(_) => panic!("a skip of a billion seqs was taken"),
+    }
+}

@@ -1,6 +1,8 @@
 //! Randomized model test of the segment store: random appends, reads,
-//! removals, purges, limit expiries, flushes and restarts, each checked
-//! against a plain in-memory map. Seeded; a failure prints its seed, and
+//! removals, purges, limit expiries, flushes, compaction steps and
+//! restarts, each checked against a plain in-memory map. Half the runs are
+//! key-value workloads (each put removes its subject's previous message)
+//! with a cold key written first, the pattern compaction is for. Seeded; a failure prints its seed, and
 //! `GOMBUS_SEED=<n> cargo test --test store_model` replays it.
 
 mod support;
@@ -87,7 +89,10 @@ fn seeds(fixed: &[u64]) -> Vec<u64> {
     }
 }
 
-const SUBJECTS: [&str; 5] = ["a", "a.b", "orders.eu", "orders.us", "x.y.z"];
+const SUBJECTS: [&str; 6] = ["a", "a.b", "orders.eu", "orders.us", "x.y.z", "cold"];
+
+/// The subjects random appends use (the cold key is written on its own).
+const HOT: usize = 5;
 
 fn check(store: &Store, model: &Model, rng: &mut Rng, ctx: &str) {
     let st = store.state();
@@ -148,7 +153,7 @@ fn check(store: &Store, model: &Model, rng: &mut Rng, ctx: &str) {
     );
 }
 
-fn run(seed: u64, ops: usize) {
+fn run(seed: u64, ops: usize, kv: bool) {
     let dir = TempDir::new(&format!("store-model-{seed}"));
     let mut rng = Rng(seed);
     let syncer = Arc::new(Syncer::start(SyncPolicy::Always).unwrap());
@@ -163,14 +168,40 @@ fn run(seed: u64, ops: usize) {
         ..Model::default()
     };
     let mut now = 1_000u64;
+    let mut compactions = 0;
     for op in 0..ops {
         let ctx = format!("seed {seed} op {op}");
-        let pick = rng.below(100);
+        let mut pick = rng.below(100);
+        if kv && (0..=81).contains(&pick) {
+            // Puts, with the odd removal and purge of one subject.
+            pick = match pick {
+                0..=69 => 100,
+                70..=74 => 50,
+                75..=76 => 73,
+                _ => pick,
+            };
+        }
+        let cold_gone = !model.msgs.values().any(|m| m.subject == "cold");
+        if kv && cold_gone && rng.below(50) == 0 {
+            pick = 101;
+        }
         match pick {
-            0..=49 => {
+            0..=49 | 100 | 101 => {
                 now += rng.below(20);
+                let subject = match pick {
+                    101 => "cold",
+                    _ => SUBJECTS[rng.below(HOT as u64) as usize],
+                };
+                if pick >= 100 {
+                    if let Some((&old, _)) =
+                        model.msgs.iter().rev().find(|(_, m)| m.subject == subject)
+                    {
+                        model.msgs.remove(&old);
+                        assert!(store.remove(old).unwrap(), "{ctx}: put removes {old}");
+                    }
+                }
                 let m = Msg {
-                    subject: SUBJECTS[rng.below(SUBJECTS.len() as u64) as usize].to_string(),
+                    subject: subject.to_string(),
                     headers: (rng.below(4) == 0).then(|| format!("{{\"h\":{}}}", rng.below(999))),
                     data: vec![rng.below(256) as u8; rng.below(200) as usize],
                     binary: rng.below(2) == 0,
@@ -230,7 +261,11 @@ fn run(seed: u64, ops: usize) {
                 assert_eq!(store.expire_before(cutoff).unwrap(), n, "{ctx}: expire");
             }
             82..=91 => {
+                // As a stream does: a flush, then a compaction step.
                 store.flush().unwrap();
+                if store.compact_step().unwrap() {
+                    compactions += 1;
+                }
             }
             _ => {
                 store = restart(store, &dir.0, opts(&mut rng), &ctx);
@@ -249,13 +284,22 @@ fn run(seed: u64, ops: usize) {
             .count();
         assert_eq!(files, store.segment_count(), "{ctx}: segment files");
     }
+    if kv {
+        assert!(
+            compactions > ops / 100,
+            "seed {seed}: {compactions} compactions"
+        );
+    }
 }
 
 #[test]
 fn store_matches_model() {
-    for seed in seeds(&[1, 2, 3]) {
-        eprintln!("store model: seed {seed} (replay with GOMBUS_SEED={seed})");
-        run(seed, 4000);
+    for seed in seeds(&[1, 2, 3, 4]) {
+        let kv = seed % 2 == 0;
+        eprintln!("store model: seed {seed} kv {kv} (replay with GOMBUS_SEED={seed})");
+        // Key-value runs compact every few rolls, each step with its
+        // fsyncs: fewer ops keep the test quick.
+        run(seed, if kv { 1500 } else { 4000 }, kv);
     }
 }
 

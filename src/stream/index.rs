@@ -6,9 +6,9 @@
 //! One record ([`crate::storage::record`] framing) whose body is (little-endian):
 //!
 //! ```text
-//! u8 version (1)
+//! u8 version (3)
 //! u64 segment length, u64 offset of its last record, u32 that record's crc,
-//! u64 first_seq, u64 largest Synced mark
+//! u64 first_seq, u64 largest Synced mark, u64 Span end (0: none)
 //! u32 n, n × (u16 length, subject)               the subject table
 //! u32 n, n × (u64 seq, u32 offset, u32 length, u32 subject, u64 time_ms)
 //! u32 n, n × (u32 messages before it, u8 kind (3 remove, 4 floor,
@@ -26,7 +26,7 @@
 use super::segment::{KIND_FLOOR, KIND_REMOVE, KIND_TRUNCATE};
 use crate::storage::record;
 
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 
 /// One message of the segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +62,8 @@ pub struct Summary {
     pub last_crc: u32,
     pub first_seq: u64,
     pub synced: u64,
+    /// The end of a compacted segment's span (0 when it has none).
+    pub span: u64,
     pub subjects: Vec<String>,
     pub msgs: Vec<IdxMsg>,
     pub ops: Vec<PlacedOp>,
@@ -88,7 +90,7 @@ impl Summary {
 /// The framed index file, or `None` when it would exceed one record.
 pub fn encode(s: &Summary) -> Option<Vec<u8>> {
     let subjects: usize = s.subjects.iter().map(|n| 2 + n.len()).sum();
-    let size = 1 + 8 * 4 + 4 + 12 + subjects + s.msgs.len() * 28 + s.ops.len() * 13;
+    let size = 1 + 8 * 5 + 4 + 12 + subjects + s.msgs.len() * 28 + s.ops.len() * 13;
     if size > record::BODY_BYTES_MAX {
         return None;
     }
@@ -100,6 +102,7 @@ pub fn encode(s: &Summary) -> Option<Vec<u8>> {
     out.extend_from_slice(&s.last_crc.to_le_bytes());
     out.extend_from_slice(&s.first_seq.to_le_bytes());
     out.extend_from_slice(&s.synced.to_le_bytes());
+    out.extend_from_slice(&s.span.to_le_bytes());
     out.extend_from_slice(&(s.subjects.len() as u32).to_le_bytes());
     for n in &s.subjects {
         out.extend_from_slice(&(n.len() as u16).to_le_bytes());
@@ -181,6 +184,7 @@ pub fn decode(file: &[u8]) -> Option<Summary> {
         last_crc: c.u32()?,
         first_seq: c.u64()?,
         synced: c.u64()?,
+        span: c.u64()?,
         ..Summary::default()
     };
     let n = c.count(2)?;
@@ -219,7 +223,12 @@ pub fn decode(file: &[u8]) -> Option<Summary> {
         };
         s.ops.push(PlacedOp { after, op });
     }
-    (c.0.is_empty() && in_order(&s)).then_some(s)
+    (c.0.is_empty() && in_order(&s) && span_holds(&s)).then_some(s)
+}
+
+/// Whether a compacted segment's messages lie inside its span.
+fn span_holds(s: &Summary) -> bool {
+    s.span == 0 || (s.span > s.first_seq && s.msgs.iter().all(|m| m.seq < s.span))
 }
 
 /// Whether the messages and removals, replayed in order, follow the
@@ -287,6 +296,7 @@ mod tests {
             last_crc: 0xdead_beef,
             first_seq: 10,
             synced: 1200,
+            span: 40,
             ..Summary::default()
         };
         let mut ids = std::collections::HashMap::new();
@@ -368,6 +378,10 @@ mod tests {
         s.ops[3].op = Op::Remove(11);
         let bytes = encode(&s).unwrap();
         assert_eq!(decode(&bytes), Some(s));
+        // A message past the span.
+        let mut s = sample();
+        s.span = 12;
+        assert_eq!(decode(&encode(&s).unwrap()), None);
         // A message past the segment's end.
         let mut s = sample();
         s.seg_len = 100;

@@ -31,6 +31,44 @@ struct Scan {
     /// The largest `Synced` offset seen (also past the bad record when its
     /// length field let the scan step over it).
     synced: u64,
+    /// The end of its span: a compacted segment.
+    span: Option<u64>,
+}
+
+/// How far a message's seq may skip past the last one indexed: at most
+/// `max` seqs that no span explains.
+struct Gaps {
+    max: u64,
+    /// The spans of the compacted segments read so far, in order.
+    spans: Vec<(u64, u64)>,
+}
+
+impl Gaps {
+    /// The skip allowed for a message at `seq` when the last seq indexed
+    /// is below `from`: `max` plus the seqs of `from..seq` that spans
+    /// cover.
+    fn allow(&self, from: u64, seq: u64) -> u64 {
+        let mut covered = 0u64;
+        for &(a, b) in self.spans.iter().rev() {
+            if b <= from {
+                break;
+            }
+            let (lo, hi) = (a.max(from), b.min(seq));
+            covered += hi.saturating_sub(lo);
+        }
+        self.max.saturating_add(covered)
+    }
+
+    /// Notes a compacted segment's span; false when it does not follow
+    /// the ones before it.
+    fn add(&mut self, first: u64, end: u64) -> bool {
+        let ordered = self.spans.last().is_none_or(|&(_, b)| b <= first);
+        if !ordered || end <= first {
+            return false;
+        }
+        self.spans.push((first, end));
+        true
+    }
 }
 
 /// A bad record in a segment that is not the last: cut unless a later
@@ -63,17 +101,38 @@ pub(super) fn load(store: &mut Store, names: &[u64]) -> Result<Recovery, StoreEr
     }
     // Seqs skip only over messages whose records were cut, each of which
     // took at least `MSG_RECORD_BYTES_MIN` bytes of some segment file.
-    let gap_max = names
-        .iter()
-        .map(|&f| fs::metadata(dir.join(segment::file_name(f))).map_or(0, |m| m.len()))
-        .sum::<u64>()
-        / MSG_RECORD_BYTES_MIN;
+    // Compacted segments explain the seqs of their spans.
+    let mut gaps = Gaps {
+        max: names
+            .iter()
+            .map(|&f| fs::metadata(dir.join(segment::file_name(f))).map_or(0, |m| m.len()))
+            .sum::<u64>()
+            / MSG_RECORD_BYTES_MIN,
+        spans: Vec::new(),
+    };
     let mut pending: Vec<Pending> = Vec::new();
     let mut marked: Vec<bool> = Vec::new();
     let mut last_tail = Vec::new();
     for (i, &first) in names.iter().enumerate() {
         let last = i + 1 == names.len();
         let path = dir.join(segment::file_name(first));
+        if gaps.spans.last().is_some_and(|&(_, end)| first < end) {
+            // A segment a compaction merged into the one before it; the
+            // crash came before it was deleted.
+            if last {
+                return Err(corrupt(&path, 0, "last segment inside a compacted span"));
+            }
+            let idx_path = dir.join(index::file_name(first));
+            for p in [&idx_path, &path] {
+                match fs::remove_file(p) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(p)(e)),
+                    _ => {}
+                }
+            }
+            report.deleted += 1;
+            marked.push(false);
+            continue;
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(last)
@@ -87,15 +146,17 @@ pub(super) fn load(store: &mut Store, names: &[u64]) -> Result<Recovery, StoreEr
         };
         store.push_segment(first, path.clone(), file);
         if let Some(sum) = trusted {
-            apply_index(store, &sum, gap_max).map_err(|off| corrupt(&path, off, SKIP_TOO_LONG))?;
-            marked.push(sum.synced > 0);
+            apply_index(store, &sum, &mut gaps)
+                .map_err(|off| corrupt(&path, off, SKIP_TOO_LONG))?;
+            // A compacted file's mark speaks for itself alone.
+            marked.push(sum.synced > 0 && sum.span == 0);
             report.from_index += 1;
             continue;
         }
         let buf = fs::read(&path).map_err(io(&path))?;
         let mut builder = (!last).then(Builder::default);
-        let scan = scan(store, first, &buf, &path, builder.as_mut(), gap_max)?;
-        marked.push(scan.synced > 0);
+        let scan = scan(store, first, &buf, &path, builder.as_mut(), &mut gaps)?;
+        marked.push(scan.synced > 0 && scan.span.is_none());
         let Some(bad) = scan.bad else {
             if last {
                 last_tail = buf;
@@ -213,18 +274,24 @@ fn scan(
     buf: &[u8],
     path: &Path,
     mut idx: Option<&mut Builder>,
-    gap_max: u64,
+    gaps: &mut Gaps,
 ) -> Result<Scan, StoreError> {
     let mut at = 0;
     let mut synced = 0;
+    let mut span = None;
+    let mut second = false;
     loop {
         let (body, next) = match record::read(buf, at) {
             Ok(None) => {
+                if let Some(end) = span {
+                    store.set_next_seq(end);
+                }
                 return Ok(Scan {
                     end: at,
                     bad: None,
                     synced,
-                })
+                    span,
+                });
             }
             Ok(Some(r)) => r,
             Err(bad) => {
@@ -232,9 +299,11 @@ fn scan(
                     end: at,
                     bad: Some(bad),
                     synced: synced.max(synced_past(buf, at, bad)),
+                    span,
                 })
             }
         };
+        let is_second = std::mem::replace(&mut second, at == 0);
         let rec = segment::decode(body).map_err(|m| corrupt(path, at as u64, m))?;
         let offset = at as u64;
         if let Some(b) = idx.as_deref_mut() {
@@ -252,12 +321,23 @@ fn scan(
             }
             _ if at == 0 => return Err(corrupt(path, 0, "segment does not start with a head")),
             Rec::Head { .. } => return Err(corrupt(path, offset, "second head record")),
+            Rec::Span { end } => {
+                if !is_second || !gaps.add(first, end) {
+                    return Err(corrupt(path, offset, "span out of place"));
+                }
+                store.mark_compacted();
+                span = Some(end);
+            }
             Rec::Msg(m) => {
                 if m.seq < store.next_seq() {
                     return Err(corrupt(path, offset, "sequence goes back"));
                 }
+                if span.is_some_and(|end| m.seq >= end) {
+                    return Err(corrupt(path, offset, "message past the segment's span"));
+                }
                 let len = (next - at) as u64;
-                if !store.index_msg(m.seq, offset, len, m.subject, m.time_ms, gap_max) {
+                let allow = gaps.allow(store.entries_end(), m.seq);
+                if !store.index_msg(m.seq, offset, len, m.subject, m.time_ms, allow) {
                     return Err(corrupt(path, offset, SKIP_TOO_LONG));
                 }
             }
@@ -327,6 +407,7 @@ impl Builder {
                 op: Op::Truncate(*seq),
             }),
             Rec::Synced { offset } => sum.synced = sum.synced.max(*offset),
+            Rec::Span { end } => sum.span = *end,
         }
     }
 }
@@ -371,8 +452,14 @@ fn trusted_index(path: &Path, seg: &File, first: u64, next_seq: u64) -> Option<S
 /// ([`index::decode`] checked that the seqs follow the store's rules);
 /// `Err` with the segment offset of a message whose seq skips further
 /// than `gap_max`.
-fn apply_index(store: &mut Store, sum: &Summary, gap_max: u64) -> Result<(), u64> {
+fn apply_index(store: &mut Store, sum: &Summary, gaps: &mut Gaps) -> Result<(), u64> {
     store.set_next_seq(sum.first_seq);
+    if sum.span != 0 {
+        if !gaps.add(sum.first_seq, sum.span) {
+            return Err(0);
+        }
+        store.mark_compacted();
+    }
     let mut ops = sum.ops.iter().peekable();
     for (i, m) in sum.msgs.iter().enumerate() {
         while let Some(p) = ops.next_if(|p| p.after as usize <= i) {
@@ -380,12 +467,16 @@ fn apply_index(store: &mut Store, sum: &Summary, gap_max: u64) -> Result<(), u64
         }
         let subject = &sum.subjects[m.subj as usize];
         let off = u64::from(m.off);
-        if !store.index_msg(m.seq, off, u64::from(m.len), subject, m.time_ms, gap_max) {
+        let allow = gaps.allow(store.entries_end(), m.seq);
+        if !store.index_msg(m.seq, off, u64::from(m.len), subject, m.time_ms, allow) {
             return Err(off);
         }
     }
     for p in ops {
         apply_op(store, p.op);
+    }
+    if sum.span != 0 {
+        store.set_next_seq(sum.span);
     }
     Ok(())
 }
@@ -397,5 +488,28 @@ fn apply_op(store: &mut Store, op: Op) {
         }
         Op::Floor(seq) => store.floor(seq),
         Op::Truncate(seq) => store.truncate_mem(seq),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Gaps;
+
+    #[test]
+    fn spans_explain_only_the_seqs_they_cover() {
+        let mut g = Gaps {
+            max: 3,
+            spans: Vec::new(),
+        };
+        assert_eq!(g.allow(10, 100), 3);
+        assert!(g.add(10, 50));
+        assert!(g.add(60, 80));
+        assert!(!g.add(70, 90), "overlaps the one before");
+        assert!(!g.add(90, 90), "empty");
+        assert_eq!(g.allow(5, 100), 3 + 40 + 20);
+        assert_eq!(g.allow(20, 30), 3 + 10);
+        assert_eq!(g.allow(50, 60), 3);
+        assert_eq!(g.allow(75, 100), 3 + 5);
+        assert_eq!(g.allow(80, 100), 3);
     }
 }

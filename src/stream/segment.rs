@@ -18,12 +18,19 @@
 //!                                            offset were fsynced
 //! 6 Truncate u64 seq                         every message at or after seq
 //!                                            is gone; seq is the next one
+//! 7 Span     u64 end                         (compacted segments, right
+//!                                            after the head) the file stands
+//!                                            for seqs first_seq..end: every
+//!                                            message there that it does not
+//!                                            hold is gone
 //! ```
 //!
 //! Remove, Floor and Truncate records refer to messages of this segment or
 //! of earlier ones; they are never needed once those segments are deleted.
 //! Truncate (a log's suffix cut, as Raft needs) is the one record after
-//! which seqs go back; a stream never writes it.
+//! which seqs go back; a stream never writes it. A compacted segment (see
+//! [`super::store`]) holds a head, a span, a `Synced` mark covering the
+//! whole file, the removal records still needed and its live messages.
 
 use crate::storage::record;
 
@@ -33,6 +40,7 @@ pub const KIND_REMOVE: u8 = 3;
 pub const KIND_FLOOR: u8 = 4;
 pub const KIND_SYNCED: u8 = 5;
 pub const KIND_TRUNCATE: u8 = 6;
+pub const KIND_SPAN: u8 = 7;
 
 const FLAG_BINARY: u8 = 1;
 const FLAG_HEADERS: u8 = 2;
@@ -55,6 +63,7 @@ pub enum Rec<'a> {
     Floor { seq: u64 },
     Synced { offset: u64 },
     Truncate { seq: u64 },
+    Span { end: u64 },
 }
 
 /// A stored message, borrowed from the record.
@@ -155,6 +164,13 @@ pub fn put_truncate(out: &mut Vec<u8>, seq: u64) {
     put_u64(out, KIND_TRUNCATE, seq);
 }
 
+pub fn put_span(out: &mut Vec<u8>, end: u64) {
+    put_u64(out, KIND_SPAN, end);
+}
+
+/// The framed length of a Head, Floor, Synced, Truncate or Span record.
+pub const FIXED_RECORD_BYTES: usize = record::HEAD_BYTES + 1 + 8;
+
 /// Appends Remove records for `seqs` (several when there are more than
 /// [`REMOVE_SEQS_MAX`]).
 pub fn put_remove(out: &mut Vec<u8>, seqs: &[u64]) {
@@ -184,6 +200,7 @@ pub fn decode(body: &[u8]) -> Result<Rec<'_>, Malformed> {
         KIND_FLOOR => Ok(Rec::Floor { seq: one(rest)? }),
         KIND_SYNCED => Ok(Rec::Synced { offset: one(rest)? }),
         KIND_TRUNCATE => Ok(Rec::Truncate { seq: one(rest)? }),
+        KIND_SPAN => Ok(Rec::Span { end: one(rest)? }),
         KIND_REMOVE => {
             if rest.len() % 8 != 0 {
                 return Err(Malformed("remove record of the wrong length"));
@@ -274,6 +291,7 @@ mod tests {
         put_floor(&mut out, 9);
         put_synced(&mut out, 40);
         put_truncate(&mut out, 8);
+        put_span(&mut out, 30);
         let (bodies, end, bad) = record::scan(&out);
         assert_eq!((end, bad), (out.len(), None));
         assert_eq!(record::HEAD_BYTES + bodies[1].len(), n);
@@ -288,6 +306,8 @@ mod tests {
         assert_eq!(recs[4], Rec::Floor { seq: 9 });
         assert_eq!(recs[5], Rec::Synced { offset: 40 });
         assert_eq!(recs[6], Rec::Truncate { seq: 8 });
+        assert_eq!(recs[7], Rec::Span { end: 30 });
+        assert_eq!(bodies[7].len() + record::HEAD_BYTES, FIXED_RECORD_BYTES);
     }
 
     #[test]

@@ -38,6 +38,12 @@
 //!   record in the active segment, so it survives restart once flushed;
 //!   a segment is deleted whole once every message in it is gone and every
 //!   segment before it is deleted.
+//! - Compaction: [`Store::compact_step`] (which a stream runs after each
+//!   flush) rewrites sealed segments whose live messages fill under a
+//!   quarter of them, oldest first, a bounded run per step, so messages
+//!   that outlive newer ones (a key-value bucket's cold keys) no longer
+//!   pin every segment written since: disk stays within about four times
+//!   the live bytes plus a few segments.
 //!
 //! # As a log
 //!
@@ -48,7 +54,8 @@
 //! suffix, after which seqs go back. Streams never call them, and cluster
 //! mode's Raft log is a file of its own (`cluster/raft_log.rs`); they are
 //! checked, with their recovery rules, against a model
-//! (`tests/store_model.rs`). Everything else
+//! (`tests/store_model.rs`). A compacted store refuses `truncate_from`
+//! (a span says the seqs it covers are settled). Everything else
 //! (group commit through the [`Syncer`], recovery, index files) is the
 //! same as for streams.
 //!
@@ -77,6 +84,14 @@
 //! - otherwise it is a torn tail: the file is cut there, and the cut is
 //!   reported (file, offset, bytes, reason). Its records are never served.
 //!
+//! A compacted segment (head, span, a `Synced` mark over the whole file,
+//! then needed removals and live messages) was fsynced before it replaced
+//! the old file, so a bad record in it is corruption; its mark says
+//! nothing about earlier segments. Seqs inside a span that the file does
+//! not hold are gone, and do not count as a skip; a segment file whose
+//! first seq lies inside an earlier file's span was merged into it by a
+//! compaction the crash interrupted, and is deleted, as is a `.seg.tmp`.
+//!
 //! Marks are written lazily, so the known synced offset is a lower bound:
 //! bit rot in the very last acked records may be taken for a torn tail.
 //! Under `-sync=none` there are no marks and every bad record is a cut.
@@ -84,7 +99,8 @@
 //! # Memory
 //!
 //! 24 bytes per seq from the first live one to the last (removed ones in
-//! between keep their slot until the front passes them), plus one entry per
+//! between keep their slot until the front passes them; compaction does
+//! not change this), plus one entry per
 //! distinct live subject, plus the write buffer (`cache_bytes`, 4 MiB by
 //! default, held at most twice).
 
@@ -101,6 +117,10 @@ use super::index;
 use super::segment::{self, MsgRef, Rec};
 use crate::storage::record;
 use crate::storage::sync::{FileKey, SyncPolicy, Syncer, Ticket};
+
+mod compact;
+#[doc(hidden)]
+pub use compact::Phase;
 
 /// Default size at which the active segment rolls.
 pub const SEGMENT_BYTES_DEFAULT: u64 = 64 << 20;
@@ -236,6 +256,14 @@ struct Seg {
     file: File,
     /// Live messages in it.
     live: u64,
+    /// Framed bytes of its live messages.
+    live_bytes: u64,
+    /// Message records the file holds, live or removed.
+    held: u64,
+    /// Its length once sealed (the active segment's is `active_len`).
+    len: u64,
+    /// Rewritten by compaction: it has a span.
+    compacted: bool,
     /// Its registration with the syncer (the active segment only).
     key: Option<FileKey>,
 }
@@ -351,6 +379,11 @@ pub struct Store {
     synced: u64,
     marked: u64,
     failed: Option<String>,
+    /// Sealed segments may be worth compacting (set at open and roll).
+    compact_due: bool,
+    /// A Truncate record was loaded or written: seqs may go back, so no
+    /// segment is compacted.
+    truncated: bool,
 }
 
 impl Store {
@@ -379,8 +412,9 @@ impl Store {
                 names.push(first);
             } else if let Some(first) = index::parse_name(name) {
                 idx_files.push((first, ent.path()));
-            } else if name.ends_with(".idx.tmp") {
-                // Left by a crash while an index was written.
+            } else if name.ends_with(".idx.tmp") || name.ends_with(".seg.tmp") {
+                // Left by a crash while an index or a compacted segment
+                // was written.
                 let _ = fs::remove_file(ent.path());
             }
         }
@@ -412,6 +446,8 @@ impl Store {
             synced: 0,
             marked: 0,
             failed: None,
+            compact_due: true,
+            truncated: false,
         };
         let report = super::recover::load(&mut store, &names)?;
         Ok((store, report))
@@ -666,6 +702,7 @@ impl Store {
         self.subjects.clear();
         for s in &mut self.segs {
             s.live = 0;
+            s.live_bytes = 0;
         }
         if self.next_seq > self.active().first_seq {
             // A fresh segment, so the old ones can all go.
@@ -766,6 +803,14 @@ impl Store {
         self.check()?;
         if seq >= self.next_seq {
             return Ok(0);
+        }
+        if self.segs.iter().any(|s| s.compacted) {
+            // A compacted segment's span claims the seqs up to the next
+            // segment; seqs going back would contradict it.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "cannot truncate a compacted store",
+            ));
         }
         // Below `base` everything is gone already (compacted or removed):
         // a cut there would bring back seqs a compaction passed. It also
@@ -907,12 +952,14 @@ impl Store {
         self.bytes += len;
         if let Some(s) = self.segs.back_mut() {
             s.live += 1;
+            s.live_bytes += len;
+            s.held += 1;
         }
         true
     }
 
     /// One past the last seq `entries` covers.
-    fn entries_end(&self) -> u64 {
+    pub(super) fn entries_end(&self) -> u64 {
         self.base + self.entries.len() as u64
     }
 
@@ -926,8 +973,10 @@ impl Store {
         self.msgs -= 1;
         self.bytes -= u64::from(e.len);
         self.subjects.drop_one(e.subj, seq);
-        let s = self.seg_of(seq);
-        self.segs[s].live -= 1;
+        let j = self.seg_of(seq);
+        let s = &mut self.segs[j];
+        s.live -= 1;
+        s.live_bytes -= u64::from(e.len);
         true
     }
 
@@ -945,6 +994,7 @@ impl Store {
 
     /// Every message at or after `seq` is gone; `seq` is the next one.
     pub(super) fn truncate_mem(&mut self, seq: u64) {
+        self.truncated = true;
         if seq >= self.next_seq {
             return;
         }
@@ -1088,10 +1138,13 @@ impl Store {
             }
             s.retire(k);
         }
+        let len = self.active_len();
         if let Some(seg) = self.segs.back_mut() {
             seg.key = None;
+            seg.len = len;
         }
         self.undirtied = false;
+        self.compact_due = true;
         let first = self.next_seq;
         let path = self.dir.join(segment::file_name(first));
         let file = OpenOptions::new()
@@ -1133,13 +1186,25 @@ impl Store {
 
     /// Adds a segment after the others (its messages are indexed next).
     pub(super) fn push_segment(&mut self, first_seq: u64, path: PathBuf, file: File) {
+        let len = file.metadata().map_or(0, |m| m.len());
         self.segs.push_back(Seg {
             first_seq,
             path,
             file,
             live: 0,
+            live_bytes: 0,
+            held: 0,
+            len,
+            compacted: false,
             key: None,
         });
+    }
+
+    /// The segment pushed last was compacted (recovery read its span).
+    pub(super) fn mark_compacted(&mut self) {
+        if let Some(s) = self.segs.back_mut() {
+            s.compacted = true;
+        }
     }
 
     pub(super) fn next_seq(&self) -> u64 {

@@ -293,9 +293,15 @@ impl Stream {
     }
 
     /// Writes what was buffered (one write(2)); the ticket of the fsync
-    /// round that covers it.
+    /// round that covers it. Then one bounded compaction step of the
+    /// store's sealed segments, when one is due (a failure there is
+    /// logged: what was written stays written).
     pub fn flush(&mut self) -> io::Result<Ticket> {
-        self.store.flush()
+        let t = self.store.flush()?;
+        if let Err(e) = self.store.compact_step() {
+            crate::log_warn!("stream {:?}: compaction: {e}", self.cfg.name);
+        }
+        Ok(t)
     }
 
     fn relearn_ids(&mut self, now_ms: u64) {
