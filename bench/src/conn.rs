@@ -11,10 +11,13 @@ use crate::sio::Sio;
 
 /// What a connection hands to a workload.
 pub enum Event<'a> {
-    /// A delivery: the body and, for requests, where to reply.
+    /// A delivery: the body, where to reply (requests; NATS: also a
+    /// JetStream delivery's metadata and flow control), and `raw`: the
+    /// whole Socket.IO frame, or the NATS headers and body.
     Msg {
         data: &'a [u8],
         reply: Option<&'a [u8]>,
+        raw: &'a [u8],
     },
     /// The answer to an acked publish or a request with this id: `data` is
     /// the reply's body, `raw` the whole answer (ack JSON or NATS payload).
@@ -289,6 +292,65 @@ impl Conn {
                 );
                 Ok(())
             }
+        }
+    }
+
+    /// Watches bucket `bucket` for new writes only, and returns once the
+    /// watch is in place: Socket.IO `kv.watch` with `updates_only` (its
+    /// ack, then its `caught_up` delivery); NATS: what a JetStream
+    /// key-value watcher is, an ordered push consumer on `KV_<bucket>`
+    /// (deliver policy `new`, no acks, flow control and idle heartbeats)
+    /// delivering to a subject of this connection's (subscribed first).
+    /// Deliveries then come as `Event::Msg`, read by
+    /// [`crate::work::kv_watched`].
+    pub fn kv_watch(&mut self, bucket: &str) -> io::Result<()> {
+        let arg = format!("{{\"bucket\":\"{bucket}\",\"updates_only\":true}}");
+        match self {
+            Conn::Sio(_) => {
+                let ack = self.api("kv.watch", &arg)?;
+                if !ack.contains("\"ok\":true") {
+                    return Err(fail(format!("kv.watch refused: {ack}")));
+                }
+                loop {
+                    if let Event::Msg { raw, .. } = self.next()? {
+                        if memchr::memmem::find(raw, b"\"caught_up\":true").is_some() {
+                            return Ok(());
+                        }
+                        return Err(fail(format!(
+                            "a watch of new writes only sent {} before caught_up",
+                            String::from_utf8_lossy(raw)
+                        )));
+                    }
+                }
+            }
+            Conn::Nats(c) => {
+                let deliver = format!("_WATCH.{:016x}", random_u64());
+                c.sub(&deliver, None, 2);
+                let stream = format!("KV_{bucket}");
+                let ack = self.api(
+                    &format!("$JS.API.CONSUMER.CREATE.{stream}"),
+                    &format!(
+                        "{{\"stream_name\":\"{stream}\",\"config\":{{\"deliver_subject\":\"{deliver}\",\
+                         \"deliver_policy\":\"new\",\"ack_policy\":\"none\",\"max_deliver\":1,\
+                         \"replay_policy\":\"instant\",\"flow_control\":true,\"idle_heartbeat\":5000000000,\
+                         \"headers_only\":false,\"filter_subject\":\"$KV.{bucket}.>\",\
+                         \"mem_storage\":true,\"num_replicas\":1}}}}"
+                    ),
+                )?;
+                if ack.contains("\"error\"") {
+                    return Err(fail(format!("watcher consumer create refused: {ack}")));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Blocking (false) or not (true): a read with nothing to read then
+    /// fails at once as a timeout.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Conn::Sio(c) => c.socket().set_nonblocking(on),
+            Conn::Nats(c) => c.socket().set_nonblocking(on),
         }
     }
 

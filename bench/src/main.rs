@@ -28,6 +28,7 @@ const USAGE: &str = "usage:
   loadgen run fanout|queue|reqrep|stream|stream3|kv|conns --proto sio|nats|nats-ws --addr HOST:PORT
               [--sub-addr HOST:PORT,...] (stream3: the other nodes) [--server-pid PID,...] [--msgs N] [--size S]
               [--subs K] [--window W] [--batch B] [--conns C] [--keys K] [--warm]
+              [--watch-msgs N] [--watch-rate R] (kv)
   loadgen report FILE.jsonl...
 The suite's settings (RUNS, PEERS, WORKLOADS, *_MSGS, SIZE, ...) are described
 in docs/PERFORMANCE.md.";
@@ -90,7 +91,9 @@ fn run(args: &[String]) -> ExitCode {
         window: 256,
         batch: 128,
         conns: 1000,
-        keys: 1000,
+        keys: 10_000,
+        watch_msgs: 10_000,
+        watch_rate: 2000,
         server_pids: Vec::new(),
         nodes: Vec::new(),
         warm: false,
@@ -135,6 +138,8 @@ fn run(args: &[String]) -> ExitCode {
                 "--batch" => s.batch = num()?.max(1),
                 "--conns" => s.conns = num()?,
                 "--keys" => s.keys = num()?.max(1),
+                "--watch-msgs" => s.watch_msgs = num()?,
+                "--watch-rate" => s.watch_rate = num()?.max(1),
                 _ => return Err(format!("unknown option {flag}")),
             }
             Ok(())

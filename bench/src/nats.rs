@@ -354,9 +354,11 @@ impl Nats {
                         }
                     }
                     let reply = reply.map(|r| &self.buf[r]);
+                    let from = headers.map_or(payload.start, |h| h.start);
                     return Ok(Event::Msg {
-                        data: &self.buf[payload],
+                        data: &self.buf[payload.clone()],
                         reply,
+                        raw: &self.buf[from..payload.end],
                     });
                 }
                 Op::Info | Op::Ping | Op::Ok => {}

@@ -13,6 +13,7 @@ pub fn rate_of(workload: &str) -> (&'static str, &'static str) {
         "stream" | "stream3" | "stream3-follower" | "stream3-leader" => ("acked_per_s", "acked/s"),
         "kv-put" => ("acked_per_s", "puts/s"),
         "kv-get" => ("acked_per_s", "gets/s"),
+        "kv-watch" => ("watched_per_s", "watched/s"),
         "conns" => ("conns_per_s", "conns/s"),
         _ => ("msgs_per_s", "msgs/s"),
     }

@@ -138,7 +138,11 @@ impl Sio {
                 let b = self.cur.as_ref();
                 let data = string_field(b, b"\"data\":\"").unwrap_or(b"");
                 let reply = string_field(b, b"\"reply\":\"");
-                return Ok(Event::Msg { data, reply });
+                return Ok(Event::Msg {
+                    data,
+                    reply,
+                    raw: b,
+                });
             }
             if let Some((id, _)) = parse_ack(&f) {
                 if id >= BARRIER_IDS {

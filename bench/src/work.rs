@@ -40,6 +40,9 @@ pub struct Spec {
     pub conns: u64,
     /// Keys the kv workload spreads its puts over.
     pub keys: u64,
+    /// kv-watch: puts made while a watcher listens, and their rate per second.
+    pub watch_msgs: u64,
+    pub watch_rate: u64,
     /// The server's processes (a cluster: every node).
     pub server_pids: Vec<u32>,
     /// Every node's client address (a cluster: n1 first; else the one).
@@ -375,6 +378,7 @@ pub fn reqrep(s: &Spec) -> Res<Value> {
                 Ok(Event::Msg {
                     data: d,
                     reply: Some(rp),
+                    ..
                 }) => {
                     reply.clear();
                     reply.extend_from_slice(rp);
@@ -672,7 +676,306 @@ pub fn kv(s: &Spec) -> Res<Vec<Value>> {
     };
     let (mut get_row, _) = windowed(s, &mut c, "kv-get", false, get, get_answer);
     get_row.insert("keys".into(), json!(keys));
-    Ok(vec![Value::Object(put_row), Value::Object(get_row)])
+    let mut rows = vec![Value::Object(put_row), Value::Object(get_row)];
+    if s.watch_msgs > 0 {
+        let mut watch_row = kv_watch(s, &mut c, n, keys);
+        watch_row.insert("keys".into(), json!(keys));
+        rows.push(Value::Object(watch_row));
+    }
+    Ok(rows)
+}
+
+/// What one watch delivery is.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Watched<'a> {
+    /// A put stored at `revision` with this value.
+    Put { revision: u64, value: &'a [u8] },
+    /// gombus: the end of the watch's initial values.
+    CaughtUp,
+    /// NATS: a flow-control request (status 100 with a reply subject),
+    /// answered by an empty message to that subject.
+    FlowControl,
+    /// Anything else: a NATS idle heartbeat, a marker.
+    Other,
+}
+
+/// Reads a watch delivery (`data`, `reply` and `raw` of an `Event::Msg`):
+/// gombus `{sid, bucket, key, value, revision, op, time}` or
+/// `{sid, bucket, caught_up:true}`; NATS a JetStream push delivery, whose
+/// stream sequence (the revision) is the fourth token of its reply
+/// subject `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer
+/// seq>.<time>.<pending>` (or the sixth, after a domain and an account
+/// hash, in the longer form).
+pub fn kv_watched<'a>(
+    proto: Proto,
+    data: &'a [u8],
+    reply: Option<&[u8]>,
+    raw: &'a [u8],
+) -> Watched<'a> {
+    match proto {
+        Proto::Sio => {
+            if memchr::memmem::find(raw, b"\"caught_up\":true").is_some() {
+                return Watched::CaughtUp;
+            }
+            if memchr::memmem::find(raw, b"\"op\":\"put\"").is_none() {
+                return Watched::Other;
+            }
+            match (
+                number_after(raw, b"\"revision\":"),
+                crate::sio::string_field(raw, b"\"value\":\""),
+            ) {
+                (Some(revision), Some(value)) => Watched::Put { revision, value },
+                _ => Watched::Other,
+            }
+        }
+        Proto::Nats | Proto::NatsWs => {
+            if raw.starts_with(b"NATS/1.0 100") {
+                return match reply {
+                    Some(_) => Watched::FlowControl,
+                    None => Watched::Other,
+                };
+            }
+            if raw.starts_with(b"NATS/1.0 ") {
+                // Another status, or a marker (`KV-Operation`).
+                return Watched::Other;
+            }
+            if memchr::memmem::find(raw, b"KV-Operation:").is_some() {
+                return Watched::Other;
+            }
+            let Some(tokens) = reply.and_then(|r| r.strip_prefix(b"$JS.ACK.")) else {
+                return Watched::Other;
+            };
+            let tokens: Vec<&[u8]> = tokens.split(|&c| c == b'.').collect();
+            let at = match tokens.len() {
+                7 => 3,
+                n if n >= 9 => 5,
+                _ => return Watched::Other,
+            };
+            match std::str::from_utf8(tokens[at])
+                .ok()
+                .and_then(|t| t.parse().ok())
+            {
+                Some(revision) => Watched::Put {
+                    revision,
+                    value: data,
+                },
+                None => Watched::Other,
+            }
+        }
+    }
+}
+
+/// What the watcher of kv-watch heard: each put's revision, when it came
+/// (µs after the phase's start) and the number its value carries.
+struct WatchHeard {
+    got: Vec<(u64, u64, Option<u64>)>,
+    error: Option<String>,
+}
+
+/// Reads watch deliveries on `w` until `m` puts came, `stop` is set, or
+/// nothing comes for STALL; answers flow-control requests.
+fn watch_receive(
+    mut w: Conn,
+    proto: Proto,
+    m: u64,
+    t0: Instant,
+    stop: Arc<AtomicBool>,
+) -> WatchHeard {
+    let mut h = WatchHeard {
+        got: Vec::with_capacity(m as usize),
+        error: None,
+    };
+    let mut progress = Instant::now();
+    while (h.got.len() as u64) < m && !stop.load(Ordering::Relaxed) {
+        let answer = match w.next() {
+            Ok(Event::Msg { data, reply, raw }) => match kv_watched(proto, data, reply, raw) {
+                Watched::Put { revision, value } => {
+                    let now = Instant::now();
+                    progress = now;
+                    let at = now.duration_since(t0).as_micros() as u64;
+                    h.got.push((revision, at, payload::seq_of(value)));
+                    None
+                }
+                Watched::FlowControl => reply.map(<[u8]>::to_vec),
+                Watched::CaughtUp | Watched::Other => None,
+            },
+            Ok(_) => None,
+            Err(e) if timed_out(&e) => {
+                if progress.elapsed() > STALL {
+                    h.error = Some(format!("watch: no delivery for {} s", STALL.as_secs()));
+                    break;
+                }
+                None
+            }
+            Err(e) => {
+                h.error = Some(format!("watch: {e}"));
+                break;
+            }
+        };
+        if let Some(to) = answer {
+            if let Err(e) = w.respond(&to, b"").and_then(|_| w.flush()) {
+                h.error = Some(format!("watch: flow-control answer: {e}"));
+                break;
+            }
+        }
+    }
+    h
+}
+
+/// kv-watch: a second connection watches bucket `bench` for new writes
+/// only; then `s.watch_msgs` acked puts are made on `c` at a steady
+/// `s.watch_rate` per second (put `j` sent at j ÷ rate, whatever the
+/// acks), put `j` writing body `n + j` to key `k<(n + j) % keys>`. Each
+/// put's latency is from its send to the watcher receiving its revision.
+/// Every acked revision must reach the watcher once, in revision order,
+/// with its value.
+fn kv_watch(s: &Spec, c: &mut Conn, n: u64, keys: u64) -> Map<String, Value> {
+    let m = s.watch_msgs;
+    let mut row = base(s, "kv-watch");
+    row.insert("msgs".into(), json!(m));
+    row.insert("rate_target".into(), json!(s.watch_rate));
+    let watcher = Conn::connect(s.proto, &s.sub_addrs[0], false).and_then(|mut w| {
+        w.set_read_timeout(Duration::from_secs(5))?;
+        w.kv_watch(BUCKET)?;
+        w.set_read_timeout(SLICE)?;
+        Ok(w)
+    });
+    let w = match watcher {
+        Ok(w) => w,
+        Err(e) => {
+            checks(&mut row, m, 0, 0, 0, Some(format!("watch: {e}")));
+            return row;
+        }
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let (proto, stop2) = (s.proto, stop.clone());
+    let receiver = thread::spawn(move || watch_receive(w, proto, m, t0, stop2));
+    let period = Duration::from_secs_f64(1.0 / s.watch_rate.max(1) as f64);
+    let mut body = payload::body(s.size);
+    let mut sent_at = vec![0u64; m as usize];
+    // The revision each put was acked with (0: none yet).
+    let mut revision_of = vec![0u64; m as usize];
+    let mut answered = 0u64;
+    let mut error: Option<String> = None;
+    let clock = Clock::start(&s.server_pids);
+    // One ack read into `revision_of`; false when none was there.
+    let mut take_ack = |c: &mut Conn, answered: &mut u64| -> Res<bool> {
+        match c.next() {
+            Ok(Event::Ack { id, raw, .. }) => {
+                let j = id.wrapping_sub(n);
+                if j >= m || revision_of[j as usize] != 0 {
+                    return Err(format!(
+                        "an ack for no put awaiting one: {}",
+                        String::from_utf8_lossy(raw)
+                    ));
+                }
+                revision_of[j as usize] = kv_revision(raw)
+                    .ok_or_else(|| format!("put refused: {}", String::from_utf8_lossy(raw)))?;
+                *answered += 1;
+                Ok(true)
+            }
+            Ok(_) => Ok(true),
+            Err(e) if timed_out(&e) => Ok(false),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    let mut paced = || -> Res<()> {
+        for j in 0..m {
+            // Take the acks that came, then wait for put j's time.
+            c.set_nonblocking(true).map_err(e2s)?;
+            while take_ack(c, &mut answered)? {}
+            c.set_nonblocking(false).map_err(e2s)?;
+            let due = clock.t0 + period.mul_f64(j as f64);
+            let now = Instant::now();
+            if due > now {
+                thread::sleep(due - now);
+            }
+            let id = n + j;
+            payload::stamp(&mut body, id);
+            sent_at[j as usize] = t0.elapsed().as_micros() as u64;
+            c.kv_put(BUCKET, &format!("k{}", id % keys), &body, id)
+                .and_then(|_| c.flush())
+                .map_err(e2s)?;
+        }
+        c.set_read_timeout(SLICE).map_err(e2s)?;
+        let mut progress = Instant::now();
+        while answered < m {
+            if take_ack(c, &mut answered)? {
+                progress = Instant::now();
+            } else if progress.elapsed() > STALL {
+                return Err(format!("no ack for {} s", STALL.as_secs()));
+            }
+        }
+        Ok(())
+    };
+    if let Err(e) = paced() {
+        error = Some(e);
+        stop.store(true, Ordering::Relaxed);
+    }
+    let heard = receiver.join().expect("watcher thread");
+    let last = heard.got.last().map_or(0, |g| g.1);
+    let secs = (last.saturating_sub(clock.t0.duration_since(t0).as_micros() as u64) as f64 / 1e6)
+        .max(1e-9);
+    // Each revision's put, and what the watcher made of them.
+    let put_of: std::collections::HashMap<u64, usize> = revision_of
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| **r > 0)
+        .map(|(j, r)| (*r, j))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    let (mut dup, mut reordered, mut bad, mut prev) = (0u64, 0u64, 0u64, 0u64);
+    let mut lat = Vec::with_capacity(heard.got.len());
+    for &(revision, at, value) in &heard.got {
+        if !seen.insert(revision) {
+            dup += 1;
+            error.get_or_insert(format!("watch: revision {revision} came again"));
+            continue;
+        }
+        if revision < prev {
+            reordered += 1;
+            error.get_or_insert(format!("watch: revision {revision} came after {prev}"));
+        }
+        prev = prev.max(revision);
+        match put_of.get(&revision) {
+            Some(&j) if value == Some(n + j as u64) => {
+                lat.push(at.saturating_sub(sent_at[j]));
+            }
+            _ => {
+                bad += 1;
+                error.get_or_insert(format!(
+                    "watch: revision {revision} with value {value:?} is no acked put's"
+                ));
+            }
+        }
+    }
+    let missed: Vec<u64> = {
+        let mut v: Vec<u64> = put_of
+            .keys()
+            .filter(|r| !seen.contains(r))
+            .copied()
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    if let Some(first) = missed.first() {
+        error.get_or_insert(format!(
+            "watch: {} acked revisions never came, the first {first}",
+            missed.len()
+        ));
+    }
+    let received = heard.got.len() as u64;
+    row.insert("received".into(), json!(received));
+    row.insert(
+        "watched_per_s".into(),
+        json!(round(received as f64 / secs, 0)),
+    );
+    latencies(&mut row, lat);
+    clock.finish(&s.server_pids, secs, received, &mut row);
+    let lost = missed.len() as u64 + (m - answered);
+    checks(&mut row, lost, dup, reordered, bad, error.or(heard.error));
+    row
 }
 
 /// The number after `key` (e.g. `"seq":`) in `raw`.
@@ -1012,5 +1315,54 @@ mod tests {
         );
         let gone = b"NATS/1.0 404 Message Not Found\r\n\r\n";
         assert_eq!(kv_entry(Proto::Nats, b"", gone), None);
+    }
+
+    #[test]
+    fn kv_watch_deliveries_both_protocols() {
+        let put = br#"42["msg",{"sid":"1","bucket":"bench","key":"k4","value":"0000000004xx","revision":12,"op":"put","time":1}]"#;
+        assert_eq!(
+            kv_watched(Proto::Sio, b"", None, put),
+            Watched::Put {
+                revision: 12,
+                value: b"0000000004xx"
+            }
+        );
+        let caught = br#"42["msg",{"sid":"1","bucket":"bench","caught_up":true}]"#;
+        assert_eq!(kv_watched(Proto::Sio, b"", None, caught), Watched::CaughtUp);
+        let marker = br#"42["msg",{"sid":"1","bucket":"bench","key":"k4","revision":13,"op":"delete","time":1}]"#;
+        assert_eq!(kv_watched(Proto::Sio, b"", None, marker), Watched::Other);
+
+        let ack = b"$JS.ACK.KV_bench.dN7x.1.12.1.1795952964681000000.0";
+        assert_eq!(
+            kv_watched(Proto::Nats, b"0000000004xx", Some(ack), b"0000000004xx"),
+            Watched::Put {
+                revision: 12,
+                value: b"0000000004xx"
+            }
+        );
+        let long = b"$JS.ACK.hub.ACCHASH.KV_bench.dN7x.1.77.1.1795952964681000000.0.tok";
+        assert!(matches!(
+            kv_watched(Proto::Nats, b"v", Some(long), b"v"),
+            Watched::Put { revision: 77, .. }
+        ));
+        let fc = b"NATS/1.0 100 FlowControl Request\r\n\r\n";
+        assert_eq!(
+            kv_watched(Proto::Nats, b"", Some(b"$JS.FC.KV_bench.x.y"), fc),
+            Watched::FlowControl
+        );
+        let beat = b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: 0\r\n\r\n";
+        assert_eq!(kv_watched(Proto::Nats, b"", None, beat), Watched::Other);
+        let del = b"NATS/1.0\r\nKV-Operation: DEL\r\n\r\n";
+        assert_eq!(kv_watched(Proto::Nats, b"", Some(ack), del), Watched::Other);
+        assert_eq!(kv_watched(Proto::Nats, b"v", None, b"v"), Watched::Other);
+        assert_eq!(
+            kv_watched(
+                Proto::Nats,
+                b"v",
+                Some(b"$JS.ACK.KV_bench.x.1.z.1.1.0"),
+                b"v"
+            ),
+            Watched::Other
+        );
     }
 }

@@ -40,6 +40,8 @@ fn every_workload_against_gombus() {
         .env("STREAM_MSGS", "2000")
         .env("KV_MSGS", "2000")
         .env("KV_KEYS", "50")
+        .env("KV_WATCH_MSGS", "500")
+        .env("KV_WATCH_RATE", "1000")
         .env("CLUSTER_MSGS", "2000")
         .env("CONNS", "100")
         .env("SIZE", "64")
@@ -63,7 +65,10 @@ fn every_workload_against_gombus() {
         .collect();
     assert_eq!(
         names,
-        ["fanout", "queue", "reqrep", "stream", "kv-put", "kv-get", "conns", "fanout3"]
+        [
+            "fanout", "queue", "reqrep", "stream", "kv-put", "kv-get", "kv-watch", "conns",
+            "fanout3"
+        ]
     );
     for r in &rows {
         assert_eq!(r["ok"], Value::Bool(true), "{r}");
@@ -79,7 +84,10 @@ fn every_workload_against_gombus() {
     assert!(rows[4]["acked_per_s"].as_f64().unwrap() > 0.0);
     assert!(rows[5]["acked_per_s"].as_f64().unwrap() > 0.0);
     assert_eq!(rows[5]["keys"], 50);
-    assert!(rows[6]["bytes_per_conn"].as_f64().is_some());
+    // Every watched put came once, in order, each with its latency.
+    assert_eq!(rows[6]["received"], 500, "{}", rows[6]);
+    assert!(rows[6]["p99_us"].as_u64().unwrap() >= rows[6]["p50_us"].as_u64().unwrap());
+    assert!(rows[7]["bytes_per_conn"].as_f64().is_some());
     let table = std::fs::read_to_string(out.join("table.md")).expect("table.md");
     for w in [
         "| fanout | gombus | 1 |",
@@ -87,6 +95,7 @@ fn every_workload_against_gombus() {
         "| stream |",
         "| kv-put |",
         "| kv-get |",
+        "| kv-watch |",
         "| conns |",
         "| fanout3 |",
     ] {
