@@ -16,12 +16,13 @@ build: $(BIN) $(CLI)
 
 # The statically linked, stripped release binaries, built by one cargo
 # invocation so that the two binaries' link-time optimisation (one thread
-# each) runs side by side.
-$(BIN) $(CLI) &: Cargo.toml Cargo.lock $(shell find src -name '*.rs') src/broker/dashboard/index.html
-	RUSTFLAGS="$(RUSTFLAGS_STATIC)" $(CARGO) build --release --locked --target $(TARGET) --bin broker --bin gombus
+# each) runs side by side, with the flags scripts/cross-build.sh gives the
+# target, and copied without their unwind tables (scripts/strip-unwind.sh).
+$(BIN) $(CLI) &: Cargo.toml Cargo.lock $(shell find src -name '*.rs') src/broker/dashboard/index.html scripts/cross-build.sh scripts/strip-unwind.sh
+	scripts/cross-build.sh release $(TARGET) >/dev/null
 	mkdir -p bin
-	cp target/$(TARGET)/release/broker $(BIN)
-	cp target/$(TARGET)/release/gombus $(CLI)
+	scripts/strip-unwind.sh $(TARGET) target/$(TARGET)/release/broker $(BIN)
+	scripts/strip-unwind.sh $(TARGET) target/$(TARGET)/release/gombus $(CLI)
 
 run: build
 	mkdir -p data

@@ -3,7 +3,8 @@
 # DIST_OUT, each holding the static, stripped release binaries
 # (bin/gombus-broker, bin/gombus), the systemd units set for BINDIR,
 # SYSCONFDIR and DOCDIR, the environment file, README and docs, and a
-# SHA256SUMS of them all.
+# SHA256SUMS of them all. The binaries are packed without their unwind
+# tables (scripts/strip-unwind.sh), as `make build` copies them.
 #
 #   DIST_OUT=DIR VERSION=V BINDIR=.. SYSCONFDIR=.. DOCDIR=.. scripts/dist.sh TARGET...
 #
@@ -30,18 +31,19 @@ for t in "${built[@]}"; do
     name="gombus-${VERSION}-${arch}-linux"
     out="${DIST_OUT}/${name}"
     from="target/${t}/release"
-    for b in broker gombus; do
-        size="$(stat -c %s "${from}/${b}")"
+    rm -rf "$out"
+    mkdir -p "$out/bin" "$out/systemd" "$out/docs"
+    scripts/strip-unwind.sh "$t" "${from}/broker" "$out/bin/gombus-broker"
+    scripts/strip-unwind.sh "$t" "${from}/gombus" "$out/bin/gombus"
+    for b in gombus-broker gombus; do
+        size="$(stat -c %s "$out/bin/${b}")"
         if [[ $size -gt $budget ]]; then
-            echo "dist: ${from}/${b} is ${size} bytes, over the budget of ${budget} (dist/size-budget)" >&2
+            echo "dist: ${arch} ${b} is ${size} bytes, over the budget of ${budget} (dist/size-budget)" >&2
+            rm -rf "$out"
             exit 1
         fi
         echo "dist: ${arch} ${b}: ${size} bytes" >&2
     done
-    rm -rf "$out"
-    mkdir -p "$out/bin" "$out/systemd" "$out/docs"
-    cp "${from}/broker" "$out/bin/gombus-broker"
-    cp "${from}/gombus" "$out/bin/gombus"
     for u in gombus.service gombus@.service; do
         sed -e "s|@BINDIR@|${BINDIR}|g" -e "s|@SYSCONFDIR@|${SYSCONFDIR}|g" \
             -e "s|@DOCDIR@|${DOCDIR}|g" "dist/systemd/$u" >"$out/systemd/$u"

@@ -4,14 +4,14 @@
 //! the reader, with any bytes that arrived behind the handshake.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tungstenite::protocol::frame::coding::OpCode;
 
 use super::wire::{self, FrameDecoder, MaskRng, WsMessage};
-use super::{Error, Options, MESSAGE_BYTES_MAX};
+use super::{Error, Options, Resolve, MESSAGE_BYTES_MAX};
 use crate::protocol::engineio::{self, Opened};
 use crate::protocol::socketio::{self, PacketType, ATTACHMENTS_FROM_SERVER_MAX};
 
@@ -35,7 +35,7 @@ pub(crate) fn dial(
 ) -> Result<Dialed, Error> {
     let target = wire::parse_target(url).map_err(|e| Error::Handshake(e.0))?;
     let deadline = Instant::now() + opts.timeout;
-    let stream = tcp_connect(&target.host_port, opts.timeout)?;
+    let stream = tcp_connect(&target.host_port, opts.resolve, opts.timeout)?;
     watch(&stream);
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(opts.timeout))?;
@@ -202,7 +202,7 @@ impl Handshake {
 /// the status code and the body.
 pub fn http_get(url: &str, path: &str, timeout: Duration) -> Result<(u16, String), Error> {
     let target = wire::parse_target(url).map_err(|e| Error::Handshake(e.0))?;
-    let mut stream = tcp_connect(&target.host_port, timeout)?;
+    let mut stream = tcp_connect(&target.host_port, super::resolve_names, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     write!(
@@ -224,9 +224,9 @@ pub fn http_get(url: &str, path: &str, timeout: Duration) -> Result<(u16, String
     Ok((code, body.to_string()))
 }
 
-fn tcp_connect(host_port: &str, timeout: Duration) -> Result<TcpStream, Error> {
+fn tcp_connect(host_port: &str, resolve: Resolve, timeout: Duration) -> Result<TcpStream, Error> {
     let mut last = None;
-    for addr in host_port.to_socket_addrs()? {
+    for addr in resolve(host_port)? {
         match TcpStream::connect_timeout(&addr, timeout) {
             Ok(stream) => return Ok(stream),
             Err(e) => last = Some(e),

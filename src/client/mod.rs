@@ -121,7 +121,7 @@ pub use kv::{BucketConfig, Kv, KvEntry, KvWatch, KvWatchEvent, WatchFrom};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::io;
-use std::net::Shutdown;
+use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
@@ -190,6 +190,34 @@ pub struct Options {
     /// Keep each ack's first argument as the JSON text it arrived as (key
     /// order and numbers untouched), for relaying it on; off by default.
     pub raw_acks: bool,
+    /// Turns the `host:port` of a URL into the addresses tried in turn:
+    /// [`resolve_names`] (the default) asks the system's resolver, so
+    /// host names work; [`resolve_ip`] takes only an IP address and looks
+    /// nothing up. A program that only ever dials IP addresses (the
+    /// broker's links to its peers) sets `resolve_ip` and so leaves the C
+    /// library's resolver out of its binary (docs/PERFORMANCE.md, "Binary
+    /// size").
+    pub resolve: Resolve,
+}
+
+/// How [`Options::resolve`] turns `host:port` into socket addresses.
+pub type Resolve = fn(&str) -> io::Result<Vec<SocketAddr>>;
+
+/// The default [`Options::resolve`]: an IP address as it is, a host name
+/// through the system's resolver (`getaddrinfo`).
+pub fn resolve_names(host_port: &str) -> io::Result<Vec<SocketAddr>> {
+    Ok(host_port.to_socket_addrs()?.collect())
+}
+
+/// An [`Options::resolve`] for IP addresses only (`127.0.0.1:80`,
+/// `[::1]:80`): anything else is an error, and no name is looked up.
+pub fn resolve_ip(host_port: &str) -> io::Result<Vec<SocketAddr>> {
+    host_port.parse().map(|a| vec![a]).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{host_port} is not an IP address and port (names are not looked up here)"),
+        )
+    })
 }
 
 impl Default for Options {
@@ -204,6 +232,7 @@ impl Default for Options {
             subscription_bytes_max: SUBSCRIPTION_BYTES_DEFAULT,
             async_acks_max: ASYNC_ACKS_DEFAULT,
             raw_acks: false,
+            resolve: resolve_names,
         }
     }
 }
@@ -1028,6 +1057,22 @@ impl Drop for Subscription {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resolve_ip_takes_addresses_and_looks_up_no_name() {
+        let v4: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let v6: SocketAddr = "[::1]:9".parse().unwrap();
+        assert_eq!(resolve_ip("127.0.0.1:8080").unwrap(), vec![v4]);
+        assert_eq!(resolve_ip("[::1]:9").unwrap(), vec![v6]);
+        for name in ["localhost:8080", "example.com:80", "127.0.0.1", ""] {
+            let e = resolve_ip(name).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{name:?}");
+        }
+        // The default still looks names up.
+        let local = resolve_names("localhost:8080").unwrap();
+        assert!(!local.is_empty() && local.iter().all(|a| a.ip().is_loopback()));
+        assert_eq!(resolve_names("127.0.0.1:8080").unwrap(), vec![v4]);
+    }
 
     #[test]
     fn msg_events_parse() {

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 use super::forward::BATCH_MAGIC;
 use crate::client::pending::PendingAck;
-use crate::client::{Client, Error, Options};
+use crate::client::{self, Client, Error, Options};
 
 /// Bytes a link may hold queued for its peer.
 pub const LINK_QUEUE_BYTES: usize = 64 << 20;
@@ -316,6 +316,9 @@ impl Worker {
                 async_acks_max: 1 << 16,
                 raw_acks: true,
                 subscription_capacity: 16,
+                // A peer's URL is made from its socket address, never a
+                // name: the broker looks no names up.
+                resolve: client::resolve_ip,
                 ..Options::default()
             };
             let root_opts = Options {
