@@ -12,9 +12,8 @@
 mod cluster_support;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread;
@@ -140,28 +139,12 @@ impl Nodes {
     fn spawn(&mut self, i: usize) -> mpsc::Receiver<String> {
         let bin = broker_bin();
         let node = &mut self.nodes[i];
-        let mut child = Command::new(&bin)
-            .args(&node.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-        let (tx, rx) = mpsc::channel();
-        if let Some(stderr) = child.stderr.take() {
-            let log = Arc::clone(&node.log);
-            thread::spawn(move || {
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    let _ = tx.send(line.clone());
-                    let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
-                    if log.len() == 300 {
-                        log.pop_front();
-                    }
-                    log.push_back(line);
-                }
-            });
-        }
+        let (child, rx, _) = cluster_support::support::spawn_logged(
+            Command::new(&bin).args(&node.args),
+            &bin,
+            &node.log,
+            300,
+        );
         node.child = Some(child);
         rx
     }

@@ -13,9 +13,8 @@
 #![allow(dead_code)] // Each test binary uses a different part of it.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -252,31 +251,9 @@ impl Cluster {
             }
             None => Command::new(&bin),
         };
-        let mut child = command
-            .args(self.args(i))
-            .current_dir(&self.root)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-        let (tx, rx) = mpsc::channel();
-        if let Some(stderr) = child.stderr.take() {
-            let log = Arc::clone(&self.logs[i]);
-            // Drains stderr for the node's whole life so it never blocks on
-            // a full pipe.
-            thread::spawn(move || {
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    let _ = tx.send(line.clone());
-                    let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
-                    if log.len() == LOG_LINES_MAX {
-                        log.pop_front();
-                    }
-                    log.push_back(line);
-                }
-            });
-        }
+        command.args(self.args(i)).current_dir(&self.root);
+        let (child, rx, _) =
+            support::spawn_logged(&mut command, &bin, &self.logs[i], LOG_LINES_MAX);
         self.procs[i] = Some(Proc {
             child,
             stopped: false,

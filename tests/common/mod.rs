@@ -8,14 +8,11 @@ pub mod raw_ws;
 pub mod support;
 
 #[allow(unused_imports)] // each test binary calls a different part
-pub use support::{broker_bin, free_port, http_exchange, http_get, try_http_get, TempDir};
+pub use support::{broker_bin, free_port, http_exchange, http_get, try_http_get, Log, TempDir};
 
-use std::collections::VecDeque;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -35,7 +32,7 @@ pub struct Broker {
     /// `127.0.0.1:PORT`, ready for `Client::connect`.
     pub addr: String,
     data_dir: PathBuf,
-    log: Arc<Mutex<VecDeque<String>>>,
+    log: Log,
     /// The thread copying stderr into `log`; it ends at the pipe's EOF.
     reader: Option<thread::JoinHandle<()>>,
 }
@@ -63,21 +60,19 @@ impl Broker {
     pub fn start_command(program: &[String], extra_args: &[&str], env: &[(&str, &str)]) -> Broker {
         let data_dir = TempDir::new("test").keep();
         let bin = program.join(" ");
-        let mut child = Command::new(&program[0])
-            .args(&program[1..])
-            .arg("-addr=127.0.0.1:0")
-            .arg("-node-id=test")
-            .arg(format!("-data={}", data_dir.display()))
-            .args(extra_args)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-        let log = Arc::new(Mutex::new(VecDeque::new()));
-        let (lines_tx, lines_rx) = mpsc::channel();
-        let reader = drain_stderr(&mut child, &log, lines_tx);
+        let log = Log::default();
+        let (child, lines_rx, reader) = support::spawn_logged(
+            Command::new(&program[0])
+                .args(&program[1..])
+                .arg("-addr=127.0.0.1:0")
+                .arg("-node-id=test")
+                .arg(format!("-data={}", data_dir.display()))
+                .args(extra_args)
+                .envs(env.iter().copied()),
+            &bin,
+            &log,
+            LOG_LINES_MAX,
+        );
         let mut broker = Broker {
             child,
             program: program.to_vec(),
@@ -192,46 +187,22 @@ impl Broker {
     pub fn restart(&mut self, extra_args: &[&str]) {
         self.kill();
         let bin = self.program.join(" ");
-        let mut child = Command::new(&self.program[0])
-            .args(&self.program[1..])
-            .arg(format!("-addr={}", self.addr))
-            .arg("-node-id=test")
-            .arg(format!("-data={}", self.data_dir.display()))
-            .args(extra_args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot restart {bin}: {e}"));
-        let (lines_tx, lines_rx) = mpsc::channel();
-        self.reader = drain_stderr(&mut child, &self.log, lines_tx);
+        let (child, lines_rx, reader) = support::spawn_logged(
+            Command::new(&self.program[0])
+                .args(&self.program[1..])
+                .arg(format!("-addr={}", self.addr))
+                .arg("-node-id=test")
+                .arg(format!("-data={}", self.data_dir.display()))
+                .args(extra_args),
+            &bin,
+            &self.log,
+            LOG_LINES_MAX,
+        );
+        self.reader = reader;
         self.child = child;
         let addr = self.await_listening(&lines_rx, extra_args);
         assert_eq!(addr, self.addr, "the restarted broker moved");
     }
-}
-
-/// Starts the thread that drains the child's stderr for its whole life (so
-/// it never blocks on a full pipe) into `log`, forwarding each line to
-/// `lines` until the test stops listening.
-fn drain_stderr(
-    child: &mut Child,
-    log: &Arc<Mutex<VecDeque<String>>>,
-    lines: mpsc::Sender<String>,
-) -> Option<thread::JoinHandle<()>> {
-    let stderr = child.stderr.take()?;
-    let log = Arc::clone(log);
-    Some(thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            let _ = lines.send(line.clone());
-            let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
-            if log.len() == LOG_LINES_MAX {
-                log.pop_front();
-            }
-            log.push_back(line);
-        }
-    }))
 }
 
 /// The whitespace-delimited token after `listening on `, if present.

@@ -21,12 +21,10 @@
 pub mod history;
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;
 use std::os::raw::c_int;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -445,32 +443,24 @@ impl NetCluster {
         let root = self.c.data_dir(0);
         let data = root.parent().unwrap_or(&root).join(name);
         let me = addr(SPARE);
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.net.nodes[SPARE], &bin])
-            .arg(format!("-node-id={name}"))
-            .arg(format!("-addr={me}:{HTTP_PORT}"))
-            .arg(format!("-raft-addr={me}:{RAFT_PORT}"))
-            .arg("-join")
-            .arg(format!(
-                "-cluster={}=http://{}:{HTTP_PORT}",
-                IDS[via],
-                addr(via)
-            ))
-            .arg(format!("-control-token={}", self.c.token()))
-            .arg(format!("-data={}", data.display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-        let (tx, rx) = mpsc::channel();
-        if let Some(err) = child.stderr.take() {
-            thread::spawn(move || {
-                for line in BufReader::new(err).lines().map_while(Result::ok) {
-                    let _ = tx.send(line);
-                }
-            });
-        }
+        let (child, rx, _) = crate::cluster_support::support::spawn_logged(
+            Command::new("ip")
+                .args(["netns", "exec", &self.net.nodes[SPARE], &bin])
+                .arg(format!("-node-id={name}"))
+                .arg(format!("-addr={me}:{HTTP_PORT}"))
+                .arg(format!("-raft-addr={me}:{RAFT_PORT}"))
+                .arg("-join")
+                .arg(format!(
+                    "-cluster={}=http://{}:{HTTP_PORT}",
+                    IDS[via],
+                    addr(via)
+                ))
+                .arg(format!("-control-token={}", self.c.token()))
+                .arg(format!("-data={}", data.display())),
+            &bin,
+            &Default::default(),
+            0,
+        );
         let joined = Joined {
             name: name.to_string(),
             child,
@@ -484,8 +474,8 @@ impl NetCluster {
                 Err(e) => panic!("{name} did not start listening: {e}"),
             }
         }
-        // Its stderr is drained from here on.
-        thread::spawn(move || while rx.recv().is_ok() {});
+        // Its stderr is drained from here on, into nothing.
+        drop(rx);
         joined
     }
 

@@ -1,20 +1,70 @@
 //! What many test binaries need, in one place: the broker binary under
-//! test, free loopback ports, a temporary directory removed on drop, and a
-//! plain HTTP/1.1 GET. A test file takes it with `mod support;`; the
+//! test, a process started with its stderr drained into a log, free
+//! loopback ports, a temporary directory removed on drop, and a plain
+//! HTTP/1.1 GET. A test file takes it with `mod support;`; the
 //! shared process harnesses (`common`, `cluster_support`) include it too
 //! and re-export what their users call.
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The broker under test: `GOMBUS_BIN` (`make test` sets it to the static
 /// release build), else the one cargo built for this test run.
 pub fn broker_bin() -> String {
     std::env::var("GOMBUS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_broker").to_string())
+}
+
+/// The last lines a process wrote to stderr, shared with the thread that
+/// drains it.
+pub type Log = Arc<Mutex<VecDeque<String>>>;
+
+/// Starts `cmd` (`what` names it in a failure) with stdin and stdout
+/// closed and stderr drained for the process's whole life, so it never
+/// blocks on a full pipe: the draining thread keeps the last `keep` lines
+/// in `log` and forwards every line to the receiver, for as long as the
+/// receiver is kept. Fails the test if the process cannot start.
+pub fn spawn_logged(
+    cmd: &mut Command,
+    what: &str,
+    log: &Log,
+    keep: usize,
+) -> (
+    Child,
+    mpsc::Receiver<String>,
+    Option<thread::JoinHandle<()>>,
+) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let (tx, rx) = mpsc::channel();
+    let reader = child.stderr.take().map(|stderr| {
+        let log = Arc::clone(log);
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line.clone());
+                if keep > 0 {
+                    let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+                    if log.len() >= keep {
+                        log.pop_front();
+                    }
+                    log.push_back(line);
+                }
+            }
+        })
+    });
+    (child, rx, reader)
 }
 
 /// A free loopback port: bind port 0, read it, let the listener go.
