@@ -715,12 +715,15 @@ impl Worker {
                     }) => {
                         if let Some(g) = self.groups.get_mut(&group) {
                             g.snapshot_asked = false;
+                            if !dead.is_empty() {
+                                // Deleted with the next snapshot stored
+                                // at `index` or later, also when this
+                                // one could not be taken.
+                                g.dead.push((index, dead));
+                            }
                             if data.is_empty() {
                                 g.snapshot_retry = Some(Instant::now() + SNAPSHOT_RETRY);
                                 continue;
-                            }
-                            if !dead.is_empty() {
-                                g.dead.push((index, dead));
                             }
                         }
                         if let Some(core) =

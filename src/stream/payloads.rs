@@ -26,12 +26,33 @@
 //! rest (a torn tail, a record whose crc fails, a lost file and all after
 //! it) and reports what it found; what is missing is fetched from the
 //! group's leader. Nothing is rewritten.
+//!
+//! Seqs can go back: a replica that takes a snapshot older than what it
+//! held ([`super::replica::Replica::rebase`]) drops its newest messages
+//! and stores them again as it applies the log. Their old records stay
+//! in the files (the same messages: a seq stands for one committed
+//! message), so the copy that counts is the one written last, which is
+//! also the one in the last file whose first seq is at or below it:
+//! appends after seqs went back go to a new file, and reopening lets a
+//! later copy of a seq replace an earlier one.
+//!
+//! A file name is never used twice while the process runs, because a
+//! dead file is deleted later on another thread (the Raft thread, once
+//! the snapshot is stored): a store that starts over ([`Payloads::clear`],
+//! or a new store opened in the same directory) or whose seqs went back
+//! may append the same seqs again, and a file it made under a dead
+//! file's name would be deleted with its live messages. A store takes a
+//! generation from a process-wide counter when it is made and whenever
+//! its seqs go back, and names its new files `{first:020}.{generation}.seg`
+//! (generation 0: `{first:020}.seg`, as stream segments are); reopening
+//! reads files of every generation, ordered by first seq.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::segment::{self, MsgRef, Rec};
 use crate::storage::fsync::{sync_dir, sync_file};
@@ -86,6 +107,38 @@ struct Seg {
     live: u64,
     /// Bytes written to it (the buffer not included).
     len: u64,
+    /// The generation in its name.
+    generation: u64,
+}
+
+/// The next generation (see the module docs).
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+fn next_generation() -> u64 {
+    GENERATION.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The name of the file of generation `generation` whose first seq is
+/// `first`.
+fn file_name(first: u64, generation: u64) -> String {
+    match generation {
+        0 => segment::file_name(first),
+        g => format!("{first:020}.{g}.seg"),
+    }
+}
+
+/// The first seq and generation a payload file name stands for.
+fn parse_name(name: &str) -> Option<(u64, u64)> {
+    if let Some(first) = segment::parse_name(name) {
+        return Some((first, 0));
+    }
+    let (first, rest) = name.split_once('.')?;
+    let g = rest.strip_suffix(".seg")?;
+    if g.is_empty() || !g.bytes().all(|b| b.is_ascii_digit()) || g.starts_with('0') {
+        return None;
+    }
+    let first = segment::parse_name(&format!("{first}.seg"))?;
+    Some((first, g.parse().ok()?))
 }
 
 /// The files of a disk store.
@@ -107,6 +160,8 @@ pub struct Disk {
     /// Files whose messages are all gone, to delete once a snapshot that
     /// no longer names their messages is stored.
     dead: Vec<PathBuf>,
+    /// The generation of the files it makes.
+    generation: u64,
 }
 
 /// Empties `dir` (or makes it).
@@ -145,48 +200,72 @@ impl Payloads {
         want: &[(u64, u64)],
     ) -> io::Result<(Payloads, BTreeMap<u64, Found>)> {
         fs::create_dir_all(dir)?;
-        let mut files: Vec<u64> = fs::read_dir(dir)?
-            .filter_map(|e| segment::parse_name(e.ok()?.file_name().to_str()?))
+        let mut files: Vec<(u64, u64)> = fs::read_dir(dir)?
+            .filter_map(|e| parse_name(e.ok()?.file_name().to_str()?))
             .collect();
+        // A later generation of one first seq was written later.
         files.sort_unstable();
+        if let Some(top) = files.iter().map(|f| f.1).max() {
+            // Files made from now on are named after every one here.
+            GENERATION.fetch_max(top + 1, Ordering::Relaxed);
+        }
         let mut d = Disk::new(dir, segment_bytes);
-        let mut found = BTreeMap::new();
-        let mut wanted = Wanted::new(want);
+        let mut scan = Scan {
+            wanted: Wanted::new(want),
+            found: BTreeMap::new(),
+            starts: Vec::new(),
+        };
+        // Each file's kept length, or None: it goes whole.
+        let mut keep = Vec::with_capacity(files.len());
         let mut cut = false;
-        for first in files {
-            let path = d.path(first);
+        for (k, &(first, generation)) in files.iter().enumerate() {
             if cut {
-                fs::remove_file(&path)?;
-                d.dir_changed = true;
+                keep.push(None);
                 continue;
             }
+            let path = dir.join(file_name(first, generation));
             let mut reader = io::BufReader::with_capacity(1 << 20, File::open(&path)?);
-            let (keep_len, live, stop) = scan_file(&mut reader, first, &mut wanted, &mut found);
+            let (keep_len, stop) = scan_file(&mut reader, k, first, &mut scan);
             let file_len = reader.get_ref().metadata()?.len();
-            drop(reader);
+            keep.push(Some((keep_len, file_len)));
             cut = stop;
-            if live == 0 {
-                fs::remove_file(&path)?;
-                d.dir_changed = true;
-                continue;
+        }
+        // A file's live messages: the ones kept from it, not replaced by
+        // a later copy.
+        let mut live = vec![0u64; files.len()];
+        for (i, &(k, lo)) in scan.starts.iter().enumerate() {
+            let hi = scan.starts.get(i + 1).map_or(u64::MAX, |s| s.1);
+            live[k] = scan.found.range(lo..hi).count() as u64;
+        }
+        for (k, &(first, generation)) in files.iter().enumerate() {
+            let path = dir.join(file_name(first, generation));
+            match keep[k] {
+                Some((keep_len, file_len)) if live[k] > 0 => {
+                    if keep_len < file_len {
+                        let f = OpenOptions::new().write(true).open(&path)?;
+                        f.set_len(keep_len)?;
+                        sync_file(&f, &path)?;
+                    }
+                    d.segs.insert(
+                        first,
+                        Seg {
+                            live: live[k],
+                            len: keep_len,
+                            generation,
+                        },
+                    );
+                }
+                _ => {
+                    fs::remove_file(&path)?;
+                    d.dir_changed = true;
+                }
             }
-            if keep_len < file_len {
-                let f = OpenOptions::new().write(true).open(&path)?;
-                f.set_len(keep_len)?;
-                sync_file(&f, &path)?;
-            }
-            d.segs.insert(
-                first,
-                Seg {
-                    live,
-                    len: keep_len,
-                },
-            );
         }
         if d.dir_changed {
             sync_dir(dir)?;
             d.dir_changed = false;
         }
+        let found = scan.found;
         d.last = found.keys().next_back().copied().unwrap_or(0);
         // Appends go to a new file: the last one may be sealed already,
         // and a new file keeps the kept ones as they are.
@@ -308,13 +387,11 @@ impl Payloads {
                 let unsynced = std::mem::take(&mut d.unsynced)
                     .into_iter()
                     .filter(|f| files.contains_key(f))
+                    .map(|f| (f, d.path(f)))
                     .collect();
                 let dir = std::mem::take(&mut d.dir_changed).then(|| d.dir.clone());
                 Ok(Detached {
-                    files: Files::Disk {
-                        root: d.dir.clone(),
-                        files,
-                    },
+                    files: Files::Disk(files),
                     unsynced,
                     dir,
                     dead: std::mem::take(&mut d.dead),
@@ -374,6 +451,13 @@ impl<'a> Wanted<'a> {
         }
     }
 
+    /// Goes back to `seq`: the next wanted seq is the first at or above
+    /// it.
+    fn rewind(&mut self, seq: u64) {
+        self.at = self.ranges.partition_point(|&(_, hi)| hi < seq);
+        self.next = self.ranges.get(self.at).map(|&(lo, _)| lo.max(seq));
+    }
+
     /// Call with increasing seqs.
     fn take(&mut self, seq: u64) -> Take {
         let Some(next) = self.next else {
@@ -396,66 +480,88 @@ impl<'a> Wanted<'a> {
     }
 }
 
-/// Reads the records of segment file `first` from `r`, one at a time:
-/// the length of the prefix to keep, the messages kept in it, and
-/// whether every later file goes too. Kept messages go into `found`.
-fn scan_file(
-    r: &mut impl io::Read,
-    first: u64,
-    wanted: &mut Wanted<'_>,
-    found: &mut BTreeMap<u64, Found>,
-) -> (u64, u64, bool) {
+/// What reopening found so far, over the files in order.
+struct Scan<'a> {
+    wanted: Wanted<'a>,
+    /// The kept messages; their seqs rise in the order they were read.
+    found: BTreeMap<u64, Found>,
+    /// Where each file's kept messages start in `found`: the file's place
+    /// in the order, and its first kept seq.
+    starts: Vec<(usize, u64)>,
+}
+
+impl Scan<'_> {
+    /// A record of `seq` came after records of seqs at or above it: the
+    /// seqs went back when it was written, so it and the records after
+    /// it replace what was kept from `seq` on.
+    fn rewind(&mut self, seq: u64) {
+        self.found.split_off(&seq);
+        self.starts.retain(|&(_, lo)| lo < seq);
+        self.wanted.rewind(seq);
+    }
+}
+
+/// Reads the records of segment file `first`, the `k`th in order, from
+/// `r`, one at a time: the length of the prefix to keep, and whether
+/// every later file goes too. Kept messages go into `scan`.
+fn scan_file(r: &mut impl io::Read, k: usize, first: u64, scan: &mut Scan<'_>) -> (u64, bool) {
     let mut at = 0u64;
-    let mut live = 0;
     let mut rec = Vec::new();
     loop {
         // One whole record: its head, then its body, checked.
         let mut head = [0u8; record::HEAD_BYTES];
         match read_full(r, &mut head) {
-            Ok(0) => return (at, live, false),
+            Ok(0) => return (at, false),
             Ok(n) if n == record::HEAD_BYTES => {}
             // A torn tail or a damaged record: nothing after it is trusted.
-            _ => return (at, live, true),
+            _ => return (at, true),
         }
         let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as u64;
         if len > record::BODY_BYTES_MAX as u64 {
-            return (at, live, true);
+            return (at, true);
         }
         rec.clear();
         rec.extend_from_slice(&head);
         if !matches!(r.by_ref().take(len).read_to_end(&mut rec), Ok(n) if n as u64 == len) {
-            return (at, live, true);
+            return (at, true);
         }
         let Ok(Some((body, _))) = record::read(&rec, 0) else {
-            return (at, live, true);
+            return (at, true);
         };
         let next = at + rec.len() as u64;
         match segment::decode(body) {
             Ok(Rec::Head { first_seq }) if at == 0 && first_seq == first => {}
-            Ok(Rec::Msg(m)) if at > 0 && m.seq >= first => match wanted.take(m.seq) {
-                Take::Keep => {
-                    let loc = Loc {
-                        offset: at,
-                        len: rec.len() as u32,
-                        crc: crc_of(&rec),
-                    };
-                    found.insert(
-                        m.seq,
-                        Found {
-                            subject: m.subject.into(),
-                            time_ms: m.time_ms,
-                            bytes: rec.len() as u64,
-                            marker: super::limits::asks_of(m.headers).op
-                                != super::limits::KvOp::Put,
-                            loc,
-                        },
-                    );
-                    live += 1;
+            Ok(Rec::Msg(m)) if at > 0 && m.seq >= first => {
+                if scan.found.keys().next_back().is_some_and(|&s| s >= m.seq) {
+                    scan.rewind(m.seq);
                 }
-                Take::Skip => {}
-                Take::Cut => return (at, live, true),
-            },
-            _ => return (at, live, true),
+                match scan.wanted.take(m.seq) {
+                    Take::Keep => {
+                        let loc = Loc {
+                            offset: at,
+                            len: rec.len() as u32,
+                            crc: crc_of(&rec),
+                        };
+                        if scan.starts.last().is_none_or(|s| s.0 != k) {
+                            scan.starts.push((k, m.seq));
+                        }
+                        scan.found.insert(
+                            m.seq,
+                            Found {
+                                subject: m.subject.into(),
+                                time_ms: m.time_ms,
+                                bytes: rec.len() as u64,
+                                marker: super::limits::asks_of(m.headers).op
+                                    != super::limits::KvOp::Put,
+                                loc,
+                            },
+                        );
+                    }
+                    Take::Skip => {}
+                    Take::Cut => return (at, true),
+                }
+            }
+            _ => return (at, true),
         }
         at = next;
     }
@@ -489,8 +595,8 @@ fn crc_of(rec: &[u8]) -> u32 {
 /// meanwhile, to be deleted after.
 pub struct Detached {
     files: Files,
-    /// First seqs of the files to fsync.
-    unsynced: Vec<u64>,
+    /// The files to fsync: first seq and path.
+    unsynced: Vec<(u64, PathBuf)>,
     /// The directory, when files were made in it.
     dir: Option<PathBuf>,
     dead: Vec<PathBuf>,
@@ -498,11 +604,8 @@ pub struct Detached {
 
 enum Files {
     Memory(BTreeMap<u64, Vec<u8>>),
-    /// Each file by its first seq, in directory `root`.
-    Disk {
-        root: PathBuf,
-        files: BTreeMap<u64, File>,
-    },
+    /// Each file by its first seq.
+    Disk(BTreeMap<u64, File>),
 }
 
 impl Detached {
@@ -515,7 +618,7 @@ impl Detached {
                 .filter(|r| r.len() == loc.len as usize && loc.len > 0)
                 .cloned()
                 .ok_or_else(|| io::Error::other(format!("no message {seq} at {loc:?}"))),
-            Files::Disk { files, .. } => {
+            Files::Disk(files) => {
                 let (_, file) = files
                     .range(..=seq)
                     .next_back()
@@ -531,10 +634,10 @@ impl Detached {
     /// Fsyncs the files written since the store was last detached, then
     /// the directory if files were made in it.
     pub fn sync(&self) -> io::Result<()> {
-        if let Files::Disk { root, files } = &self.files {
-            for first in &self.unsynced {
+        if let Files::Disk(files) = &self.files {
+            for (first, path) in &self.unsynced {
                 if let Some(f) = files.get(first) {
-                    sync_file(f, &root.join(segment::file_name(*first)))?;
+                    sync_file(f, path)?;
                 }
             }
         }
@@ -582,30 +685,50 @@ impl Disk {
             unsynced: BTreeSet::new(),
             dir_changed: false,
             dead: Vec::new(),
+            generation: next_generation(),
         }
     }
 
+    /// The path of the file `first` (one of `segs`).
     fn path(&self, first: u64) -> PathBuf {
-        self.dir.join(segment::file_name(first))
+        let generation = self
+            .segs
+            .get(&first)
+            .map_or(self.generation, |s| s.generation);
+        self.dir.join(file_name(first, generation))
     }
 
     fn append(&mut self, m: &MsgRef<'_>) -> io::Result<Loc> {
         let full = self.active.as_ref().is_some_and(|(first, _)| {
             self.segs[first].len + self.pending.len() as u64 >= self.segment_bytes
         });
-        if full {
+        let back = m.seq <= self.last;
+        if back {
+            // Seqs went back (see the module docs): a new file, under a
+            // name no file had.
+            self.generation = next_generation();
+        }
+        if full || back {
             self.flush()?;
             self.active = None;
         }
         if self.active.is_none() {
-            let path = self.path(m.seq);
+            let path = self.dir.join(file_name(m.seq, self.generation));
             let file = OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(true)
                 .open(&path)?;
-            self.segs.insert(m.seq, Seg { live: 0, len: 0 });
+            let generation = self.generation;
+            self.segs.insert(
+                m.seq,
+                Seg {
+                    live: 0,
+                    len: 0,
+                    generation,
+                },
+            );
             self.active = Some((m.seq, file));
             self.dir_changed = true;
             segment::put_head(&mut self.pending, m.seq);
@@ -708,6 +831,7 @@ impl Disk {
         if seg.live > 0 {
             return;
         }
+        let path = self.path(first);
         self.segs.remove(&first);
         if self.active.as_ref().is_some_and(|(f, _)| *f == first) {
             // Its buffered appends are of removed messages, which no
@@ -716,7 +840,7 @@ impl Disk {
             self.pending.clear();
         }
         self.unsynced.remove(&first);
-        self.dead.push(self.path(first));
+        self.dead.push(path);
     }
 }
 #[cfg(test)]
@@ -744,10 +868,21 @@ mod tests {
         }
     }
 
+    /// The file of first seq `first` in `dir`, of whatever generation.
+    fn seg_path(dir: &Path, first: u64) -> PathBuf {
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| {
+                parse_name(p.file_name().unwrap().to_str().unwrap()).map(|n| n.0) == Some(first)
+            })
+            .unwrap_or_else(|| panic!("no file {first} in {}", dir.display()))
+    }
+
     fn seg_files(dir: &Path) -> Vec<u64> {
         let mut v: Vec<u64> = fs::read_dir(dir)
             .unwrap()
-            .filter_map(|e| segment::parse_name(e.unwrap().file_name().to_str()?))
+            .filter_map(|e| Some(parse_name(e.unwrap().file_name().to_str()?)?.0))
             .collect();
         v.sort_unstable();
         v
@@ -848,7 +983,7 @@ mod tests {
         compact(&mut p);
         assert_eq!(seg_files(&dir), vec![13]);
         // The files are the stream's own segment format.
-        let bytes = fs::read(dir.join(segment::file_name(13))).unwrap();
+        let bytes = fs::read(seg_path(&dir, 13)).unwrap();
         let (bodies, end, bad) = record::scan(&bytes);
         assert_eq!((end, bad), (bytes.len(), None));
         assert_eq!(segment::decode(bodies[0]), Ok(Rec::Head { first_seq: 13 }));
@@ -885,18 +1020,18 @@ mod tests {
         }
         drop(p);
         // The file of 9..=12 was cut after 10.
-        let len = fs::metadata(dir.join(segment::file_name(9))).unwrap().len();
+        let len = fs::metadata(seg_path(&dir, 9)).unwrap().len();
         assert_eq!(len, locs[10].offset);
         // A torn tail: the last record cut in half.
         let f = OpenOptions::new()
             .write(true)
-            .open(dir.join(segment::file_name(9)))
+            .open(seg_path(&dir, 9))
             .unwrap();
         f.set_len(locs[9].offset + 100).unwrap();
         let (_, found) = Payloads::reopen(&dir, 10_000, &want).unwrap();
         assert_eq!(found.keys().next_back(), Some(&9));
         // One flipped bit in a sealed file: it and everything after go.
-        let path = dir.join(segment::file_name(5));
+        let path = seg_path(&dir, 5);
         let mut bytes = fs::read(&path).unwrap();
         let at = (locs[5].offset + 40) as usize;
         bytes[at] ^= 1;
@@ -909,7 +1044,7 @@ mod tests {
         check(&p, 7, loc, &d);
         p.flush().unwrap();
         // A lost file: what it held and everything after is missing.
-        fs::remove_file(dir.join(segment::file_name(1))).unwrap();
+        fs::remove_file(seg_path(&dir, 1)).unwrap();
         let (_, found) = Payloads::reopen(&dir, 10_000, &want).unwrap();
         assert!(found.is_empty());
         assert!(seg_files(&dir).is_empty());
@@ -924,5 +1059,99 @@ mod tests {
         assert!(seg_files(&dir).is_empty());
         let loc = p.append(&msg(5, b"x")).unwrap();
         check(&p, 5, loc, b"x");
+    }
+
+    #[test]
+    fn file_names_carry_their_generation() {
+        for (first, g) in [(1, 0), (39, 14), (u64::MAX, 7)] {
+            assert_eq!(parse_name(&file_name(first, g)), Some((first, g)));
+        }
+        assert_eq!(file_name(5, 0), segment::file_name(5));
+        for bad in [
+            "00000000000000000005.0.seg",
+            "00000000000000000005..seg",
+            "5.1.seg",
+        ] {
+            assert_eq!(parse_name(bad), None, "{bad}");
+        }
+    }
+
+    /// A store that starts over stores the same seqs again under other
+    /// names: deleting the files that died before (as the Raft thread
+    /// does once a snapshot is stored) leaves the new ones alone.
+    #[test]
+    fn a_dead_file_is_never_named_like_a_live_one() {
+        let dir = temp_dir();
+        let mut p = Payloads::open(&dir, 10_000).unwrap();
+        let d = vec![7u8; 3_000];
+        for s in 1..=8 {
+            p.append(&msg(s, &d)).unwrap();
+        }
+        for s in 5..=8 {
+            p.remove(s);
+        }
+        // File 5 died; its deletion waits for a snapshot.
+        let mut before = p.detach().unwrap();
+        let dead = before.take_dead();
+        assert_eq!(dead.len(), 1);
+        // Seqs go back: 5..=8 are stored again.
+        let locs: Vec<Loc> = (5..=8).map(|s| p.append(&msg(s, &d)).unwrap()).collect();
+        p.flush().unwrap();
+        assert!(crate::storage::delete_files(&dead).is_empty());
+        for (s, loc) in (5..=8).zip(&locs) {
+            check(&p, s, *loc, &d);
+        }
+        // It starts over: everything again, under new names.
+        let mut again = p.detach().unwrap();
+        p.clear().unwrap();
+        let locs: Vec<Loc> = (1..=8).map(|s| p.append(&msg(s, &d)).unwrap()).collect();
+        p.flush().unwrap();
+        assert!(crate::storage::delete_files(&again.take_dead()).is_empty());
+        for (s, loc) in (1..=8).zip(&locs) {
+            check(&p, s, *loc, &d);
+        }
+    }
+
+    /// Seqs that went back leave older copies in the files: after a
+    /// restart, each seq is read from the copy written last.
+    #[test]
+    fn reopening_takes_the_copy_written_last() {
+        let dir = temp_dir();
+        let mut p = Payloads::open(&dir, 10_000).unwrap();
+        let d = vec![7u8; 3_000];
+        let old: Vec<Loc> = (1..=6).map(|s| p.append(&msg(s, &d)).unwrap()).collect();
+        p.flush().unwrap();
+        // 3 and 4 (in file 1) and 5 and 6 (all of file 5) dropped, then
+        // stored again, with 7.
+        for s in 3..=6 {
+            p.remove(s);
+        }
+        let locs: Vec<Loc> = (3..=7).map(|s| p.append(&msg(s, &d)).unwrap()).collect();
+        p.flush().unwrap();
+        // The crash came before the dead file 5 was deleted.
+        assert_eq!(seg_files(&dir), vec![1, 3, 5, 7]);
+        drop(p);
+        let (p, found) = Payloads::reopen(&dir, 10_000, &[(1, 7)]).unwrap();
+        assert_eq!(
+            found.keys().copied().collect::<Vec<_>>(),
+            (1..=7).collect::<Vec<_>>()
+        );
+        for (s, f) in &found {
+            check(&p, *s, f.loc, &d);
+        }
+        // 3 and 4 from file 3, written after file 1's copies; 5 and 6
+        // from the dead file 5, which holds them by name (the same
+        // messages as file 3's later copies).
+        assert_eq!(found[&3].loc, locs[0]);
+        assert_eq!(found[&4].loc, locs[1]);
+        assert_eq!(found[&5].loc, old[4]);
+        assert_eq!(found[&6].loc, old[5]);
+        assert_eq!(p.files(), 4);
+        drop(p);
+        let (p, again) = Payloads::reopen(&dir, 10_000, &[(1, 7)]).unwrap();
+        assert_eq!(again, found);
+        for (s, f) in &again {
+            check(&p, *s, f.loc, &d);
+        }
     }
 }
