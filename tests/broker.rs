@@ -274,6 +274,45 @@ fn request_reply_round_trip() {
     });
 }
 
+/// CPU time (user + system, in clock ticks) process `pid` has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc stat");
+    // Fields after the command name (which may hold spaces) closed by ')'.
+    let rest = &stat[stat.rfind(')').expect("stat has a command") + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// An answered request's deadline once kept the loop awake with no wait
+/// once it passed (the loop polls until the next deadline): an idle
+/// broker spun at most of a core. Once the deadline has passed, the
+/// broker must use next to no CPU while nothing happens.
+#[test]
+fn an_answered_request_leaves_the_broker_idle() {
+    let broker = Broker::start(&[]);
+    let responder = connect(&broker);
+    let requests = responder.subscribe("svc.idle").unwrap();
+    let requester = connect(&broker);
+    let timeout = Duration::from_millis(300);
+    thread::scope(|scope| {
+        let responder = &responder;
+        scope.spawn(move || {
+            let reply = recv(&requests).reply.expect("a reply subject");
+            responder.publish(&reply, json!("pong")).unwrap();
+        });
+        let reply = requester
+            .request("svc.idle", json!("ping"), timeout)
+            .unwrap();
+        assert_eq!(reply.data, json!("pong"));
+    });
+    // Past the answered request's deadline, then one second of nothing.
+    thread::sleep(timeout + Duration::from_millis(200));
+    let before = cpu_ticks(broker.pid());
+    thread::sleep(Duration::from_secs(1));
+    let used = cpu_ticks(broker.pid()) - before;
+    assert!(used < 20, "an idle broker used {used} ticks of CPU in 1 s");
+}
+
 #[test]
 fn request_without_responders_fails_at_once() {
     let broker = Broker::start(&[]);

@@ -78,7 +78,23 @@ impl Requests {
     pub fn take(&mut self, inbox: &str) -> Option<Pending> {
         let p = self.open.remove(inbox)?;
         self.release(p.conn);
+        self.prune();
         Some(p)
+    }
+
+    /// Drops the deadlines of requests no longer open, once they are most
+    /// of the heap: a deadline stays there when its request is answered,
+    /// and would otherwise keep memory for up to [`REQUEST_TIMEOUT_MAX`]
+    /// and wake the loop for nothing (with no request open, a passed one
+    /// would never be taken out).
+    fn prune(&mut self) {
+        if self.open.is_empty() {
+            self.deadlines.clear();
+        } else if self.deadlines.len() > 2 * self.open.len() + 64 {
+            let open = &self.open;
+            self.deadlines
+                .retain(|Reverse((_, inbox))| open.contains_key(inbox));
+        }
     }
 
     fn release(&mut self, conn: ConnId) {
@@ -94,6 +110,7 @@ impl Requests {
     pub fn drop_conn(&mut self, conn: ConnId) {
         if self.per_conn.remove(&conn).is_some() {
             self.open.retain(|_, p| p.conn != conn);
+            self.prune();
         }
     }
 
@@ -118,6 +135,8 @@ impl Requests {
         out
     }
 
+    /// The next deadline (perhaps of a request answered since: the loop
+    /// then wakes once for nothing).
     pub fn next_deadline(&self) -> Option<Instant> {
         self.deadlines.peek().map(|Reverse((at, _))| *at)
     }
@@ -168,5 +187,35 @@ mod tests {
         assert!(r.is_empty());
         assert!(r.expired(t0 + Duration::from_secs(1)).is_empty());
         assert_eq!(r.next_deadline(), None);
+    }
+
+    /// An answered request leaves no deadline behind that would wake the
+    /// loop at once, forever, with no request open (the loop's poll
+    /// timeout is the next deadline), nor one that holds memory until it
+    /// passes.
+    #[test]
+    fn answered_requests_leave_no_deadline_behind() {
+        let t0 = Instant::now();
+        let mut r = Requests::new("n1");
+        let a = r.open(1, 1, t0 + Duration::from_millis(10)).unwrap();
+        r.take(&a);
+        assert_eq!(r.next_deadline(), None);
+        // Many answered while one stays open: the heap stays near the
+        // open count.
+        let keep = r.open(1, 2, t0 + REQUEST_TIMEOUT_MAX).unwrap();
+        for i in 0..10_000 {
+            let x = r.open(2, i, t0 + REQUEST_TIMEOUT_MAX).unwrap();
+            r.take(&x);
+        }
+        assert!(
+            r.deadlines.len() <= 2 * r.len() + 65,
+            "{}",
+            r.deadlines.len()
+        );
+        assert_eq!(r.next_deadline(), Some(t0 + REQUEST_TIMEOUT_MAX));
+        r.drop_conn(1);
+        assert!(r.is_empty());
+        assert_eq!(r.next_deadline(), None);
+        assert!(r.take(&keep).is_none());
     }
 }
