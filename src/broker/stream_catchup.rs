@@ -118,7 +118,9 @@ impl Broker {
                     target.count
                 );
                 h.lost = false;
-                h.installed = None;
+                // `installed` stays: an install handed to the core before
+                // this snapshot arrived may still come back as a restore,
+                // which the replica, now ahead of it, ignores.
                 h.catchup = Some(CatchUp::new(index, target, now));
                 self.catch_up(group, now);
             }

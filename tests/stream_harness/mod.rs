@@ -829,7 +829,8 @@ impl Sim {
             );
         }
         node.lost.remove(&g);
-        node.installed.remove(&g);
+        // As the broker: an install handed to the core before this
+        // snapshot arrived may still come back as a restore.
         node.catchups.insert(g, CatchUp::new(index, target, now));
         self.catchups += 1;
         self.catch_up(i, g)
