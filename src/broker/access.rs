@@ -16,7 +16,7 @@ use super::dispatch::Broker;
 use super::metrics::Family;
 use super::session::Session;
 use crate::auth::{rights, users, ConnRights, Rights, StreamNeed, Users};
-use crate::cluster::fsm::Cmd;
+use crate::cluster::api::Cmd;
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ApiError, Code};
 use crate::routing::subs::Command;

@@ -25,12 +25,10 @@ use serde_json::{json, Value};
 use super::ack::{send_ack, send_ack_with};
 use super::session::NSP_ROOT;
 use super::Broker;
-use crate::cluster::forward::{self, PeerMessage};
-use crate::cluster::fsm::{Change, Cmd, MetaCommand};
-use crate::cluster::link::{CallError, LinkEvent, LinkOut, Links};
-use crate::cluster::node::{FromRaft, NodeConfig, RaftNode, ToRaft, View};
-use crate::cluster::raft::Role;
-use crate::cluster::raft_msg::GroupId;
+use crate::cluster::api::{
+    forward, CallError, Change, Cmd, FromRaft, Fsm, GroupId, LinkEvent, LinkOut, Links,
+    MetaCommand, NodeConfig, PeerMessage, RaftNode, Role, ToRaft, View, EMIT_BYTES_MAX,
+};
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::subject;
@@ -578,7 +576,7 @@ impl Cluster {
     /// the link's event size is closed and a new one begun.
     pub fn queue_forward(&mut self, node: u64, m: &PeerMessage<'_>) {
         let open = self.batches.entry(node).or_default();
-        if open.len() >= crate::cluster::link::EMIT_BYTES_MAX {
+        if open.len() >= EMIT_BYTES_MAX {
             let full = std::mem::take(open);
             self.full_batches.push((node, full));
         }
@@ -594,7 +592,7 @@ impl Cluster {
     }
 
     /// Which node owns the stream capturing `subject`, if another does.
-    pub fn remote_capture(&mut self, fsm: &crate::cluster::fsm::Fsm, subject: &str) -> Option<u64> {
+    pub fn remote_capture(&mut self, fsm: &Fsm, subject: &str) -> Option<u64> {
         if self.capture_dirty {
             self.capture_dirty = false;
             self.remote_capture = Sublist::default();
@@ -665,7 +663,6 @@ impl Broker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::fsm::Fsm;
     use crate::routing::subs::Owner;
 
     #[test]

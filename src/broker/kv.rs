@@ -24,7 +24,7 @@ use super::streams::{
 };
 use super::Broker;
 use crate::auth::rights::{Rules, SubDecision};
-use crate::cluster::raft_msg::GroupId;
+use crate::cluster::api::GroupId;
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_with, ApiError, Code};
 use crate::protocol::kv_messages::{self as kvm, BucketReq, CreateReq, KeyReq, KeysReq, WatchReq};

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use super::monitor::{Monitor, View};
 use super::streams::StreamSummary;
-use crate::cluster::raft_transport::TransportStats;
+use crate::cluster::api::TransportStats;
 use crate::port::NetStats;
 use crate::protocol::errors::Code;
 

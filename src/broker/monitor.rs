@@ -15,8 +15,7 @@ use super::dispatch::BrokerConfig;
 use super::history::{Counters, History};
 use super::metrics::Metrics;
 use super::streams::Streams;
-use crate::cluster::fsm::Fsm;
-use crate::cluster::raft::Role;
+use crate::cluster::api::{Fsm, Role};
 use crate::port::{Request, Response, Sink};
 use crate::protocol::errors::Code;
 

@@ -13,8 +13,8 @@ use serde_json::{json, Map, Value};
 use super::cluster::Cluster;
 use super::metrics::Family;
 use super::Broker;
-use crate::cluster::fsm::Fsm;
-use crate::cluster::placement::{self, Placement};
+use crate::cluster::api::placement::{self, Placement};
+use crate::cluster::api::Fsm;
 use crate::protocol::errors::{ApiError, Code};
 
 /// What a clustered `stream.create` asks for once `replicas` is taken out.

@@ -8,8 +8,8 @@
 
 use super::super::session::NSP_CONTROL;
 use super::*;
-use crate::cluster::members::{self, MemberInfo};
-use crate::cluster::raft::{ChangeError, ChangeState};
+use crate::cluster::api::members::{self, MemberInfo};
+use crate::cluster::api::{ChangeError, ChangeState};
 
 /// A removed node closes its clients this long after it learns of its
 /// removal, so that the answer to the change (and what is queued on its
@@ -606,12 +606,12 @@ impl Broker {
 }
 
 /// The configuration a view shows, as the core's type.
-fn configuration(v: &View) -> crate::cluster::raft_msg::Membership {
-    crate::cluster::raft_msg::Membership {
+fn configuration(v: &View) -> crate::cluster::api::Membership {
+    crate::cluster::api::Membership {
         members: v
             .members
             .iter()
-            .map(|m| crate::cluster::raft_msg::Member {
+            .map(|m| crate::cluster::api::Member {
                 id: m.id,
                 voter: m.voter,
                 data: m.info.as_ref().map(MemberInfo::encode).unwrap_or_default(),

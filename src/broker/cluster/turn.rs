@@ -123,8 +123,8 @@ impl Broker {
                 self.retry_waiters(sink.now());
             }
             FromRaft::Group { group, event } => {
-                let status = matches!(event, crate::cluster::node::GroupEvent::Status(_));
-                if let crate::cluster::node::GroupEvent::Status(s) = &event {
+                let status = matches!(event, crate::cluster::api::GroupEvent::Status(_));
+                if let crate::cluster::api::GroupEvent::Status(s) = &event {
                     self.group_leader_moved(sink, group, s.leader);
                 }
                 self.on_group(sink, group, event);
