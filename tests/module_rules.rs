@@ -56,13 +56,15 @@ const SEAMS: &[(&str, &str, &[&str])] = &[("broker", "cluster", &["api"])];
 fn imports(text: &str) -> BTreeSet<String> {
     paths(text, "crate")
         .into_iter()
+        .filter(|p| p[0] != "*")
         .map(|p| top_name(&p[0]))
         .collect()
 }
 
 /// Every path `text` names after `root::`, groups spread out:
 /// `crate::{a::b, c::{d, e}}` is `[a, b]`, `[c, d]`, `[c, e]`; a group may
-/// span lines. Whole-line comments are left out; `*` and `self` end a path.
+/// span lines. Whole-line comments are left out; `self` ends a path, and a
+/// glob is a last segment `*`.
 fn paths(text: &str, root: &str) -> Vec<Vec<String>> {
     let code: String = text
         .lines()
@@ -75,9 +77,10 @@ fn paths(text: &str, root: &str) -> Vec<Vec<String>> {
     while let Some(found) = code[at..].find(&head) {
         let start = at + found;
         at = start + head.len();
-        // `crate::` inside a longer name (`my_crate::`) is not the root.
+        // `crate::` inside a longer name (`my_crate::`) or path
+        // (`a::super::`) is not the root.
         let before = code[..start].chars().next_back();
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
             continue;
         }
         let mut chars = code[at..].chars().peekable();
@@ -128,8 +131,13 @@ fn tree(
             break;
         }
     }
-    let glob = name.is_empty() && chars.peek() == Some(&'*');
-    if glob || name == "self" {
+    if name.is_empty() && chars.peek() == Some(&'*') {
+        chars.next();
+        prefix.push("*".to_string());
+        out.push(prefix.clone());
+        return;
+    }
+    if name == "self" {
         if !prefix.is_empty() {
             out.push(prefix.clone());
         }
@@ -210,12 +218,16 @@ fn seam_violations(module: &str, text: &str) -> Vec<String> {
 }
 
 /// The import graph among the broker's files, given as (path under
-/// `src/broker/`, text) pairs. A node is one of the broker's modules:
-/// `cluster/turn.rs` is part of `cluster`. Its edges are the broker
-/// modules it names: `super::x` from a file at the top, `super::super::x`
-/// from one a level down, `crate::broker::x` from anywhere; a name that
-/// `mod.rs` re-exports counts as the module that defines it (`Broker` is
-/// `dispatch`).
+/// `src/broker/`, text) pairs. Each file is a node, named by its module
+/// path (`cluster/turn` for `cluster/turn.rs`, `tests` for `tests/mod.rs`):
+/// a part's state in `cluster.rs` sits below the `Broker` that holds it,
+/// and the `impl Broker` blocks in `cluster/*.rs` above it. A file's edges
+/// go to the files it names: `crate::broker::a::b`, `super::x` and
+/// `super::super::x` (to the file `x` if there is one, else to the module
+/// the item is in; `super::*` is the parent), `self::x` and a child's own
+/// name (`kv::` in `streams.rs`). A name `mod.rs` re-exports counts as the
+/// file that defines it (`Broker` is `dispatch`). Declaring a child
+/// (`mod turn;`) is not an edge.
 fn broker_graph(files: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>> {
     let module_path = |rel: &str| -> Vec<String> {
         let mut parts: Vec<String> = rel
@@ -228,47 +240,74 @@ fn broker_graph(files: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>
         }
         parts
     };
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let nodes: BTreeSet<Vec<String>> = files
+        .iter()
+        .map(|(rel, _)| module_path(rel))
+        .filter(|p| !p.is_empty())
+        .collect();
+    // The longest file path `base` + a prefix of `rest` names, else the
+    // module `base` itself.
+    let file_of = |base: &[String], rest: &[String]| -> Option<Vec<String>> {
+        (1..=rest.len())
+            .rev()
+            .map(|i| [base, &rest[..i]].concat())
+            .find(|c| nodes.contains(c))
+            .or_else(|| (!base.is_empty()).then(|| base.to_vec()))
+    };
     let mut reexports = BTreeMap::new();
     for (rel, text) in files {
-        let path = module_path(rel);
-        match path.first() {
-            Some(node) => {
-                graph.entry(node.clone()).or_default();
-            }
-            None => {
-                for line in text.lines() {
-                    if let Some(rest) = line.trim_start().strip_prefix("pub use ") {
-                        for p in use_tree(rest) {
-                            if p.len() >= 2 {
-                                reexports.insert(p[p.len() - 1].clone(), p[0].clone());
-                            }
-                        }
+        if !module_path(rel).is_empty() {
+            continue;
+        }
+        for line in text.lines() {
+            if let Some(rest) = line.trim_start().strip_prefix("pub use ") {
+                for p in use_tree(rest) {
+                    if let Some(owner) = file_of(&[], &p[..p.len() - 1]) {
+                        reexports.insert(p[p.len() - 1].clone(), owner);
                     }
                 }
             }
         }
     }
-    let modules: BTreeSet<String> = graph.keys().cloned().collect();
+    let resolve = |base: &[String], rest: &[String]| -> Option<Vec<String>> {
+        file_of(base, rest).or_else(|| rest.first().and_then(|n| reexports.get(n)).cloned())
+    };
+    let mut graph: BTreeMap<String, BTreeSet<String>> = nodes
+        .iter()
+        .map(|n| (n.join("/"), BTreeSet::new()))
+        .collect();
     for (rel, text) in files {
-        let path = module_path(rel);
-        let Some(node) = path.first() else { continue };
-        let up = vec!["super"; path.len()].join("::");
-        let named = paths(text, "crate")
-            .into_iter()
-            .filter(|p| p[0] == "broker")
-            .filter_map(|p| p.get(1).cloned())
-            .chain(paths(text, &up).into_iter().map(|p| p[0].clone()));
-        for name in named {
-            let to = if modules.contains(&name) {
-                name
-            } else if let Some(owner) = reexports.get(&name) {
-                owner.clone()
-            } else {
-                continue;
-            };
-            if to != *node {
-                graph.get_mut(node).unwrap().insert(to);
+        let here = module_path(rel);
+        if here.is_empty() {
+            continue;
+        }
+        let mut named = Vec::new();
+        for p in paths(text, "crate") {
+            if p[0] == "broker" {
+                named.extend(resolve(&[], &p[1..]));
+            }
+        }
+        for p in paths(text, "super") {
+            let ups = 1 + p.iter().take_while(|s| *s == "super").count();
+            if ups <= here.len() {
+                named.extend(resolve(&here[..here.len() - ups], &p[ups - 1..]));
+            }
+        }
+        for p in paths(text, "self") {
+            named.extend(resolve(&here, &p));
+        }
+        for child in nodes
+            .iter()
+            .filter(|n| n.len() == here.len() + 1 && n.starts_with(&here))
+        {
+            if !paths(text, child.last().unwrap()).is_empty() {
+                named.push(child.clone());
+            }
+        }
+        let edges = graph.get_mut(&here.join("/")).unwrap();
+        for to in named {
+            if to != here {
+                edges.insert(to.join("/"));
             }
         }
     }
@@ -469,7 +508,7 @@ fn a_path_past_a_seam_is_reported() {
     );
     assert_eq!(
         seam_violations("broker", "use crate::cluster::*;"),
-        ["cluster"]
+        ["cluster::*"]
     );
     assert_eq!(
         seam_violations("broker", "use crate::cluster::{self as c};"),
@@ -541,7 +580,10 @@ fn a_cycle_among_broker_files_is_named() {
     let files = [
         file("mod.rs", "pub mod a;\npub use a::{Core, Settings};\n"),
         file("a.rs", "use super::b::Part;\npub struct Core;"),
-        file("b.rs", "use super::{c, d::Leaf};\npub struct Part;"),
+        file(
+            "b.rs",
+            "use super::{c, d::Leaf};\nmod inner;\npub struct Part;",
+        ),
         file("b/inner.rs", "use super::*;\nuse super::super::e::X;"),
         file("c.rs", "impl crate::broker::Core {}\n"),
         file("d.rs", "pub struct Leaf;"),
@@ -552,10 +594,32 @@ fn a_cycle_among_broker_files_is_named() {
         .iter()
         .flat_map(|(f, ts)| ts.iter().map(move |t| format!("{f}->{t}")))
         .collect();
-    assert_eq!(edges, ["a->b", "b->c", "b->d", "b->e", "c->a", "e->d"]);
+    assert_eq!(
+        edges,
+        [
+            "a->b",
+            "b->c",
+            "b->d",
+            "b/inner->b",
+            "b/inner->e",
+            "c->a",
+            "e->d"
+        ]
+    );
     assert_eq!(
         cycles(&graph),
         ["a -> b -> c -> a (all of {a, b, c} reach each other: a->b b->c c->a)"]
+    );
+    // A parent naming its child, which names the parent back.
+    let files = [
+        file("mod.rs", ""),
+        file("s.rs", "mod kv;\npub use kv::Watch;"),
+        file("s/kv.rs", "use super::*;\npub struct Watch;"),
+        file("t.rs", "fn f() { self::g(); super::s::Watch; }"),
+    ];
+    assert_eq!(
+        cycles(&broker_graph(&files)),
+        ["s -> s/kv -> s (all of {s, s/kv} reach each other: s->s/kv s/kv->s)"]
     );
     let files = [
         file("mod.rs", ""),
