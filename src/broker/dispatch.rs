@@ -13,7 +13,7 @@ use super::cluster::{ChangeAck, Cluster, ClusterSettings};
 use super::events::{self, Route};
 use super::messaging::{push_json_str, Lent, Messaging};
 use super::monitor::{Monitor, View};
-use super::requests::{REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
+use super::requests::{sanitize, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
 use super::session::{Session, NSP_CONTROL, NSP_ROOT};
 use super::streams::{Incoming, Streams};
 use crate::cluster::api::{Cmd, Fsm, PeerMessage};
@@ -925,19 +925,6 @@ fn check_not_a_bucket(op: events::StreamOp, arg: Option<&RawValue>) -> Result<()
         )),
         None => Ok(()),
     }
-}
-
-/// Keeps a node id usable inside a subject token.
-pub(crate) fn sanitize(id: &str) -> String {
-    id.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
 }
 
 impl Handler for Broker {
