@@ -130,7 +130,8 @@ impl Broker {
     /// What the monitor reads of the other parts, for one call.
     pub(crate) fn view(&self) -> View<'_> {
         View {
-            cfg: &self.cfg,
+            node_id: &self.cfg.node_id,
+            control_token: self.cfg.control_token.as_deref(),
             fsm: &self.fsm,
             streams: &self.streams,
             cluster: self.cluster.as_ref(),
