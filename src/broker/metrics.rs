@@ -8,7 +8,6 @@
 
 use std::fmt::Write as _;
 
-use super::streams::StreamSummary;
 use crate::port::NetStats;
 use crate::protocol::errors::Code;
 
@@ -209,46 +208,9 @@ impl Metrics {
     }
 }
 
-/// Per-stream and per-consumer families from the streams overview. The
-/// stream count and each stream's messages and bytes are rendered by
-/// `Streams::render_metrics`; these add what the consumers hold.
-pub(crate) fn stream_families(streams: &[StreamSummary]) -> Vec<Family> {
-    let mut last = Family::gauge(
-        "gombus_stream_last_seq",
-        "Last sequence stored in the stream.",
-    );
-    let mut consumers = Family::gauge("gombus_stream_consumers", "Consumers of the stream.");
-    let mut pending = Family::gauge(
-        "gombus_consumer_pending",
-        "Messages of the stream the consumer has not been given yet.",
-    );
-    let mut ack_pending = Family::gauge(
-        "gombus_consumer_ack_pending",
-        "Messages given to the consumer and not acked yet.",
-    );
-    let mut redelivered = Family::gauge(
-        "gombus_consumer_redelivered",
-        "Messages the consumer is being given again.",
-    );
-    for s in streams {
-        let l = || vec![("stream", s.name.clone())];
-        last.samples.push((l(), s.state.last_seq as f64));
-        consumers.samples.push((l(), s.consumers.len() as f64));
-        for c in &s.consumers {
-            let cl = || vec![("stream", s.name.clone()), ("consumer", c.name.clone())];
-            pending.samples.push((cl(), c.num_pending as f64));
-            ack_pending.samples.push((cl(), c.num_ack_pending as f64));
-            redelivered.samples.push((cl(), c.num_redelivered as f64));
-        }
-    }
-    vec![last, consumers, pending, ack_pending, redelivered]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::streams::ConsumerSummary;
-    use crate::stream::stream::State;
 
     #[test]
     fn every_sample_has_help_and_type() {
@@ -268,59 +230,5 @@ mod tests {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name}");
             assert!(text.contains(&format!("# HELP {name} ")), "{name}");
         }
-    }
-
-    #[test]
-    fn stream_and_consumer_samples() {
-        let streams = [StreamSummary {
-            name: "ORDERS".into(),
-            subjects: vec!["orders.>".into()],
-            state: State {
-                messages: 3,
-                bytes: 90,
-                first_seq: 1,
-                last_seq: 3,
-                consumer_count: 1,
-            },
-            consumers: vec![ConsumerSummary {
-                name: "w".into(),
-                num_pending: 2,
-                num_ack_pending: 1,
-                num_redelivered: 0,
-            }],
-        }];
-        let mut text = String::new();
-        for f in stream_families(&streams) {
-            f.render(&mut text);
-        }
-        assert!(
-            text.contains("gombus_stream_last_seq{stream=\"ORDERS\"} 3\n"),
-            "{text}"
-        );
-        // Streams::render_metrics owns these.
-        assert!(!text.contains("gombus_streams "), "{text}");
-        assert!(!text.contains("gombus_stream_messages"), "{text}");
-        assert!(
-            text.contains("gombus_stream_consumers{stream=\"ORDERS\"} 1\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("gombus_consumer_pending{stream=\"ORDERS\",consumer=\"w\"} 2\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("gombus_consumer_ack_pending{stream=\"ORDERS\",consumer=\"w\"} 1\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("gombus_consumer_redelivered{stream=\"ORDERS\",consumer=\"w\"} 0\n"),
-            "{text}"
-        );
-        // No stream: no empty families.
-        let mut empty = String::new();
-        for f in stream_families(&[]) {
-            f.render(&mut empty);
-        }
-        assert_eq!(empty, "");
     }
 }

@@ -55,13 +55,8 @@ pub use crate::protocol::stream_messages::FETCH_BATCH_MAX;
 mod acks;
 mod admin;
 mod fetch;
-mod kv;
+pub(crate) mod kv;
 mod upkeep;
-
-pub use kv::{
-    kv_all, kv_at, kv_history, kv_latest, kv_latest_all, kv_state, push_entry, start_watch,
-    KvEntry, KvSource, KvState, Watch, WatchStart,
-};
 
 /// Most streams one broker holds.
 pub const STREAMS_MAX: usize = 1_000;
@@ -171,6 +166,22 @@ pub(super) struct OpenStream {
     push_waiting: bool,
 }
 
+/// A `kv.watch`: an in-memory consumer (filtered to the watched keys, no
+/// acks) of the writes its bucket's stream stores, read from the stream's
+/// tap so that none is missed even when a limit removes it at once (a
+/// second write of a key with `history` 1 in the same turn); each goes to
+/// one socket as a `msg`. Nothing of it is written; it ends with its
+/// socket.
+pub struct Watch {
+    conn: ConnId,
+    sid: String,
+    stream: Rc<str>,
+    bucket: String,
+    consumer: Consumer,
+    /// The user's `subscribe` rules, when not every key may be read.
+    readable: Option<crate::auth::rights::Rules>,
+}
+
 pub struct Streams {
     root: Option<PathBuf>,
     /// Why streams are refused (`unavailable`), if they are.
@@ -215,7 +226,7 @@ pub struct Streams {
     last_subs: usize,
     next_sweep: Instant,
     /// `kv.watch`es of the buckets held here (`kv.rs`).
-    watches: Vec<kv::Watch>,
+    watches: Vec<Watch>,
 }
 
 /// How often every stream is looked at even when nothing happened to it.

@@ -3,7 +3,8 @@
 //! stream groups and the users' refusals.
 
 use super::{Monitor, View};
-use crate::broker::metrics::{stream_families, Family};
+use crate::broker::metrics::Family;
+use crate::broker::streams::StreamSummary;
 use crate::cluster::api::TransportStats;
 
 impl Monitor {
@@ -151,5 +152,101 @@ fn raft_figures(view: &View<'_>) -> RaftFigures {
         dropped: c.forward_counts().1,
         raft_dropped: view.map_or(0, |v| v.dropped),
         transport: view.map_or_else(TransportStats::default, |v| v.transport),
+    }
+}
+
+/// Per-stream and per-consumer families from the streams overview. The
+/// stream count and each stream's messages and bytes are rendered by
+/// `Streams::render_metrics`; these add what the consumers hold.
+fn stream_families(streams: &[StreamSummary]) -> Vec<Family> {
+    let mut last = Family::gauge(
+        "gombus_stream_last_seq",
+        "Last sequence stored in the stream.",
+    );
+    let mut consumers = Family::gauge("gombus_stream_consumers", "Consumers of the stream.");
+    let mut pending = Family::gauge(
+        "gombus_consumer_pending",
+        "Messages of the stream the consumer has not been given yet.",
+    );
+    let mut ack_pending = Family::gauge(
+        "gombus_consumer_ack_pending",
+        "Messages given to the consumer and not acked yet.",
+    );
+    let mut redelivered = Family::gauge(
+        "gombus_consumer_redelivered",
+        "Messages the consumer is being given again.",
+    );
+    for s in streams {
+        let l = || vec![("stream", s.name.clone())];
+        last.samples.push((l(), s.state.last_seq as f64));
+        consumers.samples.push((l(), s.consumers.len() as f64));
+        for c in &s.consumers {
+            let cl = || vec![("stream", s.name.clone()), ("consumer", c.name.clone())];
+            pending.samples.push((cl(), c.num_pending as f64));
+            ack_pending.samples.push((cl(), c.num_ack_pending as f64));
+            redelivered.samples.push((cl(), c.num_redelivered as f64));
+        }
+    }
+    vec![last, consumers, pending, ack_pending, redelivered]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::streams::ConsumerSummary;
+    use crate::stream::stream::State;
+
+    #[test]
+    fn stream_and_consumer_samples() {
+        let streams = [StreamSummary {
+            name: "ORDERS".into(),
+            subjects: vec!["orders.>".into()],
+            state: State {
+                messages: 3,
+                bytes: 90,
+                first_seq: 1,
+                last_seq: 3,
+                consumer_count: 1,
+            },
+            consumers: vec![ConsumerSummary {
+                name: "w".into(),
+                num_pending: 2,
+                num_ack_pending: 1,
+                num_redelivered: 0,
+            }],
+        }];
+        let mut text = String::new();
+        for f in stream_families(&streams) {
+            f.render(&mut text);
+        }
+        assert!(
+            text.contains("gombus_stream_last_seq{stream=\"ORDERS\"} 3\n"),
+            "{text}"
+        );
+        // Streams::render_metrics owns these.
+        assert!(!text.contains("gombus_streams "), "{text}");
+        assert!(!text.contains("gombus_stream_messages"), "{text}");
+        assert!(
+            text.contains("gombus_stream_consumers{stream=\"ORDERS\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gombus_consumer_pending{stream=\"ORDERS\",consumer=\"w\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gombus_consumer_ack_pending{stream=\"ORDERS\",consumer=\"w\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gombus_consumer_redelivered{stream=\"ORDERS\",consumer=\"w\"} 0\n"),
+            "{text}"
+        );
+        // No stream: no empty families.
+        let mut empty = String::new();
+        for f in stream_families(&[]) {
+            f.render(&mut empty);
+        }
+        assert_eq!(empty, "");
     }
 }
