@@ -22,9 +22,11 @@
 //! - [`placement`] of replicated streams, and the node's
 //!   [`TransportStats`];
 //! - [`snapshot_file`]: a replicated stream's snapshot file, written on a
-//!   thread of the broker's and read back when a replica restores. It
-//!   stays a re-export because the replica's own restore reads it as a
-//!   stream.
+//!   thread of the broker's and read back when a replica restores. Its
+//!   parts cross the seam rather than one operation behind it: writing and
+//!   reading one joins this file format to the stream's replica
+//!   (`Frozen::store`, `Replica::restore_files`), and only the broker
+//!   imports both `cluster` and `stream`.
 
 pub use super::forward::PeerMessage;
 pub use super::fsm::{Change, Cmd, Cursor, CursorPos, Fsm, MetaCommand};
