@@ -9,7 +9,7 @@
 //! (`stream/limits.rs`) decide compare-and-set in the step that gives the
 //! write its sequence (an R1 store, or the replicated leader's apply).
 //! Reads use the stream's per-subject index through
-//! [`KvSource`](super::streams::kv::KvSource); a watch is an in-memory
+//! [`KvSource`]; a watch is an in-memory
 //! consumer of an R1 bucket's stream (`streams/kv.rs`).
 
 use serde_json::value::RawValue;
