@@ -1,5 +1,5 @@
 //! Cluster mode inside the broker: control-state changes made on this node
-//! ([`Broker::submit`]) are applied at once on a single node, and in a
+//! ([`Broker::submit`](super::Broker::submit)) are applied at once on a single node, and in a
 //! cluster proposed to the Raft leader (locally, or over the leader's peer
 //! link as `cluster.command`) and answered when Raft hands them back
 //! committed; publishes whose subscribers live on other nodes are batched
@@ -24,13 +24,10 @@ use serde_json::{json, Value};
 
 use super::ack::{send_ack, send_ack_with};
 use super::session::NSP_ROOT;
-use super::Broker;
-use crate::cluster::forward::{self, PeerMessage};
-use crate::cluster::fsm::{Change, Cmd, MetaCommand};
-use crate::cluster::link::{CallError, LinkEvent, LinkOut, Links};
-use crate::cluster::node::{FromRaft, NodeConfig, RaftNode, ToRaft, View};
-use crate::cluster::raft::Role;
-use crate::cluster::raft_msg::GroupId;
+use crate::cluster::api::{
+    forward, CallError, Change, Cmd, FromRaft, Fsm, GroupId, LinkEvent, LinkOut, Links,
+    MetaCommand, NodeConfig, PeerMessage, RaftNode, Role, ToRaft, View, EMIT_BYTES_MAX,
+};
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ApiError, Code};
 use crate::protocol::subject;
@@ -227,6 +224,35 @@ impl Listing {
     }
 }
 
+/// A membership change waiting to be answered.
+pub(crate) struct Pending {
+    pub conn: ConnId,
+    ack_id: Option<u64>,
+    what: What,
+    /// The index of its configuration entry, once appended.
+    index: Option<u64>,
+    deadline: Instant,
+    /// A removal waiting for the node's replicas to move: when to ask
+    /// for the moves again.
+    moving: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum What {
+    Add(u64),
+    Remove(u64),
+    /// Relayed to the leader: its answer is this one's.
+    Relayed,
+}
+
+/// The `stream.create` of a new replicated stream, applied and waiting for
+/// its group's first leader.
+struct CreateWait {
+    reply: ChangeAck,
+    group: GroupId,
+    deadline: Instant,
+}
+
 pub(crate) struct Cluster {
     me: u64,
     /// Every node's name this node has known, by id (members and former
@@ -244,7 +270,7 @@ pub(crate) struct Cluster {
     member: bool,
     removed: bool,
     /// Membership changes waiting to be answered, by tag.
-    changes: HashMap<u64, membership::Pending>,
+    changes: HashMap<u64, Pending>,
     /// `cluster.members` asked of peers while this node waits to be
     /// added, and when to ask again.
     asks: HashSet<u64>,
@@ -271,7 +297,7 @@ pub(crate) struct Cluster {
     remote: HashMap<u64, (ConnId, u64)>,
     relays: HashMap<u64, Relay>,
     /// Creates of replicated streams waiting for their group's leader.
-    created: Vec<proposals::CreateWait>,
+    created: Vec<CreateWait>,
     gathers: HashMap<u64, Gather>,
     /// Relay tag -> gather it belongs to.
     gather_of: HashMap<u64, u64>,
@@ -313,7 +339,7 @@ impl Cluster {
         };
         let inbox_nodes = names
             .iter()
-            .map(|(&id, n)| (super::dispatch::sanitize(n), id))
+            .map(|(&id, n)| (super::requests::sanitize(n), id))
             .collect();
         Cluster {
             me,
@@ -578,7 +604,7 @@ impl Cluster {
     /// the link's event size is closed and a new one begun.
     pub fn queue_forward(&mut self, node: u64, m: &PeerMessage<'_>) {
         let open = self.batches.entry(node).or_default();
-        if open.len() >= crate::cluster::link::EMIT_BYTES_MAX {
+        if open.len() >= EMIT_BYTES_MAX {
             let full = std::mem::take(open);
             self.full_batches.push((node, full));
         }
@@ -594,7 +620,7 @@ impl Cluster {
     }
 
     /// Which node owns the stream capturing `subject`, if another does.
-    pub fn remote_capture(&mut self, fsm: &crate::cluster::fsm::Fsm, subject: &str) -> Option<u64> {
+    pub fn remote_capture(&mut self, fsm: &Fsm, subject: &str) -> Option<u64> {
         if self.capture_dirty {
             self.capture_dirty = false;
             self.remote_capture = Sublist::default();
@@ -632,40 +658,9 @@ fn call_error_value(e: &CallError) -> String {
 /// Keeps `c` usable when an entry is applied twice (a change resent after
 /// a leader change): subscribing with a sid already taken is refused and
 /// removals are idempotent, so a repeat changes nothing.
-/// Raft's and the links' part, played by in-process tests of the core:
-/// what the core handed to Raft, and the events Raft and the links would
-/// bring back.
-#[cfg(test)]
-impl Broker {
-    /// The changes this node is waiting to see committed, oldest first.
-    pub(crate) fn proposals(&self) -> Vec<Change> {
-        self.cluster.as_ref().map_or(Vec::new(), |c| {
-            c.waiters
-                .values()
-                .filter_map(|w| Change::decode(&w.data).ok())
-                .collect()
-        })
-    }
-
-    /// Raft committed `change` at `index`: the event the Raft thread
-    /// reports through the waker.
-    pub(crate) fn raft_applied(&mut self, sink: &mut dyn Sink, index: u64, change: &Change) {
-        let data = change.encode();
-        self.on_raft(sink, FromRaft::Apply { index, data });
-    }
-
-    /// The peer link `link` now reaches `node` (`None`: it is down).
-    pub(crate) fn set_link(&mut self, link: usize, node: Option<u64>) {
-        if let Some(c) = self.cluster.as_mut() {
-            c.link_node[link] = node;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::fsm::Fsm;
     use crate::routing::subs::Owner;
 
     #[test]

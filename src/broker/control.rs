@@ -12,7 +12,7 @@ use super::events::{self, Route};
 use super::monitor::cluster_status;
 use super::session::NSP_CONTROL;
 use super::Broker;
-use crate::cluster::fsm::Cmd;
+use crate::cluster::api::Cmd;
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_body, ok_with, ApiError, Code};
 use crate::protocol::messages::{parse_arg, GroupSet};

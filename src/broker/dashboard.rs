@@ -66,7 +66,7 @@ impl Monitor {
             errors.insert(code.as_str().to_string(), json!(n));
         }
         json!({
-            "node_id": view.cfg.node_id,
+            "node_id": view.node_id,
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_ms": self.uptime_ms(sink.now()),
             "connections": net.sessions_open,
@@ -100,7 +100,7 @@ impl Monitor {
 }
 
 fn dashboard_authorized(view: &View<'_>, req: &Request) -> bool {
-    let Some(expected) = &view.cfg.control_token else {
+    let Some(expected) = view.control_token else {
         return true;
     };
     let bearer = req

@@ -13,11 +13,10 @@ use super::cluster::{ChangeAck, Cluster, ClusterSettings};
 use super::events::{self, Route};
 use super::messaging::{push_json_str, Lent, Messaging};
 use super::monitor::{Monitor, View};
-use super::requests::{REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
+use super::requests::{sanitize, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
 use super::session::{Session, NSP_CONTROL, NSP_ROOT};
 use super::streams::{Incoming, Streams};
-use crate::cluster::forward::PeerMessage;
-use crate::cluster::fsm::{Cmd, Fsm};
+use crate::cluster::api::{Cmd, Fsm, PeerMessage};
 use crate::crypto::token_eq;
 use crate::port::{ConnId, Handler, Payload, Request, Response, Sink};
 use crate::protocol::errors::{ok_body, raw_text, ApiError, Code, OK_BODY};
@@ -131,7 +130,8 @@ impl Broker {
     /// What the monitor reads of the other parts, for one call.
     pub(crate) fn view(&self) -> View<'_> {
         View {
-            cfg: &self.cfg,
+            node_id: &self.cfg.node_id,
+            control_token: self.cfg.control_token.as_deref(),
             fsm: &self.fsm,
             streams: &self.streams,
             cluster: self.cluster.as_ref(),
@@ -926,19 +926,6 @@ fn check_not_a_bucket(op: events::StreamOp, arg: Option<&RawValue>) -> Result<()
         )),
         None => Ok(()),
     }
-}
-
-/// Keeps a node id usable inside a subject token.
-pub(crate) fn sanitize(id: &str) -> String {
-    id.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
 }
 
 impl Handler for Broker {

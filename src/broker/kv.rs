@@ -9,7 +9,7 @@
 //! (`stream/limits.rs`) decide compare-and-set in the step that gives the
 //! write its sequence (an R1 store, or the replicated leader's apply).
 //! Reads use the stream's per-subject index through
-//! [`KvSource`](super::streams::KvSource); a watch is an in-memory
+//! [`KvSource`]; a watch is an in-memory
 //! consumer of an R1 bucket's stream (`streams/kv.rs`).
 
 use serde_json::value::RawValue;
@@ -18,13 +18,13 @@ use serde_json::{json, Map, Value};
 use super::cluster::Listing;
 use super::events::{KvOp, StreamOp};
 use super::stream_groups::{Route, ENTRY_WAIT};
-use super::streams::{
+use super::streams::kv::{
     kv_at, kv_history, kv_latest, kv_latest_all, kv_state, push_entry, start_watch, KvEntry,
     KvSource, KvState, WatchStart,
 };
 use super::Broker;
 use crate::auth::rights::{Rules, SubDecision};
-use crate::cluster::raft_msg::GroupId;
+use crate::cluster::api::GroupId;
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_with, ApiError, Code};
 use crate::protocol::kv_messages::{self as kvm, BucketReq, CreateReq, KeyReq, KeysReq, WatchReq};

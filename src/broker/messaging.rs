@@ -16,7 +16,7 @@ use super::ack::{send_ack, send_ack_with};
 use super::cluster::Cluster;
 use super::requests::{Pending, Requests, REQUEST_TIMEOUT_DEFAULT};
 use super::session::Session;
-use crate::cluster::forward::PeerMessage;
+use crate::cluster::api::PeerMessage;
 use crate::port::{ConnId, Shared, Sink};
 use crate::protocol::errors::ApiError;
 use crate::protocol::socketio::{self, PacketType};

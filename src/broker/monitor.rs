@@ -11,18 +11,21 @@ use serde_json::{json, Value};
 
 use super::access::Access;
 use super::cluster::Cluster;
-use super::dispatch::BrokerConfig;
 use super::history::{Counters, History};
 use super::metrics::Metrics;
 use super::streams::Streams;
-use crate::cluster::fsm::Fsm;
-use crate::cluster::raft::Role;
+use crate::cluster::api::{Fsm, Role};
 use crate::port::{Request, Response, Sink};
 use crate::protocol::errors::Code;
 
+mod families;
+
 /// What the monitor reads of the rest of the broker, borrowed for one call.
 pub(crate) struct View<'a> {
-    pub cfg: &'a BrokerConfig,
+    /// This node's id (`-node-id`).
+    pub node_id: &'a str,
+    /// `-control-token`, which the dashboard asks for.
+    pub control_token: Option<&'a str>,
     /// The control state: subscriptions and the applied index.
     pub fsm: &'a Fsm,
     pub streams: &'a Streams,
@@ -147,7 +150,7 @@ impl Monitor {
     /// `server.info`'s answer.
     pub(crate) fn server_info(&self, view: &View<'_>, sink: &dyn Sink) -> Value {
         let mut info = json!({
-            "node_id": view.cfg.node_id,
+            "node_id": view.node_id,
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_ms": self.uptime_ms(sink.now()),
             "connections": sink.stats().sessions_open,
@@ -164,7 +167,7 @@ impl Monitor {
 /// `{node_id, leader, term, commit_index, applied_index, peers}`: a
 /// single node is a cluster of one that leads itself.
 pub(crate) fn cluster_status(view: &View<'_>) -> Value {
-    let node_id = &view.cfg.node_id;
+    let node_id = view.node_id;
     let Some(c) = view.cluster else {
         return json!({
             "node_id": node_id,

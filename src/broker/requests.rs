@@ -150,6 +150,19 @@ impl Requests {
     }
 }
 
+/// Keeps a node id usable inside a subject token.
+pub(crate) fn sanitize(id: &str) -> String {
+    id.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

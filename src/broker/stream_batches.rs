@@ -42,9 +42,9 @@ use super::ack::send_ack;
 use super::session::{NSP_CONTROL, NSP_ROOT};
 use super::stream_groups::{StreamGroups, ENTRY_WAIT};
 use super::Broker;
-use crate::cluster::link::CallError;
+use crate::cluster::api::CallError;
 #[cfg(doc)]
-use crate::cluster::link::LinkOut;
+use crate::cluster::api::LinkOut;
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ApiError, Code};
 

@@ -39,9 +39,8 @@ use serde_json::{json, Value};
 
 use super::session::NSP_CONTROL;
 use super::Broker;
-use crate::cluster::node::ToRaft;
-use crate::cluster::raft_msg::GroupId;
-use crate::cluster::snapshot_file::{self, FileRef};
+use crate::cluster::api::snapshot_file::{self, FileRef};
+use crate::cluster::api::{GroupId, ToRaft};
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ApiError, Code};
 use crate::stream::catchup::{Answer, CatchUp, Next, Pace, Served};
@@ -226,7 +225,7 @@ impl Broker {
         &mut self,
         now: Instant,
         tag: u64,
-        result: Result<(String, Vec<Vec<u8>>), crate::cluster::link::CallError>,
+        result: Result<(String, Vec<Vec<u8>>), crate::cluster::api::CallError>,
     ) {
         let found = (self.stream_groups.held.iter_mut())
             .find(|(_, h)| h.catchup.as_ref().is_some_and(|c| c.waits_on(tag)));
@@ -335,7 +334,7 @@ impl Broker {
             return;
         };
         let index = h.core.applied;
-        let empty = |raft: &crate::cluster::node::RaftNode| {
+        let empty = |raft: &crate::cluster::api::RaftNode| {
             raft.send(ToRaft::GroupCompact {
                 group,
                 index,

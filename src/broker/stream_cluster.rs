@@ -17,7 +17,7 @@ use super::cluster::{ChangeAck, Listing, PROPOSE_WAIT};
 use super::events::StreamOp;
 use super::session::NSP_ROOT;
 use super::Broker;
-use crate::cluster::fsm::{Cmd, Cursor, CursorPos, MetaCommand};
+use crate::cluster::api::{Cmd, Cursor, CursorPos, MetaCommand};
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::ApiError;
 

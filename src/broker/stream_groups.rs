@@ -52,11 +52,8 @@ use super::session::NSP_ROOT;
 use super::stream_out::{has_targets, push_accepted, push_message, Push, RemotePush};
 use super::streams::{epoch_ms, FETCH_BYTES_MAX, NAK_DELAY_MS_MAX, PUSH_PER_TURN_MAX};
 use super::Broker;
-use crate::cluster::fsm::{Cmd, MetaCommand};
-use crate::cluster::node::{GroupEvent, RaftSender, ToRaft};
-use crate::cluster::raft::Role;
-use crate::cluster::raft_msg::GroupId;
-use crate::cluster::snapshot_file::{self, FileRef};
+use crate::cluster::api::snapshot_file::{self, FileRef};
+use crate::cluster::api::{Cmd, GroupEvent, GroupId, MetaCommand, RaftSender, Role, ToRaft};
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_with, ApiError, Code, OK_BODY};
 use crate::protocol::stream_messages::{
@@ -1167,7 +1164,7 @@ impl Broker {
             .iter()
             .filter(|&&n| Some(n) != leader)
             .map(|&n| {
-                let upto = |g: &crate::cluster::node::GroupView| {
+                let upto = |g: &crate::cluster::api::GroupView| {
                     self.stream_groups.lag_as_of.unwrap_or(g.last_index)
                 };
                 let lag = g

@@ -26,10 +26,8 @@ use std::collections::HashMap;
 
 use super::cluster::Cluster;
 use super::Broker;
-use crate::cluster::fsm::{Cmd, MetaCommand};
-use crate::cluster::node::ToRaft;
-use crate::cluster::placement::{self, Placement};
-use crate::cluster::raft_msg::GroupId;
+use crate::cluster::api::placement::{self, Placement};
+use crate::cluster::api::{Cmd, GroupId, MetaCommand, ToRaft};
 use crate::port::Sink;
 
 /// What the Raft thread needs to hold the group of placement `p` on node

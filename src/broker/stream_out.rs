@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use super::streams::{
+use super::streams::open::{
     after_events, ConsumerSummary, OpenStream, FETCH_BYTES_MAX, PUSH_PER_TURN_MAX,
 };
 use crate::port::Sink;

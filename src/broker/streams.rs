@@ -15,7 +15,9 @@
 //! read-only views) and routes the events; the rest is split by concern:
 //! `admin.rs` (stream and consumer events), `fetch.rs` (pull fetches and
 //! their waits), `acks.rs` (consumer acks, held publish acks and their
-//! release), `upkeep.rs` (the per-turn work).
+//! release), `upkeep.rs` (the per-turn work), `kv.rs` (key-value reads),
+//! and `open.rs` (one open stream and its retention after consumer
+//! events, which the push and fetch paths of `stream_out.rs` share).
 //!
 //! Bounds: [`STREAMS_MAX`] streams, [`CONSUMERS_PER_STREAM_MAX`] consumers
 //! per stream, [`WAITS_PER_CONN_MAX`] waiting fetches per connection,
@@ -45,7 +47,7 @@ use crate::protocol::stream_messages::{
 use crate::routing::sublist::Sublist;
 use crate::routing::subs::SubTable;
 use crate::storage::sync::{FileKey, SyncPolicy, Syncer, Ticket};
-use crate::stream::consumer::{Consumer, Event};
+use crate::stream::consumer::Consumer;
 use crate::stream::meta::{ConsumerSnap, MetaLog, Snapshot};
 use crate::stream::store::Options;
 use crate::stream::stream::{Member, State, Stored, Stream, CONSUMERS_PER_STREAM_MAX};
@@ -55,22 +57,17 @@ pub use crate::protocol::stream_messages::FETCH_BATCH_MAX;
 mod acks;
 mod admin;
 mod fetch;
-mod kv;
+pub(crate) mod kv;
+pub(super) mod open;
 mod upkeep;
 
-pub use kv::{
-    kv_all, kv_at, kv_history, kv_latest, kv_latest_all, kv_state, push_entry, start_watch,
-    KvEntry, KvSource, KvState, Watch, WatchStart,
-};
+use open::{after_events, forget_removed, remove_seqs, OpenStream};
+pub use open::{ConsumerSummary, FETCH_BYTES_MAX, PUSH_PER_TURN_MAX};
 
 /// Most streams one broker holds.
 pub const STREAMS_MAX: usize = 1_000;
 /// Most fetches one connection may have waiting.
 pub const WAITS_PER_CONN_MAX: usize = 64;
-/// A fetch answer stops adding messages past this many bytes.
-pub const FETCH_BYTES_MAX: usize = 8 << 20;
-/// Push deliveries per consumer per loop turn (fairness between them).
-pub const PUSH_PER_TURN_MAX: usize = 256;
 /// Acks waiting for their write or fsync, over all sockets; past it,
 /// captured publishes are refused with `limit` until the disk catches up.
 pub const HELD_ACKS_MAX: usize = 1_000_000;
@@ -121,30 +118,6 @@ pub struct StreamSummary {
 /// JSON.
 pub type StreamConfigs = (String, Value, Vec<(String, Value)>);
 
-/// A consumer's counts, as `consumer.info` reports them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConsumerSummary {
-    pub name: String,
-    /// Messages of the stream (matching its filter) not given to it yet.
-    pub num_pending: u64,
-    /// Messages given to it and not acked yet.
-    pub num_ack_pending: u64,
-    /// Of those, the ones given more than once.
-    pub num_redelivered: u64,
-}
-
-impl ConsumerSummary {
-    /// The counts of consumer `name` (`c`) of `stream`.
-    pub(super) fn of(stream: &Stream, name: &str, c: &Consumer) -> ConsumerSummary {
-        ConsumerSummary {
-            name: name.to_string(),
-            num_pending: stream.count_from(c.next_seq(), c.cfg.filter_subject.as_deref()),
-            num_ack_pending: c.num_ack_pending() as u64,
-            num_redelivered: c.num_redelivered() as u64,
-        }
-    }
-}
-
 /// A `consumer.fetch` waiting for messages.
 #[derive(Debug)]
 struct Wait {
@@ -156,19 +129,20 @@ struct Wait {
     deadline: Instant,
 }
 
-pub(super) struct OpenStream {
-    /// Its key in the capture index.
-    id: u64,
-    pub(super) name: Rc<str>,
-    pub(super) stream: Stream,
-    meta: MetaLog,
-    meta_key: Option<FileKey>,
-    /// Something changed this turn: files to write, consumers to serve.
-    pub(super) touched: bool,
-    /// When this stream next needs the loop (a redelivery, an age limit).
-    due: Option<Instant>,
-    /// A push consumer has something to deliver but nobody took it yet.
-    push_waiting: bool,
+/// A `kv.watch`: an in-memory consumer (filtered to the watched keys, no
+/// acks) of the writes its bucket's stream stores, read from the stream's
+/// tap so that none is missed even when a limit removes it at once (a
+/// second write of a key with `history` 1 in the same turn); each goes to
+/// one socket as a `msg`. Nothing of it is written; it ends with its
+/// socket.
+pub struct Watch {
+    conn: ConnId,
+    sid: String,
+    stream: Rc<str>,
+    bucket: String,
+    consumer: Consumer,
+    /// The user's `subscribe` rules, when not every key may be read.
+    readable: Option<crate::auth::rights::Rules>,
 }
 
 pub struct Streams {
@@ -215,7 +189,7 @@ pub struct Streams {
     last_subs: usize,
     next_sweep: Instant,
     /// `kv.watch`es of the buckets held here (`kv.rs`).
-    watches: Vec<kv::Watch>,
+    watches: Vec<Watch>,
 }
 
 /// How often every stream is looked at even when nothing happened to it.
@@ -769,41 +743,6 @@ fn maintain(slot: &mut OpenStream, now: Instant, now_ms: u64) {
     }
 }
 
-/// Logs a consumer's events and applies the stream's retention to the
-/// sequences it is done with.
-pub(super) fn after_events(slot: &mut OpenStream, consumer: &str, events: &[Event], done: &[u64]) {
-    for &e in events {
-        slot.meta.push(consumer, e);
-    }
-    if slot.stream.cfg.retention == Retention::Limits {
-        return;
-    }
-    let finished = events.iter().filter_map(|e| match e {
-        Event::Done(s) => Some(*s),
-        _ => None,
-    });
-    let gone: Vec<u64> = finished
-        .chain(done.iter().copied())
-        .filter(|&s| slot.stream.done_with(s))
-        .collect();
-    remove_seqs(slot, &gone);
-}
-
-/// Removes messages under retention (acked in a workqueue, or by every
-/// interested consumer).
-fn remove_seqs(slot: &mut OpenStream, seqs: &[u64]) {
-    let mut removed = Vec::with_capacity(seqs.len());
-    for &s in seqs {
-        if slot.stream.remove(s).unwrap_or(false) {
-            removed.push(s);
-        }
-    }
-    if !removed.is_empty() {
-        forget_removed(slot, &removed);
-        slot.touched = true;
-    }
-}
-
 /// Consumers stop waiting for acks of messages that are gone (after a
 /// purge).
 fn forget_missing(slot: &mut OpenStream) {
@@ -815,20 +754,6 @@ fn forget_missing(slot: &mut OpenStream) {
         }
         for e in events {
             slot.meta.push(&name, e);
-        }
-    }
-}
-
-/// Consumers stop waiting for acks of messages that are gone.
-fn forget_removed(slot: &mut OpenStream, removed: &[u64]) {
-    if removed.is_empty() {
-        return;
-    }
-    for (name, m) in slot.stream.consumers.iter_mut() {
-        for &s in removed {
-            if m.consumer.forget(s) {
-                slot.meta.push(name, Event::Done(s));
-            }
         }
     }
 }

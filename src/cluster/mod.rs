@@ -27,6 +27,10 @@
 //! - [`node`]: the Raft thread of a broker in cluster mode.
 //! - [`link`]: Socket.IO links to the other nodes' `/control` namespace.
 //! - [`forward`]: the batch format of messages forwarded between nodes.
+//!
+//! The broker sees all of this through [`api`], the one module it may
+//! import (`tests/module_rules.rs` checks it).
+pub mod api;
 pub mod entry_json;
 pub mod forward;
 pub mod fsm;

@@ -3,6 +3,7 @@
 //! for other nodes' subscribers.
 
 use super::*;
+use crate::broker::Broker;
 
 impl Broker {
     /// `cluster.forward` from a peer: deliver its batch to this node's

@@ -8,8 +8,9 @@
 
 use super::super::session::NSP_CONTROL;
 use super::*;
-use crate::cluster::members::{self, MemberInfo};
-use crate::cluster::raft::{ChangeError, ChangeState};
+use crate::broker::Broker;
+use crate::cluster::api::members::{self, MemberInfo};
+use crate::cluster::api::{ChangeError, ChangeState};
 
 /// A removed node closes its clients this long after it learns of its
 /// removal, so that the answer to the change (and what is queued on its
@@ -34,27 +35,6 @@ const ASKS_MAX: usize = 64;
 /// still a member: a follower removed while cut off from the leader never
 /// receives the entry that removes it.
 const LEADERLESS_ASK_AFTER: Duration = Duration::from_secs(2);
-
-/// A membership change waiting to be answered.
-pub(crate) struct Pending {
-    pub conn: ConnId,
-    ack_id: Option<u64>,
-    what: What,
-    /// The index of its configuration entry, once appended.
-    index: Option<u64>,
-    deadline: Instant,
-    /// A removal waiting for the node's replicas to move: when to ask
-    /// for the moves again.
-    moving: Option<Instant>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum What {
-    Add(u64),
-    Remove(u64),
-    /// Relayed to the leader: its answer is this one's.
-    Relayed,
-}
 
 #[derive(serde::Deserialize)]
 struct AddReq {
@@ -419,7 +399,7 @@ impl Broker {
                 };
                 c.names.insert(m.id, info.name.clone());
                 c.inbox_nodes
-                    .insert(super::super::dispatch::sanitize(&info.name), m.id);
+                    .insert(super::super::requests::sanitize(&info.name), m.id);
                 let Some(http) = info.http else {
                     continue;
                 };
@@ -606,12 +586,12 @@ impl Broker {
 }
 
 /// The configuration a view shows, as the core's type.
-fn configuration(v: &View) -> crate::cluster::raft_msg::Membership {
-    crate::cluster::raft_msg::Membership {
+fn configuration(v: &View) -> crate::cluster::api::Membership {
+    crate::cluster::api::Membership {
         members: v
             .members
             .iter()
-            .map(|m| crate::cluster::raft_msg::Member {
+            .map(|m| crate::cluster::api::Member {
                 id: m.id,
                 voter: m.voter,
                 data: m.info.as_ref().map(MemberInfo::encode).unwrap_or_default(),

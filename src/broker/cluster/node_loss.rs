@@ -3,6 +3,7 @@
 //! declared gone by the leader, which removes its subscriptions.
 
 use super::*;
+use crate::broker::Broker;
 
 impl Broker {
     /// The leader declares gone the nodes whose link and Raft connection

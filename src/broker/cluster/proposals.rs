@@ -4,6 +4,7 @@
 //! when they come back applied or refused when they wait too long.
 
 use super::*;
+use crate::broker::Broker;
 
 impl Broker {
     /// Applies a control-state change: at once on a single node (the
@@ -301,14 +302,6 @@ impl Broker {
 /// may wait for its group's first leader before the create is answered
 /// `unavailable` (the contract's bound is 5 s).
 pub(crate) const FIRST_LEADER_WAIT: Duration = Duration::from_millis(4_500);
-
-/// The `stream.create` of a new replicated stream, applied and waiting for
-/// its group's first leader.
-pub(super) struct CreateWait {
-    pub(super) reply: ChangeAck,
-    group: GroupId,
-    deadline: Instant,
-}
 
 impl Broker {
     /// The change of `w` (its reply `r`) applied: sent now, except for a

@@ -3,6 +3,7 @@
 //! or `kv.list` gathered from every node.
 
 use super::*;
+use crate::broker::Broker;
 
 impl Broker {
     #[allow(clippy::too_many_arguments)]

@@ -4,6 +4,7 @@
 //! batches sent).
 
 use super::*;
+use crate::broker::Broker;
 
 impl Broker {
     /// Drains what the Raft thread and the links reported.
@@ -123,8 +124,8 @@ impl Broker {
                 self.retry_waiters(sink.now());
             }
             FromRaft::Group { group, event } => {
-                let status = matches!(event, crate::cluster::node::GroupEvent::Status(_));
-                if let crate::cluster::node::GroupEvent::Status(s) = &event {
+                let status = matches!(event, crate::cluster::api::GroupEvent::Status(_));
+                if let crate::cluster::api::GroupEvent::Status(s) = &event {
                     self.group_leader_moved(sink, group, s.leader);
                 }
                 self.on_group(sink, group, event);
@@ -237,6 +238,36 @@ impl Broker {
                 self.follow_members(sink, now);
                 self.watch_nodes(sink, now);
             }
+        }
+    }
+}
+
+/// Raft's and the links' part, played by in-process tests of the core:
+/// what the core handed to Raft, and the events Raft and the links would
+/// bring back.
+#[cfg(test)]
+impl Broker {
+    /// The changes this node is waiting to see committed, oldest first.
+    pub(crate) fn proposals(&self) -> Vec<Change> {
+        self.cluster.as_ref().map_or(Vec::new(), |c| {
+            c.waiters
+                .values()
+                .filter_map(|w| Change::decode(&w.data).ok())
+                .collect()
+        })
+    }
+
+    /// Raft committed `change` at `index`: the event the Raft thread
+    /// reports through the waker.
+    pub(crate) fn raft_applied(&mut self, sink: &mut dyn Sink, index: u64, change: &Change) {
+        let data = change.encode();
+        self.on_raft(sink, FromRaft::Apply { index, data });
+    }
+
+    /// The peer link `link` now reaches `node` (`None`: it is down).
+    pub(crate) fn set_link(&mut self, link: usize, node: Option<u64>) {
+        if let Some(c) = self.cluster.as_mut() {
+            c.link_node[link] = node;
         }
     }
 }

@@ -12,7 +12,7 @@ impl Streams {
     ) -> Result<Value, ApiError> {
         // In a cluster `replicas` was taken out already (`replicated.rs`).
         let mut fields = fields?;
-        crate::cluster::placement::take_replicas(&mut fields, 1, false)?;
+        crate::cluster::api::placement::take_replicas(&mut fields, 1, false)?;
         let mut cfg: StreamConfig = sm::read_config(fields)?;
         cfg.validate()?;
         if let Some(why) = self.broken.get(&cfg.name) {

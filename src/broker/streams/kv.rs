@@ -206,22 +206,6 @@ impl Streams {
 /// Most watches one connection may hold.
 pub const WATCHES_PER_CONN_MAX: usize = 256;
 
-/// A `kv.watch`: an in-memory consumer (filtered to the watched keys, no
-/// acks) of the writes its bucket's stream stores, read from the stream's
-/// tap so that none is missed even when a limit removes it at once (a
-/// second write of a key with `history` 1 in the same turn); each goes to
-/// one socket as a `msg`. Nothing of it is written; it ends with its
-/// socket.
-pub struct Watch {
-    pub(super) conn: ConnId,
-    pub(super) sid: String,
-    stream: Rc<str>,
-    bucket: String,
-    consumer: Consumer,
-    /// The user's `subscribe` rules, when not every key may be read.
-    readable: Option<crate::auth::rights::Rules>,
-}
-
 /// Appends a `msg` event's entry `{sid?, bucket, key, value?, revision,
 /// op, time}` to `out` (for `kv.get`, `kv.history` and watches); binary
 /// values go to `attachments`.

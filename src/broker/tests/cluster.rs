@@ -12,9 +12,7 @@ use std::net::SocketAddr;
 use super::{config, msg, Core};
 use crate::broker::cluster::ClusterSettings;
 use crate::broker::Broker;
-use crate::cluster::forward::{self, PeerMessage};
-use crate::cluster::fsm::{Change, Cmd};
-use crate::cluster::node::NodeConfig;
+use crate::cluster::api::{forward, Change, Cmd, NodeConfig, PeerMessage};
 use crate::routing::subs::{Command, Owner};
 
 /// A connection serial of node 2's (boot id 5).
