@@ -620,10 +620,7 @@ impl Store {
     pub fn first_seq_for_subject(&self, subject: &str) -> Option<u64> {
         let &id = self.subjects.ids.get(subject)?;
         let info = &self.subjects.infos[id as usize];
-        let (seq, _) = self
-            .rows
-            .live_from(info.first.get())
-            .find(|(_, e)| e.subj == id)?;
+        let seq = self.rows.find_subject_from(info.first.get(), id)?;
         info.first.set(seq);
         Some(seq)
     }
@@ -632,20 +629,15 @@ impl Store {
     /// per run of equal subjects).
     pub fn next_matching(&self, from: u64, mut pred: impl FnMut(&str) -> bool) -> Option<u64> {
         let mut memo: Option<(u32, bool)> = None;
-        for (seq, e) in self.rows.live_from(from) {
-            let pass = match memo {
-                Some((id, r)) if id == e.subj => r,
-                _ => {
-                    let r = pred(&self.subjects.infos[e.subj as usize].name);
-                    memo = Some((e.subj, r));
-                    r
-                }
-            };
-            if pass {
-                return Some(seq);
+        let found = self.rows.find_from(from, |e| match memo {
+            Some((id, r)) if id == e.subj => r,
+            _ => {
+                let r = pred(&self.subjects.infos[e.subj as usize].name);
+                memo = Some((e.subj, r));
+                r
             }
-        }
-        None
+        });
+        found.map(|(seq, _)| seq)
     }
 
     /// Live messages with exactly this subject.
