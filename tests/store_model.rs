@@ -144,6 +144,16 @@ fn check(store: &Store, model: &Model, rng: &mut Rng, ctx: &str) {
         want_last,
         "{ctx}: last for {subject}"
     );
+    let want_first = model
+        .msgs
+        .iter()
+        .find(|(_, m)| m.subject == subject)
+        .map(|(&s, _)| s);
+    assert_eq!(
+        store.first_seq_for_subject(subject),
+        want_first,
+        "{ctx}: first for {subject}"
+    );
     let count = model.msgs.values().filter(|m| m.subject == subject).count() as u64;
     assert_eq!(
         store.subject_count(subject),
