@@ -334,6 +334,11 @@ impl Subjects {
         if info.last.get() == seq {
             info.last.set(0);
         }
+        if info.count == 1 && info.last.get() != 0 {
+            // The one left is the last: a key-value bucket's next read of
+            // the key needs no search from the seq just removed.
+            info.first.set(info.last.get());
+        }
         if info.count == 0 {
             let name = std::mem::take(&mut info.name);
             self.ids.remove(&name);
