@@ -851,14 +851,72 @@ fn cold_key_figures() {
         .unwrap_or("VmRSS: ?")
         .to_string();
     eprintln!(
-        "compaction {compact}: {} live, {} segments, {} bytes on disk, {rss}",
+        "compaction {compact}: {} live, {} segments, {} bytes on disk, {} index bytes, {rss}",
         s.state().messages,
         s.segment_count(),
-        dir_bytes(&dir.0)
+        dir_bytes(&dir.0),
+        s.index_bytes()
     );
     drop(s);
     let s = open(&dir.0, &opts);
     kv.check(&s, "reopened");
+    eprintln!("reopened: {} index bytes", s.index_bytes());
+}
+
+/// The index follows the live messages, not the seqs from the oldest to
+/// the newest: a cold key and ever more puts of ten hot keys (each
+/// removing the key's previous message) keep it under a bound that does
+/// not grow with the puts; so does reopening, from the segments, from
+/// their index files, and from a compacted file whose seqs skip.
+#[test]
+fn a_cold_key_does_not_grow_the_index() {
+    // 24 bytes a seq would be 480 KB and 2.4 MB here.
+    const INDEX_BYTES_MAX: usize = 128 << 10;
+    for puts in [20_000u64, 100_000] {
+        let dir = TempDir::new("index-cold");
+        let opts = small(256 << 10);
+        let mut s = open(&dir.0, &opts);
+        let cold = s
+            .append("kv.cold", None, b"written once", false, 1)
+            .unwrap();
+        let mut last = [0u64; 10];
+        for i in 0..puts {
+            let k = (i % 10) as usize;
+            let seq = s
+                .append(&format!("kv.hot.{k}"), None, b"v", false, 2)
+                .unwrap();
+            if last[k] != 0 {
+                assert!(s.remove(last[k]).unwrap());
+            }
+            last[k] = seq;
+        }
+        s.flush().unwrap();
+        let check = |s: &Store, ctx: &str| {
+            let bytes = s.index_bytes();
+            assert!(
+                bytes <= INDEX_BYTES_MAX,
+                "{ctx}, {puts} puts: {bytes} bytes"
+            );
+            assert_eq!(s.state().messages, 11, "{ctx}");
+            assert_eq!(s.state().first_seq, cold, "{ctx}");
+            assert_eq!(s.get(cold).unwrap().unwrap().data, b"written once", "{ctx}");
+            assert_eq!(s.get(cold + 1).unwrap(), None, "{ctx}");
+            assert_eq!(s.next_matching(cold + 1, |_| true), Some(last[0]), "{ctx}");
+            for (k, &q) in last.iter().enumerate() {
+                assert_eq!(s.last_seq_for_subject(&format!("kv.hot.{k}")), Some(q));
+                assert_eq!(s.get(q).unwrap().unwrap().data, b"v", "{ctx}: seq {q}");
+            }
+        };
+        check(&s, "written");
+        drop(s);
+        check(&open(&dir.0, &opts), "scanned");
+        let mut s = open(&dir.0, &opts);
+        check(&s, "from index files");
+        while s.compact_step().unwrap() {}
+        assert!(s.segment_count() <= 3, "{} segments", s.segment_count());
+        drop(s);
+        check(&open(&dir.0, &opts), "compacted");
+    }
 }
 
 #[test]

@@ -98,11 +98,17 @@
 //!
 //! # Memory
 //!
-//! 24 bytes per seq from the first live one to the last (removed ones in
-//! between keep their slot until the front passes them; compaction does
-//! not change this), plus one entry per
-//! distinct live subject, plus the write buffer (`cache_bytes`, 4 MiB by
-//! default, held at most twice).
+//! The index of seqs (`store/rows.rs`) grows with the live messages, not
+//! with the seqs from the first live one to the last: a 24-byte slot per
+//! seq of a window of recent seqs (removed ones in between keep their
+//! slot while the window holds them), and a 32-byte entry per live message
+//! older than the window. After an append the window is at most
+//! [`Options::index_window_slots`] (1024 by default) or four slots per
+//! live message in it long; past that, its oldest live messages move to
+//! the list of older ones. A key-value bucket's cold key thus costs one
+//! entry, however many puts came after it. Plus one entry per distinct
+//! live subject, plus the write buffer (`cache_bytes`, 4 MiB by default,
+//! held at most twice).
 
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
@@ -119,8 +125,11 @@ use crate::storage::record;
 use crate::storage::sync::{FileKey, SyncPolicy, Syncer, Ticket};
 
 mod compact;
+mod rows;
 #[doc(hidden)]
 pub use compact::Phase;
+pub use rows::WINDOW_SLOTS_DEFAULT;
+use rows::{IndexRow, Rows};
 
 /// Default size at which the active segment rolls.
 pub const SEGMENT_BYTES_DEFAULT: u64 = 64 << 20;
@@ -140,6 +149,10 @@ pub struct Options {
     pub cache_bytes: usize,
     /// The broker's fsync thread (`None`: never fsync, as `-sync=none`).
     pub syncer: Option<Arc<Syncer>>,
+    /// Recent seqs the index keeps a slot for however few of them are
+    /// live; live messages older than the window's front, among mostly
+    /// removed ones, are kept in a sparse list instead (see "# Memory").
+    pub index_window_slots: usize,
 }
 
 impl Default for Options {
@@ -148,6 +161,7 @@ impl Default for Options {
             segment_bytes: SEGMENT_BYTES_DEFAULT,
             cache_bytes: 4 << 20,
             syncer: None,
+            index_window_slots: WINDOW_SLOTS_DEFAULT,
         }
     }
 }
@@ -268,25 +282,6 @@ struct Seg {
     key: Option<FileKey>,
 }
 
-/// Marks a removed seq in `IndexRow::subj`.
-const DEAD: u32 = u32::MAX;
-
-/// Where a seq's record is; one per seq from the first live to the last.
-#[derive(Clone, Copy)]
-struct IndexRow {
-    off: u32,
-    len: u32,
-    subj: u32,
-    time_ms: u64,
-}
-
-const DEAD_ROW: IndexRow = IndexRow {
-    off: 0,
-    len: 0,
-    subj: DEAD,
-    time_ms: 0,
-};
-
 struct SubjectInfo {
     name: Box<str>,
     count: u64,
@@ -297,7 +292,7 @@ struct SubjectInfo {
     first: Cell<u64>,
 }
 
-/// Live subjects, interned: entries hold a `u32` id.
+/// Live subjects, interned: index rows hold a `u32` id.
 #[derive(Default)]
 struct Subjects {
     infos: Vec<SubjectInfo>,
@@ -339,6 +334,11 @@ impl Subjects {
         if info.last.get() == seq {
             info.last.set(0);
         }
+        if info.count == 1 && info.last.get() != 0 {
+            // The one left is the last: a key-value bucket's next read of
+            // the key needs no search from the seq just removed.
+            info.first.set(info.last.get());
+        }
         if info.count == 0 {
             let name = std::mem::take(&mut info.name);
             self.ids.remove(&name);
@@ -361,9 +361,7 @@ pub struct Store {
     cache: Vec<u8>,
     cache_start: u64,
     written: u64,
-    entries: VecDeque<IndexRow>,
-    /// The seq of `entries[0]`.
-    base: u64,
+    rows: Rows,
     next_seq: u64,
     msgs: u64,
     bytes: u64,
@@ -425,6 +423,7 @@ impl Store {
                 let _ = fs::remove_file(path);
             }
         }
+        let rows = Rows::new(1, opts.index_window_slots);
         let mut store = Store {
             dir: dir.to_path_buf(),
             opts,
@@ -432,8 +431,7 @@ impl Store {
             cache: Vec::new(),
             cache_start: 0,
             written: 0,
-            entries: VecDeque::new(),
-            base: 1,
+            rows,
             next_seq: 1,
             msgs: 0,
             bytes: 0,
@@ -559,7 +557,7 @@ impl Store {
     pub fn state(&self) -> State {
         let last_seq = self.next_seq - 1;
         let first_seq = if self.msgs > 0 {
-            self.base
+            self.rows.first().unwrap_or(self.next_seq)
         } else if last_seq == 0 {
             0
         } else {
@@ -617,8 +615,8 @@ impl Store {
         let &id = self.subjects.ids.get(subject)?;
         let info = &self.subjects.infos[id as usize];
         if info.last.get() == 0 {
-            let i = self.entries.iter().rposition(|e| e.subj == id)?;
-            info.last.set(self.base + i as u64);
+            let (seq, _) = self.rows.live_from(0).rev().find(|(_, e)| e.subj == id)?;
+            info.last.set(seq);
         }
         Some(info.last.get())
     }
@@ -627,10 +625,7 @@ impl Store {
     pub fn first_seq_for_subject(&self, subject: &str) -> Option<u64> {
         let &id = self.subjects.ids.get(subject)?;
         let info = &self.subjects.infos[id as usize];
-        let from = info.first.get().max(self.base);
-        let skip = usize::try_from(from - self.base).ok()?;
-        let i = self.entries.iter().skip(skip).position(|e| e.subj == id)?;
-        let seq = from + i as u64;
+        let seq = self.rows.find_subject_from(info.first.get(), id)?;
         info.first.set(seq);
         Some(seq)
     }
@@ -638,26 +633,16 @@ impl Store {
     /// The first live seq ≥ `from` whose subject passes `pred` (asked once
     /// per run of equal subjects).
     pub fn next_matching(&self, from: u64, mut pred: impl FnMut(&str) -> bool) -> Option<u64> {
-        let start = from.max(self.base);
-        let skip = usize::try_from(start - self.base).ok()?;
         let mut memo: Option<(u32, bool)> = None;
-        for (i, e) in self.entries.iter().enumerate().skip(skip) {
-            if e.subj == DEAD {
-                continue;
+        let found = self.rows.find_from(from, |e| match memo {
+            Some((id, r)) if id == e.subj => r,
+            _ => {
+                let r = pred(&self.subjects.infos[e.subj as usize].name);
+                memo = Some((e.subj, r));
+                r
             }
-            let pass = match memo {
-                Some((id, r)) if id == e.subj => r,
-                _ => {
-                    let r = pred(&self.subjects.infos[e.subj as usize].name);
-                    memo = Some((e.subj, r));
-                    r
-                }
-            };
-            if pass {
-                return Some(self.base + i as u64);
-            }
-        }
-        None
+        });
+        found.map(|(seq, _)| seq)
     }
 
     /// Live messages with exactly this subject.
@@ -695,8 +680,7 @@ impl Store {
     pub fn purge(&mut self) -> io::Result<u64> {
         self.check()?;
         let n = self.msgs;
-        self.entries.clear();
-        self.base = self.next_seq;
+        self.rows.clear(self.next_seq);
         self.msgs = 0;
         self.bytes = 0;
         self.subjects.clear();
@@ -719,14 +703,11 @@ impl Store {
         self.check()?;
         let mut verdict: Vec<Option<bool>> = vec![None; self.subjects.infos.len()];
         let mut seqs = Vec::new();
-        for (i, e) in self.entries.iter().enumerate() {
-            if e.subj == DEAD {
-                continue;
-            }
+        for (seq, e) in self.rows.live_from(0) {
             let v = &mut verdict[e.subj as usize];
             let pass = *v.get_or_insert_with(|| pred(&self.subjects.infos[e.subj as usize].name));
             if pass {
-                seqs.push(self.base + i as u64);
+                seqs.push(seq);
             }
         }
         for &s in &seqs {
@@ -748,12 +729,9 @@ impl Store {
         self.check()?;
         let mut n = 0;
         let mut stop = self.next_seq;
-        for (i, e) in self.entries.iter().enumerate() {
-            if e.subj == DEAD {
-                continue;
-            }
+        for (seq, e) in self.rows.live_from(0) {
             if e.time_ms >= cutoff_ms {
-                stop = self.base + i as u64;
+                stop = seq;
                 break;
             }
             n += 1;
@@ -761,9 +739,7 @@ impl Store {
         if n == 0 {
             return Ok(0);
         }
-        for s in self.base..stop {
-            self.unindex(s);
-        }
+        self.unindex_below(stop);
         self.put_mark();
         segment::put_floor(&mut self.cache, stop);
         self.settle()?;
@@ -777,9 +753,7 @@ impl Store {
     pub fn remove_below(&mut self, seq: u64) -> io::Result<u64> {
         self.check()?;
         let end = seq.min(self.next_seq);
-        let n = (self.base..end)
-            .filter(|&s| self.entry(s).is_some())
-            .count() as u64;
+        let n = self.rows.live_from(0).take_while(|&(s, _)| s < end).count() as u64;
         if n == 0 && seq <= self.next_seq {
             return Ok(0);
         }
@@ -812,21 +786,17 @@ impl Store {
                 "cannot truncate a compacted store",
             ));
         }
-        // Below `base` everything is gone already (compacted or removed):
-        // a cut there would bring back seqs a compaction passed. It also
-        // keeps the cut inside the segments there are.
-        if seq < self.base.max(1) {
+        // Below the first live seq everything is gone already (compacted
+        // or removed): a cut there would bring back seqs a compaction
+        // passed. It also keeps the cut inside the segments there are.
+        let first = self.rows.first().unwrap_or(self.next_seq);
+        if seq < first.max(1) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "cannot truncate from {seq}: everything below {} is already gone",
-                    self.base
-                ),
+                format!("cannot truncate from {seq}: everything below {first} is already gone"),
             ));
         }
-        let n = (seq.max(self.base)..self.next_seq)
-            .filter(|&s| self.entry(s).is_some())
-            .count() as u64;
+        let n = self.rows.live_from(seq).count() as u64;
         let j = self.seg_of(seq);
         self.write_pending()?;
         self.truncate_mem(seq);
@@ -835,10 +805,12 @@ impl Store {
             self.reactivate_last()?;
             // The deleted segments may have held the removal records of
             // messages that remain: say them again.
-            let dead: Vec<u64> = (self.base..seq)
-                .filter(|&s| self.entry(s).is_none())
+            let mut live = self.rows.live_from(first).map(|(s, _)| s).peekable();
+            let dead: Vec<u64> = (first..seq)
+                .filter(|&s| live.next_if_eq(&s).is_none())
                 .collect();
-            segment::put_floor(&mut self.cache, self.base);
+            drop(live);
+            segment::put_floor(&mut self.cache, first);
             segment::put_remove(&mut self.cache, &dead);
         }
         self.put_mark();
@@ -851,6 +823,12 @@ impl Store {
     /// Segment files (for tests and metrics).
     pub fn segment_count(&self) -> usize {
         self.segs.len()
+    }
+
+    /// Bytes the in-memory index of seqs holds (for tests and metrics;
+    /// the subjects and the write buffer are apart).
+    pub fn index_bytes(&self) -> usize {
+        self.rows.bytes()
     }
 
     // ---- internals shared with recovery ----
@@ -875,8 +853,7 @@ impl Store {
     }
 
     fn entry(&self, seq: u64) -> Option<IndexRow> {
-        let i = usize::try_from(seq.checked_sub(self.base)?).ok()?;
-        self.entries.get(i).copied().filter(|e| e.subj != DEAD)
+        self.rows.get(seq)
     }
 
     fn seg_of(&self, seq: u64) -> usize {
@@ -909,12 +886,11 @@ impl Store {
     }
 
     /// Indexes a message record of the active segment. Seqs skip ahead
-    /// where messages were lost to a cut (or past a floor): removed
-    /// entries at the front are dropped first, then at most `gap_max`
-    /// missing seqs are held as dead entries. A longer skip is refused
-    /// (false): filling it would take memory in proportion to a number
-    /// read from disk rather than to the data there. So is u64::MAX,
-    /// which leaves no next seq.
+    /// where messages were lost to a cut (or past a floor): while a
+    /// message is live, at most `gap_max` seqs past the last one indexed.
+    /// A longer skip is refused (false): it is more than the segment files
+    /// could have held, a number read from disk rather than the data
+    /// there. So is u64::MAX, which leaves no next seq.
     #[must_use]
     pub(super) fn index_msg(
         &mut self,
@@ -926,27 +902,24 @@ impl Store {
         gap_max: u64,
     ) -> bool {
         debug_assert!(seq >= self.next_seq);
-        while self.entries.front().is_some_and(|e| e.subj == DEAD) {
-            self.entries.pop_front();
-            self.base += 1;
-        }
-        if self.entries.is_empty() {
-            self.base = seq;
-        }
-        let gap = seq.saturating_sub(self.entries_end());
+        let gap = if self.rows.is_empty() {
+            0
+        } else {
+            seq.saturating_sub(self.rows.end())
+        };
         if gap > gap_max || seq == u64::MAX {
             return false;
         }
-        for _ in 0..gap {
-            self.entries.push_back(DEAD_ROW);
-        }
         let subj = self.subjects.add(subject, seq);
-        self.entries.push_back(IndexRow {
-            off: off as u32,
-            len: len as u32,
-            subj,
-            time_ms,
-        });
+        self.rows.push(
+            seq,
+            IndexRow {
+                off: off as u32,
+                len: len as u32,
+                subj,
+                time_ms,
+            },
+        );
         self.next_seq = seq + 1;
         self.msgs += 1;
         self.bytes += len;
@@ -958,18 +931,16 @@ impl Store {
         true
     }
 
-    /// One past the last seq `entries` covers.
+    /// One past the last seq the index covers.
     pub(super) fn entries_end(&self) -> u64 {
-        self.base + self.entries.len() as u64
+        self.rows.end()
     }
 
     /// Marks `seq` removed in memory; false if it was not live.
     pub(super) fn unindex(&mut self, seq: u64) -> bool {
-        let Some(e) = self.entry(seq) else {
+        let Some(e) = self.rows.remove(seq) else {
             return false;
         };
-        let i = (seq - self.base) as usize;
-        self.entries[i].subj = DEAD;
         self.msgs -= 1;
         self.bytes -= u64::from(e.len);
         self.subjects.drop_one(e.subj, seq);
@@ -983,13 +954,17 @@ impl Store {
     /// Every live message below `seq` is gone; the seqs go on from at
     /// least `seq`.
     pub(super) fn floor(&mut self, seq: u64) {
-        let end = seq.min(self.next_seq).min(self.entries_end());
-        let mut s = self.base;
-        while s < end {
-            self.unindex(s);
-            s += 1;
-        }
+        self.unindex_below(seq);
         self.next_seq = self.next_seq.max(seq);
+    }
+
+    /// Marks every live message below `seq` removed in memory.
+    fn unindex_below(&mut self, seq: u64) {
+        while let Some(first) = self.rows.first().filter(|&s| s < seq) {
+            if !self.unindex(first) {
+                break;
+            }
+        }
     }
 
     /// Every message at or after `seq` is gone; `seq` is the next one.
@@ -998,15 +973,12 @@ impl Store {
         if seq >= self.next_seq {
             return;
         }
-        for s in seq.max(self.base)..self.next_seq.min(self.entries_end()) {
+        let cut: Vec<u64> = self.rows.live_from(seq).map(|(s, _)| s).collect();
+        for s in cut {
             self.unindex(s);
         }
-        let keep = usize::try_from(seq.saturating_sub(self.base)).unwrap_or(usize::MAX);
-        self.entries.truncate(keep);
+        self.rows.truncate(seq);
         self.next_seq = seq;
-        if self.entries.is_empty() {
-            self.base = seq;
-        }
     }
 
     /// Deletes the segments after index `j`, last first, and fsyncs the
@@ -1046,16 +1018,10 @@ impl Store {
         }
     }
 
-    /// Drops removed entries at the front and deletes segments (but the
-    /// active one) that hold no live message, from the front.
+    /// Deletes segments (but the active one) that hold no live message,
+    /// from the front.
     pub(super) fn settle(&mut self) -> io::Result<()> {
-        while self.entries.front().is_some_and(|e| e.subj == DEAD) {
-            self.entries.pop_front();
-            self.base += 1;
-        }
-        if self.entries.is_empty() {
-            self.base = self.next_seq;
-        }
+        self.rows.skip_to(self.next_seq);
         while self.segs.len() > 1 && self.segs[0].live == 0 {
             let Some(seg) = self.segs.pop_front() else {
                 break;
@@ -1213,9 +1179,7 @@ impl Store {
 
     pub(super) fn set_next_seq(&mut self, seq: u64) {
         self.next_seq = self.next_seq.max(seq);
-        if self.entries.is_empty() {
-            self.base = self.next_seq;
-        }
+        self.rows.skip_to(self.next_seq);
     }
 
     pub(super) fn register_dir(&mut self) -> io::Result<()> {

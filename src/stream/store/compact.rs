@@ -100,14 +100,15 @@ impl Store {
         }
         segment::put_remove(&mut body, &removes);
         let prefix = 3 * segment::FIXED_RECORD_BYTES;
-        let live: Vec<u64> = (first.max(self.base)..end.min(self.entries_end()))
-            .filter(|&q| self.entry(q).is_some())
+        let live: Vec<_> = self
+            .rows
+            .live_from(first)
+            .take_while(|&(q, _)| q < end)
             .collect();
         let mut offs = Vec::with_capacity(live.len());
         let mut owned = Vec::new();
         let mut live_bytes = 0;
-        for &q in &live {
-            let Some(e) = self.entry(q) else { continue };
+        for &(q, e) in &live {
             let (bytes, seg) = self.record_bytes(q, e, &mut owned)?;
             if !holds_msg(bytes, q) {
                 return Err(io::Error::new(
@@ -178,9 +179,8 @@ impl Store {
         seg.held = live.len() as u64;
         seg.len = total as u64;
         seg.compacted = true;
-        for (q, off) in live.iter().zip(offs) {
-            let i = (q - self.base) as usize;
-            self.entries[i].off = off as u32;
+        for (&(q, _), off) in live.iter().zip(offs) {
+            self.rows.set_off(q, off as u32);
         }
         for g in &gone {
             fs::remove_file(&g.path)?;
