@@ -50,8 +50,6 @@ pub const NODE_GONE_AFTER: Duration = Duration::from_secs(3);
 const VIEW_EVERY: Duration = Duration::from_millis(10);
 /// Most changes waiting for a leader at once; more are refused.
 const WAITERS_MAX: usize = 100_000;
-/// Most requests relayed to other nodes and awaiting their answer.
-const RELAYS_MAX: usize = 100_000;
 /// What a proposal to the control group or a call to a peer node was
 /// made for. The Raft thread and the node links carry a plain `u64` tag
 /// and hand it back with the outcome; [`Tag::raw`] and [`Tag::of`] turn
@@ -116,9 +114,13 @@ impl Tag {
 mod forwards;
 mod membership;
 mod node_loss;
+mod parts;
 mod proposals;
 mod relays;
 mod turn;
+
+pub(crate) use parts::relays::Listing;
+use parts::relays::{Answered, Gather, Relays};
 
 /// How this node takes part in a cluster (from the flags).
 #[derive(Debug, Clone)]
@@ -154,74 +156,6 @@ struct Waiter {
     deadline: Instant,
     stage: Stage,
     next_try: Instant,
-}
-
-/// A client request relayed to another node, answered with its answer.
-struct Relay {
-    conn: ConnId,
-    ack_id: Option<u64>,
-    /// For a fetch on a replicated stream: its group, and the node
-    /// relayed to as that group's leader.
-    group: Option<(GroupId, u64)>,
-}
-
-/// A `stream.list` or `kv.list` gathered from every node.
-struct Gather {
-    conn: ConnId,
-    ack_id: u64,
-    left: usize,
-    listing: Listing,
-    entries: Vec<Value>,
-}
-
-/// What a gathered list lists.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Listing {
-    /// `stream.list`: `{streams:[{config:{name}, …}]}`.
-    Streams,
-    /// `kv.list`: `{buckets:[{config:{bucket}, …}]}`.
-    Buckets,
-}
-
-impl Listing {
-    /// The event asked of every node.
-    pub(crate) fn event(self) -> &'static str {
-        match self {
-            Listing::Streams => "stream.list",
-            Listing::Buckets => "kv.list",
-        }
-    }
-
-    /// The answer's field holding the entries.
-    pub(crate) fn field(self) -> &'static str {
-        match self {
-            Listing::Streams => "streams",
-            Listing::Buckets => "buckets",
-        }
-    }
-
-    /// An entry's name, by which entries are merged and sorted.
-    pub(crate) fn name(self, entry: &Value) -> Option<&str> {
-        let key = match self {
-            Listing::Streams => "name",
-            Listing::Buckets => "bucket",
-        };
-        entry["config"][key].as_str()
-    }
-
-    /// The stream an entry stands for (rights name streams).
-    pub(crate) fn stream_of(self, entry: &Value) -> Option<String> {
-        match self {
-            Listing::Streams => entry
-                .pointer("/config/name")
-                .or_else(|| entry.get("name"))
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            Listing::Buckets => self
-                .name(entry)
-                .map(crate::protocol::kv_messages::stream_name),
-        }
-    }
 }
 
 /// A membership change waiting to be answered.
@@ -295,12 +229,11 @@ pub(crate) struct Cluster {
     next_op: u64,
     /// Proposals made for peers: tag -> the peer's control socket and ack.
     remote: HashMap<u64, (ConnId, u64)>,
-    relays: HashMap<u64, Relay>,
+    /// Requests relayed to other nodes, listings gathered from them.
+    relays: Relays,
     /// Creates of replicated streams waiting for their group's leader.
     created: Vec<CreateWait>,
-    gathers: HashMap<u64, Gather>,
-    /// Relay tag -> gather it belongs to.
-    gather_of: HashMap<u64, u64>,
+    /// The number in the last link tag made (of any kind).
     next_tag: u64,
     /// Forward batches being filled this turn, per node.
     batches: BTreeMap<u64, Vec<u8>>,
@@ -370,10 +303,8 @@ impl Cluster {
             // nobody; they stay below the bits that mark the other tags.
             next_op: (boot & OP_BOOT_MASK) << 32,
             remote: HashMap::new(),
-            relays: HashMap::new(),
+            relays: Relays::default(),
             created: Vec::new(),
-            gathers: HashMap::new(),
-            gather_of: HashMap::new(),
             next_tag: 0,
             batches: BTreeMap::new(),
             full_batches: Vec::new(),
@@ -580,9 +511,8 @@ impl Cluster {
                 w.reply = None;
             }
         }
-        self.relays.retain(|_, r| r.conn != conn);
+        self.relays.forget(conn);
         self.created.retain(|w| w.reply.conn != conn);
-        self.gathers.retain(|_, g| g.conn != conn);
     }
 
     /// Socket `conn` closed: nothing waiting is answered on it any more
@@ -594,9 +524,8 @@ impl Cluster {
             }
         }
         self.remote.retain(|_, (c, _)| *c != conn);
-        self.relays.retain(|_, r| r.conn != conn);
+        self.relays.forget(conn);
         self.created.retain(|w| w.reply.conn != conn);
-        self.gathers.retain(|_, g| g.conn != conn);
         self.changes.retain(|_, p| p.conn != conn);
     }
 
