@@ -35,21 +35,11 @@ use crate::routing::groups::GroupMode;
 use crate::routing::sublist::Sublist;
 use crate::routing::subs::{Command, SubKey};
 
-/// How long a client's change may wait for a leader before it is refused
-/// with `unavailable` (the contract allows 5 s).
-pub const PROPOSE_WAIT: Duration = Duration::from_secs(4);
-/// How long the broker's own changes (a closed socket's removal, a node's
-/// removal) keep being retried.
-const INTERNAL_WAIT: Duration = Duration::from_secs(120);
-/// Pause between attempts to hand a change to a leader.
-const RETRY_EVERY: Duration = Duration::from_millis(100);
 /// A node whose peer link and Raft connection both stay down this long is
 /// declared gone by the leader, which removes its subscriptions.
 pub const NODE_GONE_AFTER: Duration = Duration::from_secs(3);
 /// How often the loop reads the Raft thread's view of the cluster.
 const VIEW_EVERY: Duration = Duration::from_millis(10);
-/// Most changes waiting for a leader at once; more are refused.
-const WAITERS_MAX: usize = 100_000;
 /// What a proposal to the control group or a call to a peer node was
 /// made for. The Raft thread and the node links carry a plain `u64` tag
 /// and hand it back with the outcome; [`Tag::raw`] and [`Tag::of`] turn
@@ -71,10 +61,6 @@ pub(crate) enum Tag {
     /// A `cluster.publish` batch (`stream_batches.rs`).
     Batch(u64),
 }
-
-/// The part of the boot id an operation number carries (bits 32-57 of
-/// the number): the bits above mark [`Tag`]s of the other kinds.
-const OP_BOOT_MASK: u64 = (1 << 26) - 1;
 
 impl Tag {
     const REMOTE: u64 = 1 << 62;
@@ -119,6 +105,8 @@ mod proposals;
 mod relays;
 mod turn;
 
+use parts::proposals::Proposals;
+pub(crate) use parts::proposals::{ChangeAck, PROPOSE_WAIT};
 pub(crate) use parts::relays::Listing;
 use parts::relays::{Answered, Gather, Relays};
 
@@ -130,32 +118,6 @@ pub struct ClusterSettings {
     pub raft: NodeConfig,
     /// The other nodes' HTTP addresses (`-cluster`).
     pub peers_http: Vec<SocketAddr>,
-}
-
-/// Who gets the answer to a change once it is applied.
-#[derive(Debug, Clone)]
-pub(crate) struct ChangeAck {
-    pub conn: ConnId,
-    pub nsp: &'static str,
-    pub ack_id: u64,
-    /// The ack body on success.
-    pub ok_body: String,
-}
-
-#[derive(Debug, PartialEq, Eq, Clone, Copy)]
-enum Stage {
-    /// Not (or no longer) with a leader; retry at `next_try`.
-    Waiting,
-    /// Handed to a leader; waiting for it to come back committed.
-    Sent,
-}
-
-struct Waiter {
-    data: Vec<u8>,
-    reply: Option<ChangeAck>,
-    deadline: Instant,
-    stage: Stage,
-    next_try: Instant,
 }
 
 /// A membership change waiting to be answered.
@@ -177,14 +139,6 @@ enum What {
     Remove(u64),
     /// Relayed to the leader: its answer is this one's.
     Relayed,
-}
-
-/// The `stream.create` of a new replicated stream, applied and waiting for
-/// its group's first leader.
-struct CreateWait {
-    reply: ChangeAck,
-    group: GroupId,
-    deadline: Instant,
 }
 
 pub(crate) struct Cluster {
@@ -223,16 +177,11 @@ pub(crate) struct Cluster {
     leader: Option<u64>,
     /// Per link: the node it reaches, while it is up.
     link_node: Vec<Option<u64>>,
-    /// By operation number: handed to leaders in this order.
-    waiters: BTreeMap<u64, Waiter>,
-    /// This node's operation numbers: boot id, then a counter.
-    next_op: u64,
-    /// Proposals made for peers: tag -> the peer's control socket and ack.
-    remote: HashMap<u64, (ConnId, u64)>,
+    /// This node's changes waiting for Raft, proposals made for peers,
+    /// creates waiting for their group's first leader.
+    proposals: Proposals,
     /// Requests relayed to other nodes, listings gathered from them.
     relays: Relays,
-    /// Creates of replicated streams waiting for their group's leader.
-    created: Vec<CreateWait>,
     /// The number in the last link tag made (of any kind).
     next_tag: u64,
     /// Forward batches being filled this turn, per node.
@@ -297,14 +246,8 @@ impl Cluster {
             role: Role::Follower,
             term: 0,
             leader: None,
-            waiters: BTreeMap::new(),
-            // Operation numbers carry (26 bits of) the boot id, so an entry
-            // from this node's earlier life, replayed from the log, answers
-            // nobody; they stay below the bits that mark the other tags.
-            next_op: (boot & OP_BOOT_MASK) << 32,
-            remote: HashMap::new(),
+            proposals: Proposals::new(boot),
             relays: Relays::default(),
-            created: Vec::new(),
             next_tag: 0,
             batches: BTreeMap::new(),
             full_batches: Vec::new(),
@@ -503,29 +446,15 @@ impl Cluster {
     /// Forgets what waits for `conn`'s socket in `/` (it ended): replies
     /// to its changes, and relayed stream events and gathers.
     pub fn forget_root(&mut self, conn: ConnId) {
-        for w in self.waiters.values_mut() {
-            if w.reply
-                .as_ref()
-                .is_some_and(|r| r.conn == conn && r.nsp == super::session::NSP_ROOT)
-            {
-                w.reply = None;
-            }
-        }
+        self.proposals.forget(conn, Some(NSP_ROOT));
         self.relays.forget(conn);
-        self.created.retain(|w| w.reply.conn != conn);
     }
 
     /// Socket `conn` closed: nothing waiting is answered on it any more
     /// (its slot may be reused by another socket).
     pub fn forget_conn(&mut self, conn: ConnId) {
-        for w in self.waiters.values_mut() {
-            if w.reply.as_ref().is_some_and(|r| r.conn == conn) {
-                w.reply = None;
-            }
-        }
-        self.remote.retain(|_, (c, _)| *c != conn);
+        self.proposals.forget(conn, None);
         self.relays.forget(conn);
-        self.created.retain(|w| w.reply.conn != conn);
         self.changes.retain(|_, p| p.conn != conn);
     }
 
@@ -662,10 +591,11 @@ mod tests {
         // Boot ids are random 32-bit numbers: with every high bit set,
         // the operation numbers must still read as this node's own.
         for boot in [1, 0xffff_ffff, 0x8000_0000, 0x7c00_0000, 0x0400_0000] {
-            let mut c = Cluster::new(test_settings(), boot);
+            let mut p = Proposals::new(boot);
+            let now = Instant::now();
             for _ in 0..3 {
-                c.next_op += 1;
-                assert_eq!(Tag::of(c.next_op), Tag::Own(c.next_op), "boot {boot:#x}");
+                let op = p.submit(1, Cmd::Subs(Command::NodeUp { node: 1, boot }), None, now);
+                assert_eq!(Tag::of(op), Tag::Own(op), "boot {boot:#x}");
             }
         }
     }
