@@ -7,8 +7,11 @@
 //! another node owns are relayed to it; and the leader removes the
 //! subscriptions of a node that stays unreachable.
 //!
-//! This file holds `Cluster`, the state of all of that; the broker's
-//! side is split by concern: `cluster/proposals.rs` (changes through
+//! This file holds `Cluster`, the state of all of that, whose parts with
+//! private fields sit in `cluster/parts/` (`Peers`: links, nodes down,
+//! forward batches; `Proposals`: changes waiting for Raft; `Relays`:
+//! relayed requests and gathered lists); the broker's side is split by
+//! concern: `cluster/proposals.rs` (changes through
 //! Raft), `cluster/turn.rs` (Raft and link events, the per-turn work),
 //! `cluster/relays.rs` (relayed requests, gathered lists),
 //! `cluster/forwards.rs` (forward batches in, pushes out),
@@ -26,7 +29,7 @@ use super::ack::{send_ack, send_ack_with};
 use super::session::NSP_ROOT;
 use crate::cluster::api::{
     forward, CallError, Change, Cmd, FromRaft, Fsm, GroupId, LinkEvent, LinkOut, Links,
-    MetaCommand, NodeConfig, PeerMessage, RaftNode, Role, ToRaft, View, EMIT_BYTES_MAX,
+    MetaCommand, NodeConfig, PeerMessage, RaftNode, Role, ToRaft, View,
 };
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ApiError, Code};
@@ -35,9 +38,6 @@ use crate::routing::groups::GroupMode;
 use crate::routing::sublist::Sublist;
 use crate::routing::subs::{Command, SubKey};
 
-/// A node whose peer link and Raft connection both stay down this long is
-/// declared gone by the leader, which removes its subscriptions.
-pub const NODE_GONE_AFTER: Duration = Duration::from_secs(3);
 /// How often the loop reads the Raft thread's view of the cluster.
 const VIEW_EVERY: Duration = Duration::from_millis(10);
 /// What a proposal to the control group or a call to a peer node was
@@ -105,6 +105,8 @@ mod proposals;
 mod relays;
 mod turn;
 
+use parts::peers::Peers;
+pub use parts::peers::NODE_GONE_AFTER;
 use parts::proposals::Proposals;
 pub(crate) use parts::proposals::{ChangeAck, PROPOSE_WAIT};
 pub(crate) use parts::relays::Listing;
@@ -150,10 +152,6 @@ pub(crate) struct Cluster {
     members: Vec<u64>,
     /// The configuration index `members` was taken from.
     members_index: u64,
-    /// Per link: the HTTP address it dials, and the name of the node it
-    /// reached while it is up (mapped to a member as members change).
-    link_addrs: Vec<SocketAddr>,
-    link_names: Vec<Option<String>>,
     /// This node is in the configuration; it was and is no longer.
     member: bool,
     removed: bool,
@@ -175,8 +173,8 @@ pub(crate) struct Cluster {
     role: Role,
     term: u64,
     leader: Option<u64>,
-    /// Per link: the node it reaches, while it is up.
-    link_node: Vec<Option<u64>>,
+    /// The peer links, the nodes that are down, the forward batches.
+    peers: Peers,
     /// This node's changes waiting for Raft, proposals made for peers,
     /// creates waiting for their group's first leader.
     proposals: Proposals,
@@ -184,20 +182,11 @@ pub(crate) struct Cluster {
     relays: Relays,
     /// The number in the last link tag made (of any kind).
     next_tag: u64,
-    /// Forward batches being filled this turn, per node.
-    batches: BTreeMap<u64, Vec<u8>>,
-    /// Batches of this turn already full, in the order they filled.
-    full_batches: Vec<(u64, Vec<u8>)>,
-    down_since: HashMap<u64, Instant>,
-    /// Nodes whose removal this leader proposed and that are still down.
-    removing: HashSet<u64>,
     /// Sanitized node id (as in request inboxes) -> node.
     inbox_nodes: HashMap<String, u64>,
     /// Subjects of streams other nodes own -> the owner.
     remote_capture: Sublist<u64>,
     capture_dirty: bool,
-    forwarded: u64,
-    forwards_dropped: u64,
     boot: u64,
     /// This node's `NodeUp` was proposed, and (`caught_up`) applied.
     up_proposed: bool,
@@ -230,14 +219,12 @@ impl Cluster {
             members,
             members_index: 0,
             names,
-            link_addrs: settings.peers_http.clone(),
-            link_names: vec![None; settings.peers_http.len()],
             changes: HashMap::new(),
             asks: HashSet::new(),
             next_ask: Instant::now(),
             leaderless_since: None,
             leave_at: None,
-            link_node: vec![None; settings.peers_http.len()],
+            peers: Peers::new(settings.peers_http.clone()),
             settings,
             raft: None,
             links: None,
@@ -249,15 +236,9 @@ impl Cluster {
             proposals: Proposals::new(boot),
             relays: Relays::default(),
             next_tag: 0,
-            batches: BTreeMap::new(),
-            full_batches: Vec::new(),
-            down_since: HashMap::new(),
-            removing: HashSet::new(),
             inbox_nodes,
             remote_capture: Sublist::default(),
             capture_dirty: true,
-            forwarded: 0,
-            forwards_dropped: 0,
             boot,
             up_proposed: false,
             caught_up: false,
@@ -337,14 +318,14 @@ impl Cluster {
     /// Messages sent to other nodes for delivery, and forward batches
     /// dropped (peer unreachable or its link full).
     pub fn forward_counts(&self) -> (u64, u64) {
-        (self.forwarded, self.forwards_dropped)
+        self.peers.forward_counts()
     }
 
     /// Queues `m` for `node` (see [`Cluster::queue_forward`]) and counts
     /// it as forwarded for delivery.
     pub fn forward_delivery(&mut self, node: u64, m: &PeerMessage<'_>) {
-        self.queue_forward(node, m);
-        self.forwarded += 1;
+        self.peers.queue_forward(node, m);
+        self.peers.count_forwarded();
     }
 
     pub fn name_of(&self, node: u64) -> Option<&str> {
@@ -388,7 +369,7 @@ impl Cluster {
 
     /// The link that reaches `node`, if it is up.
     fn link_to(&self, node: u64) -> Option<usize> {
-        self.link_node.iter().position(|n| *n == Some(node))
+        self.peers.link_to(node)
     }
 
     /// Whether deliveries to `node` can go out now.
@@ -458,23 +439,15 @@ impl Cluster {
         self.changes.retain(|_, p| p.conn != conn);
     }
 
-    /// Appends a message to the batch for `node`; a batch that reached
-    /// the link's event size is closed and a new one begun.
+    /// Appends a message to the batch for `node` (see
+    /// [`Peers::queue_forward`]).
     pub fn queue_forward(&mut self, node: u64, m: &PeerMessage<'_>) {
-        let open = self.batches.entry(node).or_default();
-        if open.len() >= EMIT_BYTES_MAX {
-            let full = std::mem::take(open);
-            self.full_batches.push((node, full));
-        }
-        forward::push(self.batches.entry(node).or_default(), m);
+        self.peers.queue_forward(node, m);
     }
 
-    /// The forward batches of this turn, per node in the order they
-    /// filled: what the turn sends toward each peer.
+    /// The forward batches of this turn (see [`Peers::take_batches`]).
     pub fn take_batches(&mut self) -> Vec<(u64, Vec<u8>)> {
-        let mut batches = std::mem::take(&mut self.full_batches);
-        batches.extend(std::mem::take(&mut self.batches));
-        batches
+        self.peers.take_batches()
     }
 
     /// Which node owns the stream capturing `subject`, if another does.

@@ -296,7 +296,7 @@ impl Broker {
             return;
         }
         c.next_ask = now + ASK_EVERY;
-        for link in 0..c.link_addrs.len() {
+        for link in 0..c.peers.link_count() {
             let tag = c.tag(Tag::Member);
             let out = LinkOut::control(tag, "cluster.members", "{}".into(), ASK_EVERY);
             let queued = c.call_link(link, out);
@@ -403,22 +403,22 @@ impl Broker {
                 let Some(http) = info.http else {
                     continue;
                 };
-                if m.id == c.me || c.link_addrs.contains(&http) {
+                if m.id == c.me || c.peers.dials(&http) {
                     continue;
                 }
                 if let Some(links) = c.links.as_mut() {
                     links.add(http);
-                    c.link_addrs.push(http);
-                    c.link_node.push(None);
-                    c.link_names.push(None);
+                    c.peers.add_link(http);
                 }
             }
             // Links that came up before their node was known as a member
             // (or that reach a node no longer one).
-            for i in 0..c.link_names.len() {
-                let node = c.link_names[i].as_deref().and_then(|n| c.id_of(n));
-                c.link_node[i] = node;
-            }
+            let nodes = c
+                .peers
+                .reached()
+                .map(|name| name.and_then(|n| c.id_of(n)))
+                .collect();
+            c.peers.set_nodes(nodes);
             if view.member && !c.member {
                 crate::log_info!("cluster: this node is a member");
             }

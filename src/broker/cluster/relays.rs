@@ -95,9 +95,7 @@ impl Broker {
         let Some(c) = self.cluster.as_mut() else {
             return Err(ApiError::new(Code::Internal, "not in a cluster"));
         };
-        let links: Vec<usize> = (0..c.link_node.len())
-            .filter(|&l| c.link_node[l].is_some())
-            .collect();
+        let links = c.peers.links_up();
         if c.relays.gathers_full() {
             return Err(ApiError::new(
                 Code::Unavailable,

@@ -146,29 +146,17 @@ impl Broker {
         match ev {
             LinkEvent::Up { link, node_id } => {
                 let node = c.id_of(&node_id);
-                if let Some(slot) = c.link_names.get_mut(link) {
-                    *slot = Some(node_id.clone());
-                }
                 if node.is_none() && c.member {
                     crate::log_warn!("peer link {link} reached {node_id:?}, which is not a member");
                 }
-                if let Some(slot) = c.link_node.get_mut(link) {
-                    *slot = node;
-                }
+                c.peers.link_up(link, node_id, node);
                 if let Some(n) = node {
-                    c.down_since.remove(&n);
-                    c.removing.remove(&n);
                     self.nudge_stream_groups(n);
                 }
                 self.retry_waiters(sink.now());
             }
             LinkEvent::Down { link } => {
-                if let Some(slot) = c.link_node.get_mut(link) {
-                    *slot = None;
-                }
-                if let Some(slot) = c.link_names.get_mut(link) {
-                    *slot = None;
-                }
+                c.peers.link_down(link);
             }
             LinkEvent::Answer { tag, result } => {
                 match Tag::of(tag) {
@@ -207,7 +195,7 @@ impl Broker {
                 .link_to(node)
                 .is_some_and(|l| c.links.as_ref().is_some_and(|ls| ls.forward(l, batch)));
             if !sent {
-                c.forwards_dropped += 1;
+                c.peers.count_dropped();
             }
         }
         // Once a leader is known: say this node is up (dropping its
@@ -259,7 +247,7 @@ impl Broker {
     /// The peer link `link` now reaches `node` (`None`: it is down).
     pub(crate) fn set_link(&mut self, link: usize, node: Option<u64>) {
         if let Some(c) = self.cluster.as_mut() {
-            c.link_node[link] = node;
+            c.peers.set_link_node(link, node);
         }
     }
 }
