@@ -10,15 +10,15 @@
 //! This file holds `Cluster`, the state of all of that, whose parts with
 //! private fields sit in `cluster/parts/` (`Peers`: links, nodes down,
 //! forward batches; `Proposals`: changes waiting for Raft; `Relays`:
-//! relayed requests and gathered lists); the broker's side is split by
-//! concern: `cluster/proposals.rs` (changes through
+//! relayed requests and gathered lists; `MemberChanges`: membership
+//! changes waiting, member asks); the broker's side is split by concern: `cluster/proposals.rs` (changes through
 //! Raft), `cluster/turn.rs` (Raft and link events, the per-turn work),
 //! `cluster/relays.rs` (relayed requests, gathered lists),
 //! `cluster/forwards.rs` (forward batches in, pushes out),
 //! `cluster/node_loss.rs` and `cluster/membership.rs` (members added and
 //! removed while the cluster runs).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -105,6 +105,7 @@ mod proposals;
 mod relays;
 mod turn;
 
+use parts::member_changes::{MemberChanges, What};
 use parts::peers::Peers;
 pub use parts::peers::NODE_GONE_AFTER;
 use parts::proposals::Proposals;
@@ -122,27 +123,6 @@ pub struct ClusterSettings {
     pub peers_http: Vec<SocketAddr>,
 }
 
-/// A membership change waiting to be answered.
-pub(crate) struct Pending {
-    pub conn: ConnId,
-    ack_id: Option<u64>,
-    what: What,
-    /// The index of its configuration entry, once appended.
-    index: Option<u64>,
-    deadline: Instant,
-    /// A removal waiting for the node's replicas to move: when to ask
-    /// for the moves again.
-    moving: Option<Instant>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum What {
-    Add(u64),
-    Remove(u64),
-    /// Relayed to the leader: its answer is this one's.
-    Relayed,
-}
-
 pub(crate) struct Cluster {
     me: u64,
     /// Every node's name this node has known, by id (members and former
@@ -155,16 +135,9 @@ pub(crate) struct Cluster {
     /// This node is in the configuration; it was and is no longer.
     member: bool,
     removed: bool,
-    /// Membership changes waiting to be answered, by tag.
-    changes: HashMap<u64, Pending>,
-    /// `cluster.members` asked of peers while this node waits to be
-    /// added, and when to ask again.
-    asks: HashSet<u64>,
-    next_ask: Instant,
-    /// Since when this node has known no leader.
-    leaderless_since: Option<Instant>,
-    /// When this removed node closes its clients.
-    leave_at: Option<Instant>,
+    /// Membership changes waiting to be answered, the member asks, when
+    /// a removed node leaves.
+    changes: MemberChanges,
     settings: ClusterSettings,
     raft: Option<RaftNode>,
     links: Option<Links>,
@@ -219,11 +192,7 @@ impl Cluster {
             members,
             members_index: 0,
             names,
-            changes: HashMap::new(),
-            asks: HashSet::new(),
-            next_ask: Instant::now(),
-            leaderless_since: None,
-            leave_at: None,
+            changes: MemberChanges::new(Instant::now()),
             peers: Peers::new(settings.peers_http.clone()),
             settings,
             raft: None,
@@ -436,7 +405,7 @@ impl Cluster {
     pub fn forget_conn(&mut self, conn: ConnId) {
         self.proposals.forget(conn, None);
         self.relays.forget(conn);
-        self.changes.retain(|_, p| p.conn != conn);
+        self.changes.forget(conn);
     }
 
     /// Appends a message to the batch for `node` (see
