@@ -7,15 +7,18 @@
 //! another node owns are relayed to it; and the leader removes the
 //! subscriptions of a node that stays unreachable.
 //!
-//! This file holds `Cluster`, the state of all of that; the broker's
-//! side is split by concern: `cluster/proposals.rs` (changes through
+//! This file holds `Cluster`, the state of all of that, whose parts with
+//! private fields sit in `cluster/parts/` (`Peers`: links, nodes down,
+//! forward batches; `Proposals`: changes waiting for Raft; `Relays`:
+//! relayed requests and gathered lists; `MemberChanges`: membership
+//! changes waiting, member asks); the broker's side is split by concern: `cluster/proposals.rs` (changes through
 //! Raft), `cluster/turn.rs` (Raft and link events, the per-turn work),
 //! `cluster/relays.rs` (relayed requests, gathered lists),
 //! `cluster/forwards.rs` (forward batches in, pushes out),
 //! `cluster/node_loss.rs` and `cluster/membership.rs` (members added and
 //! removed while the cluster runs).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,7 +29,7 @@ use super::ack::{send_ack, send_ack_with};
 use super::session::NSP_ROOT;
 use crate::cluster::api::{
     forward, CallError, Change, Cmd, FromRaft, Fsm, GroupId, LinkEvent, LinkOut, Links,
-    MetaCommand, NodeConfig, PeerMessage, RaftNode, Role, ToRaft, View, EMIT_BYTES_MAX,
+    MetaCommand, NodeConfig, PeerMessage, RaftNode, Role, ToRaft, View,
 };
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ApiError, Code};
@@ -35,23 +38,8 @@ use crate::routing::groups::GroupMode;
 use crate::routing::sublist::Sublist;
 use crate::routing::subs::{Command, SubKey};
 
-/// How long a client's change may wait for a leader before it is refused
-/// with `unavailable` (the contract allows 5 s).
-pub const PROPOSE_WAIT: Duration = Duration::from_secs(4);
-/// How long the broker's own changes (a closed socket's removal, a node's
-/// removal) keep being retried.
-const INTERNAL_WAIT: Duration = Duration::from_secs(120);
-/// Pause between attempts to hand a change to a leader.
-const RETRY_EVERY: Duration = Duration::from_millis(100);
-/// A node whose peer link and Raft connection both stay down this long is
-/// declared gone by the leader, which removes its subscriptions.
-pub const NODE_GONE_AFTER: Duration = Duration::from_secs(3);
 /// How often the loop reads the Raft thread's view of the cluster.
 const VIEW_EVERY: Duration = Duration::from_millis(10);
-/// Most changes waiting for a leader at once; more are refused.
-const WAITERS_MAX: usize = 100_000;
-/// Most requests relayed to other nodes and awaiting their answer.
-const RELAYS_MAX: usize = 100_000;
 /// What a proposal to the control group or a call to a peer node was
 /// made for. The Raft thread and the node links carry a plain `u64` tag
 /// and hand it back with the outcome; [`Tag::raw`] and [`Tag::of`] turn
@@ -73,10 +61,6 @@ pub(crate) enum Tag {
     /// A `cluster.publish` batch (`stream_batches.rs`).
     Batch(u64),
 }
-
-/// The part of the boot id an operation number carries (bits 32-57 of
-/// the number): the bits above mark [`Tag`]s of the other kinds.
-const OP_BOOT_MASK: u64 = (1 << 26) - 1;
 
 impl Tag {
     const REMOTE: u64 = 1 << 62;
@@ -116,9 +100,18 @@ impl Tag {
 mod forwards;
 mod membership;
 mod node_loss;
+mod parts;
 mod proposals;
 mod relays;
 mod turn;
+
+use parts::member_changes::{MemberChanges, What};
+use parts::peers::Peers;
+pub use parts::peers::NODE_GONE_AFTER;
+use parts::proposals::Proposals;
+pub(crate) use parts::proposals::{ChangeAck, PROPOSE_WAIT};
+pub(crate) use parts::relays::Listing;
+use parts::relays::{Answered, Gather, Relays};
 
 /// How this node takes part in a cluster (from the flags).
 #[derive(Debug, Clone)]
@@ -130,129 +123,6 @@ pub struct ClusterSettings {
     pub peers_http: Vec<SocketAddr>,
 }
 
-/// Who gets the answer to a change once it is applied.
-#[derive(Debug, Clone)]
-pub(crate) struct ChangeAck {
-    pub conn: ConnId,
-    pub nsp: &'static str,
-    pub ack_id: u64,
-    /// The ack body on success.
-    pub ok_body: String,
-}
-
-#[derive(Debug, PartialEq, Eq, Clone, Copy)]
-enum Stage {
-    /// Not (or no longer) with a leader; retry at `next_try`.
-    Waiting,
-    /// Handed to a leader; waiting for it to come back committed.
-    Sent,
-}
-
-struct Waiter {
-    data: Vec<u8>,
-    reply: Option<ChangeAck>,
-    deadline: Instant,
-    stage: Stage,
-    next_try: Instant,
-}
-
-/// A client request relayed to another node, answered with its answer.
-struct Relay {
-    conn: ConnId,
-    ack_id: Option<u64>,
-    /// For a fetch on a replicated stream: its group, and the node
-    /// relayed to as that group's leader.
-    group: Option<(GroupId, u64)>,
-}
-
-/// A `stream.list` or `kv.list` gathered from every node.
-struct Gather {
-    conn: ConnId,
-    ack_id: u64,
-    left: usize,
-    listing: Listing,
-    entries: Vec<Value>,
-}
-
-/// What a gathered list lists.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Listing {
-    /// `stream.list`: `{streams:[{config:{name}, …}]}`.
-    Streams,
-    /// `kv.list`: `{buckets:[{config:{bucket}, …}]}`.
-    Buckets,
-}
-
-impl Listing {
-    /// The event asked of every node.
-    pub(crate) fn event(self) -> &'static str {
-        match self {
-            Listing::Streams => "stream.list",
-            Listing::Buckets => "kv.list",
-        }
-    }
-
-    /// The answer's field holding the entries.
-    pub(crate) fn field(self) -> &'static str {
-        match self {
-            Listing::Streams => "streams",
-            Listing::Buckets => "buckets",
-        }
-    }
-
-    /// An entry's name, by which entries are merged and sorted.
-    pub(crate) fn name(self, entry: &Value) -> Option<&str> {
-        let key = match self {
-            Listing::Streams => "name",
-            Listing::Buckets => "bucket",
-        };
-        entry["config"][key].as_str()
-    }
-
-    /// The stream an entry stands for (rights name streams).
-    pub(crate) fn stream_of(self, entry: &Value) -> Option<String> {
-        match self {
-            Listing::Streams => entry
-                .pointer("/config/name")
-                .or_else(|| entry.get("name"))
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            Listing::Buckets => self
-                .name(entry)
-                .map(crate::protocol::kv_messages::stream_name),
-        }
-    }
-}
-
-/// A membership change waiting to be answered.
-pub(crate) struct Pending {
-    pub conn: ConnId,
-    ack_id: Option<u64>,
-    what: What,
-    /// The index of its configuration entry, once appended.
-    index: Option<u64>,
-    deadline: Instant,
-    /// A removal waiting for the node's replicas to move: when to ask
-    /// for the moves again.
-    moving: Option<Instant>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum What {
-    Add(u64),
-    Remove(u64),
-    /// Relayed to the leader: its answer is this one's.
-    Relayed,
-}
-
-/// The `stream.create` of a new replicated stream, applied and waiting for
-/// its group's first leader.
-struct CreateWait {
-    reply: ChangeAck,
-    group: GroupId,
-    deadline: Instant,
-}
-
 pub(crate) struct Cluster {
     me: u64,
     /// Every node's name this node has known, by id (members and former
@@ -262,23 +132,12 @@ pub(crate) struct Cluster {
     members: Vec<u64>,
     /// The configuration index `members` was taken from.
     members_index: u64,
-    /// Per link: the HTTP address it dials, and the name of the node it
-    /// reached while it is up (mapped to a member as members change).
-    link_addrs: Vec<SocketAddr>,
-    link_names: Vec<Option<String>>,
     /// This node is in the configuration; it was and is no longer.
     member: bool,
     removed: bool,
-    /// Membership changes waiting to be answered, by tag.
-    changes: HashMap<u64, Pending>,
-    /// `cluster.members` asked of peers while this node waits to be
-    /// added, and when to ask again.
-    asks: HashSet<u64>,
-    next_ask: Instant,
-    /// Since when this node has known no leader.
-    leaderless_since: Option<Instant>,
-    /// When this removed node closes its clients.
-    leave_at: Option<Instant>,
+    /// Membership changes waiting to be answered, the member asks, when
+    /// a removed node leaves.
+    changes: MemberChanges,
     settings: ClusterSettings,
     raft: Option<RaftNode>,
     links: Option<Links>,
@@ -287,35 +146,20 @@ pub(crate) struct Cluster {
     role: Role,
     term: u64,
     leader: Option<u64>,
-    /// Per link: the node it reaches, while it is up.
-    link_node: Vec<Option<u64>>,
-    /// By operation number: handed to leaders in this order.
-    waiters: BTreeMap<u64, Waiter>,
-    /// This node's operation numbers: boot id, then a counter.
-    next_op: u64,
-    /// Proposals made for peers: tag -> the peer's control socket and ack.
-    remote: HashMap<u64, (ConnId, u64)>,
-    relays: HashMap<u64, Relay>,
-    /// Creates of replicated streams waiting for their group's leader.
-    created: Vec<CreateWait>,
-    gathers: HashMap<u64, Gather>,
-    /// Relay tag -> gather it belongs to.
-    gather_of: HashMap<u64, u64>,
+    /// The peer links, the nodes that are down, the forward batches.
+    peers: Peers,
+    /// This node's changes waiting for Raft, proposals made for peers,
+    /// creates waiting for their group's first leader.
+    proposals: Proposals,
+    /// Requests relayed to other nodes, listings gathered from them.
+    relays: Relays,
+    /// The number in the last link tag made (of any kind).
     next_tag: u64,
-    /// Forward batches being filled this turn, per node.
-    batches: BTreeMap<u64, Vec<u8>>,
-    /// Batches of this turn already full, in the order they filled.
-    full_batches: Vec<(u64, Vec<u8>)>,
-    down_since: HashMap<u64, Instant>,
-    /// Nodes whose removal this leader proposed and that are still down.
-    removing: HashSet<u64>,
     /// Sanitized node id (as in request inboxes) -> node.
     inbox_nodes: HashMap<String, u64>,
     /// Subjects of streams other nodes own -> the owner.
     remote_capture: Sublist<u64>,
     capture_dirty: bool,
-    forwarded: u64,
-    forwards_dropped: u64,
     boot: u64,
     /// This node's `NodeUp` was proposed, and (`caught_up`) applied.
     up_proposed: bool,
@@ -348,14 +192,8 @@ impl Cluster {
             members,
             members_index: 0,
             names,
-            link_addrs: settings.peers_http.clone(),
-            link_names: vec![None; settings.peers_http.len()],
-            changes: HashMap::new(),
-            asks: HashSet::new(),
-            next_ask: Instant::now(),
-            leaderless_since: None,
-            leave_at: None,
-            link_node: vec![None; settings.peers_http.len()],
+            changes: MemberChanges::new(Instant::now()),
+            peers: Peers::new(settings.peers_http.clone()),
             settings,
             raft: None,
             links: None,
@@ -364,26 +202,12 @@ impl Cluster {
             role: Role::Follower,
             term: 0,
             leader: None,
-            waiters: BTreeMap::new(),
-            // Operation numbers carry (26 bits of) the boot id, so an entry
-            // from this node's earlier life, replayed from the log, answers
-            // nobody; they stay below the bits that mark the other tags.
-            next_op: (boot & OP_BOOT_MASK) << 32,
-            remote: HashMap::new(),
-            relays: HashMap::new(),
-            created: Vec::new(),
-            gathers: HashMap::new(),
-            gather_of: HashMap::new(),
+            proposals: Proposals::new(boot),
+            relays: Relays::default(),
             next_tag: 0,
-            batches: BTreeMap::new(),
-            full_batches: Vec::new(),
-            down_since: HashMap::new(),
-            removing: HashSet::new(),
             inbox_nodes,
             remote_capture: Sublist::default(),
             capture_dirty: true,
-            forwarded: 0,
-            forwards_dropped: 0,
             boot,
             up_proposed: false,
             caught_up: false,
@@ -463,14 +287,14 @@ impl Cluster {
     /// Messages sent to other nodes for delivery, and forward batches
     /// dropped (peer unreachable or its link full).
     pub fn forward_counts(&self) -> (u64, u64) {
-        (self.forwarded, self.forwards_dropped)
+        self.peers.forward_counts()
     }
 
     /// Queues `m` for `node` (see [`Cluster::queue_forward`]) and counts
     /// it as forwarded for delivery.
     pub fn forward_delivery(&mut self, node: u64, m: &PeerMessage<'_>) {
-        self.queue_forward(node, m);
-        self.forwarded += 1;
+        self.peers.queue_forward(node, m);
+        self.peers.count_forwarded();
     }
 
     pub fn name_of(&self, node: u64) -> Option<&str> {
@@ -514,7 +338,7 @@ impl Cluster {
 
     /// The link that reaches `node`, if it is up.
     fn link_to(&self, node: u64) -> Option<usize> {
-        self.link_node.iter().position(|n| *n == Some(node))
+        self.peers.link_to(node)
     }
 
     /// Whether deliveries to `node` can go out now.
@@ -572,51 +396,27 @@ impl Cluster {
     /// Forgets what waits for `conn`'s socket in `/` (it ended): replies
     /// to its changes, and relayed stream events and gathers.
     pub fn forget_root(&mut self, conn: ConnId) {
-        for w in self.waiters.values_mut() {
-            if w.reply
-                .as_ref()
-                .is_some_and(|r| r.conn == conn && r.nsp == super::session::NSP_ROOT)
-            {
-                w.reply = None;
-            }
-        }
-        self.relays.retain(|_, r| r.conn != conn);
-        self.created.retain(|w| w.reply.conn != conn);
-        self.gathers.retain(|_, g| g.conn != conn);
+        self.proposals.forget(conn, Some(NSP_ROOT));
+        self.relays.forget(conn);
     }
 
     /// Socket `conn` closed: nothing waiting is answered on it any more
     /// (its slot may be reused by another socket).
     pub fn forget_conn(&mut self, conn: ConnId) {
-        for w in self.waiters.values_mut() {
-            if w.reply.as_ref().is_some_and(|r| r.conn == conn) {
-                w.reply = None;
-            }
-        }
-        self.remote.retain(|_, (c, _)| *c != conn);
-        self.relays.retain(|_, r| r.conn != conn);
-        self.created.retain(|w| w.reply.conn != conn);
-        self.gathers.retain(|_, g| g.conn != conn);
-        self.changes.retain(|_, p| p.conn != conn);
+        self.proposals.forget(conn, None);
+        self.relays.forget(conn);
+        self.changes.forget(conn);
     }
 
-    /// Appends a message to the batch for `node`; a batch that reached
-    /// the link's event size is closed and a new one begun.
+    /// Appends a message to the batch for `node` (see
+    /// [`Peers::queue_forward`]).
     pub fn queue_forward(&mut self, node: u64, m: &PeerMessage<'_>) {
-        let open = self.batches.entry(node).or_default();
-        if open.len() >= EMIT_BYTES_MAX {
-            let full = std::mem::take(open);
-            self.full_batches.push((node, full));
-        }
-        forward::push(self.batches.entry(node).or_default(), m);
+        self.peers.queue_forward(node, m);
     }
 
-    /// The forward batches of this turn, per node in the order they
-    /// filled: what the turn sends toward each peer.
+    /// The forward batches of this turn (see [`Peers::take_batches`]).
     pub fn take_batches(&mut self) -> Vec<(u64, Vec<u8>)> {
-        let mut batches = std::mem::take(&mut self.full_batches);
-        batches.extend(std::mem::take(&mut self.batches));
-        batches
+        self.peers.take_batches()
     }
 
     /// Which node owns the stream capturing `subject`, if another does.
@@ -733,10 +533,11 @@ mod tests {
         // Boot ids are random 32-bit numbers: with every high bit set,
         // the operation numbers must still read as this node's own.
         for boot in [1, 0xffff_ffff, 0x8000_0000, 0x7c00_0000, 0x0400_0000] {
-            let mut c = Cluster::new(test_settings(), boot);
+            let mut p = Proposals::new(boot);
+            let now = Instant::now();
             for _ in 0..3 {
-                c.next_op += 1;
-                assert_eq!(Tag::of(c.next_op), Tag::Own(c.next_op), "boot {boot:#x}");
+                let op = p.submit(1, Cmd::Subs(Command::NodeUp { node: 1, boot }), None, now);
+                assert_eq!(Tag::of(op), Tag::Own(op), "boot {boot:#x}");
             }
         }
     }

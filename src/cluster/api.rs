@@ -33,7 +33,7 @@ pub use super::fsm::{Change, Cmd, Cursor, CursorPos, Fsm, MetaCommand};
 pub use super::link::{CallError, LinkEvent, LinkOut, Links, EMIT_BYTES_MAX};
 pub use super::members::MemberInfo;
 pub use super::node::{
-    FromRaft, GroupEvent, GroupView, NodeConfig, RaftNode, RaftSender, ToRaft, View,
+    FromRaft, GroupEvent, GroupView, MemberView, NodeConfig, RaftNode, RaftSender, ToRaft, View,
 };
 pub use super::raft::{ChangeError, ChangeState, Role};
 pub use super::raft_auth::ClusterKey;

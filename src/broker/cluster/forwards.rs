@@ -108,7 +108,7 @@ impl Broker {
                     picks: vec![(p.pick.0, p.pick.1.as_str())],
                 },
             );
-            c.forwarded += 1;
+            c.peers.count_forwarded();
         }
     }
 }

@@ -7,10 +7,11 @@
 //! (docs/PROTOCOL.md, "Membership changes").
 
 use super::super::session::NSP_CONTROL;
+use super::parts::member_changes::{ASK_EVERY, REMOVE_WAIT};
 use super::*;
 use crate::broker::Broker;
 use crate::cluster::api::members::{self, MemberInfo};
-use crate::cluster::api::{ChangeError, ChangeState};
+use crate::cluster::api::ChangeError;
 
 /// A removed node closes its clients this long after it learns of its
 /// removal, so that the answer to the change (and what is queued on its
@@ -18,23 +19,9 @@ use crate::cluster::api::{ChangeError, ChangeState};
 const LEAVE_GRACE: Duration = Duration::from_millis(200);
 /// How long `cluster.add` waits for the new node to catch up and vote.
 const ADD_WAIT: Duration = Duration::from_secs(60);
-/// How long `cluster.remove` waits for the removal to commit.
-const REMOVE_WAIT: Duration = Duration::from_secs(15);
 /// How long `cluster.remove` waits for the replicas on the node to move
 /// to other nodes before it removes the node (see `stream_moves.rs`).
 const MOVE_WAIT: Duration = Duration::from_secs(60);
-/// How often a removal waiting for moves asks again for the moves not
-/// recorded yet.
-const MOVE_ASK_EVERY: Duration = Duration::from_secs(1);
-/// How often a node waiting to be added asks its peers who the members
-/// are.
-const ASK_EVERY: Duration = Duration::from_secs(1);
-/// Most `cluster.members` calls outstanding at once.
-const ASKS_MAX: usize = 64;
-/// A member that knows no leader this long asks its peers whether it is
-/// still a member: a follower removed while cut off from the leader never
-/// receives the entry that removes it.
-const LEADERLESS_ASK_AFTER: Duration = Duration::from_secs(2);
 
 #[derive(serde::Deserialize)]
 struct AddReq {
@@ -157,7 +144,7 @@ impl Broker {
                 // Its replicas move first; the removal is proposed once
                 // no stream is placed on it (`answer_changes`).
                 What::Remove(_) if holds => {
-                    if c.changes.values().any(|p| p.moving.is_some()) {
+                    if c.changes.moving_under_way() {
                         return Err(ApiError::new(
                             Code::Unavailable,
                             "a membership change is under way",
@@ -187,17 +174,7 @@ impl Broker {
         } else {
             (What::Relayed, wait + Duration::from_secs(3))
         };
-        c.changes.insert(
-            tag,
-            Pending {
-                conn,
-                ack_id,
-                what,
-                index: None,
-                deadline: now + wait,
-                moving,
-            },
-        );
+        c.changes.add(tag, conn, ack_id, what, now + wait, moving);
         Ok(None)
     }
 
@@ -212,13 +189,9 @@ impl Broker {
             return;
         };
         match result {
-            Ok(index) => {
-                if let Some(p) = c.changes.get_mut(&tag) {
-                    p.index = Some(index);
-                }
-            }
+            Ok(index) => c.changes.proposed(tag, index),
             Err(e) => {
-                let Some(p) = c.changes.remove(&tag) else {
+                let Some(p) = c.changes.take(tag) else {
                     return;
                 };
                 let name = |id: u64| c.name_of(id).unwrap_or("?").to_string();
@@ -230,7 +203,7 @@ impl Broker {
                     ChangeError::UnderWay => {
                         ApiError::new(Code::Unavailable, "a membership change is under way")
                     }
-                    ChangeError::Duplicate(id) => match p.what {
+                    ChangeError::Duplicate(id) => match p.what() {
                         What::Add(_) => bad(
                             "the node, its id or one of its addresses is a member already"
                                 .to_string(),
@@ -242,8 +215,8 @@ impl Broker {
                         bad("removing it would leave the cluster without a voter")
                     }
                 };
-                if let Some(ack_id) = p.ack_id {
-                    send_ack(sink, p.conn, NSP_CONTROL, ack_id, &err.ack_body());
+                if let Some((conn, ack_id)) = p.answer_to() {
+                    send_ack(sink, conn, NSP_CONTROL, ack_id, &err.ack_body());
                 }
             }
         }
@@ -286,22 +259,18 @@ impl Broker {
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
-        if c.leader.is_some() {
-            c.leaderless_since = None;
-        }
-        let leaderless = c.leader.is_none()
-            && now.duration_since(*c.leaderless_since.get_or_insert(now)) >= LEADERLESS_ASK_AFTER;
-        let wants = !c.member || leaderless;
-        if !wants || c.removed || now < c.next_ask || c.asks.len() >= ASKS_MAX {
+        if !c
+            .changes
+            .ask_due(now, c.leader.is_some(), c.member, c.removed)
+        {
             return;
         }
-        c.next_ask = now + ASK_EVERY;
-        for link in 0..c.link_addrs.len() {
+        for link in 0..c.peers.link_count() {
             let tag = c.tag(Tag::Member);
             let out = LinkOut::control(tag, "cluster.members", "{}".into(), ASK_EVERY);
             let queued = c.call_link(link, out);
             if queued {
-                c.asks.insert(tag);
+                c.changes.asked(tag);
             }
         }
     }
@@ -362,21 +331,25 @@ impl Broker {
         tag: u64,
         result: Result<(String, Vec<Vec<u8>>), CallError>,
     ) {
-        if self.cluster.as_mut().is_some_and(|c| c.asks.remove(&tag)) {
+        if self
+            .cluster
+            .as_mut()
+            .is_some_and(|c| c.changes.ask_answered(tag))
+        {
             self.members_answered(sink, result);
             return;
         }
-        let Some(p) = self.cluster.as_mut().and_then(|c| c.changes.remove(&tag)) else {
+        let Some(p) = self.cluster.as_mut().and_then(|c| c.changes.take(tag)) else {
             return;
         };
-        let Some(ack_id) = p.ack_id else {
+        let Some((conn, ack_id)) = p.answer_to() else {
             return;
         };
         let body = match result {
             Ok((text, _)) => format!("[{text}]"),
             Err(e) => ApiError::new(Code::Unavailable, e.message).ack_body(),
         };
-        send_ack(sink, p.conn, NSP_CONTROL, ack_id, &body);
+        send_ack(sink, conn, NSP_CONTROL, ack_id, &body);
     }
 
     /// With each fresh view of the Raft thread: follow the configuration
@@ -403,22 +376,22 @@ impl Broker {
                 let Some(http) = info.http else {
                     continue;
                 };
-                if m.id == c.me || c.link_addrs.contains(&http) {
+                if m.id == c.me || c.peers.dials(&http) {
                     continue;
                 }
                 if let Some(links) = c.links.as_mut() {
                     links.add(http);
-                    c.link_addrs.push(http);
-                    c.link_node.push(None);
-                    c.link_names.push(None);
+                    c.peers.add_link(http);
                 }
             }
             // Links that came up before their node was known as a member
             // (or that reach a node no longer one).
-            for i in 0..c.link_names.len() {
-                let node = c.link_names[i].as_deref().and_then(|n| c.id_of(n));
-                c.link_node[i] = node;
-            }
+            let nodes = c
+                .peers
+                .reached()
+                .map(|name| name.and_then(|n| c.id_of(n)))
+                .collect();
+            c.peers.set_nodes(nodes);
             if view.member && !c.member {
                 crate::log_info!("cluster: this node is a member");
             }
@@ -429,7 +402,7 @@ impl Broker {
         // may still drop it.
         if view.removed && view.commit >= view.conf_index && !c.removed {
             c.removed = true;
-            c.leave_at = Some(now + LEAVE_GRACE);
+            c.changes.leave_at(now + LEAVE_GRACE);
         }
         if changed {
             self.retry_waiters(now);
@@ -438,11 +411,8 @@ impl Broker {
         let leave = self
             .cluster
             .as_mut()
-            .is_some_and(|c| c.leave_at.is_some_and(|t| t <= now));
+            .is_some_and(|c| c.changes.time_to_leave(now));
         if leave {
-            if let Some(c) = self.cluster.as_mut() {
-                c.leave_at = None;
-            }
             self.leave_cluster(sink);
         }
         self.ask_members(now);
@@ -472,70 +442,13 @@ impl Broker {
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
-        let mut done = Vec::new();
         let leads = c.role == Role::Leader;
-        for (&tag, p) in &c.changes {
-            let finished = match (p.what, p.index) {
-                (What::Add(id), Some(index)) => {
-                    view.conf_index >= index
-                        && view.commit >= view.conf_index
-                        && view.members.iter().any(|m| m.id == id && m.voter)
-                        && view.change == ChangeState::Idle
-                }
-                (What::Remove(_), None) if p.moving.is_some() => {
-                    if now >= p.deadline {
-                        done.push((
-                            tag,
-                            Some(
-                                "the node's stream replicas did not move to other nodes in \
-                                 time; the move goes on: try again later (see stream.info)",
-                            ),
-                        ));
-                    }
-                    continue;
-                }
-                (What::Remove(id), Some(index)) => {
-                    view.commit >= index && !view.members.iter().any(|m| m.id == id)
-                }
-                _ => false,
-            };
-            if finished {
-                done.push((tag, None));
-            } else if !leads && p.index.is_some() {
-                // Proposed here, and this node no longer leads: its entry
-                // may be lost (a leader cut off is deposed, and the new
-                // one's log may not hold it), and no one here sees the
-                // change through. Answered now rather than at the bound.
-                done.push((
-                    tag,
-                    Some(
-                        "leadership moved before the change completed; it may or may not be \
-                         in the configuration: see cluster.status, then try again",
-                    ),
-                ));
-            } else if now >= p.deadline {
-                let why = match p.what {
-                    What::Add(_) => {
-                        "the new node has not caught up yet (is it running with -join and \
-                         the cluster token?); see cluster.status"
-                    }
-                    _ => "the change did not complete in time; see cluster.status",
-                };
-                done.push((tag, Some(why)));
-            }
-        }
-        for (tag, err) in done {
-            let Some(p) = c.changes.remove(&tag) else {
-                continue;
-            };
-            let Some(ack_id) = p.ack_id else {
-                continue;
-            };
-            let body = match err {
+        for d in c.changes.done(view, now, leads) {
+            let body = match d.error {
                 None => crate::protocol::errors::ok_body(""),
                 Some(why) => ApiError::new(Code::Unavailable, why).ack_body(),
             };
-            send_ack(sink, p.conn, NSP_CONTROL, ack_id, &body);
+            send_ack(sink, d.conn, NSP_CONTROL, d.ack_id, &body);
         }
     }
 }
@@ -548,15 +461,7 @@ impl Broker {
         let Some(c) = self.cluster.as_ref() else {
             return;
         };
-        let waiting: Vec<(u64, u64, Instant)> = c
-            .changes
-            .iter()
-            .filter_map(|(&tag, p)| match (p.what, p.moving) {
-                (What::Remove(id), Some(at)) => Some((tag, id, at)),
-                _ => None,
-            })
-            .collect();
-        for (tag, id, at) in waiting {
+        for (tag, id, at) in c.changes.moving() {
             if !self.holds_replicas(id) {
                 let Some(c) = self.cluster.as_mut() else {
                     return;
@@ -566,10 +471,7 @@ impl Broker {
                     // deadline, and may be asked again of the new leader.
                     continue;
                 }
-                if let Some(p) = c.changes.get_mut(&tag) {
-                    p.moving = None;
-                    p.deadline = now + REMOVE_WAIT;
-                }
+                c.changes.moved(tag, now);
                 if let Some(raft) = c.raft.as_ref() {
                     raft.send(ToRaft::Remove { tag, id });
                 }
@@ -577,8 +479,8 @@ impl Broker {
             }
             if now >= at {
                 self.move_replicas_off(sink, id);
-                if let Some(p) = self.cluster.as_mut().and_then(|c| c.changes.get_mut(&tag)) {
-                    p.moving = Some(now + MOVE_ASK_EVERY);
+                if let Some(c) = self.cluster.as_mut() {
+                    c.changes.asked_moves(tag, now);
                 }
             }
         }

@@ -13,7 +13,7 @@ impl Broker {
             return;
         };
         if c.role != Role::Leader {
-            c.down_since.clear();
+            c.peers.stop_watching();
             return;
         }
         let view = c.view.clone();
@@ -32,11 +32,10 @@ impl Broker {
             let heard = peer.is_some_and(|p| p.heard);
             let connected = peer.is_some_and(|p| p.connected) || c.link_to(node).is_some();
             if heard && connected {
-                c.down_since.remove(&node);
+                c.peers.heard(node);
                 continue;
             }
-            let since = *c.down_since.entry(node).or_insert(now);
-            if now.duration_since(since) >= NODE_GONE_AFTER && c.removing.insert(node) {
+            if c.peers.down(node, now) {
                 gone.push(node);
             }
         }
@@ -47,7 +46,7 @@ impl Broker {
             owners.sort_unstable();
             owners.dedup();
             for node in owners {
-                if !members.contains(&node) && c.removing.insert(node) {
+                if !members.contains(&node) && c.peers.give_up(node) {
                     gone.push(node);
                 }
             }

@@ -21,35 +21,14 @@ impl Broker {
             self.after_apply(sink, &cmd);
             return Ok(reply.map(|r| r.ok_body));
         };
-        if reply.is_some() && c.waiters.len() >= WAITERS_MAX {
+        if reply.is_some() && c.proposals.full() {
             return Err(ApiError::new(
                 Code::Unavailable,
                 "too many changes waiting for the cluster",
             ));
         }
-        c.next_op += 1;
-        let op = c.next_op;
-        let entry = Change {
-            node: c.me,
-            op,
-            cmd,
-        };
-        let wait = if reply.is_some() {
-            PROPOSE_WAIT
-        } else {
-            INTERNAL_WAIT
-        };
         let now = sink.now();
-        c.waiters.insert(
-            op,
-            Waiter {
-                data: entry.encode(),
-                reply,
-                deadline: now + wait,
-                stage: Stage::Waiting,
-                next_try: now,
-            },
-        );
+        c.proposals.submit(c.me, cmd, reply, now);
         self.retry_waiters(now);
         Ok(None)
     }
@@ -74,31 +53,25 @@ impl Broker {
             return;
         };
         let link = c.leader.and_then(|l| c.link_to(l));
-        let Some(w) = c.waiters.get_mut(&op) else {
+        let Some((data, timeout)) = c.proposals.due(op, now) else {
             return;
         };
-        if w.stage != Stage::Waiting || w.next_try > now {
-            return;
-        }
-        w.next_try = now + RETRY_EVERY;
         if c.role == Role::Leader {
             if let Some(r) = &c.raft {
-                w.stage = Stage::Sent;
                 r.send(ToRaft::Propose {
                     tag: op,
-                    data: w.data.clone(),
+                    data: data.to_vec(),
                 });
+                c.proposals.sent(op);
             }
             return;
         }
         let Some(link) = link else {
             return;
         };
-        let Ok(entry) = serde_json::from_slice::<Value>(&w.data) else {
+        let Ok(entry) = serde_json::from_slice::<Value>(data) else {
             return;
         };
-        let timeout = w.deadline.saturating_duration_since(now);
-        w.stage = Stage::Sent;
         let queued = c.links.as_ref().is_some_and(|l| {
             l.call(
                 link,
@@ -113,8 +86,8 @@ impl Broker {
                 },
             )
         });
-        if !queued {
-            w.stage = Stage::Waiting;
+        if queued {
+            c.proposals.sent(op);
         }
     }
 
@@ -169,19 +142,12 @@ impl Broker {
         let Some(c) = self.cluster.as_ref() else {
             return;
         };
-        let waiting: Vec<u64> = c
-            .waiters
-            .iter()
-            .filter(|(_, w)| w.stage == Stage::Waiting)
-            .map(|(op, _)| *op)
-            .collect();
-        for op in waiting {
+        for op in c.proposals.waiting() {
             self.try_propose(op, now);
             let still = self
                 .cluster
                 .as_ref()
-                .and_then(|c| c.waiters.get(&op))
-                .is_some_and(|w| w.stage == Stage::Waiting);
+                .is_some_and(|c| c.proposals.is_waiting(op));
             if still {
                 break;
             }
@@ -199,7 +165,7 @@ impl Broker {
         let Some(w) = self
             .cluster
             .as_mut()
-            .and_then(|c| c.waiters.remove(&entry.op))
+            .and_then(|c| c.proposals.take(entry.op))
         else {
             return; // a repeat of an entry already applied
         };
@@ -225,17 +191,7 @@ impl Broker {
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
-        let expired: Vec<u64> = c
-            .waiters
-            .iter()
-            .filter(|(_, w)| w.deadline <= now)
-            .map(|(op, _)| *op)
-            .collect();
-        let gone: Vec<Waiter> = expired
-            .iter()
-            .filter_map(|op| c.waiters.remove(op))
-            .collect();
-        for w in gone {
+        for w in c.proposals.expire(now) {
             match w.reply {
                 Some(r) => {
                     let e = ApiError::new(
@@ -278,7 +234,7 @@ impl Broker {
         let data = req.entry.encode();
         match ack_id {
             Some(ack_id) => {
-                if c.remote.len() >= WAITERS_MAX {
+                if c.proposals.remote_full() {
                     return Err(ApiError::new(
                         Code::Unavailable,
                         "too many proposals waiting",
@@ -286,7 +242,7 @@ impl Broker {
                 }
                 c.next_tag += 1;
                 let tag = Tag::Remote(c.next_tag).raw();
-                c.remote.insert(tag, (conn, ack_id));
+                c.proposals.add_remote(tag, conn, ack_id);
                 raft.send(ToRaft::Propose { tag, data });
                 Ok(None)
             }
@@ -329,11 +285,8 @@ impl Broker {
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
-        c.created.push(CreateWait {
-            reply: r,
-            group,
-            deadline: taken + FIRST_LEADER_WAIT,
-        });
+        c.proposals
+            .wait_for_leader(r, group, taken + FIRST_LEADER_WAIT);
         let now = sink.now();
         self.answer_created(sink, now);
     }
@@ -345,29 +298,19 @@ impl Broker {
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
-        if c.created.is_empty() {
-            return;
-        }
         let groups = &self.stream_groups;
-        let (done, wait): (Vec<CreateWait>, Vec<CreateWait>) = std::mem::take(&mut c.created)
-            .into_iter()
-            .partition(|w| groups.leader(w.group).is_some() || w.deadline <= now);
-        c.created = wait;
-        for w in done {
-            if self.stream_groups.leader(w.group).is_some() {
-                send_ack(
-                    sink,
-                    w.reply.conn,
-                    w.reply.nsp,
-                    w.reply.ack_id,
-                    &w.reply.ok_body,
-                );
+        let done = c
+            .proposals
+            .created_done(now, |g| groups.leader(g).is_some());
+        for (reply, led) in done {
+            if led {
+                send_ack(sink, reply.conn, reply.nsp, reply.ack_id, &reply.ok_body);
             } else {
                 let e = ApiError::new(
                     Code::Unavailable,
                     "the stream was created but its replicas have not elected a leader yet; try again",
                 );
-                self.refuse(sink, &w.reply, &e);
+                self.refuse(sink, &reply, &e);
             }
         }
     }

@@ -35,7 +35,7 @@ impl Broker {
             )
         };
         let link = c.link_to(node).ok_or_else(unreachable)?;
-        if c.relays.len() >= RELAYS_MAX {
+        if c.relays.relays_full() {
             return Err(ApiError::new(
                 Code::Unavailable,
                 "too many relayed requests waiting",
@@ -49,14 +49,7 @@ impl Broker {
         if !queued {
             return Err(unreachable());
         }
-        c.relays.insert(
-            tag,
-            Relay {
-                conn,
-                ack_id,
-                group: group.map(|g| (g, node)),
-            },
-        );
+        c.relays.open(tag, conn, ack_id, group.map(|g| (g, node)));
         Ok(None)
     }
 
@@ -76,25 +69,14 @@ impl Broker {
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
-        let moved: Vec<u64> = c
-            .relays
-            .iter()
-            .filter(|(_, r)| {
-                r.group
-                    .is_some_and(|(g, n)| g == group && Some(n) != leader)
-            })
-            .map(|(&tag, _)| tag)
-            .collect();
-        let gone: Vec<Relay> = moved.iter().filter_map(|t| c.relays.remove(t)).collect();
+        let owed = c.relays.leader_moved(group, leader);
         let e = ApiError::new(
             Code::Unavailable,
             "the stream's leader changed or cannot be reached; try again",
         );
-        for r in gone {
-            if let Some(ack_id) = r.ack_id {
-                self.count_error(Code::Unavailable);
-                send_ack(sink, r.conn, NSP_ROOT, ack_id, &e.ack_body());
-            }
+        for (conn, ack_id) in owed {
+            self.count_error(Code::Unavailable);
+            send_ack(sink, conn, NSP_ROOT, ack_id, &e.ack_body());
         }
     }
 
@@ -113,49 +95,35 @@ impl Broker {
         let Some(c) = self.cluster.as_mut() else {
             return Err(ApiError::new(Code::Internal, "not in a cluster"));
         };
-        let links: Vec<usize> = (0..c.link_node.len())
-            .filter(|&l| c.link_node[l].is_some())
-            .collect();
-        if c.gathers.len() >= RELAYS_MAX {
+        let links = c.peers.links_up();
+        if c.relays.gathers_full() {
             return Err(ApiError::new(
                 Code::Unavailable,
                 "too many relayed requests waiting",
             ));
         }
-        c.next_tag += 1;
-        let gid = c.next_tag;
-        let mut g = Gather {
-            conn,
-            ack_id,
-            left: 0,
-            listing,
-            entries: local,
-        };
+        let mut calls = Vec::new();
         for link in links {
             let tag = c.tag(Tag::Relay);
             let args = r#"{"local":true}"#.to_string();
             let out = LinkOut::control(tag, listing.event(), args, PROPOSE_WAIT).on_root();
-            let queued = c.call_link(link, out);
-            if queued {
-                g.left += 1;
-                c.gather_of.insert(tag, gid);
+            if c.call_link(link, out) {
+                calls.push(tag);
             }
         }
-        if g.left == 0 {
-            return Ok(Some(self.gathered_body(g)));
+        let g = Gather::new(conn, ack_id, listing, local);
+        match c.relays.gather(g, calls) {
+            Some(g) => Ok(Some(self.gathered_body(g).2)),
+            None => Ok(None),
         }
-        c.gathers.insert(gid, g);
-        Ok(None)
     }
 
-    /// The answer of a gather whose nodes all answered (or failed to): its
-    /// entries by name, only those the asking socket may see.
-    fn gathered_body(&mut self, mut g: Gather) -> String {
-        let listing = g.listing;
-        g.entries
-            .sort_by(|a, b| listing.name(a).cmp(&listing.name(b)));
-        let body = json!([{"ok": true, listing.field(): g.entries}]).to_string();
-        self.filter_list(g.conn, body, listing)
+    /// The answer of a gather whose nodes all answered (or failed to): the
+    /// asking socket, its ack id, and the entries by name, only those the
+    /// socket may see.
+    fn gathered_body(&mut self, g: Gather) -> (ConnId, u64, String) {
+        let (conn, ack_id, listing, body) = g.finish();
+        (conn, ack_id, self.filter_list(conn, body, listing))
     }
 
     pub(super) fn relay_answered(
@@ -167,41 +135,20 @@ impl Broker {
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
-        if let Some(gid) = c.gather_of.remove(&tag) {
-            let Some(g) = c.gathers.get_mut(&gid) else {
-                return;
-            };
-            g.left -= 1;
-            if let Ok((text, _)) = &result {
-                let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
-                let listing = g.listing;
-                if let Some(list) = v.get(listing.field()).and_then(Value::as_array) {
-                    for entry in list {
-                        merge_entry(listing, &mut g.entries, entry.clone());
-                    }
+        let ok = result.as_ref().ok().map(|(text, _)| text.as_str());
+        match c.relays.answered(tag, ok) {
+            Answered::Nobody | Answered::Gathering => {}
+            Answered::Gathered(g) => {
+                let (conn, ack_id, body) = self.gathered_body(g);
+                send_ack(sink, conn, NSP_ROOT, ack_id, &body);
+            }
+            Answered::Relay { conn, ack_id } => match result {
+                Ok((text, attachments)) => relay_ack(sink, conn, ack_id, &text, &attachments),
+                Err(e) => {
+                    self.count_error(Code::Unavailable);
+                    relay_ack(sink, conn, ack_id, &call_error_value(&e), &[]);
                 }
-            }
-            if g.left == 0 {
-                if let Some(g) = c.gathers.remove(&gid) {
-                    let (conn, ack_id) = (g.conn, g.ack_id);
-                    let body = self.gathered_body(g);
-                    send_ack(sink, conn, NSP_ROOT, ack_id, &body);
-                }
-            }
-            return;
-        }
-        let Some(r) = c.relays.remove(&tag) else {
-            return;
-        };
-        let Some(ack_id) = r.ack_id else {
-            return;
-        };
-        match result {
-            Ok((text, attachments)) => relay_ack(sink, r.conn, ack_id, &text, &attachments),
-            Err(e) => {
-                self.count_error(Code::Unavailable);
-                relay_ack(sink, r.conn, ack_id, &call_error_value(&e), &[]);
-            }
+            },
         }
     }
 }
@@ -220,20 +167,4 @@ fn relay_ack(sink: &mut dyn Sink, conn: ConnId, ack_id: u64, value: &str, attach
         body.as_bytes(),
         attachments,
     );
-}
-
-/// Adds a peer's entry to a gathered list. A name listed already is a
-/// replicated stream (or bucket) this node knows only as a member or
-/// bystander; the peer that sent it leads the stream's group (a peer
-/// lists only those, see `stream_cluster.rs` and `kv.rs`), so its entry
-/// replaces this node's own.
-fn merge_entry(listing: Listing, entries: &mut Vec<Value>, entry: Value) {
-    let key = listing.name(&entry).map(str::to_string);
-    match entries
-        .iter_mut()
-        .find(|s| key.is_some() && listing.name(s).map(str::to_string) == key)
-    {
-        Some(known) => *known = entry,
-        None => entries.push(entry),
-    }
 }

@@ -67,13 +67,12 @@ impl Broker {
                 let Some(w) = self
                     .cluster
                     .as_mut()
-                    .and_then(|c| c.waiters.remove(&entry.op))
+                    .and_then(|c| c.proposals.take(entry.op))
                 else {
                     return;
                 };
-                let taken = w.deadline.checked_sub(PROPOSE_WAIT).unwrap_or(w.deadline);
                 match (w.reply, result) {
-                    (Some(r), Ok(())) => self.answer_applied(sink, &entry.cmd, r, taken),
+                    (Some(r), Ok(())) => self.answer_applied(sink, &entry.cmd, r, w.made),
                     (Some(r), Err(e)) => self.refuse(sink, &r, &e),
                     (None, _) => {}
                 }
@@ -83,7 +82,7 @@ impl Broker {
                     return;
                 };
                 if let Tag::Remote(_) = Tag::of(tag) {
-                    if let Some((conn, ack_id)) = c.remote.remove(&tag) {
+                    if let Some((conn, ack_id)) = c.proposals.take_remote(tag) {
                         let body = match result {
                             Ok(index) => format!("[{{\"ok\":true,\"index\":{index}}}]"),
                             Err(e) => ApiError::new(Code::Unavailable, e.to_string()).ack_body(),
@@ -91,9 +90,7 @@ impl Broker {
                         send_ack(sink, conn, "/control", ack_id, &body);
                     }
                 } else if result.is_err() {
-                    if let Some(w) = c.waiters.get_mut(&tag) {
-                        w.stage = Stage::Waiting;
-                    }
+                    c.proposals.unsent(tag);
                 }
             }
             FromRaft::Status(s) => {
@@ -116,10 +113,7 @@ impl Broker {
                     c.leader = s.leader;
                     // Whatever was with the old leader may be lost: offer
                     // it again (applying twice is harmless, see below).
-                    for w in c.waiters.values_mut() {
-                        w.stage = Stage::Waiting;
-                        w.next_try = sink.now();
-                    }
+                    c.proposals.offer_all_again(sink.now());
                 }
                 self.retry_waiters(sink.now());
             }
@@ -152,29 +146,17 @@ impl Broker {
         match ev {
             LinkEvent::Up { link, node_id } => {
                 let node = c.id_of(&node_id);
-                if let Some(slot) = c.link_names.get_mut(link) {
-                    *slot = Some(node_id.clone());
-                }
                 if node.is_none() && c.member {
                     crate::log_warn!("peer link {link} reached {node_id:?}, which is not a member");
                 }
-                if let Some(slot) = c.link_node.get_mut(link) {
-                    *slot = node;
-                }
+                c.peers.link_up(link, node_id, node);
                 if let Some(n) = node {
-                    c.down_since.remove(&n);
-                    c.removing.remove(&n);
                     self.nudge_stream_groups(n);
                 }
                 self.retry_waiters(sink.now());
             }
             LinkEvent::Down { link } => {
-                if let Some(slot) = c.link_node.get_mut(link) {
-                    *slot = None;
-                }
-                if let Some(slot) = c.link_names.get_mut(link) {
-                    *slot = None;
-                }
+                c.peers.link_down(link);
             }
             LinkEvent::Answer { tag, result } => {
                 match Tag::of(tag) {
@@ -188,10 +170,8 @@ impl Broker {
                     serde_json::from_str::<Value>(text)
                         .is_ok_and(|v| v.get("ok") == Some(&Value::Bool(true)))
                 });
-                if let Some(w) = c.waiters.get_mut(&tag) {
-                    if !ok {
-                        w.stage = Stage::Waiting;
-                    }
+                if !ok {
+                    c.proposals.unsent(tag);
                 }
             }
         }
@@ -215,7 +195,7 @@ impl Broker {
                 .link_to(node)
                 .is_some_and(|l| c.links.as_ref().is_some_and(|ls| ls.forward(l, batch)));
             if !sent {
-                c.forwards_dropped += 1;
+                c.peers.count_dropped();
             }
         }
         // Once a leader is known: say this node is up (dropping its
@@ -250,9 +230,9 @@ impl Broker {
     /// The changes this node is waiting to see committed, oldest first.
     pub(crate) fn proposals(&self) -> Vec<Change> {
         self.cluster.as_ref().map_or(Vec::new(), |c| {
-            c.waiters
-                .values()
-                .filter_map(|w| Change::decode(&w.data).ok())
+            c.proposals
+                .entries()
+                .filter_map(|data| Change::decode(data).ok())
                 .collect()
         })
     }
@@ -267,7 +247,7 @@ impl Broker {
     /// The peer link `link` now reaches `node` (`None`: it is down).
     pub(crate) fn set_link(&mut self, link: usize, node: Option<u64>) {
         if let Some(c) = self.cluster.as_mut() {
-            c.link_node[link] = node;
+            c.peers.set_link_node(link, node);
         }
     }
 }
