@@ -9,7 +9,7 @@
 //! files, is sent a small snapshot and fetches only what it lacks:
 //!
 //! - its Raft thread holds the arrived snapshot back from the core and
-//!   tells the broker ([`GroupEvent::Arrived`]); the replica takes the
+//!   tells the broker (`GroupEvent::Arrived`); the replica takes the
 //!   snapshot's state, keeps the messages it names that are here and
 //!   drops the others ([`Replica::rebase`], or `Replica::restore_files`
 //!   for a replica that has not opened its files yet);

@@ -6,7 +6,7 @@
 //! - On the leader, what one loop turn brings in for a stream (captured
 //!   publishes, consumer creation and deletion, deliveries for fetches,
 //!   `ack`/`nak`/`term`/`wip`, purges) becomes ONE entry proposed to the
-//!   group ([`StreamGroups::flush`] at the end of the turn). Each request
+//!   group (`Broker::flush_stream_groups` at the end of the turn). Each request
 //!   is answered only once its entry is committed (held by a majority,
 //!   each member's log fsynced before it counts) and applied here: the
 //!   seq of a publish, the messages of a fetch and the `{ok}` of an ack
