@@ -720,27 +720,14 @@ impl Raft {
     }
 
     /// On a leader, the followers that said in this life that they may
-    /// vote (a node restarted without its log says so once caught up) and
-    /// are voters of the committed configuration; empty on other roles.
+    /// vote (a node restarted without its log says so once caught up);
+    /// empty on other roles.
     pub fn may_vote(&self) -> std::collections::BTreeSet<NodeId> {
         if self.role != Role::Leader {
             return std::collections::BTreeSet::new();
         }
-        // A member promoted back to voter counts once the promotion is
-        // committed: before that, the others may not know it votes, and
-        // with this leader gone they could not elect another.
-        let past;
-        let conf = if self.conf_index <= self.commit {
-            &self.conf
-        } else {
-            past = self
-                .conf_at(self.commit)
-                .or_else(|| self.snap_conf.clone())
-                .unwrap_or_else(|| Membership::voters(&self.cfg.members));
-            &past
-        };
         (self.progress.iter())
-            .filter(|(p, pr)| pr.may_vote && conf.is_voter(**p))
+            .filter(|(_, pr)| pr.may_vote)
             .map(|(p, _)| *p)
             .collect()
     }
