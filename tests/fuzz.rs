@@ -776,7 +776,10 @@ fn raft_samples() -> Vec<Message> {
             commit_term: 3,
             read_seq: 11,
         },
-        Body::HeartbeatResp { read_seq: 11 },
+        Body::HeartbeatResp {
+            read_seq: 11,
+            epoch: 2,
+        },
         Body::Snapshot {
             snapshot: Snapshot {
                 index: 7,
@@ -863,11 +866,13 @@ fn raft_samples() -> Vec<Message> {
                     group: 1,
                     term: 3,
                     read_seq: 0,
+                    epoch: 1,
                 },
                 BeatAck {
                     group: 300,
                     term: 3,
                     read_seq: 9,
+                    epoch: 1 << 33,
                 },
             ],
         },

@@ -652,6 +652,42 @@ fn a_node_that_lost_its_log_votes_only_after_catching_up() {
     assert_eq!(net.applied_data(3), ["a"]);
 }
 
+/// A node that loses its log after the leader last heard it match (its
+/// store found damaged once it had answered the leader's first Append of
+/// this life) is caught up with nothing proposed: its heartbeat answers
+/// carry its new life's epoch, and the leader, learning of the new life,
+/// probes it again rather than trusting what the old life acked.
+#[test]
+fn a_node_that_loses_its_log_between_heartbeats_is_caught_up_without_a_proposal() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.propose(1, "a").unwrap();
+    net.tick(1, raft::HEARTBEAT_TICKS);
+    assert_eq!(net.applied_data(3), ["a"]);
+    let old = net.node(3).hard_state();
+    let mut cfg = net.cfgs[&3].clone();
+    cfg.voter = false;
+    net.cfgs.insert(3, cfg.clone());
+    net.nodes
+        .insert(3, Raft::new(cfg, old, Snapshot::default(), vec![]));
+    net.applied.remove(&3);
+    for _ in 0..4 * raft::ELECTION_TICKS {
+        if net.node(3).is_voter() {
+            break;
+        }
+        for id in 1..=3 {
+            net.tick(id, 1);
+        }
+    }
+    assert!(
+        net.node(3).is_voter(),
+        "caught up and voting again: {}",
+        net.node(3).describe()
+    );
+    assert_eq!(net.node(3).leader(), Some(1), "the leader did not change");
+    assert_eq!(net.applied_data(3), ["a"]);
+}
+
 /// An Append whose entries do not follow its `prev_index` one by one is
 /// dropped whole, not half applied (and does not bring the node down).
 #[test]

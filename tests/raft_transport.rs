@@ -103,7 +103,10 @@ fn messages_arrive_whole_and_in_order() {
         from: 1,
         to: 3,
         term: 3,
-        body: Body::HeartbeatResp { read_seq: 9 },
+        body: Body::HeartbeatResp {
+            read_seq: 9,
+            epoch: 1,
+        },
     };
     ts.get_mut(&1).unwrap().send(&hb);
     let mut inbox = BTreeMap::new();
@@ -569,7 +572,10 @@ fn a_snapshot_file_goes_out_in_pieces_then_its_message() {
         from: 1,
         to: 2,
         term: 4,
-        body: Body::HeartbeatResp { read_seq: 3 },
+        body: Body::HeartbeatResp {
+            read_seq: 3,
+            epoch: 1,
+        },
     };
     let mut inbox = BTreeMap::new();
     let mut beat_after = None;

@@ -1227,7 +1227,8 @@ impl Raft {
             | Body::Heartbeat { .. }
             | Body::Snapshot { .. }
             | Body::ConfSnapshot { .. } => {
-                self.send(m.from, Body::HeartbeatResp { read_seq: 0 });
+                let epoch = self.epoch;
+                self.send(m.from, Body::HeartbeatResp { read_seq: 0, epoch });
             }
             Body::PreVote { .. } => self.send(m.from, Body::PreVoteResp { granted: false }),
             Body::Propose { seq, .. } => self.send(m.from, Body::ProposeResp { seq, index: 0 }),
@@ -1275,7 +1276,8 @@ impl Raft {
                 if commit > self.commit && self.log.term(commit) == Some(commit_term) {
                     self.commit = commit;
                 }
-                self.send(from, Body::HeartbeatResp { read_seq });
+                let epoch = self.epoch;
+                self.send(from, Body::HeartbeatResp { read_seq, epoch });
             }
             Body::Snapshot { snapshot } => {
                 self.follow(from);
@@ -1301,9 +1303,9 @@ impl Raft {
                     self.on_append_resp(from, ack);
                 }
             }
-            Body::HeartbeatResp { read_seq } => {
+            Body::HeartbeatResp { read_seq, epoch } => {
                 if self.role == Role::Leader {
-                    self.on_heartbeat_resp(from, read_seq);
+                    self.on_heartbeat_resp(from, read_seq, epoch);
                 }
             }
             Body::Propose { seq, data } => self.on_propose(from, seq, data),
@@ -1722,7 +1724,7 @@ impl Raft {
         self.send_append(p, true);
     }
 
-    fn on_heartbeat_resp(&mut self, p: NodeId, read_seq: u64) {
+    fn on_heartbeat_resp(&mut self, p: NodeId, read_seq: u64, epoch: u64) {
         let last = self.log.last_index();
         let Some(pr) = self.progress.get_mut(&p) else {
             return;
@@ -1730,6 +1732,22 @@ impl Raft {
         pr.active = true;
         pr.quiet = 0;
         pr.read_acked = pr.read_acked.max(read_seq);
+        if epoch > pr.epoch {
+            // The follower started a new life since its last Append
+            // answer (it restarted, or lost its log and started its core
+            // again) without an Append between: what it acked before may
+            // be gone. Probe it as on_append_resp does on a new epoch;
+            // the epoch itself is taken from the probe's answer.
+            pr.matched = 0;
+            pr.may_vote = false;
+            pr.flow = Flow::Probe { paused: false };
+            pr.next = last + 1;
+            pr.inflight.clear();
+            pr.matched_at_heartbeat = 0;
+            self.send_append(p, true);
+            self.release_reads();
+            return;
+        }
         let stalled = pr.matched < last && pr.matched == pr.matched_at_heartbeat;
         // A probe whose answer was lost (a node being added that could
         // not answer yet) is sent again even with no entries to carry:

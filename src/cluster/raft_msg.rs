@@ -208,8 +208,12 @@ pub enum Body {
         commit_term: u64,
         read_seq: u64,
     },
+    /// The answer to a heartbeat, with the answering core's life (see
+    /// [`Body::AppendResp`]): a leader that learns of a new life from it
+    /// stops trusting what the old one acked.
     HeartbeatResp {
         read_seq: u64,
+        epoch: u64,
     },
     /// InstallSnapshot (Raft §7), the whole snapshot in one message.
     Snapshot {
@@ -283,6 +287,7 @@ pub struct BeatAck {
     pub group: GroupId,
     pub term: u64,
     pub read_seq: u64,
+    pub epoch: u64,
 }
 
 /// Why bytes are not a message (or an entry, or a snapshot).
@@ -500,9 +505,10 @@ fn encode_body(out: &mut Vec<u8>, body: &Body) {
             put_u64(out, *commit_term);
             put_u64(out, *read_seq);
         }
-        Body::HeartbeatResp { read_seq } => {
+        Body::HeartbeatResp { read_seq, epoch } => {
             out.push(8);
             put_u64(out, *read_seq);
+            put_u64(out, *epoch);
         }
         Body::Snapshot { snapshot } => {
             out.push(9);
@@ -531,7 +537,7 @@ fn encode_body(out: &mut Vec<u8>, body: &Body) {
             out.push(14);
             put_varint(out, acks.len() as u64);
             for a in acks {
-                for v in [a.group, a.term, a.read_seq] {
+                for v in [a.group, a.term, a.read_seq, a.epoch] {
                     put_varint(out, v);
                 }
             }
@@ -761,6 +767,7 @@ impl<'a> Reader<'a> {
             },
             8 => Body::HeartbeatResp {
                 read_seq: self.u64()?,
+                epoch: self.u64()?,
             },
             9 => Body::Snapshot {
                 snapshot: self.snapshot()?,
@@ -788,13 +795,14 @@ impl<'a> Reader<'a> {
                 Body::Beats { beats }
             }
             14 => {
-                let n = self.count(3)?;
+                let n = self.count(4)?;
                 let mut acks = Vec::with_capacity(n);
                 for _ in 0..n {
                     acks.push(BeatAck {
                         group: self.varint()?,
                         term: self.varint()?,
                         read_seq: self.varint()?,
+                        epoch: self.varint()?,
                     });
                 }
                 Body::BeatsResp { acks }
@@ -905,7 +913,10 @@ mod tests {
                 commit_term: 3,
                 read_seq: 12,
             },
-            Body::HeartbeatResp { read_seq: 12 },
+            Body::HeartbeatResp {
+                read_seq: 12,
+                epoch: 3,
+            },
             Body::Snapshot {
                 snapshot: Snapshot {
                     index: 100,
@@ -987,6 +998,7 @@ mod tests {
                     group: 9,
                     term: 4,
                     read_seq: 1,
+                    epoch: 2,
                 }],
             },
         ] {
@@ -1052,7 +1064,10 @@ mod tests {
             from: 1,
             to: 2,
             term: 3,
-            body: Body::HeartbeatResp { read_seq: 4 },
+            body: Body::HeartbeatResp {
+                read_seq: 4,
+                epoch: 1,
+            },
         };
         let mut out = Vec::new();
         encode(&mut out, &m);
@@ -1062,6 +1077,7 @@ mod tests {
         }
         want.push(8);
         want.extend_from_slice(&4u64.to_le_bytes());
+        want.extend_from_slice(&1u64.to_le_bytes());
         assert_eq!(out, want);
     }
 
@@ -1169,7 +1185,10 @@ mod tests {
 
     #[test]
     fn a_stream_group_message_is_the_control_encoding_with_its_group_in_front() {
-        let body = Body::HeartbeatResp { read_seq: 4 };
+        let body = Body::HeartbeatResp {
+            read_seq: 4,
+            epoch: 1,
+        };
         let mut control = Vec::new();
         encode(
             &mut control,

@@ -30,9 +30,9 @@ use super::raft_msg::{Beat, BeatAck, Body, GroupId, Message, NodeId, CONTROL_GRO
 /// small numbers (group id, term, commit index below 128): five one-byte
 /// varints. A group with a commit index in the millions takes two more.
 pub const IDLE_BEAT_BYTES: u64 = 5;
-/// Likewise for its answer in a [`Body::BeatsResp`]: group, term and
-/// ReadIndex round.
-pub const IDLE_BEAT_ACK_BYTES: u64 = 3;
+/// Likewise for its answer in a [`Body::BeatsResp`]: group, term,
+/// ReadIndex round and the answering core's epoch.
+pub const IDLE_BEAT_ACK_BYTES: u64 = 4;
 
 /// Heartbeat rounds per second at the default timing.
 pub const BEATS_PER_SEC: u64 = 1_000 / (HEARTBEAT_TICKS as u64 * TICK_MS);
@@ -156,11 +156,14 @@ pub fn coalesce(msgs: Vec<Message>) -> Vec<Message> {
                 commit_term,
                 read_seq,
             }),
-            Body::HeartbeatResp { read_seq } => acks.entry(m.to).or_default().push(BeatAck {
-                group: m.group,
-                term: m.term,
-                read_seq,
-            }),
+            Body::HeartbeatResp { read_seq, epoch } => {
+                acks.entry(m.to).or_default().push(BeatAck {
+                    group: m.group,
+                    term: m.term,
+                    read_seq,
+                    epoch,
+                })
+            }
             _ => {}
         }
     }
@@ -227,6 +230,7 @@ pub fn split(m: Message) -> Vec<Message> {
                 term: a.term,
                 body: Body::HeartbeatResp {
                     read_seq: a.read_seq,
+                    epoch: a.epoch,
                 },
             })
             .collect(),
@@ -438,7 +442,7 @@ mod tests {
         assert_eq!(beat_bytes % (groups * 2 * secs), 0);
         assert_eq!(per_group_follower, idle_group_bytes_per_sec().0);
         let (down, up) = idle_group_bytes_per_sec();
-        assert_eq!((down, up), (50, 30));
+        assert_eq!((down, up), (50, 40));
         // Everything on the wire, frames included, stays within the two
         // directions' cost plus the fixed cost of the carrying messages:
         // at most a Beats and a BeatsResp a tick per ordered node pair.
