@@ -55,10 +55,12 @@ clippy:
 lint: fmt-check clippy
 
 # The test binaries, the examples and the benchmark crate's tests, built
-# once (scripts/run-tests.sh builds them too when they are not).
+# once (scripts/run-tests.sh builds them too when they are not). The
+# examples are built as programs (tests/raft_node.rs runs one); they hold
+# no tests, so they are not built again as test harnesses.
 test-build:
 	$(CARGO) build --locked --examples
-	$(CARGO) test --locked --all-targets --no-run
+	$(CARGO) test --locked --lib --bins --tests --no-run
 	$(CARGO) test --locked --manifest-path bench/Cargo.toml --no-run
 
 # Every test: formatting, lints, then unit, integration (against the

@@ -6,65 +6,69 @@
 # `--no-fail-fast`). Exits non-zero when a build or a test failed.
 #
 # Everything is built first, once. The test binaries then run in two
-# lanes side by side, because they use the machine in two different ways:
-#   - "in-process": the library's unit tests, the Raft and stream
-#     simulations, the codec, fuzz and model tests. They keep the cores
-#     busy and start no process.
-#   - "processes": every other target. They start brokers and clients and
-#     mostly wait on them (elections, timeouts, fsyncs).
-# On a two-core host that takes about two minutes off a sequential run.
-# A new test target runs in the "processes" lane unless it is named in
-# IN_PROCESS below. Each lane's output is printed whole when it ends.
+# lanes side by side, since most process tests spend their time waiting
+# on the brokers they start (elections, timeouts, fsyncs) while the
+# in-process tests keep the cores busy:
+#   - lane a: the library's and binaries' unit tests, the Raft and stream
+#     simulations, the codec, fuzz and model tests (nothing they run is a
+#     process), then two long process tests, the network-namespace
+#     partition run and the membership changes, so that both lanes end at
+#     about the same time;
+#   - lane b: every other target, then the benchmark crate's tests.
+# On the two-core CI host this takes about three minutes off running the
+# targets one after another. A new test target runs in lane b unless it
+# is named in LANE_A. Each lane's output is printed whole when it ends.
 set -uo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 
-# The targets of the in-process lane (tests/NAME.rs or tests/NAME/main.rs).
-IN_PROCESS=(stream_sim raft_sim raft_cases raft_log raft_multi fuzz
-    entry_encoding store_model module_rules event_args protocol_edges)
+# The test targets of lane a (tests/NAME.rs or tests/NAME/main.rs).
+LANE_A=(stream_sim raft_sim raft_cases raft_log raft_multi fuzz
+    entry_encoding store_model module_rules event_args protocol_edges
+    partitions membership)
 
 logs=$(mktemp -d "${TMPDIR:-/tmp}/gombus-tests.XXXXXX")
 trap 'rm -rf "$logs"' EXIT
 
-# Counts the "test result:" lines of the logs given.
+# count WORD LOG...: adds up the "N WORD" figures of the logs' result lines.
 count() {
     awk -v what="$1" '/^test result:/ {
         for (i = 1; i <= NF; i++) if ($i ~ "^" what) s += $(i - 1)
     } END { print s + 0 }' "${@:2}"
 }
 
-# `cargo test --all-targets` compiles examples as test harnesses; the
-# multi-process Raft test runs the real `raft_node` example binary, so the
-# examples are built as programs too. The benchmark's own crate (bench/)
+# The examples are built as programs (the multi-process Raft test runs the
+# real `raft_node` example binary); they hold no tests, so they are not
+# built again as test harnesses. The benchmark's own crate (bench/)
 # follows: its unit tests and a short run of every workload against gombus.
 if ! { cargo build --locked --examples &&
-    cargo test --locked --all-targets --no-run &&
+    cargo test --locked --lib --bins --tests --no-run &&
     cargo test --locked --manifest-path bench/Cargo.toml --no-run; } 2>&1 | tee "$logs/build"; then
     echo
     echo "tests: 0 passed, 1 failed (the build failed)"
     exit 101
 fi
 
-in_process=(--lib --bins --examples)
-processes=()
+lane_a=(--lib --bins)
+lane_b=()
 for f in tests/*.rs tests/*/main.rs; do
     [[ -e $f ]] || continue
     name=${f#tests/}
     name=${name%.rs}
     name=${name%/main}
-    if [[ " ${IN_PROCESS[*]} " == *" $name "* ]]; then
-        in_process+=(--test "$name")
+    if [[ " ${LANE_A[*]} " == *" $name "* ]]; then
+        lane_a+=(--test "$name")
     else
-        processes+=(--test "$name")
+        lane_b+=(--test "$name")
     fi
 done
 
 extra=("$@")
-run_in_process() {
-    cargo test --locked "${in_process[@]}" "${extra[@]}"
+run_a() {
+    cargo test --locked "${lane_a[@]}" "${extra[@]}"
 }
-run_processes() {
-    cargo test --locked "${processes[@]}" "${extra[@]}" &&
+run_b() {
+    cargo test --locked "${lane_b[@]}" "${extra[@]}" &&
         cargo test --locked --manifest-path bench/Cargo.toml "${extra[@]}"
 }
 
@@ -72,23 +76,23 @@ run_processes() {
 # $logs/NAME.rc, then prints the log (one lane at a time).
 lane() {
     local started=$SECONDS
-    "run_${1//-/_}" >"$logs/$1" 2>&1
+    "run_$1" >"$logs/$1" 2>&1
     echo $? >"$logs/$1.rc"
     flock "$logs/print.lock" bash -c 'echo "==== lane $1: $2 s"; cat "$3"' \
         _ "$1" "$((SECONDS - started))" "$logs/$1"
 }
 
-lane in-process &
-lane processes &
+lane a &
+lane b &
 wait
 
 status=0
-for name in in-process processes; do
+for name in a b; do
     rc=$(cat "$logs/$name.rc" 2>/dev/null || echo 1)
     [[ $rc -eq 0 ]] || status=$rc
 done
-passed=$(count passed "$logs/in-process" "$logs/processes")
-failed=$(count failed "$logs/in-process" "$logs/processes")
+passed=$(count passed "$logs/a" "$logs/b")
+failed=$(count failed "$logs/a" "$logs/b")
 if [[ $status -ne 0 && $failed -eq 0 ]]; then
     # A crashed test binary: count it as a failure.
     failed=1
