@@ -392,7 +392,7 @@ impl Fsm {
         }
         self.streams = image.streams;
         self.boots = image.boots;
-        self.last_op = image.last_op.into_iter().collect();
+        self.last_op = crate::maps::map_of(image.last_op);
         self.applied = image.applied;
         Ok(())
     }
