@@ -25,11 +25,16 @@ mapfile -t ready < <("${repo_root}/scripts/cross-deps.sh" "$@")
 # The compiler flags of each target: glibc linked in statically for all;
 # for x86_64, whose linker is Rust's LLD, identical functions folded into
 # one (56 KB of the broker; GNU ld, which links the ARM targets, has no
-# such option). They are given per target (CARGO_TARGET_<TRIPLE>_RUSTFLAGS),
-# which Cargo reads only when RUSTFLAGS is unset.
+# such option), and the relocations of the static position-independent
+# executable packed as RELR (`-z pack-relative-relocs`: a bitmap of the
+# addresses to adjust instead of 24 bytes each, 66 KB of the broker;
+# glibc applies them at start-up as before). The ARM binaries are not
+# position-independent and carry no such relocations. The flags are given
+# per target (CARGO_TARGET_<TRIPLE>_RUSTFLAGS), which Cargo reads only when
+# RUSTFLAGS is unset.
 rustflags_of() {
     case "$1" in
-    x86_64-unknown-linux-gnu) echo "-C target-feature=+crt-static -C link-arg=-Wl,--icf=all" ;;
+    x86_64-unknown-linux-gnu) echo "-C target-feature=+crt-static -C link-arg=-Wl,--icf=all -C link-arg=-Wl,-z,pack-relative-relocs" ;;
     *) echo "-C target-feature=+crt-static" ;;
     esac
 }
