@@ -373,7 +373,7 @@ impl Fsm {
             return Ok(());
         }
         let image: Image =
-            serde_json::from_slice(bytes).map_err(|e| format!("bad snapshot: {e}"))?;
+            crate::protocol::json_from_bytes(bytes).map_err(|e| format!("bad snapshot: {e}"))?;
         self.subs.clear_replicated();
         for s in image.subs {
             let cmd = Command::Subscribe {

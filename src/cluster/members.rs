@@ -40,7 +40,7 @@ impl MemberInfo {
     /// Reads [`Member::data`]; `None` for data that is not ours (empty,
     /// as in a configuration seeded before members carried addresses).
     pub fn decode(data: &[u8]) -> Option<MemberInfo> {
-        serde_json::from_slice(data).ok()
+        crate::protocol::json_from_bytes(data).ok()
     }
 }
 
