@@ -37,6 +37,7 @@ pub mod cluster;
 pub mod config;
 pub mod crypto;
 pub mod log;
+pub mod maps;
 pub mod net;
 pub mod port;
 pub mod protocol;

@@ -13,7 +13,7 @@ use gombus::cluster::api::{members, ClusterKey, MemberInfo, NodeConfig};
 use gombus::config::{self, ConfigError};
 use gombus::net::server::{Server, Settings, IN_BYTES_MAX, POLLING_SESSIONS_MAX};
 use gombus::net::signal;
-use gombus::{log, log_error, log_info, log_warn};
+use gombus::{log, log_error, log_info, log_warn, maps};
 
 fn main() -> ExitCode {
     let env = |name: &str| std::env::var(name).ok();
@@ -120,25 +120,18 @@ fn cluster_settings(cfg: &config::Config) -> Option<ClusterSettings> {
         return None;
     }
     let mut names: Vec<String> = cfg.raft_peers.iter().map(|p| p.id.clone()).collect();
-    names.sort();
+    names.sort_unstable();
     let id_of = |n: &str| names.iter().position(|x| x == n).map(|i| i as u64 + 1);
-    let members = cfg
-        .raft_peers
-        .iter()
-        .filter_map(|p| Some((id_of(&p.id)?, p.addr)))
-        .collect();
-    let infos = cfg
-        .raft_peers
-        .iter()
-        .filter_map(|p| {
-            let info = MemberInfo {
-                name: p.id.clone(),
-                raft: p.addr,
-                http: cfg.cluster_ids.get(&p.id).copied(),
-            };
-            Some((id_of(&p.id)?, info))
-        })
-        .collect();
+    let members =
+        maps::map_of((cfg.raft_peers.iter()).filter_map(|p| Some((id_of(&p.id)?, p.addr))));
+    let infos = maps::map_of(cfg.raft_peers.iter().filter_map(|p| {
+        let info = MemberInfo {
+            name: p.id.clone(),
+            raft: p.addr,
+            http: cfg.cluster_ids.get(&p.id).copied(),
+        };
+        Some((id_of(&p.id)?, info))
+    }));
     Some(ClusterSettings {
         raft: NodeConfig {
             id: id_of(&cfg.node_id)?,
@@ -148,7 +141,7 @@ fn cluster_settings(cfg: &config::Config) -> Option<ClusterSettings> {
             memory_log: cfg.raft_log == config::RaftLogKind::Memory,
             bootstrap: cfg.bootstrap,
             secret,
-            names: (1..).zip(names.iter().cloned()).collect(),
+            names: maps::map_of((1..).zip(names.iter().cloned())),
             infos,
             join: false,
         },

@@ -61,7 +61,7 @@ impl Access {
             "Events answered forbidden (or dropped), by user and kind.",
         );
         let mut counts: Vec<_> = self.forbidden.iter().collect();
-        counts.sort();
+        counts.sort_unstable();
         for ((user, kind), n) in counts {
             refused = refused.with(
                 vec![("user", user.to_string()), ("kind", kind.to_string())],

@@ -10,6 +10,7 @@ use crate::protocol::socketio::{self, PacketType};
 /// Sends the ack `ack_id` in namespace `nsp` with `body` (the argument
 /// array's JSON text), then `attachments` if there are any; the header is
 /// written into `head`. Whether the connection took the packet.
+#[inline]
 pub(crate) fn send_ack_with(
     sink: &mut dyn Sink,
     head: &mut Vec<u8>,

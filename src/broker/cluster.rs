@@ -174,7 +174,8 @@ impl Cluster {
 
     pub fn new(settings: ClusterSettings, boot: u64) -> Cluster {
         let me = settings.raft.id;
-        let mut names: BTreeMap<u64, String> = (1..).zip(settings.names.iter().cloned()).collect();
+        let mut names: BTreeMap<u64, String> =
+            crate::maps::map_of((1..).zip(settings.names.iter().cloned()));
         names.extend(settings.raft.names.clone());
         let members = if settings.raft.join {
             Vec::new()

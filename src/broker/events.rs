@@ -262,6 +262,7 @@ pub const EVENTS: &[Event] = &[
 ];
 
 /// The event `name` of namespace `nsp`, if the broker answers it.
+#[inline]
 pub fn find(nsp: &str, name: &str) -> Option<&'static Event> {
     EVENTS.iter().find(|e| e.name == name && e.nsp == nsp)
 }

@@ -414,11 +414,7 @@ impl Broker {
         if gather {
             return self.gather_list(conn, ack_id, Listing::Buckets, list);
         }
-        list.sort_by(|a, b| {
-            a["config"]["bucket"]
-                .as_str()
-                .cmp(&b["config"]["bucket"].as_str())
-        });
+        Listing::Buckets.sort(&mut list);
         let body = json!([{"ok": true, "buckets": list}]).to_string();
         Ok(Some(self.filter_list(conn, body, Listing::Buckets)))
     }

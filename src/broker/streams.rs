@@ -334,7 +334,7 @@ impl Streams {
             .filter_map(|e| e.file_name().to_str().map(str::to_string))
             .filter(|n| sm::check_name("stream", n).is_ok())
             .collect();
-        names.sort();
+        names.sort_unstable();
         for name in names {
             let dir = root.join(&name);
             if abandoned(&dir) {

@@ -480,14 +480,12 @@ fn take_headers(fields: &mut serde_json::Map<String, Value>) -> Option<BTreeMap<
     let Value::Object(map) = fields.remove("headers")? else {
         return None;
     };
-    Some(
-        map.into_iter()
-            .filter_map(|(k, v)| match v {
-                Value::String(s) => Some((k, s)),
-                _ => None,
-            })
-            .collect(),
-    )
+    Some(crate::maps::map_of(map.into_iter().filter_map(
+        |(k, v)| match v {
+            Value::String(s) => Some((k, s)),
+            _ => None,
+        },
+    )))
 }
 
 /// Something that happened to the client's connection; see

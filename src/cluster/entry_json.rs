@@ -273,7 +273,7 @@ fn as_string(j: J) -> Result<String, String> {
 
 /// Reads one entry, as [`Change::decode`] does.
 pub fn read_change(bytes: &[u8]) -> Result<Change, String> {
-    let j: J = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    let j: J = crate::protocol::json_from_bytes(bytes).map_err(|e| e.to_string())?;
     change(j)
 }
 

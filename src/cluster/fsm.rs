@@ -373,7 +373,7 @@ impl Fsm {
             return Ok(());
         }
         let image: Image =
-            serde_json::from_slice(bytes).map_err(|e| format!("bad snapshot: {e}"))?;
+            crate::protocol::json_from_bytes(bytes).map_err(|e| format!("bad snapshot: {e}"))?;
         self.subs.clear_replicated();
         for s in image.subs {
             let cmd = Command::Subscribe {
@@ -392,7 +392,7 @@ impl Fsm {
         }
         self.streams = image.streams;
         self.boots = image.boots;
-        self.last_op = image.last_op.into_iter().collect();
+        self.last_op = crate::maps::map_of(image.last_op);
         self.applied = image.applied;
         Ok(())
     }

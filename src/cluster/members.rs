@@ -40,7 +40,7 @@ impl MemberInfo {
     /// Reads [`Member::data`]; `None` for data that is not ours (empty,
     /// as in a configuration seeded before members carried addresses).
     pub fn decode(data: &[u8]) -> Option<MemberInfo> {
-        serde_json::from_slice(data).ok()
+        crate::protocol::json_from_bytes(data).ok()
     }
 }
 
@@ -72,10 +72,9 @@ pub fn seed(members: &BTreeMap<NodeId, MemberInfo>) -> Membership {
 
 /// The members of `conf` whose data this runtime can read, by id.
 pub fn directory(conf: &Membership) -> BTreeMap<NodeId, MemberInfo> {
-    conf.members
-        .iter()
-        .filter_map(|m| Some((m.id, MemberInfo::decode(&m.data)?)))
-        .collect()
+    crate::maps::map_of(
+        (conf.members.iter()).filter_map(|m| Some((m.id, MemberInfo::decode(&m.data)?))),
+    )
 }
 
 /// Why an add is refused before it reaches the Raft core: an id, name or

@@ -575,22 +575,20 @@ fn view_of(multi: &Multi, net: &Transport, was_member: bool) -> View {
         peers,
         dropped: net.stats().dropped_full,
         transport: net.stats(),
-        groups: multi
-            .groups()
-            .filter(|(g, _)| *g != CONTROL_GROUP)
-            .map(|(g, r)| {
+        groups: crate::maps::map_of((multi.groups()).filter(|(g, _)| *g != CONTROL_GROUP).map(
+            |(g, r)| {
                 let view = GroupView {
                     role: r.role(),
                     term: r.term(),
                     leader: r.leader(),
                     commit: r.commit(),
                     last_index: r.last_index(),
-                    progress: r.progress().iter().map(|(k, v)| (*k, *v)).collect(),
+                    progress: r.progress(),
                     voting: r.may_vote(),
                 };
                 (g, view)
-            })
-            .collect(),
+            },
+        )),
         members: conf
             .members
             .iter()

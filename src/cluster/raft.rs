@@ -713,10 +713,7 @@ impl Raft {
         if self.role != Role::Leader {
             return BTreeMap::new();
         }
-        self.progress
-            .iter()
-            .map(|(p, pr)| (*p, pr.matched))
-            .collect()
+        crate::maps::map_of(self.progress.iter().map(|(p, pr)| (*p, pr.matched)))
     }
 
     /// On a leader, the followers that said in this life that they may
@@ -726,10 +723,11 @@ impl Raft {
         if self.role != Role::Leader {
             return std::collections::BTreeSet::new();
         }
-        (self.progress.iter())
-            .filter(|(_, pr)| pr.may_vote)
-            .map(|(p, _)| *p)
-            .collect()
+        crate::maps::set_of(
+            (self.progress.iter())
+                .filter(|(_, pr)| pr.may_vote)
+                .map(|(p, _)| *p),
+        )
     }
 
     /// A leader's count of ticks since it last heard from each follower
@@ -739,7 +737,7 @@ impl Raft {
         if self.role != Role::Leader {
             return BTreeMap::new();
         }
-        self.progress.iter().map(|(p, pr)| (*p, pr.quiet)).collect()
+        crate::maps::map_of(self.progress.iter().map(|(p, pr)| (*p, pr.quiet)))
     }
 
     /// A one-line summary of the node's state, for logs and test failures.
@@ -899,7 +897,7 @@ impl Raft {
             voter: false,
             data,
         });
-        conf.members.sort_by_key(|m| m.id);
+        Membership::sort(&mut conf.members);
         Ok(self.append_conf(&conf))
     }
 
@@ -1503,13 +1501,11 @@ impl Raft {
         self.votes.clear();
         let next = self.log.last_index() + 1;
         let me = self.cfg.id;
-        self.progress = self
-            .conf
-            .ids()
-            .into_iter()
-            .filter(|&p| p != me)
-            .map(|p| (p, Progress::new(next)))
-            .collect();
+        self.progress = crate::maps::map_of(
+            (self.conf.ids().into_iter())
+                .filter(|&p| p != me)
+                .map(|p| (p, Progress::new(next))),
+        );
         self.transfer = None;
         self.read_seq = 0;
         // The no-op of this term: committing it commits every earlier

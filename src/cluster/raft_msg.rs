@@ -81,9 +81,15 @@ impl Membership {
                 data: Vec::new(),
             })
             .collect();
-        members.sort_by_key(|m| m.id);
+        Membership::sort(&mut members);
         members.dedup_by_key(|m| m.id);
         Membership { members }
+    }
+
+    /// Sorts members by id: the one sort of `Member`s, each call site of
+    /// `sort_by_key` being a copy of the standard library's sort (4 KB).
+    pub fn sort(members: &mut [Member]) {
+        members.sort_by_key(|m| m.id);
     }
 
     pub fn get(&self, id: NodeId) -> Option<&Member> {

@@ -174,8 +174,8 @@ pub fn coalesce(msgs: Vec<Message>) -> Vec<Message> {
     }
     // Where heartbeats (answers) to a node are merged: the first of them
     // becomes the merged message, the others go.
-    let merged_beats: BTreeSet<NodeId> = beats.keys().copied().collect();
-    let merged_acks: BTreeSet<NodeId> = acks.keys().copied().collect();
+    let merged_beats: BTreeSet<NodeId> = crate::maps::set_of(beats.keys().copied());
+    let merged_acks: BTreeSet<NodeId> = crate::maps::set_of(acks.keys().copied());
     let mut out = Vec::with_capacity(msgs.len());
     for m in msgs {
         let body = match m.body {

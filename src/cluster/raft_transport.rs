@@ -348,17 +348,13 @@ impl Transport {
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let now = Instant::now();
-        let peers: BTreeMap<NodeId, Peer> = cfg
-            .peers
-            .iter()
-            .enumerate()
-            .map(|(i, (&id, &addr))| {
+        let peers: BTreeMap<NodeId, Peer> =
+            crate::maps::map_of(cfg.peers.iter().enumerate().map(|(i, (&id, &addr))| {
                 (
                     id,
                     new_peer(addr, Token(PEER_BASE + i), now, cfg.backoff_min),
                 )
-            })
-            .collect();
+            }));
         let next_peer = peers.len();
         Ok(Transport {
             cfg,

@@ -85,14 +85,15 @@ pub fn parse_cluster(
 /// The `id=URL` pairs of a `-cluster` value [`parse_cluster`] accepted
 /// (none for its `host:port` form).
 pub(super) fn cluster_ids(s: &str) -> BTreeMap<String, SocketAddr> {
-    split_list(s)
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|item| {
-            let (id, url) = item.split_once('=')?;
-            Some((id.trim().to_string(), parse_http_url(url.trim()).ok()?))
-        })
-        .collect()
+    crate::maps::map_of(
+        split_list(s)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|item| {
+                let (id, url) = item.split_once('=')?;
+                Some((id.trim().to_string(), parse_http_url(url.trim()).ok()?))
+            }),
+    )
 }
 
 /// The address in `http://host[:port][/socket.io[/]]` (port 80 when left

@@ -184,6 +184,7 @@ fn check_close(payload: &[u8]) -> Result<(), WsError> {
     }
 }
 
+#[inline]
 fn deliver(
     kind: Data,
     payload: &[u8],

@@ -39,6 +39,7 @@ impl std::fmt::Display for EngineError {
 impl std::error::Error for EngineError {}
 
 /// Decodes a text packet: the first character is the type, the rest its data.
+#[inline]
 pub fn decode(text: &str) -> Result<Packet<'_>, EngineError> {
     let mut chars = text.chars();
     let t = chars.next().ok_or(EngineError::Empty)?;

@@ -19,3 +19,16 @@ pub mod pub_scan;
 pub mod socketio;
 pub mod stream_messages;
 pub mod subject;
+
+/// Reads JSON held as bytes (snapshots, Raft entries, member data)
+/// through the same reader as JSON held as text: `serde_json::from_slice`
+/// would be a second copy of serde_json's parser and of each type's
+/// reader, about 70 KB of the broker for types that are also read from
+/// events. Bytes that are not UTF-8 are refused up front, where
+/// `from_slice` refused them at the first string holding them: either
+/// way the JSON is not read.
+pub fn json_from_bytes<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> serde_json::Result<T> {
+    let text =
+        std::str::from_utf8(bytes).map_err(<serde_json::Error as serde::de::Error>::custom)?;
+    serde_json::from_str(text)
+}

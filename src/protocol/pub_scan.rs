@@ -359,6 +359,7 @@ fn special(c: u8) -> bool {
 
 /// The index of the first special byte (see [`special`]) at or after
 /// `from`, or `b.len()`; eight bytes at a time.
+#[inline]
 fn find_special(b: &[u8], from: usize) -> usize {
     const ONES: u64 = u64::MAX / 255;
     const HIGH: u64 = ONES << 7;

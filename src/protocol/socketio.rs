@@ -200,6 +200,7 @@ pub fn event_name(data: &str) -> Option<std::borrow::Cow<'_, str>> {
 }
 
 /// Appends a packet header: type, attachment count, namespace, ack id.
+#[inline]
 pub fn write_header(
     out: &mut Vec<u8>,
     kind: PacketType,

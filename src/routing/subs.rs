@@ -363,6 +363,7 @@ impl SubTable {
     /// Counts one delivery to `key`. When its `max` (or `after`) is used
     /// up, returns the command that ends it, for the caller to apply like
     /// any other change (so the removal takes the one `apply` path).
+    #[inline]
     pub fn delivered(&mut self, key: SubKey) -> Option<Command> {
         let s = self.slot_mut(key)?;
         let left = s.remaining.as_mut()?;

@@ -54,6 +54,7 @@ pub fn check_size(
 /// is answered as one even when the stream is full): a full stream that
 /// discards new refuses it, and so does any stream for a message larger
 /// than `max_bytes`.
+#[inline]
 pub fn check_room(
     cfg: &StreamConfig,
     messages: u64,
@@ -113,6 +114,7 @@ pub struct Asks {
 
 /// Reads [`Asks`] from raw JSON headers (an object of strings); headers
 /// without them (or not an object) ask nothing.
+#[inline]
 pub fn asks_of(headers: Option<&str>) -> Asks {
     let mut asks = Asks {
         op: KvOp::Put,

@@ -117,7 +117,7 @@ impl MetaLog {
         let body = statefile::read(&path)
             .map_err(io_err(&path))?
             .ok_or_else(|| MetaError::Corrupt(path.clone(), "missing".into()))?;
-        let snap: Snapshot = serde_json::from_slice(&body)
+        let snap: Snapshot = crate::protocol::json_from_bytes(&body)
             .map_err(|e| MetaError::Corrupt(path.clone(), e.to_string()))?;
         let lpath = log_path(dir, snap.gen);
         let bytes = match fs::read(&lpath) {

@@ -833,6 +833,7 @@ impl Store {
 
     // ---- internals shared with recovery ----
 
+    #[inline]
     fn check(&self) -> io::Result<()> {
         match &self.failed {
             Some(f) => Err(io::Error::other(format!("store failed earlier: {f}"))),
@@ -1040,6 +1041,7 @@ impl Store {
 
     /// Before the next record: a `Synced` mark when a round completed
     /// since the last one.
+    #[inline]
     fn put_mark(&mut self) {
         let Some(s) = &self.opts.syncer else {
             return;

@@ -74,6 +74,7 @@ impl Broker {
     }
 
     /// A `pub` or `request` to `subject` (kind names which, for counts).
+    #[inline]
     pub(crate) fn check_publish(
         &mut self,
         conn: ConnId,

@@ -69,7 +69,7 @@ impl Broker {
         let Some(link) = link else {
             return;
         };
-        let Ok(entry) = serde_json::from_slice::<Value>(data) else {
+        let Ok(entry) = crate::protocol::json_from_bytes::<Value>(data) else {
             return;
         };
         let queued = c.links.as_ref().is_some_and(|l| {

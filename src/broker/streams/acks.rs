@@ -188,7 +188,7 @@ impl Streams {
                 self.body.extend_from_slice(b"[{\"ok\":true,\"stream\":");
                 push_str(&mut self.body, &h.stream);
                 self.body.extend_from_slice(b",\"seq\":");
-                self.body.extend_from_slice(seq.to_string().as_bytes());
+                crate::protocol::socketio::push_decimal(&mut self.body, *seq);
                 if *duplicate {
                     self.body.extend_from_slice(b",\"duplicate\":true");
                 }

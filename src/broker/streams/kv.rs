@@ -375,7 +375,7 @@ impl Streams {
 
     /// The streams some watch reads.
     pub fn watched(&self) -> BTreeSet<Rc<str>> {
-        self.watches.iter().map(|w| Rc::clone(&w.stream)).collect()
+        crate::maps::set_of(self.watches.iter().map(|w| Rc::clone(&w.stream)))
     }
 
     /// The tap of R1 stream `name`: `None` when it is not held here.

@@ -50,6 +50,13 @@ impl Listing {
         entry["config"][key].as_str()
     }
 
+    /// Sorts entries by name (stable). The one sort of `Value`s in the
+    /// broker: each sort call site is a copy of the standard library's
+    /// sort, about 17 KB for `Value`.
+    pub(crate) fn sort(self, entries: &mut [Value]) {
+        entries.sort_by(|a, b| self.name(a).cmp(&self.name(b)));
+    }
+
     /// The stream an entry stands for (rights name streams).
     pub(crate) fn stream_of(self, entry: &Value) -> Option<String> {
         match self {
@@ -101,8 +108,7 @@ impl Gather {
     /// body: every entry, sorted by name (not yet filtered by rights).
     pub(crate) fn finish(mut self) -> (ConnId, u64, Listing, String) {
         let listing = self.listing;
-        self.entries
-            .sort_by(|a, b| listing.name(a).cmp(&listing.name(b)));
+        listing.sort(&mut self.entries);
         let body = json!([{"ok": true, listing.field(): self.entries}]).to_string();
         (self.conn, self.ack_id, listing, body)
     }
