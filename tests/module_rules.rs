@@ -13,29 +13,30 @@ use std::path::{Path, PathBuf};
 /// through [`EXCEPTIONS`].
 const RULES: &[(&str, &[&str])] = &[
     ("rand", &[]),
+    ("maps", &[]),
     ("storage", &[]),
     ("crypto", &[]),
     ("port", &[]),
     ("protocol", &["rand"]),
     ("auth", &["rand", "crypto", "protocol"]),
-    ("config", &["storage"]),
+    ("config", &["maps", "storage"]),
     ("log", &["config"]),
     ("routing", &["rand", "port", "protocol", "log"]),
     ("stream", &["rand", "storage", "protocol", "config", "log"]),
     ("net", &["rand", "port", "protocol", "config", "log"]),
-    ("client", &["rand", "protocol"]),
+    ("client", &["rand", "maps", "protocol"]),
     ("cli", &["rand", "protocol", "config", "log", "client"]),
     (
         "cluster",
         &[
-            "rand", "storage", "crypto", "protocol", "config", "log", "routing", "client",
+            "rand", "maps", "storage", "crypto", "protocol", "config", "log", "routing", "client",
         ],
     ),
     (
         "broker",
         &[
-            "rand", "storage", "crypto", "port", "protocol", "auth", "config", "log", "routing",
-            "stream", "cluster",
+            "rand", "maps", "storage", "crypto", "port", "protocol", "auth", "config", "log",
+            "routing", "stream", "cluster",
         ],
     ),
 ];
