@@ -230,23 +230,25 @@ impl Cluster {
                 self.settings.raft.listen
             );
         }
-        self.raft = Some(RaftNode::start(
-            self.settings.raft.clone(),
-            Arc::clone(&waker),
-        )?);
+        let raft = RaftNode::start(self.settings.raft.clone(), Arc::clone(&waker))?;
         // On `/` the links relay clients' events, whose rights were
         // checked where each client is connected: they log in with
         // -auth-token, else with the cluster token, which a member admits
         // on `/` with every right (docs/PROTOCOL.md, "Users and
         // permissions"), so `-users` needs no all-rights user.
         let root_token = auth_token.or_else(|| cluster_token.clone());
-        self.links = Some(Links::start(
-            &self.settings.peers_http,
-            cluster_token,
-            root_token,
-            waker,
-        ));
+        let links = Links::start(&self.settings.peers_http, cluster_token, root_token, waker);
+        self.run_with(raft, links);
         Ok(())
+    }
+
+    /// Talks to Raft through `raft` and to the peers through `links`
+    /// from now on: the threads [`Cluster::start`] started, or detached
+    /// handles played by an in-process test (`RaftNode::detached`,
+    /// `Links::detached`).
+    pub fn run_with(&mut self, raft: RaftNode, links: Links) {
+        self.raft = Some(raft);
+        self.links = Some(links);
     }
 
     /// This node's Raft id.

@@ -30,12 +30,13 @@
 
 pub use super::forward::PeerMessage;
 pub use super::fsm::{Change, Cmd, Cursor, CursorPos, Fsm, MetaCommand};
-pub use super::link::{CallError, LinkEvent, LinkOut, Links, EMIT_BYTES_MAX};
+pub use super::link::{CallError, LinkEvent, LinkOut, Links, LinksEnd, EMIT_BYTES_MAX};
 pub use super::members::MemberInfo;
 pub use super::node::{
-    FromRaft, GroupEvent, GroupView, MemberView, NodeConfig, RaftNode, RaftSender, ToRaft, View,
+    FromRaft, GroupEvent, GroupView, MemberView, NodeConfig, RaftEnd, RaftNode, RaftSender, ToRaft,
+    View,
 };
-pub use super::raft::{ChangeError, ChangeState, Role};
+pub use super::raft::{ChangeError, ChangeState, Role, Status};
 pub use super::raft_auth::ClusterKey;
 pub use super::raft_msg::{GroupId, Member, Membership};
 pub use super::raft_transport::TransportStats;

@@ -148,10 +148,48 @@ pub struct Links {
     events: Sender<LinkEvent>,
     token: Option<String>,
     auth: Option<String>,
-    notify: Arc<Waker>,
+    /// `None` for detached links ([`Links::detached`]): no thread runs.
+    notify: Option<Arc<Waker>>,
+}
+
+/// The far end of [`Links::detached`], held by whoever plays the links.
+pub struct LinksEnd {
+    /// What the broker queued on each link, in order.
+    pub out: Vec<Receiver<LinkOut>>,
+    /// Events for the broker, as the link threads report them.
+    pub events: Sender<LinkEvent>,
 }
 
 impl Links {
+    /// `count` links with no thread behind them: what the broker queues
+    /// on link i arrives at `out[i]` of the returned [`LinksEnd`], and the
+    /// events sent from there reach the broker (the waker is not called).
+    /// It is how the broker's in-process tests play the peer links. A link
+    /// added later leads nowhere: what is queued on it is dropped.
+    pub fn detached(count: usize) -> (Links, LinksEnd) {
+        let (events, rx) = mpsc::channel();
+        let mut links = Links {
+            links: Vec::new(),
+            rx,
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Vec::new(),
+            events: events.clone(),
+            token: None,
+            auth: None,
+            notify: None,
+        };
+        let mut out = Vec::new();
+        for _ in 0..count {
+            let (tx, out_rx) = mpsc::channel();
+            links.links.push(Link {
+                tx,
+                queued: Arc::new(AtomicUsize::new(0)),
+            });
+            out.push(out_rx);
+        }
+        (links, LinksEnd { out, events })
+    }
+
     /// Starts a link to each address; `notify` is woken when events wait.
     pub fn start(
         addrs: &[SocketAddr],
@@ -168,7 +206,7 @@ impl Links {
             events: ev_tx,
             token,
             auth,
-            notify,
+            notify: Some(notify),
         };
         for addr in addrs {
             links.add(*addr);
@@ -182,6 +220,10 @@ impl Links {
         let i = self.links.len();
         let (tx, out_rx) = mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
+        let Some(notify) = &self.notify else {
+            self.links.push(Link { tx, queued });
+            return i;
+        };
         let mut w = Worker {
             link: i,
             url: format!("http://{addr}"),
@@ -189,7 +231,7 @@ impl Links {
             auth: self.auth.clone(),
             rx: out_rx,
             events: self.events.clone(),
-            notify: Arc::clone(&self.notify),
+            notify: Arc::clone(notify),
             queued: Arc::clone(&queued),
             stop: Arc::clone(&self.stop),
             pending: Vec::new(),

@@ -439,12 +439,43 @@ impl RaftNode {
             .map_err(|e| format!("raft thread: {e}"))?;
         Ok(RaftNode {
             durable_dir: (!cfg.memory_log).then(|| cfg.data.join("raft")),
-            to_raft: RaftSender { tx, wake_raft },
+            to_raft: RaftSender {
+                tx,
+                wake_raft: Some(wake_raft),
+            },
             rx,
             view,
             stop,
             thread: Some(thread),
         })
+    }
+
+    /// A handle with no thread behind it: what the broker sends to Raft
+    /// arrives at the returned [`RaftEnd`], and what is sent from there
+    /// reaches the broker as the Raft thread's output (the waker is not
+    /// called: whoever plays the thread calls `Handler::woken`). It is how
+    /// the broker's in-process tests play Raft, as they play sockets.
+    pub fn detached(view: View) -> (RaftNode, RaftEnd) {
+        let (tx, rx) = mpsc::channel();
+        let (out_tx, out_rx) = mpsc::channel();
+        let view = Arc::new(Mutex::new(view));
+        let node = RaftNode {
+            durable_dir: None,
+            to_raft: RaftSender {
+                tx,
+                wake_raft: None,
+            },
+            rx: out_rx,
+            view: Arc::clone(&view),
+            stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            thread: None,
+        };
+        let end = RaftEnd {
+            rx,
+            tx: out_tx,
+            view,
+        };
+        (node, end)
     }
 
     pub fn send(&self, m: ToRaft) {
@@ -472,17 +503,31 @@ impl RaftNode {
     }
 }
 
+/// The far end of a [`RaftNode::detached`] handle, held by whoever plays
+/// the Raft thread.
+pub struct RaftEnd {
+    /// What the broker asked of Raft, in order.
+    pub rx: Receiver<ToRaft>,
+    /// Raft's output to the broker.
+    pub tx: Sender<FromRaft>,
+    /// The view the broker reads ([`RaftNode::view`]).
+    pub view: Arc<Mutex<View>>,
+}
+
 /// Sends to the Raft thread from any thread (see [`RaftNode::sender`]).
 #[derive(Clone)]
 pub struct RaftSender {
     tx: Sender<ToRaft>,
-    wake_raft: Arc<Waker>,
+    /// `None` for a detached handle.
+    wake_raft: Option<Arc<Waker>>,
 }
 
 impl RaftSender {
     pub fn send(&self, m: ToRaft) {
         if self.tx.send(m).is_ok() {
-            let _ = self.wake_raft.wake();
+            if let Some(w) = &self.wake_raft {
+                let _ = w.wake();
+            }
         }
     }
 }
@@ -490,7 +535,9 @@ impl RaftSender {
 impl Drop for RaftNode {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Release);
-        let _ = self.to_raft.wake_raft.wake();
+        if let Some(w) = &self.to_raft.wake_raft {
+            let _ = w.wake();
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -221,33 +221,3 @@ impl Broker {
         }
     }
 }
-
-/// Raft's and the links' part, played by in-process tests of the core:
-/// what the core handed to Raft, and the events Raft and the links would
-/// bring back.
-#[cfg(test)]
-impl Broker {
-    /// The changes this node is waiting to see committed, oldest first.
-    pub(crate) fn proposals(&self) -> Vec<Change> {
-        self.cluster.as_ref().map_or(Vec::new(), |c| {
-            c.proposals
-                .entries()
-                .filter_map(|data| Change::decode(data).ok())
-                .collect()
-        })
-    }
-
-    /// Raft committed `change` at `index`: the event the Raft thread
-    /// reports through the waker.
-    pub(crate) fn raft_applied(&mut self, sink: &mut dyn Sink, index: u64, change: &Change) {
-        let data = change.encode();
-        self.on_raft(sink, FromRaft::Apply { index, data });
-    }
-
-    /// The peer link `link` now reaches `node` (`None`: it is down).
-    pub(crate) fn set_link(&mut self, link: usize, node: Option<u64>) {
-        if let Some(c) = self.cluster.as_mut() {
-            c.peers.set_link_node(link, node);
-        }
-    }
-}

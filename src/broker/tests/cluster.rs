@@ -1,10 +1,11 @@
 //! A cluster member's core in-process, with Raft and the peer links
-//! played by the test: the changes it hands to Raft and acks once they
-//! come back committed, the forward batches it queues toward each peer
-//! (decoded and checked), and what it delivers from a peer's
-//! `cluster.forward`. The threads and sockets behind Raft and the links
-//! are not started (the broker is never attached); `tests/cluster.rs`
-//! covers them with real processes.
+//! played by the test through detached handles (`RaftNode::detached`,
+//! `Links::detached`), as the sink plays the sockets: the changes the core
+//! hands to Raft and acks once they come back committed, the forward
+//! batches it queues toward each peer (decoded and checked), and what it
+//! delivers from a peer's `cluster.forward`. The broker is driven only
+//! through its `Handler` calls; the threads and sockets behind Raft and
+//! the links are covered by `tests/cluster.rs` with real processes.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -12,14 +13,100 @@ use std::net::SocketAddr;
 use super::{config, msg, Core};
 use crate::broker::cluster::ClusterSettings;
 use crate::broker::Broker;
-use crate::cluster::api::{forward, Change, Cmd, NodeConfig, PeerMessage};
+use crate::cluster::api::{
+    forward, Change, ChangeState, Cmd, FromRaft, LinkEvent, LinkOut, Links, LinksEnd, MemberView,
+    NodeConfig, PeerMessage, RaftEnd, RaftNode, Role, Status, ToRaft, TransportStats, View,
+};
 use crate::routing::subs::{Command, Owner};
 
 /// A connection serial of node 2's (boot id 5).
 const REMOTE_SERIAL: u64 = (5 << 32) | 1;
 
-/// Node 1 (`n1`) of a two-node cluster whose link 0 reaches node 2.
-fn member() -> Core {
+/// Raft and the peer links of node 1, as the test plays them.
+struct Played {
+    raft: RaftEnd,
+    links: LinksEnd,
+    /// Proposals taken from the broker and not committed yet: (tag, data).
+    pending: Vec<(u64, Vec<u8>)>,
+    /// The index the next committed entry gets.
+    next: u64,
+}
+
+impl Played {
+    /// Takes what the broker handed to Raft since the last call.
+    fn take(&mut self) {
+        while let Ok(m) = self.raft.rx.try_recv() {
+            if let ToRaft::Propose { tag, data } = m {
+                self.pending.push((tag, data));
+            }
+        }
+    }
+
+    /// The changes proposed and not committed yet, in order.
+    fn proposed(&mut self) -> Vec<Change> {
+        self.take();
+        self.pending
+            .iter()
+            .map(|(_, data)| Change::decode(data).unwrap())
+            .collect()
+    }
+
+    /// Appends and commits every pending proposal, in order, as a leader's
+    /// Raft thread reports them, and wakes the broker.
+    fn commit(&mut self, core: &mut Core) {
+        self.take();
+        for (tag, data) in std::mem::take(&mut self.pending) {
+            let index = self.next;
+            self.next += 1;
+            self.send(FromRaft::Proposed {
+                tag,
+                result: Ok(index),
+            });
+            self.send(FromRaft::Apply { index, data });
+        }
+        core.woken();
+    }
+
+    /// Commits a change another node proposed.
+    fn commit_remote(&mut self, core: &mut Core, change: &Change) {
+        let index = self.next;
+        self.next += 1;
+        self.send(FromRaft::Apply {
+            index,
+            data: change.encode(),
+        });
+        core.woken();
+    }
+
+    fn send(&self, m: FromRaft) {
+        self.raft.tx.send(m).unwrap();
+    }
+
+    /// Link 0's event, as its thread reports it, and the broker woken.
+    fn link_event(&self, core: &mut Core, ev: LinkEvent) {
+        self.links.events.send(ev).unwrap();
+        core.woken();
+    }
+
+    /// The forward batches of this turn (sent at the turn's tick), decoded,
+    /// per node: link 0 reaches node 2.
+    fn forwards(&mut self, core: &mut Core) -> Vec<(u64, Vec<String>)> {
+        core.tick();
+        let mut out = Vec::new();
+        while let Ok(m) = self.links.out[0].try_recv() {
+            if let LinkOut::Forward(batch) = m {
+                let msgs = forward::decode(&batch).unwrap();
+                out.push((2, msgs.iter().map(|m| format!("{m:?}")).collect()));
+            }
+        }
+        out
+    }
+}
+
+/// Node 1 (`n1`) of a two-node cluster, leading its control group in term
+/// 1, whose link 0 reaches node 2; its announcement that it is up is
+/// committed.
+fn member() -> (Core, Played) {
     let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
     let mut cfg = config();
     cfg.cluster_token = Some("secret".into());
@@ -40,26 +127,74 @@ fn member() -> Core {
         },
         peers_http: vec![addr],
     });
-    broker.set_link(0, Some(2));
-    Core::with(broker)
+    let view = View {
+        role: Role::Leader,
+        term: 1,
+        leader: Some(1),
+        commit: 0,
+        last_index: 0,
+        peers: Vec::new(),
+        dropped: 0,
+        transport: TransportStats::default(),
+        groups: BTreeMap::new(),
+        members: [1, 2]
+            .map(|id| MemberView {
+                id,
+                voter: true,
+                info: None,
+            })
+            .to_vec(),
+        conf_index: 0,
+        change: ChangeState::Idle,
+        member: true,
+        removed: false,
+    };
+    let (raft, raft_end) = RaftNode::detached(view);
+    let (links, links_end) = Links::detached(1);
+    broker.cluster.as_mut().unwrap().run_with(raft, links);
+    let mut core = Core::with(broker);
+    let mut played = Played {
+        raft: raft_end,
+        links: links_end,
+        pending: Vec::new(),
+        next: 1,
+    };
+    played.send(FromRaft::Status(Status {
+        role: Role::Leader,
+        term: 1,
+        leader: Some(1),
+        voter: true,
+    }));
+    played.link_event(
+        &mut core,
+        LinkEvent::Up {
+            link: 0,
+            node_id: "n2".into(),
+        },
+    );
+    core.tick();
+    let up = played.proposed();
+    assert!(
+        matches!(
+            up[..],
+            [Change {
+                node: 1,
+                cmd: Cmd::Subs(Command::NodeUp { .. }),
+                ..
+            }]
+        ),
+        "{up:?}"
+    );
+    played.commit(&mut core);
+    core.assert_quiet();
+    (core, played)
 }
 
-/// Commits every change the core is waiting on, in order, from index
-/// `first` on; returns the next free index.
-fn commit_proposals(core: &mut Core, first: u64) -> u64 {
-    let mut index = first;
-    for change in core.broker.proposals() {
-        core.broker.raft_applied(&mut core.sink, index, &change);
-        index += 1;
-    }
-    index
-}
-
-/// Node 2's subscription, committed at `index`.
-fn remote_sub(core: &mut Core, index: u64, sid: &str, pattern: &str, queue: Option<&str>) {
+/// Node 2's subscription, committed.
+fn remote_sub(core: &mut Core, played: &mut Played, sid: &str, pattern: &str, queue: Option<&str>) {
     let change = Change {
         node: 2,
-        op: index,
+        op: played.next,
         cmd: Cmd::Subs(Command::Subscribe {
             owner: Owner {
                 node: 2,
@@ -71,19 +206,7 @@ fn remote_sub(core: &mut Core, index: u64, sid: &str, pattern: &str, queue: Opti
             max: None,
         }),
     };
-    core.broker.raft_applied(&mut core.sink, index, &change);
-}
-
-/// The forward batches of this turn, decoded, per node.
-fn forwards(core: &mut Core) -> Vec<(u64, Vec<String>)> {
-    let batches = core.broker.cluster.as_mut().unwrap().take_batches();
-    batches
-        .iter()
-        .map(|(node, batch)| {
-            let msgs = forward::decode(batch).unwrap();
-            (*node, msgs.iter().map(|m| format!("{m:?}")).collect())
-        })
-        .collect()
+    played.commit_remote(core, &change);
 }
 
 fn forwarded(subject: &str, data: &str, plain: bool, picks: Vec<(u64, &str)>) -> String {
@@ -104,13 +227,13 @@ fn forwarded(subject: &str, data: &str, plain: bool, picks: Vec<(u64, &str)>) ->
 
 #[test]
 fn a_subscription_is_acked_once_raft_commits_it() {
-    let mut core = member();
+    let (mut core, mut played) = member();
     core.join(1);
     core.join(2);
     core.text(1, r#"29["sub",{"subject":"a.b","sid":"s1"}]"#);
     core.tick();
     core.assert_quiet();
-    let proposed = core.broker.proposals();
+    let proposed = played.proposed();
     assert_eq!(proposed.len(), 1);
     assert_eq!(proposed[0].node, 1);
     assert!(
@@ -119,7 +242,7 @@ fn a_subscription_is_acked_once_raft_commits_it() {
         "{proposed:?}"
     );
 
-    commit_proposals(&mut core, 1);
+    played.commit(&mut core);
     assert_eq!(core.sent(1), [r#"39[{"ok":true,"sid":"s1"}]"#]);
     core.text(2, r#"2["pub",{"subject":"a.b","data":1}]"#);
     assert_eq!(core.sent(1), [msg("s1", "a.b", "1")]);
@@ -128,13 +251,13 @@ fn a_subscription_is_acked_once_raft_commits_it() {
 
 #[test]
 fn a_publish_is_forwarded_once_per_peer_with_its_picked_group_members() {
-    let mut core = member();
+    let (mut core, mut played) = member();
     core.join(1);
     core.join(2);
     core.text(1, r#"2["sub",{"subject":"orders.*","sid":"s1"}]"#);
-    commit_proposals(&mut core, 1);
-    remote_sub(&mut core, 10, "r1", "orders.>", None);
-    remote_sub(&mut core, 11, "g2", "job", Some("q"));
+    played.commit(&mut core);
+    remote_sub(&mut core, &mut played, "r1", "orders.>", None);
+    remote_sub(&mut core, &mut played, "g2", "job", Some("q"));
     core.assert_quiet();
 
     core.text(2, r#"2["pub",{"subject":"orders.new","data":1}]"#);
@@ -145,7 +268,7 @@ fn a_publish_is_forwarded_once_per_peer_with_its_picked_group_members() {
     );
     // Both messages for node 2's plain subscribers, in one batch.
     assert_eq!(
-        forwards(&mut core),
+        played.forwards(&mut core),
         [(
             2,
             vec![
@@ -158,7 +281,7 @@ fn a_publish_is_forwarded_once_per_peer_with_its_picked_group_members() {
     // The group's only member is on node 2: it is picked here.
     core.text(2, r#"2["pub",{"subject":"job","data":3}]"#);
     assert_eq!(
-        forwards(&mut core),
+        played.forwards(&mut core),
         [(
             2,
             vec![forwarded("job", "3", false, vec![(REMOTE_SERIAL, "g2")])]
@@ -168,10 +291,10 @@ fn a_publish_is_forwarded_once_per_peer_with_its_picked_group_members() {
 
     // With the link down, nothing is queued toward node 2, and a request
     // whose only responder is there has no responders.
-    core.broker.set_link(0, None);
+    played.link_event(&mut core, LinkEvent::Down { link: 0 });
     core.text(2, r#"2["pub",{"subject":"orders.x","data":4}]"#);
     assert_eq!(core.sent(1), [msg("s1", "orders.x", "4")]);
-    assert!(forwards(&mut core).is_empty());
+    assert!(played.forwards(&mut core).is_empty());
     core.text(2, r#"25["request",{"subject":"job","data":5}]"#);
     assert_eq!(
         core.sent(2),
@@ -184,11 +307,11 @@ fn a_publish_is_forwarded_once_per_peer_with_its_picked_group_members() {
 
 #[test]
 fn a_peers_forward_batch_is_delivered_to_local_subscribers() {
-    let mut core = member();
+    let (mut core, mut played) = member();
     core.join(1);
     core.text(1, r#"2["sub",{"subject":"orders.*","sid":"s1"}]"#);
     core.text(1, r#"2["sub",{"subject":"job","sid":"m","queue":"q"}]"#);
-    commit_proposals(&mut core, 1);
+    played.commit(&mut core);
     core.assert_quiet();
 
     let mut batch = Vec::new();

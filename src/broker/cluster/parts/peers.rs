@@ -121,11 +121,6 @@ impl Peers {
     }
 
     /// Link `link` reaches `node` (`None`: it is down), as a test sets it.
-    #[cfg(test)]
-    pub(crate) fn set_link_node(&mut self, link: usize, node: Option<u64>) {
-        self.nodes[link] = node;
-    }
-
     /// This node does not lead: it watches no member.
     pub(crate) fn stop_watching(&mut self) {
         self.down_since.clear();

@@ -268,12 +268,6 @@ impl Proposals {
         }
         self.created.retain(|w| w.reply.conn != conn);
     }
-
-    /// The encoded entries of the changes waiting, oldest first.
-    #[cfg(test)]
-    pub(crate) fn entries(&self) -> impl Iterator<Item = &[u8]> {
-        self.waiters.values().map(|w| w.data.as_slice())
-    }
 }
 
 #[cfg(test)]
