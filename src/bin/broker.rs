@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
-use gombus::broker::cluster::ClusterSettings;
+use gombus::broker::cluster::{self, ClusterSettings};
 use gombus::broker::dispatch::ENVELOPE_BYTES;
 use gombus::broker::{Broker, BrokerConfig};
 use gombus::cluster::api::{members, ClusterKey, MemberInfo, NodeConfig};
@@ -42,8 +42,9 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let reload = broker.reload_flag();
-    if let Some(settings) = cluster_settings(&cfg) {
-        broker.enable_cluster(settings);
+    let cluster = cluster_settings(&cfg);
+    if let Some(settings) = &cluster {
+        broker.enable_cluster(settings.clone());
     }
     if let Err(e) = broker.open_streams(&cfg.data_dir, cfg.sync, cfg.segment_size as u64) {
         log_error!("streams unavailable: {e}");
@@ -66,9 +67,26 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // A cluster node's helper threads, the Raft thread and the peer links,
+    // are started here, with the loop's waker, and handed to the broker.
+    // Without them the node cannot serve as a member.
+    if let Some(settings) = &cluster {
+        let tokens = (
+            cfg.cluster_secret().map(str::to_string),
+            cfg.auth_token.clone(),
+        );
+        match cluster::start_threads(settings, server.waker(), tokens.0, tokens.1) {
+            Ok((raft, links)) => server.handler_mut().run_cluster_with(raft, links),
+            Err(e) => {
+                log_error!("cannot start cluster mode: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
     if let Err(e) = server.attach() {
-        // Without its helper threads (a cluster member's Raft group) the
-        // node cannot serve.
+        // The broker checks it was given what it needs (a cluster
+        // member its Raft thread and links) and gives its fsync thread
+        // the waker.
         log_error!("{e}");
         return ExitCode::from(1);
     }

@@ -138,7 +138,6 @@ pub(crate) struct Cluster {
     /// Membership changes waiting to be answered, the member asks, when
     /// a removed node leaves.
     changes: MemberChanges,
-    settings: ClusterSettings,
     raft: Option<RaftNode>,
     links: Option<Links>,
     view: Option<View>,
@@ -164,6 +163,35 @@ pub(crate) struct Cluster {
     /// This node's `NodeUp` was proposed, and (`caught_up`) applied.
     up_proposed: bool,
     caught_up: bool,
+}
+
+/// Starts a cluster node's helper threads, the Raft thread and the peer
+/// links, both waking `waker` (the event loop's) when output waits. The
+/// program that runs the loop (`bin/broker.rs`) starts them and hands
+/// them to the broker ([`Broker::run_cluster_with`](crate::broker::Broker::run_cluster_with)).
+/// The links log in to the peers' `/control` with `cluster_token`.
+pub fn start_threads(
+    settings: &ClusterSettings,
+    waker: Arc<mio::Waker>,
+    cluster_token: Option<String>,
+    auth_token: Option<String>,
+) -> Result<(RaftNode, Links), String> {
+    if settings.raft.secret.is_none() {
+        crate::log_warn!(
+            "cluster: neither -cluster-token nor -control-token is set: any host that \
+             reaches the Raft port {} can take part in the cluster",
+            settings.raft.listen
+        );
+    }
+    let raft = RaftNode::start(settings.raft.clone(), Arc::clone(&waker))?;
+    // On `/` the links relay clients' events, whose rights were checked
+    // where each client is connected: they log in with -auth-token, else
+    // with the cluster token, which a member admits on `/` with every
+    // right (docs/PROTOCOL.md, "Users and permissions"), so `-users`
+    // needs no all-rights user.
+    let root_token = auth_token.or_else(|| cluster_token.clone());
+    let links = Links::start(&settings.peers_http, cluster_token, root_token, waker);
+    Ok((raft, links))
 }
 
 impl Cluster {
@@ -195,7 +223,6 @@ impl Cluster {
             names,
             changes: MemberChanges::new(Instant::now()),
             peers: Peers::new(settings.peers_http.clone()),
-            settings,
             raft: None,
             links: None,
             view: None,
@@ -215,40 +242,18 @@ impl Cluster {
         }
     }
 
-    /// Starts the Raft thread and the peer links; both wake `waker`. The
-    /// links log in to the peers' `/control` with the cluster token.
-    pub fn start(
-        &mut self,
-        waker: Arc<mio::Waker>,
-        cluster_token: Option<String>,
-        auth_token: Option<String>,
-    ) -> Result<(), String> {
-        if self.settings.raft.secret.is_none() {
-            crate::log_warn!(
-                "cluster: neither -cluster-token nor -control-token is set: any host that \
-                 reaches the Raft port {} can take part in the cluster",
-                self.settings.raft.listen
-            );
-        }
-        let raft = RaftNode::start(self.settings.raft.clone(), Arc::clone(&waker))?;
-        // On `/` the links relay clients' events, whose rights were
-        // checked where each client is connected: they log in with
-        // -auth-token, else with the cluster token, which a member admits
-        // on `/` with every right (docs/PROTOCOL.md, "Users and
-        // permissions"), so `-users` needs no all-rights user.
-        let root_token = auth_token.or_else(|| cluster_token.clone());
-        let links = Links::start(&self.settings.peers_http, cluster_token, root_token, waker);
-        self.run_with(raft, links);
-        Ok(())
-    }
-
     /// Talks to Raft through `raft` and to the peers through `links`
-    /// from now on: the threads [`Cluster::start`] started, or detached
+    /// from now on: the threads [`start_threads`] started, or detached
     /// handles played by an in-process test (`RaftNode::detached`,
     /// `Links::detached`).
     pub fn run_with(&mut self, raft: RaftNode, links: Links) {
         self.raft = Some(raft);
         self.links = Some(links);
+    }
+
+    /// Whether it was given its Raft handle and links ([`Cluster::run_with`]).
+    pub fn running(&self) -> bool {
+        self.raft.is_some() && self.links.is_some()
     }
 
     /// This node's Raft id.

@@ -16,7 +16,7 @@ use super::monitor::{Monitor, View};
 use super::requests::{sanitize, REQUEST_TIMEOUT_DEFAULT, REQUEST_TIMEOUT_MAX};
 use super::session::{Session, NSP_CONTROL, NSP_ROOT};
 use super::streams::{Incoming, Streams};
-use crate::cluster::api::{Cmd, Fsm, PeerMessage};
+use crate::cluster::api::{Cmd, Fsm, Links, PeerMessage, RaftNode};
 use crate::crypto::token_eq;
 use crate::port::{ConnId, Handler, Payload, Request, Response, Sink};
 use crate::protocol::errors::{ok_body, raw_text, ApiError, Code, OK_BODY};
@@ -120,11 +120,22 @@ impl Broker {
         Ok(())
     }
 
-    /// Makes this broker node `settings.raft.id` of a cluster; the Raft
-    /// thread and peer links start when the event loop attaches.
+    /// Makes this broker node `settings.raft.id` of a cluster. It serves
+    /// once it has its Raft thread and peer links
+    /// ([`Broker::run_cluster_with`]).
     pub fn enable_cluster(&mut self, settings: ClusterSettings) {
         self.fsm = Fsm::new(settings.raft.id);
         self.cluster = Some(Cluster::new(settings, self.boot));
+    }
+
+    /// Hands a cluster node its Raft thread and peer links: those
+    /// [`start_threads`](super::cluster::start_threads) started, or
+    /// detached handles an in-process test plays. Nothing without
+    /// [`Broker::enable_cluster`].
+    pub fn run_cluster_with(&mut self, raft: RaftNode, links: Links) {
+        if let Some(c) = self.cluster.as_mut() {
+            c.run_with(raft, links);
+        }
     }
 
     /// What the monitor reads of the other parts, for one call.
@@ -1036,12 +1047,14 @@ impl Handler for Broker {
     }
 
     fn attach(&mut self, waker: std::sync::Arc<mio::Waker>) -> Result<(), String> {
-        self.streams.attach(std::sync::Arc::clone(&waker));
-        let tokens = (self.cfg.cluster_token.clone(), self.cfg.auth_token.clone());
-        if let Some(c) = self.cluster.as_mut() {
-            // Without its Raft group the node cannot serve as a member.
-            c.start(waker, tokens.0, tokens.1)
-                .map_err(|e| format!("cannot start cluster mode: {e}"))?;
+        self.streams.attach(waker);
+        // Without its Raft group the node cannot serve as a member.
+        if self.cluster.as_ref().is_some_and(|c| !c.running()) {
+            return Err(
+                "cluster mode: its Raft thread and peer links were not handed to \
+                        the broker (run_cluster_with)"
+                    .into(),
+            );
         }
         Ok(())
     }

@@ -262,6 +262,20 @@ impl<H: Handler> Server<H> {
         Ok(())
     }
 
+    /// The loop's waker, for helper threads started outside the handler
+    /// (a cluster node's Raft thread and peer links): a thread that has
+    /// output for the handler calls it, and the loop calls
+    /// [`Handler::woken`].
+    pub fn waker(&self) -> Arc<Waker> {
+        Arc::clone(&self.waker)
+    }
+
+    /// The handler, to hand it what was started for it before the loop
+    /// runs.
+    pub fn handler_mut(&mut self) -> &mut H {
+        &mut self.handler
+    }
+
     /// A handle that makes [`Server::run`] shut down (SIGTERM, tests).
     pub fn stopper(&self) -> Stopper {
         Stopper {

@@ -151,7 +151,7 @@ fn member() -> (Core, Played) {
     };
     let (raft, raft_end) = RaftNode::detached(view);
     let (links, links_end) = Links::detached(1);
-    broker.cluster.as_mut().unwrap().run_with(raft, links);
+    broker.run_cluster_with(raft, links);
     let mut core = Core::with(broker);
     let mut played = Played {
         raft: raft_end,
