@@ -166,6 +166,31 @@ impl Net {
         self.nodes.insert(id, Raft::new(cfg, hs, snap, entries));
     }
 
+    /// Starts `id` again from its state file (`hs`) with an empty log, as
+    /// a node that lost its log does: a non-voter in a new epoch.
+    fn restart_without_log(&mut self, id: NodeId, hs: HardState) {
+        let mut cfg = self.cfgs[&id].clone();
+        cfg.voter = false;
+        self.cfgs.insert(id, cfg.clone());
+        self.nodes
+            .insert(id, Raft::new(cfg, hs, Snapshot::default(), vec![]));
+        self.applied.remove(&id);
+    }
+
+    /// Ticks every node, one tick each in turn, until `id` votes or
+    /// `ticks` rounds went by.
+    fn tick_until_voter(&mut self, id: NodeId, ticks: u32) {
+        let ids: Vec<NodeId> = self.cfgs.keys().copied().collect();
+        for _ in 0..ticks {
+            if self.node(id).is_voter() {
+                return;
+            }
+            for &n in &ids {
+                self.tick(n, 1);
+            }
+        }
+    }
+
     fn propose(&mut self, id: NodeId, data: &str) -> Result<Proposed, ProposeError> {
         let r = self.node_mut(id).propose(data.as_bytes().to_vec());
         self.settle();
@@ -602,12 +627,7 @@ fn a_node_that_lost_its_log_votes_only_after_catching_up() {
         true
     ));
 
-    let mut cfg = net.cfgs[&3].clone();
-    cfg.voter = false;
-    net.cfgs.insert(3, cfg.clone());
-    net.nodes
-        .insert(3, Raft::new(cfg, old, Snapshot::default(), vec![]));
-    net.applied.remove(&3);
+    net.restart_without_log(3, old);
     net.isolate(3);
     net.tick(3, 10 * raft::ELECTION_TICKS);
     assert_eq!(
@@ -633,14 +653,7 @@ fn a_node_that_lost_its_log_votes_only_after_catching_up() {
     // down when they meet again; the cluster re-elects among 1 and 2 and
     // catches 3 up, after which it votes again.
     net.heal();
-    for _ in 0..20 * raft::ELECTION_TICKS {
-        if net.node(3).is_voter() {
-            break;
-        }
-        for id in 1..=3 {
-            net.tick(id, 1);
-        }
-    }
+    net.tick_until_voter(3, 20 * raft::ELECTION_TICKS);
     assert!(
         net.node(3).is_voter(),
         "caught up: {}",
@@ -665,20 +678,8 @@ fn a_node_that_loses_its_log_between_heartbeats_is_caught_up_without_a_proposal(
     net.tick(1, raft::HEARTBEAT_TICKS);
     assert_eq!(net.applied_data(3), ["a"]);
     let old = net.node(3).hard_state();
-    let mut cfg = net.cfgs[&3].clone();
-    cfg.voter = false;
-    net.cfgs.insert(3, cfg.clone());
-    net.nodes
-        .insert(3, Raft::new(cfg, old, Snapshot::default(), vec![]));
-    net.applied.remove(&3);
-    for _ in 0..4 * raft::ELECTION_TICKS {
-        if net.node(3).is_voter() {
-            break;
-        }
-        for id in 1..=3 {
-            net.tick(id, 1);
-        }
-    }
+    net.restart_without_log(3, old);
+    net.tick_until_voter(3, 4 * raft::ELECTION_TICKS);
     assert!(
         net.node(3).is_voter(),
         "caught up and voting again: {}",
