@@ -261,10 +261,16 @@ impl Relays {
     }
 
     /// Socket `conn` ended: nothing relayed or gathered for it is
-    /// answered any more.
+    /// answered any more, and its gathers' calls are forgotten with them
+    /// (their answers, if they come, find nobody).
     pub(crate) fn forget(&mut self, conn: ConnId) {
         self.relays.retain(|_, r| r.conn != conn);
+        let before = self.gathers.len();
         self.gathers.retain(|_, g| g.conn != conn);
+        if self.gathers.len() < before {
+            let gathers = &self.gathers;
+            self.gather_of.retain(|_, gid| gathers.contains_key(gid));
+        }
     }
 }
 
@@ -284,6 +290,21 @@ mod tests {
 
     fn stream(name: &str, owner: &str) -> Value {
         json!({"config": {"name": name}, "owner": owner})
+    }
+
+    #[test]
+    fn a_closed_sockets_gathers_leave_no_call_behind() {
+        let mut r = Relays::default();
+        let mine = Gather::new(7, 1, Listing::Streams, Vec::new());
+        let other = Gather::new(8, 2, Listing::Streams, Vec::new());
+        assert!(r.gather(mine, vec![5, 6]).is_none());
+        assert!(r.gather(other, vec![9]).is_none());
+        r.forget(7);
+        assert_eq!(r.gathers.len(), 1);
+        assert_eq!(r.gather_of.keys().copied().collect::<Vec<_>>(), [9]);
+        assert!(matches!(r.answered(5, Some("{}")), Answered::Nobody));
+        assert!(matches!(r.answered(9, Some("{}")), Answered::Gathered(_)));
+        assert!(r.gather_of.is_empty() && r.gathers.is_empty());
     }
 
     #[test]
