@@ -12,7 +12,7 @@ mod cluster_support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cluster_support::{free_port, Cluster, Launch, LEADER_WAIT};
+use cluster_support::{free_ports, Cluster, Launch, LEADER_WAIT};
 use serde_json::json;
 
 /// Bound on the cross-node delivery.
@@ -63,8 +63,9 @@ fn the_launch_lines_form_a_cluster_that_delivers_across_nodes() {
 
 #[test]
 fn bad_cluster_values_exit_2_naming_the_flag() {
-    let http = free_port();
-    let raft = free_port();
+    let [http, raft] = free_ports(2)[..] else {
+        unreachable!("two ports asked for")
+    };
     let peers = format!("-raft-peers=n1=127.0.0.1:{raft},n2=127.0.0.1:9992,n3=127.0.0.1:9993");
     let cases = [
         (

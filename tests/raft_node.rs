@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::{Duration, Instant};
 
-use support::free_port;
+use support::free_ports;
 
 /// One line a node printed: (node name, the line).
 type Line = (String, String);
@@ -48,7 +48,8 @@ impl Cluster {
     fn new() -> Cluster {
         let addrs: Vec<(String, String)> = ["a", "b", "c"]
             .iter()
-            .map(|n| (n.to_string(), format!("127.0.0.1:{}", free_port())))
+            .zip(free_ports(3))
+            .map(|(n, p)| (n.to_string(), format!("127.0.0.1:{p}")))
             .collect();
         let peers = addrs
             .iter()

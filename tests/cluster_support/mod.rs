@@ -113,13 +113,14 @@ impl Cluster {
 
     /// [`Cluster::prepare`] with the flags written as `launch` says.
     pub fn prepare_with(launch: Launch) -> Cluster {
-        let http: Vec<String> = (0..3)
-            .map(|_| format!("127.0.0.1:{}", free_port()))
+        // Six distinct ports: one at a time, a port just let go can be
+        // handed out again.
+        let mut addrs: Vec<String> = free_ports(6)
+            .into_iter()
+            .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        let raft: Vec<String> = (0..3)
-            .map(|_| format!("127.0.0.1:{}", free_port()))
-            .collect();
-        Cluster::prepare_at(launch, http, raft)
+        let raft = addrs.split_off(3);
+        Cluster::prepare_at(launch, addrs, raft)
     }
 
     /// [`Cluster::prepare_with`] on the given HTTP and Raft addresses
