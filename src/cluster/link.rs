@@ -167,17 +167,8 @@ impl Links {
     /// It is how the broker's in-process tests play the peer links. A link
     /// added later leads nowhere: what is queued on it is dropped.
     pub fn detached(count: usize) -> (Links, LinksEnd) {
-        let (events, rx) = mpsc::channel();
-        let mut links = Links {
-            links: Vec::new(),
-            rx,
-            stop: Arc::new(AtomicBool::new(false)),
-            threads: Vec::new(),
-            events: events.clone(),
-            token: None,
-            auth: None,
-            notify: None,
-        };
+        let mut links = Links::none(None, None, None);
+        let events = links.events.clone();
         let mut out = Vec::new();
         for _ in 0..count {
             let (tx, out_rx) = mpsc::channel();
@@ -197,21 +188,27 @@ impl Links {
         auth: Option<String>,
         notify: Arc<Waker>,
     ) -> Links {
-        let (ev_tx, rx) = mpsc::channel();
-        let mut links = Links {
-            links: Vec::new(),
-            rx,
-            stop: Arc::new(AtomicBool::new(false)),
-            threads: Vec::new(),
-            events: ev_tx,
-            token,
-            auth,
-            notify: Some(notify),
-        };
+        let mut links = Links::none(token, auth, Some(notify));
         for addr in addrs {
             links.add(*addr);
         }
         links
+    }
+
+    /// No link yet; those added log in with `token` and `auth` and wake
+    /// `notify` (none: detached, no thread is started).
+    fn none(token: Option<String>, auth: Option<String>, notify: Option<Arc<Waker>>) -> Links {
+        let (events, rx) = mpsc::channel();
+        Links {
+            links: Vec::new(),
+            rx,
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Vec::new(),
+            events,
+            token,
+            auth,
+            notify,
+        }
     }
 
     /// Starts a link to `addr` (a node added to the cluster); returns its
