@@ -163,7 +163,9 @@ pub trait Handler {
     /// The next handler-wide deadline, so the loop wakes for it.
     fn next_deadline(&self) -> Option<Instant>;
     /// Called once, before the loop runs, with the loop's waker: a
-    /// handler that starts helper threads (fsync, Raft) gives it to them.
+    /// handler gives it to its helper threads (the fsync thread). Threads
+    /// started outside the handler (a cluster node's Raft thread and peer
+    /// links, started by `bin/broker.rs`) take it from `Server::waker`.
     /// An error means the handler cannot serve; the caller stops.
     fn attach(&mut self, _waker: Arc<mio::Waker>) -> Result<(), String> {
         Ok(())

@@ -251,9 +251,9 @@ impl<H: Handler> Server<H> {
         })
     }
 
-    /// Gives the handler the loop's waker ([`Handler::attach`]: it starts
-    /// its helper threads), once; an error is the handler's reason it
-    /// cannot serve. [`Server::run`] attaches first if this was not called.
+    /// Gives the handler the loop's waker ([`Handler::attach`]: it hands
+    /// it to its helper threads), once; an error is the handler's reason
+    /// it cannot serve. [`Server::run`] attaches first if this was not called.
     pub fn attach(&mut self) -> Result<(), String> {
         if !self.attached {
             self.attached = true;
