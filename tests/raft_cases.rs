@@ -1031,3 +1031,37 @@ fn a_log_heavy_in_bytes_asks_for_a_snapshot() {
         "the snapshot took the bytes away"
     );
 }
+
+/// A shell whose state machine was made whole at some index after the
+/// core had applied past it reads the entries after that index again
+/// (`Raft::applied_after`), up to the applied index, as long as the log
+/// holds them.
+#[test]
+fn applied_entries_are_read_again_until_compacted() {
+    let mut node = Raft::new(config(1, 1), hs(0), Snapshot::default(), vec![]);
+    for _ in 0..4 * raft::ELECTION_TICKS {
+        node.tick();
+        node.ready();
+    }
+    assert_eq!(node.role(), Role::Leader);
+    for i in 0..3u8 {
+        node.propose(vec![b'a' + i]).unwrap();
+    }
+    // Proposed, not yet applied: nothing past the applied index.
+    let first = node.applied();
+    assert_eq!(node.applied_after(first).map(<[Entry]>::len), Some(0));
+    let committed = node.ready().persisted().committed;
+    assert_eq!(committed.len(), 3);
+    let applied = node.applied();
+    assert_eq!(applied, first + 3);
+    let again = node.applied_after(first + 1).expect("in the log");
+    let data: Vec<&[u8]> = again.iter().map(|e| e.data.as_slice()).collect();
+    assert_eq!(data, [&b"b"[..], &b"c"[..]]);
+    assert_eq!(again.first().map(|e| e.index), Some(first + 2));
+    assert_eq!(node.applied_after(applied).map(<[Entry]>::len), Some(0));
+    // Compacted past the index: no longer there to read.
+    node.compact(first + 2, b"state".to_vec());
+    assert!(node.applied_after(first + 1).is_none());
+    let left = node.applied_after(first + 2).expect("in the log");
+    assert_eq!(left.len(), 1);
+}

@@ -30,9 +30,10 @@ fn seeds_total() -> u64 {
 /// What the runs did, summed: catch-ups begun and ended whole, their
 /// requests and refusals, groups started again without their log,
 /// members damaged and found damaged at their restart, elections won by
-/// a member catching up.
+/// a member catching up, catch-ups whose core's entries past the
+/// snapshot were applied again.
 #[derive(Default)]
-struct Tally([u64; 8]);
+struct Tally([u64; 9]);
 
 impl Tally {
     fn add(&mut self, sim: &Sim) {
@@ -45,6 +46,7 @@ impl Tally {
             sim.damaged_members,
             sim.damage_found,
             sim.leaders_catching_up,
+            sim.replays,
         ];
         for (t, g) in self.0.iter_mut().zip(got) {
             *t += g;
@@ -54,11 +56,12 @@ impl Tally {
 
 impl std::fmt::Display for Tally {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let [c, w, a, r, l, d, found, led] = self.0;
+        let [c, w, a, r, l, d, found, led, again] = self.0;
         write!(
             f,
-            "catch-ups {c} (whole {w}, requests {a}, refused {r}, leading meanwhile {led}), \
-             groups lost {l}, damaged members {d} (found at restart {found})"
+            "catch-ups {c} (whole {w}, requests {a}, refused {r}, leading meanwhile {led}, \
+             entries applied again {again}), groups lost {l}, damaged members {d} \
+             (found at restart {found})"
         )
     }
 }

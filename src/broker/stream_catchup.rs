@@ -150,7 +150,8 @@ impl Broker {
         let Some(cu) = h.catchup.as_mut() else {
             return;
         };
-        let next = match cu.next(&mut h.core.replica, now, &PACE) {
+        let leads = h.core.leads();
+        let next = match cu.next(&mut h.core.replica, leads, now, &PACE) {
             Ok(n) => n,
             Err(e) => {
                 crate::log_error!("stream {:?}: syncing its files: {e}", h.name);
@@ -159,9 +160,10 @@ impl Broker {
         };
         match next {
             Next::Lost => {
-                // A leader fed the core entries past the snapshot (it
-                // holds a longer log than the one that sent it): they were
-                // not applied, so the replica starts again from a fresh
+                // A leader fed the core entries past the snapshot (its
+                // log covers it), and this member now leads or they are
+                // too many to wait in the core's log: they were not
+                // applied, so the replica starts again from a fresh
                 // snapshot.
                 crate::log_warn!(
                     "stream {:?}: entries past its snapshot at {} came during its catch-up; \
@@ -180,7 +182,7 @@ impl Broker {
                 h.name,
                 cu.index
             ),
-            Next::Whole { index } => {
+            Next::Whole { index, replay } => {
                 crate::log_info!(
                     "stream {:?}: caught up to its snapshot at {index}: {} bytes fetched in {} ms",
                     h.name,
@@ -188,7 +190,9 @@ impl Broker {
                     now.saturating_duration_since(cu.since).as_millis()
                 );
                 h.catchup = None;
-                h.core.applied = index;
+                // With `replay`, the Raft thread hands over again the
+                // entries its core applied past `index` meanwhile.
+                h.core.made_whole(index, replay);
                 h.installed = Some(index);
                 if let Some(raft) = c.raft_node() {
                     raft.send(ToRaft::GroupInstall { group, index });

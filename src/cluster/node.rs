@@ -41,7 +41,9 @@ use super::raft::{
 };
 use super::raft_auth::ClusterKey;
 use super::raft_log::{self, DurableLog, LogStore, MembershipFile, MemoryLog, StateFile};
-use super::raft_msg::{Body, EntryKind, GroupId, Membership, Message, NodeId, CONTROL_GROUP};
+use super::raft_msg::{
+    Body, Entry, EntryKind, GroupId, Membership, Message, NodeId, CONTROL_GROUP,
+};
 use super::raft_multi::{self, Multi};
 use super::raft_transport::{Transport, TransportConfig, TransportStats};
 use super::snapshot_file::{self, FileRef, Receiving};
@@ -96,7 +98,8 @@ pub enum ToRaft {
     },
     /// The broker holds what the snapshot at `index` that arrived for
     /// stream group `group` ([`GroupEvent::Arrived`]) names: the core
-    /// takes it now.
+    /// takes it now. Entries the core applied past `index` meanwhile are
+    /// handed over again.
     GroupInstall { group: GroupId, index: u64 },
     /// Stream group `group`'s replica here lacks messages its log needs:
     /// the group starts again here without its log, as a non-voter, to
@@ -153,6 +156,11 @@ pub enum GroupEvent {
         data: Vec<u8>,
         file: Option<File>,
     },
+    /// The replica was made whole at `index`, but the entries the core
+    /// committed past it meanwhile are no longer in its log
+    /// ([`ToRaft::GroupInstall`]): the replica lacks them, and the group
+    /// must start again here without its log ([`ToRaft::GroupLost`]).
+    ReplayFailed { index: u64 },
     /// This leader's group has exactly the voters last asked for with
     /// [`ToRaft::GroupWant`], and no change in flight.
     Settled { members: Vec<NodeId> },
@@ -788,6 +796,7 @@ impl Worker {
                             }
                             None => {}
                         }
+                        self.replay(group, index, &mut out);
                     }
                     Ok(ToRaft::GroupLost { group }) => {
                         if let Err(e) = self.lose_group(group, &mut out) {
@@ -1163,6 +1172,46 @@ impl Worker {
              to be caught up by the group's leader"
         );
         self.hold_group(group, members, false, true, out)
+    }
+
+    /// Stream group `group`'s replica was made whole at `index` from a
+    /// snapshot it fetched, while its core, fed by a leader whose log
+    /// covers that snapshot, committed entries past it (they were handed
+    /// over and not applied): they go to the broker again, from the
+    /// core's log, after everything handed over so far. If the log no
+    /// longer holds them, [`GroupEvent::ReplayFailed`] says so.
+    fn replay(&mut self, group: GroupId, index: u64, out: &mut Vec<FromRaft>) {
+        let Some(core) = self.multi.get(group).filter(|_| group != CONTROL_GROUP) else {
+            return;
+        };
+        let event = |e: &Entry| GroupEvent::Apply {
+            index: e.index,
+            term: e.term,
+            data: if e.kind == EntryKind::Command {
+                e.data.clone()
+            } else {
+                Vec::new()
+            },
+        };
+        match core.applied_after(index) {
+            Some([]) => {}
+            Some(entries) => {
+                crate::log_info!(
+                    "stream group {group}: {} entries after {index} applied again",
+                    entries.len()
+                );
+                for e in entries {
+                    out.push(FromRaft::Group {
+                        group,
+                        event: event(e),
+                    });
+                }
+            }
+            None => out.push(FromRaft::Group {
+                group,
+                event: GroupEvent::ReplayFailed { index },
+            }),
+        }
     }
 
     /// Stops holding stream group `group` (its stream was deleted, or its

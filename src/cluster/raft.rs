@@ -649,6 +649,22 @@ impl Raft {
     pub fn entries(&self) -> &[Entry] {
         &self.log.entries
     }
+    /// The entries after `index` up to the applied index, if the log
+    /// still holds every one of them: a shell hands them to its state
+    /// machine again when the state machine was made whole at `index`
+    /// (from a snapshot it fetched) after the core had applied past it.
+    pub fn applied_after(&self, index: u64) -> Option<&[Entry]> {
+        if index >= self.applied {
+            return Some(&[]);
+        }
+        let first = self.log.entries.first()?.index;
+        if index + 1 < first {
+            return None;
+        }
+        let from = usize::try_from(index + 1 - first).ok()?;
+        let to = usize::try_from(self.applied + 1 - first).ok()?;
+        self.log.entries.get(from..to)
+    }
     /// The term of the entry at `i`, if the log holds or covers it.
     pub fn term_at(&self, i: u64) -> Option<u64> {
         self.log.term(i)

@@ -29,6 +29,11 @@ use super::replica::{Frozen, Replica, Target};
 /// Snapshots a node keeps to serve members catching up from them.
 pub const FROZEN_KEPT: usize = 2;
 
+/// Most bytes of entries past the snapshot a catch-up lets its core
+/// commit before it gives up ([`Next::Lost`]): they wait in the core's
+/// log, in memory, until the replica is whole and they are applied.
+pub const SKIPPED_BYTES_MAX: u64 = 32 << 20;
+
 /// How long the member waits on the leader.
 #[derive(Debug, Clone, Copy)]
 pub struct Pace {
@@ -44,13 +49,17 @@ pub struct Pace {
 /// What the member does next ([`CatchUp::next`]).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Next {
-    /// Entries past the snapshot were committed meanwhile (a leader with a
-    /// longer log fed the core): they were not applied, so the group must
-    /// start again without its log and be sent a fresh snapshot.
+    /// Entries past the snapshot were committed meanwhile (a leader whose
+    /// log covers the snapshot fed the core) and cannot be applied again
+    /// from the core's log: this member leads (it has no one to fetch
+    /// from), or they are more than [`SKIPPED_BYTES_MAX`]. The group must
+    /// start again here without its log and be sent a fresh snapshot.
     Lost,
     /// The replica holds exactly what the snapshot names, its files
-    /// fsynced: the core may take the snapshot at `index`.
-    Whole { index: u64 },
+    /// fsynced: the core may take the snapshot at `index`. `replay`: the
+    /// core committed entries past `index` meanwhile, which were not
+    /// applied; it hands them over again from its log.
+    Whole { index: u64, replay: bool },
     /// What it held disagreed with the snapshot: it was emptied, and asks
     /// again from the start.
     StartedOver,
@@ -87,6 +96,8 @@ pub struct CatchUp {
     pub received: u64,
     /// The last entry the core committed meanwhile (it is skipped).
     skipped_through: u64,
+    /// The bytes of those entries past the snapshot.
+    skipped_bytes: u64,
 }
 
 impl CatchUp {
@@ -101,14 +112,18 @@ impl CatchUp {
             since: now,
             received: 0,
             skipped_through: 0,
+            skipped_bytes: 0,
         }
     }
 
-    /// The core committed the entry at `index` during the catch-up (it is
-    /// not applied): past the snapshot, the snapshot no longer covers what
-    /// the core holds as applied.
-    pub fn skipped(&mut self, index: u64) {
+    /// The core committed the entry at `index`, of `bytes`, during the
+    /// catch-up (it is not applied): past the snapshot, it is to be
+    /// applied again once the replica is whole.
+    pub fn skipped(&mut self, index: u64, bytes: usize) {
         self.skipped_through = self.skipped_through.max(index);
+        if index > self.index {
+            self.skipped_bytes += bytes as u64;
+        }
     }
 
     /// Whether `tag` is the request in flight.
@@ -116,11 +131,19 @@ impl CatchUp {
         self.asked.is_some_and(|(t, _)| t == tag)
     }
 
-    /// The next step for `replica`, which took this catch-up's snapshot.
-    /// Whole: its files are fsynced first (an error is returned, and the
-    /// step is tried again next time).
-    pub fn next(&mut self, replica: &mut Replica, now: Instant, pace: &Pace) -> io::Result<Next> {
-        if self.skipped_through > self.index {
+    /// The next step for `replica`, which took this catch-up's snapshot;
+    /// `leads`: this member leads the group. Whole: its files are fsynced
+    /// first (an error is returned, and the step is tried again next
+    /// time).
+    pub fn next(
+        &mut self,
+        replica: &mut Replica,
+        leads: bool,
+        now: Instant,
+        pace: &Pace,
+    ) -> io::Result<Next> {
+        let past = self.skipped_through > self.index;
+        if past && (leads || self.skipped_bytes > SKIPPED_BYTES_MAX) {
             return Ok(Next::Lost);
         }
         let held = replica.held_through();
@@ -131,7 +154,10 @@ impl CatchUp {
                 return Ok(Next::StartedOver);
             }
             replica.sync()?;
-            return Ok(Next::Whole { index: self.index });
+            return Ok(Next::Whole {
+                index: self.index,
+                replay: past,
+            });
         }
         let waiting = self
             .asked
@@ -328,7 +354,7 @@ mod tests {
         let (mut tag, mut asks, mut lost, mut late) = (0, 0, 0, 0);
         let whole = loop {
             now += Duration::from_millis(10);
-            match cu.next(&mut rep, now, &PACE).unwrap() {
+            match cu.next(&mut rep, false, now, &PACE).unwrap() {
                 Next::Ask { index, after } => {
                     asks += 1;
                     tag += 1;
@@ -357,7 +383,10 @@ mod tests {
                     }
                 }
                 Next::Wait => {}
-                Next::Whole { index } => break index,
+                Next::Whole {
+                    index,
+                    replay: false,
+                } => break index,
                 other => panic!("{other:?}"),
             }
             assert!(now < t0 + Duration::from_secs(60), "never whole");
@@ -378,7 +407,7 @@ mod tests {
         let (small, _, ldir) = leader(5, t0);
         let (mut rep, mut cu, mdir) = member(&small, t0);
         assert_eq!(
-            cu.next(&mut rep, t0, &PACE).unwrap(),
+            cu.next(&mut rep, false, t0, &PACE).unwrap(),
             Next::Ask {
                 index: 40,
                 after: 0
@@ -386,23 +415,32 @@ mod tests {
         );
         cu.asked(Some(7), t0, &PACE);
         let at = |ms| t0 + Duration::from_millis(ms);
-        assert_eq!(cu.next(&mut rep, at(299), &PACE).unwrap(), Next::Wait);
+        assert_eq!(
+            cu.next(&mut rep, false, at(299), &PACE).unwrap(),
+            Next::Wait
+        );
         assert!(matches!(
-            cu.next(&mut rep, at(300), &PACE).unwrap(),
+            cu.next(&mut rep, false, at(300), &PACE).unwrap(),
             Next::Ask { .. }
         ));
         cu.asked(Some(8), at(300), &PACE);
         assert!(cu
             .answered(&mut rep, 8, Answer::Refused, at(310), &PACE)
             .unwrap());
-        assert_eq!(cu.next(&mut rep, at(409), &PACE).unwrap(), Next::Wait);
+        assert_eq!(
+            cu.next(&mut rep, false, at(409), &PACE).unwrap(),
+            Next::Wait
+        );
         assert!(matches!(
-            cu.next(&mut rep, at(410), &PACE).unwrap(),
+            cu.next(&mut rep, false, at(410), &PACE).unwrap(),
             Next::Ask { .. }
         ));
         // A request that could not be sent waits too.
         cu.asked(None, at(410), &PACE);
-        assert_eq!(cu.next(&mut rep, at(500), &PACE).unwrap(), Next::Wait);
+        assert_eq!(
+            cu.next(&mut rep, false, at(500), &PACE).unwrap(),
+            Next::Wait
+        );
         // Records of another snapshot's state count as a refusal.
         cu.asked(Some(9), at(510), &PACE);
         let recs = [0u8; 0];
@@ -412,26 +450,46 @@ mod tests {
         };
         assert!(cu.answered(&mut rep, 9, other, at(510), &PACE).unwrap());
         assert_eq!(rep.messages(), 0);
-        assert_eq!(cu.next(&mut rep, at(600), &PACE).unwrap(), Next::Wait);
+        assert_eq!(
+            cu.next(&mut rep, false, at(600), &PACE).unwrap(),
+            Next::Wait
+        );
         let _ = std::fs::remove_dir_all(ldir);
         let _ = std::fs::remove_dir_all(mdir);
     }
 
-    /// Entries committed past the snapshot during the catch-up end it in
-    /// `Lost`; entries at or below it do not.
+    /// Entries committed past the snapshot during the catch-up are
+    /// applied again once the member is whole (`replay`), unless the
+    /// member leads or they grow past `SKIPPED_BYTES_MAX`: then it is
+    /// `Lost`. Entries at or below the snapshot count for neither.
     #[test]
-    fn entries_past_the_snapshot_lose_the_catch_up() {
+    fn entries_past_the_snapshot_are_replayed_or_lose_the_catch_up() {
         let t0 = Instant::now();
-        let (small, _, ldir) = leader(5, t0);
+        let (small, frozen, ldir) = leader(5, t0);
         let (mut rep, mut cu, mdir) = member(&small, t0);
-        cu.skipped(39);
-        cu.skipped(40);
-        assert!(matches!(
-            cu.next(&mut rep, t0, &PACE).unwrap(),
-            Next::Ask { .. }
-        ));
-        cu.skipped(41);
-        assert_eq!(cu.next(&mut rep, t0, &PACE).unwrap(), Next::Lost);
+        cu.skipped(39, 1 << 30);
+        cu.skipped(40, 1 << 30);
+        let Next::Ask { index, after } = cu.next(&mut rep, false, t0, &PACE).unwrap() else {
+            panic!("asks");
+        };
+        cu.asked(Some(1), t0, &PACE);
+        cu.skipped(41, 100);
+        // A follower goes on; one that leads now has no one to ask.
+        assert_eq!(cu.next(&mut rep, true, t0, &PACE).unwrap(), Next::Lost);
+        assert_eq!(cu.next(&mut rep, false, t0, &PACE).unwrap(), Next::Wait);
+        let (recs, _) = frozen.records_after(after, 1 << 20).unwrap();
+        let answer = Answer::Records { index, recs: &recs };
+        assert!(cu.answered(&mut rep, 1, answer, t0, &PACE).unwrap());
+        assert_eq!(
+            cu.next(&mut rep, false, t0, &PACE).unwrap(),
+            Next::Whole {
+                index: 40,
+                replay: true
+            }
+        );
+        // Too much waiting in the core's log: lost, whole or not.
+        cu.skipped(42, SKIPPED_BYTES_MAX as usize);
+        assert_eq!(cu.next(&mut rep, false, t0, &PACE).unwrap(), Next::Lost);
         let _ = std::fs::remove_dir_all(ldir);
         let _ = std::fs::remove_dir_all(mdir);
     }

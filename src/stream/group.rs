@@ -81,6 +81,11 @@ pub struct Group<R> {
     pub replica: Replica,
     /// The last index applied to `replica` (or restored into it).
     pub applied: u64,
+    /// Made whole at `applied` from a fetched snapshot after its Raft
+    /// core had applied entries past it: those come again, from
+    /// `applied + 1` on ([`Group::made_whole`]); any further on that
+    /// arrive before them come again too, and are passed over.
+    replaying: bool,
     leading: bool,
     term: u64,
     leader: Option<u64>,
@@ -109,6 +114,7 @@ impl<R> Group<R> {
         Group {
             replica,
             applied: 0,
+            replaying: false,
             leading: false,
             term: 0,
             leader: None,
@@ -124,6 +130,20 @@ impl<R> Group<R> {
             next_exhaust: None,
             next_tag: 0,
         }
+    }
+
+    /// The replica holds what the snapshot at `index` names (a catch-up
+    /// ended). `replay`: the core applied entries past `index` meanwhile,
+    /// and hands them over again.
+    pub fn made_whole(&mut self, index: u64, replay: bool) {
+        self.applied = index;
+        self.replaying = replay;
+    }
+
+    /// Whether the entries after a catch-up's snapshot are awaited again
+    /// ([`Group::made_whole`]).
+    pub fn replaying(&self) -> bool {
+        self.replaying
     }
 
     /// This node leads the group (as its Raft core last said).
@@ -333,6 +353,13 @@ impl<R> Group<R> {
             // a snapshot at or after it while the entry was on its way.
             // Requests waiting on it are refused when their wait ends.
             return Ok(());
+        }
+        if self.replaying {
+            if index > self.applied + 1 {
+                // Handed over before the replay began: it comes again.
+                return Ok(());
+            }
+            self.replaying = false;
         }
         self.applied = index;
         if self.leading && term == self.term {

@@ -337,6 +337,9 @@ pub struct Sim {
     pub damage_found: u64,
     /// Elections won by a member catching up.
     pub leaders_catching_up: u64,
+    /// Catch-ups that ended whole with entries past their snapshot
+    /// applied again from the core's log.
+    pub replays: u64,
     pub steps: u64,
     pub trace: bool,
 }
@@ -448,6 +451,7 @@ impl Sim {
             damaged_members: 0,
             damage_found: 0,
             leaders_catching_up: 0,
+            replays: 0,
             steps: 0,
             trace: std::env::var_os("SIM_TRACE").is_some(),
         };
@@ -846,8 +850,9 @@ impl Sim {
         let (Some(cu), Some(st)) = (node.catchups.get_mut(&g), node.streams.get_mut(&g)) else {
             return Ok(());
         };
+        let leads = st.leads();
         let next = cu
-            .next(&mut st.replica, now, &PACE)
+            .next(&mut st.replica, leads, now, &PACE)
             .map_err(|e| format!("node {id} syncing {g}'s files: {e}"))?;
         let leader = st.leader().filter(|&l| l != id);
         if self.trace && !matches!(next, Next::Wait | Next::Ask { .. }) {
@@ -860,24 +865,49 @@ impl Sim {
                 self.lose_group(i, g);
                 self.process(i)?;
             }
-            Next::Whole { index } => {
-                st.applied = index;
+            Next::Whole { index, replay } => {
+                st.made_whole(index, replay);
                 node.catchups.remove(&g);
                 node.installed.insert(g, index);
                 self.caught_up += 1;
                 // `ToRaft::GroupInstall`: the held snapshot, if it is
-                // still that one, goes to the core.
+                // still that one, goes to the core; then, as `node.rs`'s
+                // `replay`, what the core applied past `index` comes again.
                 let held = node.install.remove(&g);
+                let multi = node.multi.as_mut().unwrap();
                 match held {
-                    Some(m) if snapshot_index(&m) == Some(index) => {
-                        node.multi.as_mut().unwrap().step(m);
-                        self.process(i)?;
-                    }
+                    Some(m) if snapshot_index(&m) == Some(index) => multi.step(m),
                     Some(m) => {
                         node.install.insert(g, m);
                     }
                     None => {}
                 }
+                let again = multi
+                    .get(g)
+                    .and_then(|c| c.applied_after(index).map(<[_]>::to_vec));
+                match again {
+                    Some(entries) => {
+                        if !entries.is_empty() {
+                            self.replays += 1;
+                            if self.trace {
+                                println!(
+                                    "{} node {id} applies {} entries of group {g} after {index} again",
+                                    self.now,
+                                    entries.len()
+                                );
+                            }
+                        }
+                        for e in entries {
+                            self.apply(i, g, e)?;
+                        }
+                    }
+                    None => {
+                        let node = &mut self.nodes[i];
+                        node.lost.insert(g);
+                        self.lose_group(i, g);
+                    }
+                }
+                self.process(i)?;
             }
             Next::Ask { index, after } => {
                 let Some(to) = leader else {
@@ -1075,13 +1105,15 @@ impl Sim {
             // snapshot being fetched is noted (the catch-up cannot end
             // in an install that skips it).
             if let Some(cu) = node.catchups.get_mut(&g) {
-                cu.skipped(e.index);
+                cu.skipped(e.index, e.data.len());
             }
             return Ok(());
         }
         let now = self.instant();
         let st = self.nodes[i].streams.get_mut(&g).unwrap();
-        if e.index > st.applied + 1 {
+        // Handed over before a replay that brings it again: passed over.
+        let passed = st.replaying() && e.index > st.applied + 1;
+        if e.index > st.applied + 1 && !passed {
             return Err(format!(
                 "node {id} applied {g}/{} after {}",
                 e.index, st.applied
@@ -1096,7 +1128,7 @@ impl Sim {
             EntryKind::Noop | EntryKind::Config => &[],
             EntryKind::Command => &e.data,
         };
-        let skipped = e.index <= st.applied;
+        let skipped = e.index <= st.applied || passed;
         let mut done = Vec::new();
         let mut outcomes = Vec::new();
         st.apply(e.index, e.term, data, now, &mut done, Some(&mut outcomes))

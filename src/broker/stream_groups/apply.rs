@@ -76,13 +76,27 @@ impl Broker {
                 self.snapshot_arrived(group, index, &data, file, now);
                 return;
             }
-            GroupEvent::Apply { index, .. } if (h.lost && index > 1) || h.catchup.is_some() => {
+            GroupEvent::Apply {
+                index, ref data, ..
+            } if (h.lost && index > 1) || h.catchup.is_some() => {
                 // The replica is not whole: the group's core is started
                 // again without its log, or waits for it to be. An entry
-                // past the snapshot being fetched (a new leader fed the
-                // core meanwhile) is noted: the catch-up cannot end there.
+                // past the snapshot being fetched (a leader whose log
+                // covers it fed the core meanwhile) is noted: it comes
+                // again once the replica is whole.
                 if let Some(cu) = h.catchup.as_mut() {
-                    cu.skipped(index);
+                    cu.skipped(index, data.len());
+                }
+            }
+            GroupEvent::ReplayFailed { index } => {
+                crate::log_warn!(
+                    "stream {:?}: the entries after {index} are no longer in its log; \
+                     fetching again",
+                    h.name
+                );
+                h.lost = true;
+                if let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) {
+                    raft.send(ToRaft::GroupLost { group });
                 }
             }
             GroupEvent::Apply { index, term, data } => {
