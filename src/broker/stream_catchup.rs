@@ -247,11 +247,18 @@ impl Broker {
             }
         };
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let first = attachments.first().map_or(&[][..], Vec::as_slice);
         let answer = match v.get("index").and_then(Value::as_u64) {
-            Some(index) if v.get("ok") == Some(&Value::Bool(true)) => Answer::Records {
-                index,
-                recs: attachments.first().map_or(&[][..], Vec::as_slice),
-            },
+            Some(index) if v.get("ok") == Some(&Value::Bool(true)) => {
+                if v.get("snapshot") == Some(&Value::Bool(true)) {
+                    Answer::Newer {
+                        index,
+                        small: first,
+                    }
+                } else {
+                    Answer::Records { index, recs: first }
+                }
+            }
             _ => Answer::Refused,
         };
         if let Err(e) = cu.answered(&mut h.core.replica, tag, answer, now, &PACE) {
@@ -295,24 +302,40 @@ impl Broker {
             .map_err(|e| {
                 ApiError::new(Code::Internal, format!("reading the stream's files: {e}"))
             })?;
-        let (recs, through) = match served {
-            Served::Records(recs, through) => (recs, through),
-            Served::Gone { snapshot_now } => {
+        let body = match served {
+            Served::Records(recs, through) => (
+                format!(
+                    r#"[{{"ok":true,"index":{index},"through":{through},"records":{{"_placeholder":true,"num":0}}}}]"#
+                ),
+                recs,
+            ),
+            Served::Gone {
+                snapshot_now,
+                newer,
+            } => {
                 if snapshot_now {
                     self.snapshot_now(group);
                 }
-                return Err(ApiError::new(
-                    Code::Unavailable,
-                    "this node no longer holds that snapshot's state; a newer snapshot follows",
-                ));
+                let Some((at, small)) = newer else {
+                    return Err(ApiError::new(
+                        Code::Unavailable,
+                        "this node no longer holds that snapshot's state; a newer snapshot follows",
+                    ));
+                };
+                // A later state this node holds: a member whose core is
+                // past the snapshot it asked for goes on from it.
+                (
+                    format!(
+                        r#"[{{"ok":true,"index":{at},"snapshot":true,"records":{{"_placeholder":true,"num":0}}}}]"#
+                    ),
+                    small,
+                )
             }
         };
         let Some(ack_id) = ack_id else {
             return Ok(None);
         };
-        let body = format!(
-            r#"[{{"ok":true,"index":{index},"through":{through},"records":{{"_placeholder":true,"num":0}}}}]"#
-        );
+        let (body, recs) = body;
         let head = &mut self.stream_groups.head;
         super::ack::send_ack_with(
             sink,

@@ -789,6 +789,9 @@ impl Worker {
                         let held = self.groups.get_mut(&group).and_then(|g| g.install.take());
                         match held {
                             Some(m) if snapshot_index(&m) == Some(index) => self.multi.step(m),
+                            // Older than the state the replica was made
+                            // whole at: no longer wanted.
+                            Some(m) if snapshot_index(&m) < Some(index) => {}
                             Some(m) => {
                                 if let Some(g) = self.groups.get_mut(&group) {
                                     g.install = Some(m);

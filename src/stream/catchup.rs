@@ -53,7 +53,11 @@ pub enum Next {
     /// log covers the snapshot fed the core) and cannot be applied again
     /// from the core's log: this member leads (it has no one to fetch
     /// from), or they are more than [`SKIPPED_BYTES_MAX`]. The group must
-    /// start again here without its log and be sent a fresh snapshot.
+    /// start again here without its log and be sent a fresh snapshot. (A
+    /// leader that no longer holds the snapshot's state answers with a
+    /// later state it holds instead, [`Answer::Newer`]: the newer
+    /// snapshot its core sends is not one this core, already past it,
+    /// takes.)
     Lost,
     /// The replica holds exactly what the snapshot names, its files
     /// fsynced: the core may take the snapshot at `index`. `replay`: the
@@ -76,6 +80,10 @@ pub enum Answer<'a> {
     /// Framed records (as [`Frozen::records_after`] gives them) of the
     /// state at `index`.
     Records { index: u64, recs: &'a [u8] },
+    /// Refused for want of the state at the catch-up's index, with the
+    /// small snapshot `small` of a later state at `index` that the leader
+    /// holds instead.
+    Newer { index: u64, small: &'a [u8] },
     /// Refused (no such state any more, not the leader) or failed.
     Refused,
 }
@@ -126,6 +134,11 @@ impl CatchUp {
         }
     }
 
+    /// Whether the core committed entries past the snapshot meanwhile.
+    fn is_past(&self) -> bool {
+        self.skipped_through > self.index
+    }
+
     /// Whether `tag` is the request in flight.
     pub fn waits_on(&self, tag: u64) -> bool {
         self.asked.is_some_and(|(t, _)| t == tag)
@@ -142,7 +155,7 @@ impl CatchUp {
         now: Instant,
         pace: &Pace,
     ) -> io::Result<Next> {
-        let past = self.skipped_through > self.index;
+        let past = self.is_past();
         if past && (leads || self.skipped_bytes > SKIPPED_BYTES_MAX) {
             return Ok(Next::Lost);
         }
@@ -199,6 +212,16 @@ impl CatchUp {
         self.asked = None;
         let recs = match answer {
             Answer::Records { index, recs } if index == self.index => recs,
+            Answer::Newer { index, small } if index > self.index && self.is_past() => {
+                // The core committed past this snapshot, so the newer one
+                // the leader's core sends would not be held for it: the
+                // replica goes on from the later state instead. What the
+                // core committed up to `index` is in that state.
+                self.target = replica.rebase(&mut &small[..], small.len() as u64, now)?;
+                self.index = index;
+                self.retry_at = None;
+                return Ok(true);
+            }
             _ => {
                 self.retry_at = Some(now + pace.retry);
                 return Ok(true);
@@ -220,7 +243,13 @@ pub enum Served {
     Records(Vec<u8>, u64),
     /// This node no longer holds that snapshot's state. `snapshot_now`:
     /// it is to take a new snapshot (which its core sends in turn).
-    Gone { snapshot_now: bool },
+    /// `newer`: the index and small snapshot of the latest later state it
+    /// holds, for a member whose core is already past the one it asked
+    /// for ([`Answer::Newer`]).
+    Gone {
+        snapshot_now: bool,
+        newer: Option<(u64, Vec<u8>)>,
+    },
 }
 
 /// A node's latest frozen states of one replica, to serve members
@@ -272,7 +301,13 @@ impl Sources {
             if snapshot_now {
                 self.forced_at = Some(now);
             }
-            return Ok(Served::Gone { snapshot_now });
+            let newer = (self.kept.iter().rev())
+                .find(|(i, _)| *i > index)
+                .map(|(i, f)| (*i, f.small().to_vec()));
+            return Ok(Served::Gone {
+                snapshot_now,
+                newer,
+            });
         };
         let (recs, through) = frozen.records_after(after, max)?;
         Ok(Served::Records(recs, through))
@@ -494,6 +529,57 @@ mod tests {
         let _ = std::fs::remove_dir_all(mdir);
     }
 
+    /// A refusal that offers a later state is taken only by a member
+    /// whose core is past the snapshot it asked for: it rebases onto that
+    /// state and asks for it from then on.
+    #[test]
+    fn a_member_past_its_snapshot_goes_on_from_a_later_state() {
+        let t0 = Instant::now();
+        let (small, _, ldir) = leader(5, t0);
+        let (later, frozen, ldir2) = leader(8, t0);
+        let (mut rep, mut cu, mdir) = member(&small, t0);
+        let offer = || Answer::Newer {
+            index: 44,
+            small: &later,
+        };
+        let ask = |cu: &mut CatchUp, rep: &mut Replica, now| {
+            let next = cu.next(rep, false, now, &PACE).unwrap();
+            let Next::Ask { index, after } = next else {
+                panic!("{next:?}");
+            };
+            (index, after)
+        };
+        assert_eq!(ask(&mut cu, &mut rep, t0).0, 40);
+        cu.asked(Some(1), t0, &PACE);
+        // Not past its snapshot: a refusal like any other.
+        assert!(cu.answered(&mut rep, 1, offer(), t0, &PACE).unwrap());
+        assert_eq!(cu.next(&mut rep, false, t0, &PACE).unwrap(), Next::Wait);
+        let t1 = t0 + PACE.retry;
+        assert_eq!(ask(&mut cu, &mut rep, t1).0, 40);
+        cu.asked(Some(2), t1, &PACE);
+        cu.skipped(41, 10);
+        assert!(cu.answered(&mut rep, 2, offer(), t1, &PACE).unwrap());
+        let (index, after) = ask(&mut cu, &mut rep, t1);
+        assert_eq!(index, 44);
+        cu.asked(Some(3), t1, &PACE);
+        let (recs, _) = frozen.records_after(after, 1 << 20).unwrap();
+        let answer = Answer::Records { index, recs: &recs };
+        assert!(cu.answered(&mut rep, 3, answer, t1, &PACE).unwrap());
+        // Whole at the later state, which holds what the core committed
+        // through 41: nothing to apply again.
+        assert_eq!(
+            cu.next(&mut rep, false, t1, &PACE).unwrap(),
+            Next::Whole {
+                index: 44,
+                replay: false
+            }
+        );
+        assert_eq!(rep.messages(), 8);
+        for d in [ldir, ldir2, mdir] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+
     /// Records the target does not name make the member start over.
     #[test]
     fn records_that_do_not_fit_start_it_over() {
@@ -536,7 +622,7 @@ mod tests {
             .serve(10, 0, 100, applied, t0 + Duration::from_millis(ms), &PACE)
             .unwrap()
         {
-            Served::Gone { snapshot_now } => snapshot_now,
+            Served::Gone { snapshot_now, .. } => snapshot_now,
             Served::Records(..) => panic!("served a state it dropped"),
         };
         assert!(!gone(&mut s, 9, 0), "not applied that far");

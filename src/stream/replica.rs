@@ -1311,6 +1311,11 @@ pub struct Frozen {
 }
 
 impl Frozen {
+    /// The small snapshot's bytes.
+    pub fn small(&self) -> &[u8] {
+        &self.small
+    }
+
     /// Writes the small snapshot's bytes to `w`; how many it wrote.
     pub fn write_to(&self, w: &mut dyn Write) -> io::Result<u64> {
         w.write_all(&self.small)?;

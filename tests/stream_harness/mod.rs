@@ -227,6 +227,8 @@ enum Wire {
         tag: u64,
         index: u64,
         recs: Option<Vec<u8>>,
+        /// Refused with a later state's index and small snapshot.
+        newer: Option<(u64, Vec<u8>)>,
     },
 }
 
@@ -877,6 +879,7 @@ impl Sim {
                 let multi = node.multi.as_mut().unwrap();
                 match held {
                     Some(m) if snapshot_index(&m) == Some(index) => multi.step(m),
+                    Some(m) if snapshot_index(&m) < Some(index) => {}
                     Some(m) => {
                         node.install.insert(g, m);
                     }
@@ -963,14 +966,17 @@ impl Sim {
             .or_default()
             .serve(index, after, CATCHUP_BYTES, applied, now, &PACE)
             .map_err(|e| format!("node {id} reading {g}'s records at {index}: {e}"))?;
-        let recs = match served {
-            Served::Records(recs, _) => Some(recs),
-            Served::Gone { snapshot_now } => {
+        let (recs, newer) = match served {
+            Served::Records(recs, _) => (Some(recs), None),
+            Served::Gone {
+                snapshot_now,
+                newer,
+            } => {
                 if snapshot_now {
                     self.compact(j, g);
                     self.process(j)?;
                 }
-                None
+                (None, newer)
             }
         };
         self.post(Wire::Answer {
@@ -979,13 +985,21 @@ impl Sim {
             tag,
             index,
             recs,
+            newer,
         });
         Ok(())
     }
 
     /// An answer to a catch-up request of node `i` arrives: taken if it
     /// answers the request in flight.
-    fn catchup_answered(&mut self, i: usize, tag: u64, index: u64, recs: Option<Vec<u8>>) -> Check {
+    fn catchup_answered(
+        &mut self,
+        i: usize,
+        tag: u64,
+        index: u64,
+        recs: Option<Vec<u8>>,
+        newer: Option<(u64, Vec<u8>)>,
+    ) -> Check {
         let now = self.instant();
         let node = &mut self.nodes[i];
         let id = node.id;
@@ -993,9 +1007,16 @@ impl Sim {
             return Ok(());
         };
         let st = node.streams.get_mut(&g).unwrap();
-        let answer = match &recs {
-            Some(recs) => Answer::Records { index, recs },
-            None => {
+        let answer = match (&recs, &newer) {
+            (Some(recs), _) => Answer::Records { index, recs },
+            (None, Some((index, small))) => {
+                self.catchup_refused += 1;
+                Answer::Newer {
+                    index: *index,
+                    small,
+                }
+            }
+            (None, None) => {
                 self.catchup_refused += 1;
                 Answer::Refused
             }
@@ -1403,8 +1424,12 @@ impl Sim {
                     ..
                 } => self.serve_catchup(to, from, group, index, after, tag)?,
                 Wire::Answer {
-                    tag, index, recs, ..
-                } => self.catchup_answered(to, tag, index, recs)?,
+                    tag,
+                    index,
+                    recs,
+                    newer,
+                    ..
+                } => self.catchup_answered(to, tag, index, recs, newer)?,
             }
         } else {
             let i = tick.unwrap().1;
