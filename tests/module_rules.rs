@@ -1,8 +1,9 @@
 //! The dependency rules between the crate's top-level modules (the table in
 //! docs/DESIGN.md, "Dependency rules"): reads every file under `src/` and
 //! fails on a `crate::X` path that a module may not use, on a path into
-//! another module past the seam it offers ([`SEAMS`]), and on an import
-//! cycle among the broker's files.
+//! another module past the seam it offers ([`SEAMS`]), on an import
+//! cycle among the broker's files, and on a broker file other than the
+//! executor of its effects that names the cluster handles ([`HANDLES`]).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs;
@@ -626,4 +627,91 @@ fn a_cycle_among_broker_files_is_named() {
         file("b.rs", "pub struct Part;"),
     ];
     assert!(cycles(&broker_graph(&files)).is_empty());
+}
+
+/// The handles through which the broker acts on its cluster node (the
+/// Raft thread's and the peer links') and the only broker files that may
+/// name each: the executor, `cluster/actions.rs`, which alone sends on
+/// them; `cluster.rs` and `dispatch.rs`, which hand the started handles to
+/// it; and the in-process tests, which play their far ends.
+const HANDLES: &[(&str, &[&str])] = &[
+    (
+        "RaftNode",
+        &[
+            "cluster/actions.rs",
+            "cluster.rs",
+            "dispatch.rs",
+            "tests/cluster.rs",
+        ],
+    ),
+    (
+        "Links",
+        &[
+            "cluster/actions.rs",
+            "cluster.rs",
+            "dispatch.rs",
+            "tests/cluster.rs",
+        ],
+    ),
+    ("RaftSender", &["cluster/actions.rs"]),
+];
+
+/// Where a broker file names a handle of [`HANDLES`] that it may not:
+/// "file: Name" for each, whole-line comments left out.
+fn handle_violations(files: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (rel, text) in files {
+        let words: BTreeSet<&str> = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .flat_map(|l| l.split(|c: char| !(c.is_alphanumeric() || c == '_')))
+            .collect();
+        for (name, allowed) in HANDLES {
+            if words.contains(name) && !allowed.contains(&rel.as_str()) {
+                out.push(format!("{rel}: {name}"));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn only_the_executor_holds_the_cluster_handles() {
+    let files = broker_files();
+    assert!(files.iter().any(|(rel, _)| rel == "cluster/actions.rs"));
+    let found = handle_violations(&files);
+    assert!(
+        found.is_empty(),
+        "broker files that name the Raft handle or the links outside \
+         cluster/actions.rs (send through an `Action` instead):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn a_handle_named_outside_the_executor_is_reported() {
+    let file = |rel: &str, text: &str| (rel.to_string(), text.to_string());
+    let files = [
+        file(
+            "stream_groups.rs",
+            "use crate::cluster::api::{GroupId, RaftSender};\nfn f(r: &RaftNode) {}",
+        ),
+        file("cluster/turn.rs", "// a RaftNode in a comment\nfn g() {}"),
+        file(
+            "cluster/actions.rs",
+            "struct H { raft: RaftNode, l: Links }",
+        ),
+        file(
+            "dispatch.rs",
+            "fn run(l: Links, r: RaftNode, s: RaftSender) {}",
+        ),
+    ];
+    assert_eq!(
+        handle_violations(&files),
+        [
+            "stream_groups.rs: RaftNode",
+            "stream_groups.rs: RaftSender",
+            "dispatch.rs: RaftSender"
+        ]
+    );
 }

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use self::actions::{Action, Handles};
 use super::ack::{send_ack, send_ack_with};
 use super::session::NSP_ROOT;
 use crate::cluster::api::{
@@ -97,6 +98,7 @@ impl Tag {
     }
 }
 
+pub(crate) mod actions;
 mod forwards;
 mod membership;
 mod node_loss;
@@ -138,8 +140,9 @@ pub(crate) struct Cluster {
     /// Membership changes waiting to be answered, the member asks, when
     /// a removed node leaves.
     changes: MemberChanges,
-    raft: Option<RaftNode>,
-    links: Option<Links>,
+    /// The Raft thread's handle and the peer links: every effect on
+    /// them goes through [`Handles::act`].
+    io: Handles,
     view: Option<View>,
     next_view: Instant,
     role: Role,
@@ -195,9 +198,15 @@ pub fn start_threads(
 }
 
 impl Cluster {
-    /// The Raft thread, once started.
-    pub(crate) fn raft_node(&self) -> Option<&RaftNode> {
-        self.raft.as_ref()
+    /// Carries out `a` ([`Handles::act`]): whether it was taken.
+    pub(crate) fn act(&self, a: Action) -> bool {
+        self.io.act(a)
+    }
+
+    /// Where stream group `group` keeps its snapshot files, when its log
+    /// is durable.
+    pub(crate) fn group_dir(&self, group: GroupId) -> Option<std::path::PathBuf> {
+        self.io.group_dir(group)
     }
 
     pub fn new(settings: ClusterSettings, boot: u64) -> Cluster {
@@ -223,8 +232,7 @@ impl Cluster {
             names,
             changes: MemberChanges::new(Instant::now()),
             peers: Peers::new(settings.peers_http.clone()),
-            raft: None,
-            links: None,
+            io: Handles::default(),
             view: None,
             next_view: Instant::now(),
             role: Role::Follower,
@@ -247,13 +255,12 @@ impl Cluster {
     /// handles played by an in-process test (`RaftNode::detached`,
     /// `Links::detached`).
     pub fn run_with(&mut self, raft: RaftNode, links: Links) {
-        self.raft = Some(raft);
-        self.links = Some(links);
+        self.io.run_with(raft, links);
     }
 
     /// Whether it was given its Raft handle and links ([`Cluster::run_with`]).
     pub fn running(&self) -> bool {
-        self.raft.is_some() && self.links.is_some()
+        self.io.running()
     }
 
     /// This node's Raft id.
@@ -338,10 +345,7 @@ impl Cluster {
     /// The Raft thread's view as it is now (the loop's copy in `view` may
     /// be up to `VIEW_EVERY` old).
     pub fn fresh_view(&self) -> Option<View> {
-        self.raft
-            .as_ref()
-            .map(RaftNode::view)
-            .or_else(|| self.view.clone())
+        self.io.view().or_else(|| self.view.clone())
     }
 
     /// The link that reaches `node`, if it is up.
@@ -392,7 +396,7 @@ impl Cluster {
 
     /// Queues `out` on link `link`; false when the link's queue is full.
     fn call_link(&self, link: usize, out: LinkOut) -> bool {
-        self.links.as_ref().is_some_and(|l| l.call(link, out))
+        self.act(Action::Call { link, out })
     }
 
     /// A fresh tag of `kind` (e.g. `Tag::Relay`), as the links carry it.

@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use super::cluster::actions::Action;
 use super::session::NSP_CONTROL;
 use super::Broker;
 use crate::cluster::api::snapshot_file::{self, FileRef};
@@ -73,7 +74,7 @@ impl Broker {
         file: Option<File>,
         now: Instant,
     ) {
-        let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) else {
+        let Some(c) = self.cluster.as_ref().filter(|c| c.running()) else {
             return;
         };
         let Some(h) = self.stream_groups.held.get_mut(&group) else {
@@ -83,7 +84,7 @@ impl Broker {
             h.catchup = None;
             h.lost = false;
             h.installed = None;
-            raft.send(ToRaft::GroupInstall { group, index });
+            c.act(Action::Raft(ToRaft::GroupInstall { group, index }));
         };
         let (Some(r), Some(f)) = (FileRef::decode(data), file) else {
             install_now(h);
@@ -173,9 +174,7 @@ impl Broker {
                 );
                 h.catchup = None;
                 h.lost = true;
-                if let Some(raft) = c.raft_node() {
-                    raft.send(ToRaft::GroupLost { group });
-                }
+                c.act(Action::Raft(ToRaft::GroupLost { group }));
             }
             Next::StartedOver => crate::log_warn!(
                 "stream {:?}: its messages disagree with the snapshot at {}; starting over",
@@ -194,9 +193,7 @@ impl Broker {
                 // entries its core applied past `index` meanwhile.
                 h.core.made_whole(index, replay);
                 h.installed = Some(index);
-                if let Some(raft) = c.raft_node() {
-                    raft.send(ToRaft::GroupInstall { group, index });
-                }
+                c.act(Action::Raft(ToRaft::GroupInstall { group, index }));
             }
             Next::Ask { index, after } => {
                 let Some(leader) = h.core.leader().filter(|&l| l != me) else {
@@ -354,44 +351,43 @@ impl Broker {
     /// thread of its own (its state kept to serve members catching up
     /// from it); else the whole state as bytes.
     pub(super) fn snapshot_now(&mut self, group: GroupId) {
-        let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) else {
+        let Some(c) = self.cluster.as_ref().filter(|c| c.running()) else {
             return;
         };
         let Some(h) = self.stream_groups.held.get_mut(&group) else {
             return;
         };
         let index = h.core.applied;
-        let empty = |raft: &crate::cluster::api::RaftNode| {
-            raft.send(ToRaft::GroupCompact {
+        let compact = |data: Vec<u8>| {
+            c.act(Action::Raft(ToRaft::GroupCompact {
                 group,
                 index,
-                data: Vec::new(),
+                data,
                 dead: Vec::new(),
-            })
+            }));
         };
         if h.lost || h.catchup.is_some() || index == 0 {
-            empty(raft);
+            compact(Vec::new());
             return;
         }
-        match raft.group_dir(group) {
+        match c.group_dir(group) {
             Some(dir) => match h.core.replica.freeze() {
                 Ok(mut frozen) => {
                     let dead = frozen.take_dead();
                     let frozen = std::sync::Arc::new(frozen);
                     h.sources.keep(index, frozen.clone());
-                    super::stream_groups::write_snapshot(
-                        raft.sender(),
+                    c.act(Action::Snapshot {
                         group,
                         index,
                         dir,
                         frozen,
                         dead,
-                        &h.name,
-                    );
+                        name: h.name.clone(),
+                    });
                 }
                 Err(e) => {
                     crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
-                    empty(raft);
+                    compact(Vec::new());
                 }
             },
             None => {
@@ -400,12 +396,7 @@ impl Broker {
                     crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
                     Vec::new()
                 });
-                raft.send(ToRaft::GroupCompact {
-                    group,
-                    index,
-                    data,
-                    dead: Vec::new(),
-                });
+                compact(data);
             }
         }
     }

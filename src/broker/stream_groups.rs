@@ -53,12 +53,13 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::ack::send_ack_with;
+use super::cluster::actions::Action;
 use super::events::StreamOp;
 use super::session::NSP_ROOT;
 use super::stream_out::{has_targets, push_accepted, push_message, Push, RemotePush};
 use super::streams::{epoch_ms, FETCH_BYTES_MAX, NAK_DELAY_MS_MAX, PUSH_PER_TURN_MAX};
 use crate::cluster::api::snapshot_file::{self, FileRef};
-use crate::cluster::api::{Cmd, GroupEvent, GroupId, MetaCommand, RaftSender, Role, ToRaft};
+use crate::cluster::api::{Cmd, GroupEvent, GroupId, MetaCommand, Role, ToRaft};
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_with, ApiError, Code, OK_BODY};
 use crate::protocol::stream_messages::{
@@ -68,7 +69,7 @@ use crate::protocol::stream_messages::{
 use crate::routing::subs::SubTable;
 use crate::stream::group::{Done, Group};
 use crate::stream::payloads::Payloads;
-use crate::stream::replica::{AckKind, Frozen, Malformed, Op, Outcome, Publish, Replica};
+use crate::stream::replica::{AckKind, Malformed, Op, Outcome, Publish, Replica};
 use crate::stream::stream::{Msg, Stored};
 
 mod apply;
@@ -692,56 +693,6 @@ fn restore(
             crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
             None
         }
-    }
-}
-
-/// Writes stream `name`'s small snapshot at `index` from `frozen` into
-/// `dir` on a thread of its own, after fsyncing the payload files it
-/// names, then hands the group's Raft thread the file's reference (empty
-/// if it could not be written: it asks again later) and the payload
-/// files to delete once it is stored.
-pub(super) fn write_snapshot(
-    raft: RaftSender,
-    group: GroupId,
-    index: u64,
-    dir: std::path::PathBuf,
-    frozen: std::sync::Arc<Frozen>,
-    dead: Vec<std::path::PathBuf>,
-    name: &str,
-) {
-    let name = name.to_string();
-    let again = raft.clone();
-    let dead_again = dead.clone();
-    let job = move || {
-        let written = snapshot_file::Writer::create(&dir, index).and_then(|mut w| {
-            frozen.store(&mut w)?;
-            w.finish()
-        });
-        let data = match written {
-            Ok(r) => r.encode(),
-            Err(e) => {
-                crate::log_error!("stream {name:?}: snapshot at {index}: {e}");
-                Vec::new()
-            }
-        };
-        raft.send(ToRaft::GroupCompact {
-            group,
-            index,
-            data,
-            dead,
-        });
-    };
-    let spawned = std::thread::Builder::new()
-        .name(format!("snapshot-g{group}"))
-        .spawn(job);
-    if let Err(e) = spawned {
-        crate::log_error!("snapshot of stream group {group}: {e}");
-        again.send(ToRaft::GroupCompact {
-            group,
-            index,
-            data: Vec::new(),
-            dead: dead_again,
-        });
     }
 }
 

@@ -24,6 +24,7 @@
 
 use std::collections::HashMap;
 
+use super::cluster::actions::Action;
 use super::cluster::Cluster;
 use super::Broker;
 use crate::cluster::api::placement::{self, Placement};
@@ -56,9 +57,9 @@ impl Broker {
         let Some(c) = self.cluster.as_ref() else {
             return;
         };
-        let Some(raft) = c.raft_node() else {
+        if !c.running() {
             return;
-        };
+        }
         let me = c.me();
         let mut wanted: HashMap<GroupId, Vec<u64>> = HashMap::new();
         for s in self.fsm.streams.values() {
@@ -66,17 +67,17 @@ impl Broker {
                 continue;
             };
             if self.stream_groups.wanted.get(&p.group) != Some(&p.replicas) {
-                raft.send(ToRaft::GroupWant {
+                c.act(Action::Raft(ToRaft::GroupWant {
                     group: p.group,
                     members: p.replicas.clone(),
                     report: p.moving(),
-                });
+                }));
             }
             wanted.insert(p.group, p.replicas.clone());
         }
         for &group in self.stream_groups.wanted.keys() {
             if !wanted.contains_key(&group) {
-                raft.send(ToRaft::GroupDrop { group });
+                c.act(Action::Raft(ToRaft::GroupDrop { group }));
             }
         }
         self.stream_groups.wanted = wanted;

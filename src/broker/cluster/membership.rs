@@ -137,9 +137,9 @@ impl Broker {
         let tag = c.tag(Tag::Member);
         let mut moving = None;
         if c.role == Role::Leader {
-            let Some(raft) = c.raft.as_ref() else {
+            if !c.io.running() {
                 return Err(ApiError::new(Code::Unavailable, "raft is not running"));
-            };
+            }
             match what {
                 // Its replicas move first; the removal is proposed once
                 // no stream is placed on it (`answer_changes`).
@@ -152,7 +152,9 @@ impl Broker {
                     }
                     moving = Some(now);
                 }
-                _ => raft.send(to_raft(tag)),
+                _ => {
+                    c.act(Action::Raft(to_raft(tag)));
+                }
             }
         } else {
             let unreachable = || ApiError::new(Code::Unavailable, "no leader is reachable");
@@ -318,8 +320,8 @@ impl Broker {
             self.leave_cluster(sink);
             return;
         }
-        if let Some(r) = self.cluster.as_ref().and_then(|c| c.raft.as_ref()) {
-            r.send(ToRaft::Hint { members });
+        if let Some(c) = self.cluster.as_ref() {
+            c.act(Action::Raft(ToRaft::Hint { members }));
         }
     }
 
@@ -379,8 +381,7 @@ impl Broker {
                 if m.id == c.me || c.peers.dials(&http) {
                     continue;
                 }
-                if let Some(links) = c.links.as_mut() {
-                    links.add(http);
+                if c.io.dial(http) {
                     c.peers.add_link(http);
                 }
             }
@@ -472,9 +473,7 @@ impl Broker {
                     continue;
                 }
                 c.changes.moved(tag, now);
-                if let Some(raft) = c.raft.as_ref() {
-                    raft.send(ToRaft::Remove { tag, id });
-                }
+                c.act(Action::Raft(ToRaft::Remove { tag, id }));
                 continue;
             }
             if now >= at {

@@ -57,11 +57,8 @@ impl Broker {
             return;
         };
         if c.role == Role::Leader {
-            if let Some(r) = &c.raft {
-                r.send(ToRaft::Propose {
-                    tag: op,
-                    data: data.to_vec(),
-                });
+            let data = data.to_vec();
+            if c.act(Action::Raft(ToRaft::Propose { tag: op, data })) {
                 c.proposals.sent(op);
             }
             return;
@@ -72,19 +69,17 @@ impl Broker {
         let Ok(entry) = crate::protocol::json_from_bytes::<Value>(data) else {
             return;
         };
-        let queued = c.links.as_ref().is_some_and(|l| {
-            l.call(
-                link,
-                LinkOut::Call {
-                    tag: op,
-                    event: "cluster.command".into(),
-                    args: json!({ "entry": entry }).to_string(),
-                    attachments: Vec::new(),
-                    timeout,
-                    root: false,
-                    fenced: false,
-                },
-            )
+        let queued = c.act(Action::Call {
+            link,
+            out: LinkOut::Call {
+                tag: op,
+                event: "cluster.command".into(),
+                args: json!({ "entry": entry }).to_string(),
+                attachments: Vec::new(),
+                timeout,
+                root: false,
+                fenced: false,
+            },
         });
         if queued {
             c.proposals.sent(op);
@@ -228,9 +223,9 @@ impl Broker {
         if c.role != Role::Leader {
             return Err(ApiError::new(Code::Unavailable, "not the leader"));
         }
-        let Some(raft) = c.raft.as_ref() else {
+        if !c.io.running() {
             return Err(ApiError::new(Code::Unavailable, "raft is not running"));
-        };
+        }
         let data = req.entry.encode();
         match ack_id {
             Some(ack_id) => {
@@ -243,11 +238,11 @@ impl Broker {
                 c.next_tag += 1;
                 let tag = Tag::Remote(c.next_tag).raw();
                 c.proposals.add_remote(tag, conn, ack_id);
-                raft.send(ToRaft::Propose { tag, data });
+                c.act(Action::Raft(ToRaft::Propose { tag, data }));
                 Ok(None)
             }
             None => {
-                raft.send(ToRaft::Propose { tag: 0, data });
+                c.act(Action::Raft(ToRaft::Propose { tag: 0, data }));
                 Ok(Some(crate::protocol::errors::OK_BODY.to_string()))
             }
         }

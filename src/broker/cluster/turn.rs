@@ -9,20 +9,10 @@ use crate::broker::Broker;
 impl Broker {
     /// Drains what the Raft thread and the links reported.
     pub(crate) fn cluster_woken(&mut self, sink: &mut dyn Sink) {
-        while let Some(msg) = self
-            .cluster
-            .as_ref()
-            .and_then(|c| c.raft.as_ref())
-            .and_then(RaftNode::try_recv)
-        {
+        while let Some(msg) = self.cluster.as_ref().and_then(|c| c.io.raft_report()) {
             self.on_raft(sink, msg);
         }
-        while let Some(ev) = self
-            .cluster
-            .as_ref()
-            .and_then(|c| c.links.as_ref())
-            .and_then(Links::try_recv)
-        {
+        while let Some(ev) = self.cluster.as_ref().and_then(|c| c.io.link_report()) {
             self.on_link(sink, ev);
         }
     }
@@ -132,8 +122,8 @@ impl Broker {
             FromRaft::WantSnapshot => {
                 let data = self.fsm.snapshot();
                 let index = self.fsm.applied;
-                if let Some(r) = self.cluster.as_ref().and_then(|c| c.raft.as_ref()) {
-                    r.send(ToRaft::Compact { index, data });
+                if let Some(c) = self.cluster.as_ref() {
+                    c.act(Action::Raft(ToRaft::Compact { index, data }));
                 }
             }
         }
@@ -193,7 +183,7 @@ impl Broker {
         for (node, batch) in c.take_batches() {
             let sent = c
                 .link_to(node)
-                .is_some_and(|l| c.links.as_ref().is_some_and(|ls| ls.forward(l, batch)));
+                .is_some_and(|link| c.act(Action::Forward { link, batch }));
             if !sent {
                 c.peers.count_dropped();
             }
@@ -214,7 +204,7 @@ impl Broker {
             // turn of a busy loop.
             if c.next_view <= now {
                 c.next_view = now + VIEW_EVERY;
-                c.view = c.raft.as_ref().map(RaftNode::view);
+                c.view = c.io.view();
                 self.follow_members(sink, now);
                 self.watch_nodes(sink, now);
             }

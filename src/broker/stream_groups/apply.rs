@@ -18,7 +18,7 @@ impl Broker {
         let now = sink.now();
         self.catch_up_all(now);
         self.send_batches(sink);
-        let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) else {
+        let Some(c) = self.cluster.as_ref().filter(|c| c.running()) else {
             return;
         };
         let mut out = Settled::default();
@@ -30,11 +30,11 @@ impl Broker {
             }
             let mut done = Vec::new();
             for p in h.core.flush(now, now_ms, &mut done) {
-                raft.send(ToRaft::GroupPropose {
+                c.act(Action::Raft(ToRaft::GroupPropose {
                     group,
                     tag: p.tag,
                     data: p.data,
-                });
+                }));
             }
             for d in done {
                 settle(h, d, now, &mut out);
@@ -66,8 +66,8 @@ impl Broker {
                 } else if let Some(lost) = restore(h, index, &data, file, now) {
                     if lost {
                         h.lost = true;
-                        if let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) {
-                            raft.send(ToRaft::GroupLost { group });
+                        if let Some(c) = self.cluster.as_ref() {
+                            c.act(Action::Raft(ToRaft::GroupLost { group }));
                         }
                     }
                 }
@@ -95,8 +95,8 @@ impl Broker {
                     h.name
                 );
                 h.lost = true;
-                if let Some(raft) = self.cluster.as_ref().and_then(|c| c.raft_node()) {
-                    raft.send(ToRaft::GroupLost { group });
+                if let Some(c) = self.cluster.as_ref() {
+                    c.act(Action::Raft(ToRaft::GroupLost { group }));
                 }
             }
             GroupEvent::Apply { index, term, data } => {

@@ -52,9 +52,7 @@ impl Broker {
                     sources: Default::default(),
                 },
             );
-            if let Some(raft) = c.raft_node() {
-                raft.send(crate::broker::stream_moves::hold_group(p, me));
-            }
+            c.act(Action::Raft(crate::broker::stream_moves::hold_group(p, me)));
         }
         let gone: Vec<GroupId> = (self.stream_groups.held.keys())
             .filter(|g| !placed.contains(g))

@@ -1,0 +1,177 @@
+//! The broker's effects on the rest of a cluster node, in one place. Every
+//! command to the Raft thread, every call and forward batch on a peer
+//! link, every link dialled and every thread that writes a stream's
+//! snapshot file is an [`Action`], and [`Handles::act`] is the only code
+//! in the broker that carries one out: it alone holds the Raft thread's
+//! handle and the links (private fields), so no other file can send on
+//! them, and `tests/module_rules.rs` keeps their types out of the other
+//! broker files. Answers to clients go out through `broker/ack.rs`.
+//!
+//! An action is carried out when it is made, in the order the broker
+//! makes them; what comes back (Raft's outcomes, link events) reaches the
+//! broker later as the loop's `Handler::woken`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::cluster::api::{
+    snapshot_file, FromRaft, GroupId, LinkEvent, LinkOut, Links, RaftNode, RaftSender, ToRaft, View,
+};
+use crate::stream::replica::Frozen;
+
+/// One effect of the broker on its cluster node.
+pub(crate) enum Action {
+    /// A command for the Raft thread.
+    Raft(ToRaft),
+    /// A call (or an emit) on peer link `link`.
+    Call { link: usize, out: LinkOut },
+    /// A batch of forwarded messages (`cluster.forward`) on peer link `link`.
+    Forward { link: usize, batch: Vec<u8> },
+    /// Write group `group`'s small snapshot at `index` (`frozen`) into
+    /// `dir` on a thread of its own, after fsyncing the payload files it
+    /// names, then hand the Raft thread the file's
+    /// reference (empty if it could not be written: the thread asks again
+    /// later) and the payload files `dead` to delete once it is stored.
+    /// `name` is the stream's, for log lines.
+    Snapshot {
+        group: GroupId,
+        index: u64,
+        dir: PathBuf,
+        frozen: Arc<Frozen>,
+        dead: Vec<PathBuf>,
+        name: String,
+    },
+}
+
+/// The Raft thread's handle and the peer links, once the node runs
+/// ([`Handles::run_with`]); before that every action is refused.
+#[derive(Default)]
+pub(crate) struct Handles {
+    raft: Option<RaftNode>,
+    links: Option<Links>,
+}
+
+impl Handles {
+    /// Carries out `a`. Whether it was taken: false when the node does not
+    /// run yet, or a link is down or its queue full.
+    pub(crate) fn act(&self, a: Action) -> bool {
+        match a {
+            Action::Raft(m) => match &self.raft {
+                Some(r) => {
+                    r.send(m);
+                    true
+                }
+                None => false,
+            },
+            Action::Call { link, out } => self.links.as_ref().is_some_and(|l| l.call(link, out)),
+            Action::Forward { link, batch } => {
+                self.links.as_ref().is_some_and(|l| l.forward(link, batch))
+            }
+            Action::Snapshot {
+                group,
+                index,
+                dir,
+                frozen,
+                dead,
+                name,
+            } => match &self.raft {
+                Some(r) => {
+                    write_snapshot(r.sender(), group, index, dir, frozen, dead, name);
+                    true
+                }
+                None => false,
+            },
+        }
+    }
+
+    /// Dials a link to the peer whose HTTP address is `http`; false when
+    /// the node does not run yet.
+    pub(crate) fn dial(&mut self, http: SocketAddr) -> bool {
+        match self.links.as_mut() {
+            Some(l) => {
+                l.add(http);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Talks to Raft through `raft` and to the peers through `links`.
+    pub(crate) fn run_with(&mut self, raft: RaftNode, links: Links) {
+        self.raft = Some(raft);
+        self.links = Some(links);
+    }
+
+    /// Whether it was given its Raft handle and links.
+    pub(crate) fn running(&self) -> bool {
+        self.raft.is_some() && self.links.is_some()
+    }
+
+    /// What the Raft thread reported, one at a time.
+    pub(crate) fn raft_report(&self) -> Option<FromRaft> {
+        self.raft.as_ref().and_then(RaftNode::try_recv)
+    }
+
+    /// What the links reported, one at a time.
+    pub(crate) fn link_report(&self) -> Option<LinkEvent> {
+        self.links.as_ref().and_then(Links::try_recv)
+    }
+
+    /// The Raft thread's view as it is now.
+    pub(crate) fn view(&self) -> Option<View> {
+        self.raft.as_ref().map(RaftNode::view)
+    }
+
+    /// Where stream group `group` keeps its snapshot files, when its log
+    /// is durable (else its snapshots are bytes handed to Raft).
+    pub(crate) fn group_dir(&self, group: GroupId) -> Option<PathBuf> {
+        self.raft.as_ref().and_then(|r| r.group_dir(group))
+    }
+}
+
+/// [`Action::Snapshot`]: writes the file on a thread named after the
+/// group, then hands its reference to the Raft thread through `raft`.
+fn write_snapshot(
+    raft: RaftSender,
+    group: GroupId,
+    index: u64,
+    dir: PathBuf,
+    frozen: Arc<Frozen>,
+    dead: Vec<PathBuf>,
+    name: String,
+) {
+    let again = raft.clone();
+    let dead_again = dead.clone();
+    let job = move || {
+        let written = snapshot_file::Writer::create(&dir, index).and_then(|mut w| {
+            frozen.store(&mut w)?;
+            w.finish()
+        });
+        let data = match written {
+            Ok(r) => r.encode(),
+            Err(e) => {
+                crate::log_error!("stream {name:?}: snapshot at {index}: {e}");
+                Vec::new()
+            }
+        };
+        raft.send(ToRaft::GroupCompact {
+            group,
+            index,
+            data,
+            dead,
+        });
+    };
+    let spawned = std::thread::Builder::new()
+        .name(format!("snapshot-g{group}"))
+        .spawn(job);
+    if let Err(e) = spawned {
+        crate::log_error!("snapshot of stream group {group}: {e}");
+        again.send(ToRaft::GroupCompact {
+            group,
+            index,
+            data: Vec::new(),
+            dead: dead_again,
+        });
+    }
+}
