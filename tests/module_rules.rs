@@ -3,7 +3,8 @@
 //! fails on a `crate::X` path that a module may not use, on a path into
 //! another module past the seam it offers ([`SEAMS`]), on an import
 //! cycle among the broker's files, and on a broker file other than the
-//! executor of its effects that names the cluster handles ([`HANDLES`]).
+//! executor of its effects that names the cluster handles ([`HANDLES`])
+//! or sends on them ([`SENDS`]).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs;
@@ -631,39 +632,40 @@ fn a_cycle_among_broker_files_is_named() {
 
 /// The handles through which the broker acts on its cluster node (the
 /// Raft thread's and the peer links') and the only broker files that may
-/// name each: the executor, `cluster/actions.rs`, which alone sends on
-/// them; `cluster.rs` and `dispatch.rs`, which hand the started handles to
-/// it; and the in-process tests, which play their far ends.
+/// name each: the executor, `cluster/actions.rs`; `cluster/turn.rs`, which
+/// reads what they report; `cluster.rs` and `dispatch.rs`, which hand the
+/// started handles to the executor; and the in-process tests, which play
+/// their far ends.
 const HANDLES: &[(&str, &[&str])] = &[
-    (
-        "RaftNode",
-        &[
-            "cluster/actions.rs",
-            "cluster.rs",
-            "dispatch.rs",
-            "tests/cluster.rs",
-        ],
-    ),
-    (
-        "Links",
-        &[
-            "cluster/actions.rs",
-            "cluster.rs",
-            "dispatch.rs",
-            "tests/cluster.rs",
-        ],
-    ),
+    ("RaftNode", HOLDERS),
+    ("Links", HOLDERS),
     ("RaftSender", &["cluster/actions.rs"]),
 ];
 
-/// Where a broker file names a handle of [`HANDLES`] that it may not:
-/// "file: Name" for each, whole-line comments left out.
+const HOLDERS: &[&str] = &[
+    "cluster/actions.rs",
+    "cluster/turn.rs",
+    "cluster.rs",
+    "dispatch.rs",
+    "tests/cluster.rs",
+];
+
+/// The handles' methods that act (a Raft command, a peer call, a forward
+/// batch): called by no broker file but the executor and the tests.
+const SENDS: &[&str] = &[".send(", ".call(", ".forward("];
+
+/// Where a broker file names a handle of [`HANDLES`] that it may not, or
+/// calls a method of [`SENDS`] outside the executor and the tests: "file:
+/// name" for each, whole-line comments left out.
 fn handle_violations(files: &[(String, String)]) -> Vec<String> {
     let mut out = Vec::new();
     for (rel, text) in files {
-        let words: BTreeSet<&str> = text
+        let code: Vec<&str> = text
             .lines()
             .filter(|l| !l.trim_start().starts_with("//"))
+            .collect();
+        let words: BTreeSet<&str> = code
+            .iter()
             .flat_map(|l| l.split(|c: char| !(c.is_alphanumeric() || c == '_')))
             .collect();
         for (name, allowed) in HANDLES {
@@ -671,46 +673,64 @@ fn handle_violations(files: &[(String, String)]) -> Vec<String> {
                 out.push(format!("{rel}: {name}"));
             }
         }
+        if rel == "cluster/actions.rs" || rel.starts_with("tests/") {
+            continue;
+        }
+        for call in SENDS {
+            // A call may be split over lines by rustfmt: `x\n    .send(`.
+            if code.iter().any(|l| l.contains(call)) {
+                out.push(format!("{rel}: {call}"));
+            }
+        }
     }
     out
 }
 
 #[test]
-fn only_the_executor_holds_the_cluster_handles() {
+fn only_the_executor_acts_on_the_cluster_handles() {
     let files = broker_files();
     assert!(files.iter().any(|(rel, _)| rel == "cluster/actions.rs"));
     let found = handle_violations(&files);
     assert!(
         found.is_empty(),
-        "broker files that name the Raft handle or the links outside \
-         cluster/actions.rs (send through an `Action` instead):\n{}",
+        "broker files that name the Raft handle or the links, or send on \
+         them, outside cluster/actions.rs (make it an `Action`):\n{}",
         found.join("\n")
     );
 }
 
 #[test]
-fn a_handle_named_outside_the_executor_is_reported() {
+fn a_handle_named_or_sent_on_outside_the_executor_is_reported() {
     let file = |rel: &str, text: &str| (rel.to_string(), text.to_string());
     let files = [
         file(
             "stream_groups.rs",
             "use crate::cluster::api::{GroupId, RaftSender};\nfn f(r: &RaftNode) {}",
         ),
-        file("cluster/turn.rs", "// a RaftNode in a comment\nfn g() {}"),
+        file(
+            "cluster/turn.rs",
+            "// a RaftNode in a comment\nfn g(r: &RaftNode) {}",
+        ),
+        file(
+            "cluster/proposals.rs",
+            "fn p(c: &Cluster) {\n    c.raft\n        .send(x);\n    // c.call(y) in a comment\n}",
+        ),
         file(
             "cluster/actions.rs",
-            "struct H { raft: RaftNode, l: Links }",
+            "fn act(&self) { self.raft.send(m); self.l.call(1, o); }",
         ),
         file(
             "dispatch.rs",
             "fn run(l: Links, r: RaftNode, s: RaftSender) {}",
         ),
+        file("tests/cluster.rs", "fn t(l: &Links) { l.forward(0, b); }"),
     ];
     assert_eq!(
         handle_violations(&files),
         [
             "stream_groups.rs: RaftNode",
             "stream_groups.rs: RaftSender",
+            "cluster/proposals.rs: .send(",
             "dispatch.rs: RaftSender"
         ]
     );

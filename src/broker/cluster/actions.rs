@@ -2,10 +2,11 @@
 //! command to the Raft thread, every call and forward batch on a peer
 //! link, every link dialled and every thread that writes a stream's
 //! snapshot file is an [`Action`], and [`Handles::act`] is the only code
-//! in the broker that carries one out: it alone holds the Raft thread's
-//! handle and the links (private fields), so no other file can send on
-//! them, and `tests/module_rules.rs` keeps their types out of the other
-//! broker files. Answers to clients go out through `broker/ack.rs`.
+//! in the broker that carries one out. It holds the Raft thread's handle
+//! and the links in private fields; `cluster/turn.rs` borrows them only to
+//! read what they report. `tests/module_rules.rs` fails if another broker
+//! file names their types or calls `send`, `call` or `forward`. Answers
+//! to clients go out through `broker/ack.rs`.
 //!
 //! An action is carried out when it is made, in the order the broker
 //! makes them; what comes back (Raft's outcomes, link events) reaches the
@@ -16,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::cluster::api::{
-    snapshot_file, FromRaft, GroupId, LinkEvent, LinkOut, Links, RaftNode, RaftSender, ToRaft, View,
+    snapshot_file, GroupId, LinkOut, Links, RaftNode, RaftSender, ToRaft, View,
 };
 use crate::stream::replica::Frozen;
 
@@ -108,14 +109,16 @@ impl Handles {
         self.raft.is_some() && self.links.is_some()
     }
 
-    /// What the Raft thread reported, one at a time.
-    pub(crate) fn raft_report(&self) -> Option<FromRaft> {
-        self.raft.as_ref().and_then(RaftNode::try_recv)
+    /// The Raft thread's handle, for `cluster/turn.rs` to read its reports
+    /// (`try_recv`) and nothing else: every send is an [`Action`].
+    pub(super) fn raft_node(&self) -> Option<&RaftNode> {
+        self.raft.as_ref()
     }
 
-    /// What the links reported, one at a time.
-    pub(crate) fn link_report(&self) -> Option<LinkEvent> {
-        self.links.as_ref().and_then(Links::try_recv)
+    /// The links, for `cluster/turn.rs` to read their events (`try_recv`)
+    /// and nothing else: every call and forward is an [`Action`].
+    pub(super) fn links(&self) -> Option<&Links> {
+        self.links.as_ref()
     }
 
     /// The Raft thread's view as it is now.

@@ -9,10 +9,20 @@ use crate::broker::Broker;
 impl Broker {
     /// Drains what the Raft thread and the links reported.
     pub(crate) fn cluster_woken(&mut self, sink: &mut dyn Sink) {
-        while let Some(msg) = self.cluster.as_ref().and_then(|c| c.io.raft_report()) {
+        while let Some(msg) = self
+            .cluster
+            .as_ref()
+            .and_then(|c| c.io.raft_node())
+            .and_then(RaftNode::try_recv)
+        {
             self.on_raft(sink, msg);
         }
-        while let Some(ev) = self.cluster.as_ref().and_then(|c| c.io.link_report()) {
+        while let Some(ev) = self
+            .cluster
+            .as_ref()
+            .and_then(|c| c.io.links())
+            .and_then(Links::try_recv)
+        {
             self.on_link(sink, ev);
         }
     }
