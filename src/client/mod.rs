@@ -222,6 +222,18 @@ pub fn resolve_ip(host_port: &str) -> io::Result<Vec<SocketAddr>> {
 
 impl Default for Options {
     fn default() -> Self {
+        Options::resolving_with(resolve_names)
+    }
+}
+
+impl Options {
+    /// The defaults with `resolve` as [`Options::resolve`]. A program that
+    /// must leave the system's resolver out of its binary starts from
+    /// `Options::resolving_with(resolve_ip)`: through
+    /// `..Options::default()` the compiler keeps [`resolve_names`] (and
+    /// `getaddrinfo` with it, about 190 KB of a static binary) whenever it
+    /// does not inline `default`.
+    pub fn resolving_with(resolve: Resolve) -> Options {
         Options {
             token: None,
             namespace: "/".to_string(),
@@ -232,7 +244,7 @@ impl Default for Options {
             subscription_bytes_max: SUBSCRIPTION_BYTES_DEFAULT,
             async_acks_max: ASYNC_ACKS_DEFAULT,
             raw_acks: false,
-            resolve: resolve_names,
+            resolve,
         }
     }
 }

@@ -356,9 +356,9 @@ impl Worker {
                 raw_acks: true,
                 subscription_capacity: 16,
                 // A peer's URL is made from its socket address, never a
-                // name: the broker looks no names up.
-                resolve: client::resolve_ip,
-                ..Options::default()
+                // name: the broker looks no names up (and so leaves the
+                // system's resolver out of its binary).
+                ..Options::resolving_with(client::resolve_ip)
             };
             let root_opts = Options {
                 token: self.auth.clone(),
