@@ -154,15 +154,28 @@ pub struct Links {
 
 /// The far end of [`Links::detached`], held by whoever plays the links.
 pub struct LinksEnd {
-    /// What the broker queued on each link, in order.
-    pub out: Vec<Receiver<LinkOut>>,
+    /// What the broker queued on each link, in order, and the link's
+    /// count of queued bytes.
+    out: Vec<(Receiver<LinkOut>, Arc<AtomicUsize>)>,
     /// Events for the broker, as the link threads report them.
     pub events: Sender<LinkEvent>,
 }
 
+impl LinksEnd {
+    /// The next thing the broker queued on link `link`, taken off its
+    /// queue as a link thread takes it (its bytes no longer count
+    /// against the link's bound).
+    pub fn take(&self, link: usize) -> Option<LinkOut> {
+        let (rx, queued) = self.out.get(link)?;
+        let out = rx.try_recv().ok()?;
+        queued.fetch_sub(out.bytes(), Ordering::Relaxed);
+        Some(out)
+    }
+}
+
 impl Links {
     /// `count` links with no thread behind them: what the broker queues
-    /// on link i arrives at `out[i]` of the returned [`LinksEnd`], and the
+    /// on link i is taken by [`LinksEnd::take`]`(i)`, and the
     /// events sent from there reach the broker (the waker is not called).
     /// It is how the broker's in-process tests play the peer links. A link
     /// added later leads nowhere: what is queued on it is dropped.
@@ -172,11 +185,12 @@ impl Links {
         let mut out = Vec::new();
         for _ in 0..count {
             let (tx, out_rx) = mpsc::channel();
+            let queued = Arc::new(AtomicUsize::new(0));
             links.links.push(Link {
                 tx,
-                queued: Arc::new(AtomicUsize::new(0)),
+                queued: Arc::clone(&queued),
             });
-            out.push(out_rx);
+            out.push((out_rx, queued));
         }
         (links, LinksEnd { out, events })
     }
@@ -575,5 +589,21 @@ mod tests {
         assert_eq!(v, json!({"link": 9, "from": 2}));
         // Not an object: left as it is.
         assert_eq!(stamp("[1]", 7), "[1]");
+    }
+
+    /// A detached link is bounded like a started one, and what its far
+    /// end takes no longer counts against the bound.
+    #[test]
+    fn a_detached_link_frees_what_its_far_end_takes() {
+        let (links, end) = Links::detached(1);
+        assert!(links.forward(0, vec![0; LINK_QUEUE_BYTES - 10]));
+        assert!(!links.forward(0, vec![1; 100]), "over the bound");
+        assert!(!links.forward(1, vec![1; 1]), "no such link");
+        let Some(LinkOut::Forward(b)) = end.take(0) else {
+            panic!("the first batch is queued");
+        };
+        assert_eq!(b.len(), LINK_QUEUE_BYTES - 10);
+        assert!(end.take(0).is_none());
+        assert!(links.forward(0, vec![1; 100]), "the taken bytes are free");
     }
 }

@@ -93,7 +93,7 @@ impl Played {
     fn forwards(&mut self, core: &mut Core) -> Vec<(u64, Vec<String>)> {
         core.tick();
         let mut out = Vec::new();
-        while let Ok(m) = self.links.out[0].try_recv() {
+        while let Some(m) = self.links.take(0) {
             if let LinkOut::Forward(batch) = m {
                 let msgs = forward::decode(&batch).unwrap();
                 out.push((2, msgs.iter().map(|m| format!("{m:?}")).collect()));
