@@ -220,6 +220,13 @@ impl CatchUp {
                 self.target = replica.rebase(&mut &small[..], small.len() as u64, now)?;
                 self.index = index;
                 self.retry_at = None;
+                // Entries skipped through the new state are in it. Their
+                // bytes are summed, not kept one by one, so they are
+                // forgotten only when the state covers all of them (else
+                // the sum stays an upper bound).
+                if self.skipped_through <= index {
+                    self.skipped_bytes = 0;
+                }
                 return Ok(true);
             }
             _ => {
@@ -575,6 +582,7 @@ mod tests {
             }
         );
         assert_eq!(rep.messages(), 8);
+        assert_eq!(cu.skipped_bytes, 0, "entries through 44 are in the state");
         for d in [ldir, ldir2, mdir] {
             let _ = std::fs::remove_dir_all(d);
         }
