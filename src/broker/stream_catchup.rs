@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::cluster::actions::Action;
+use super::cluster::actions::{Action, SnapshotJob};
 use super::session::NSP_CONTROL;
 use super::Broker;
 use crate::cluster::api::snapshot_file::{self, FileRef};
@@ -376,14 +376,14 @@ impl Broker {
                     let dead = frozen.take_dead();
                     let frozen = std::sync::Arc::new(frozen);
                     h.sources.keep(index, frozen.clone());
-                    c.act(Action::Snapshot {
+                    c.act(Action::Snapshot(SnapshotJob {
                         group,
                         index,
                         dir,
                         frozen,
                         dead,
                         name: h.name.clone(),
-                    });
+                    }));
                 }
                 Err(e) => {
                     crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);

@@ -29,20 +29,22 @@ pub(crate) enum Action {
     Call { link: usize, out: LinkOut },
     /// A batch of forwarded messages (`cluster.forward`) on peer link `link`.
     Forward { link: usize, batch: Vec<u8> },
-    /// Write group `group`'s small snapshot at `index` (`frozen`) into
-    /// `dir` on a thread of its own, after fsyncing the payload files it
-    /// names, then hand the Raft thread the file's
-    /// reference (empty if it could not be written: the thread asks again
-    /// later) and the payload files `dead` to delete once it is stored.
-    /// `name` is the stream's, for log lines.
-    Snapshot {
-        group: GroupId,
-        index: u64,
-        dir: PathBuf,
-        frozen: Arc<Frozen>,
-        dead: Vec<PathBuf>,
-        name: String,
-    },
+    /// Write a stream group's small snapshot file on a thread of its own.
+    Snapshot(SnapshotJob),
+}
+
+/// Group `group`'s small snapshot at `index` (`frozen`), to be written
+/// into `dir` after the payload files it names are fsynced; the Raft
+/// thread is then handed the file's reference (empty if it could not be
+/// written: the thread asks again later) and the payload files `dead` to
+/// delete once it is stored. `name` is the stream's, for log lines.
+pub(crate) struct SnapshotJob {
+    pub group: GroupId,
+    pub index: u64,
+    pub dir: PathBuf,
+    pub frozen: Arc<Frozen>,
+    pub dead: Vec<PathBuf>,
+    pub name: String,
 }
 
 /// The Raft thread's handle and the peer links, once the node runs
@@ -69,16 +71,9 @@ impl Handles {
             Action::Forward { link, batch } => {
                 self.links.as_ref().is_some_and(|l| l.forward(link, batch))
             }
-            Action::Snapshot {
-                group,
-                index,
-                dir,
-                frozen,
-                dead,
-                name,
-            } => match &self.raft {
+            Action::Snapshot(job) => match &self.raft {
                 Some(r) => {
-                    write_snapshot(r.sender(), group, index, dir, frozen, dead, name);
+                    write_snapshot(r.sender(), job);
                     true
                 }
                 None => false,
@@ -135,15 +130,15 @@ impl Handles {
 
 /// [`Action::Snapshot`]: writes the file on a thread named after the
 /// group, then hands its reference to the Raft thread through `raft`.
-fn write_snapshot(
-    raft: RaftSender,
-    group: GroupId,
-    index: u64,
-    dir: PathBuf,
-    frozen: Arc<Frozen>,
-    dead: Vec<PathBuf>,
-    name: String,
-) {
+fn write_snapshot(raft: RaftSender, job: SnapshotJob) {
+    let SnapshotJob {
+        group,
+        index,
+        dir,
+        frozen,
+        dead,
+        name,
+    } = job;
     let again = raft.clone();
     let dead_again = dead.clone();
     let job = move || {
