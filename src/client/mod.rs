@@ -194,7 +194,8 @@ pub struct Options {
     /// [`resolve_names`] (the default) asks the system's resolver, so
     /// host names work; [`resolve_ip`] takes only an IP address and looks
     /// nothing up. A program that only ever dials IP addresses (the
-    /// broker's links to its peers) sets `resolve_ip` and so leaves the C
+    /// broker's links to its peers) starts from
+    /// [`Options::resolving_with`]`(resolve_ip)` and so leaves the C
     /// library's resolver out of its binary (docs/PERFORMANCE.md, "Binary
     /// size").
     pub resolve: Resolve,
