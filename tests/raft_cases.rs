@@ -1065,3 +1065,57 @@ fn applied_entries_are_read_again_until_compacted() {
     let left = node.applied_after(first + 2).expect("in the log");
     assert_eq!(left.len(), 1);
 }
+
+/// What a round may apply before it is stored: only entries committed
+/// and stored in an earlier round. A leader of three whose follower's
+/// ack commits entry N while a new proposal N+1 waits to be written
+/// hands N out at once; a group of one commits an entry in the round
+/// that stores it, so that entry waits for the write.
+#[test]
+fn only_entries_stored_in_an_earlier_round_are_applied_before_the_write() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.node_mut(1).propose(b"a".to_vec()).unwrap();
+    let a = net.node(1).last_index();
+    // The leader stores "a" and sends it; node 2's ack is held back.
+    let sent = net.node_mut(1).ready().persisted().messages;
+    let mut acks = Vec::new();
+    for m in sent.into_iter().filter(|m| m.to == 2) {
+        net.node_mut(2).step(m);
+        acks.extend(net.node_mut(2).ready().persisted().messages);
+    }
+    assert!(!acks.is_empty(), "node 2 answers the append");
+    let Proposed::Appended { index: b, .. } = net.node_mut(1).propose(b"b".to_vec()).unwrap()
+    else {
+        panic!("the leader appends");
+    };
+    for m in acks {
+        net.node_mut(1).step(m);
+    }
+    let mut ready = net.node_mut(1).ready();
+    assert_eq!(
+        ready.entries.as_ref().map(|e| e.0),
+        Some(b),
+        "b is to be stored"
+    );
+    let early = ready.take_stored_committed();
+    assert_eq!(early.iter().map(|e| e.index).collect::<Vec<_>>(), vec![a]);
+    assert!(
+        ready.persisted().committed.is_empty(),
+        "a went out early, once"
+    );
+
+    let mut one = Net::new(1);
+    one.elect(1);
+    let Proposed::Appended { index: c, .. } = one.node_mut(1).propose(b"c".to_vec()).unwrap()
+    else {
+        panic!("the leader appends");
+    };
+    let mut ready = one.node_mut(1).ready();
+    assert!(
+        ready.take_stored_committed().is_empty(),
+        "c is not stored yet"
+    );
+    let after = ready.persisted();
+    assert_eq!(after.committed.last().map(|e| e.index), Some(c));
+}

@@ -37,7 +37,7 @@ use mio::Waker;
 
 use super::members::{self, MemberInfo};
 use super::raft::{
-    self, ChangeError, ChangeState, Config, ProposeError, Proposed, Raft, Role, Status,
+    self, ChangeError, ChangeState, Config, ProposeError, Proposed, Raft, Ready, Role, Status,
 };
 use super::raft_auth::ClusterKey;
 use super::raft_log::{self, DurableLog, LogStore, MembershipFile, MemoryLog, StateFile};
@@ -1298,6 +1298,8 @@ impl Worker {
             if readies.is_empty() {
                 return Ok(());
             }
+            let mut readies = readies;
+            self.hand_over_stored(&mut readies, out);
             let mut afters = Vec::with_capacity(readies.len());
             let mut only_wishes = true;
             for (group, ready) in readies {
@@ -1364,19 +1366,7 @@ impl Worker {
                         data: s.data,
                     });
                 }
-                for e in after.committed {
-                    // Raft's own entries (a leader's no-op) only move the
-                    // applied index: they come as empty data.
-                    let data = if e.kind == EntryKind::Command {
-                        e.data
-                    } else {
-                        Vec::new()
-                    };
-                    out.push(FromRaft::Apply {
-                        index: e.index,
-                        data,
-                    });
-                }
+                committed_out(group, after.committed, out);
                 if let Some(s) = after.status {
                     out.push(FromRaft::Status(s));
                 }
@@ -1391,6 +1381,33 @@ impl Worker {
         }
     }
 
+    /// Before a round that writes to disk, hands the broker the committed
+    /// entries stored in earlier rounds ([`Ready::take_stored_committed`])
+    /// with everything gathered before them, so that their answers do not
+    /// wait for this round's fsync. A round that writes nothing goes on
+    /// as before, in one hand-over at the end.
+    fn hand_over_stored(&mut self, readies: &mut [(GroupId, Ready)], out: &mut Vec<FromRaft>) {
+        let writes = readies
+            .iter()
+            .any(|(_, r)| r.hard_state.is_some() || r.snapshot.is_some() || r.entries.is_some());
+        if !writes {
+            return;
+        }
+        let mut any = false;
+        for (group, ready) in readies.iter_mut() {
+            let stored = ready.take_stored_committed();
+            any |= !stored.is_empty();
+            committed_out(*group, stored, out);
+        }
+        if any {
+            for m in out.drain(..) {
+                // A broker gone is seen at the next look at the channel.
+                let _ = self.tx.send(m);
+            }
+            let _ = self.notify.wake();
+        }
+    }
+
     /// What stream group `group`'s persisted round gives the broker.
     fn group_out(&mut self, group: GroupId, after: raft::AfterPersist, out: &mut Vec<FromRaft>) {
         if let Some(s) = after.restore {
@@ -1402,19 +1419,8 @@ impl Worker {
             };
             out.push(FromRaft::Group { group, event });
         }
+        committed_out(group, after.committed, out);
         let mut push = |event| out.push(FromRaft::Group { group, event });
-        for e in after.committed {
-            let data = if e.kind == EntryKind::Command {
-                e.data
-            } else {
-                Vec::new()
-            };
-            push(GroupEvent::Apply {
-                index: e.index,
-                term: e.term,
-                data,
-            });
-        }
         if let Some(s) = after.status {
             push(GroupEvent::Status(s));
         }
@@ -1437,6 +1443,32 @@ impl Worker {
                 });
             }
         }
+    }
+}
+
+/// Committed entries as the broker takes them: Raft's own entries (a
+/// leader's no-op) only move the applied index, so they come as empty
+/// data.
+fn committed_out(group: GroupId, committed: Vec<Entry>, out: &mut Vec<FromRaft>) {
+    for e in committed {
+        let data = if e.kind == EntryKind::Command {
+            e.data
+        } else {
+            Vec::new()
+        };
+        out.push(if group == CONTROL_GROUP {
+            FromRaft::Apply {
+                index: e.index,
+                data,
+            }
+        } else {
+            let event = GroupEvent::Apply {
+                index: e.index,
+                term: e.term,
+                data,
+            };
+            FromRaft::Group { group, event }
+        });
     }
 }
 

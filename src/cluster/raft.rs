@@ -295,6 +295,27 @@ impl Ready {
     pub fn persisted(self) -> AfterPersist {
         self.after
     }
+
+    /// Takes the committed entries this node stored in an earlier round
+    /// (those before the first entry this round stores), which may be
+    /// applied before this round is persisted: committed means stored on
+    /// a majority, and this node's copy is on disk already, for a shell
+    /// that stores each round before it takes the next (the Raft
+    /// thread; not a shell that lets rounds wait for their fsync). A leader
+    /// counts its own log towards a commit before storing it, so an entry
+    /// committed in the round that stores it (a group of one) waits for
+    /// [`Ready::persisted`], as does everything after a snapshot.
+    ///
+    /// This keeps a leader's answers off its next fsync: acks that
+    /// commit entries arrive in the same round as new proposals.
+    pub fn take_stored_committed(&mut self) -> Vec<Entry> {
+        if self.snapshot.is_some() || self.after.restore.is_some() {
+            return Vec::new();
+        }
+        let from = self.entries.as_ref().map_or(u64::MAX, |(from, _)| *from);
+        let n = self.after.committed.partition_point(|e| e.index < from);
+        self.after.committed.drain(..n).collect()
+    }
 }
 
 /// The log as the core sees it: the last snapshot, then entries.

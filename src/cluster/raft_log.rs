@@ -121,6 +121,16 @@ impl MemoryLog {
     pub fn new() -> MemoryLog {
         MemoryLog::default()
     }
+
+    /// Whether the entry at `index` of `term` is stored: in the log, or
+    /// covered by the snapshot.
+    pub fn holds(&self, index: u64, term: u64) -> bool {
+        index <= self.snapshot.index
+            || self
+                .entries
+                .binary_search_by_key(&index, |e| e.index)
+                .is_ok_and(|at| self.entries[at].term == term)
+    }
 }
 
 impl LogStore for MemoryLog {

@@ -452,11 +452,23 @@ impl Sim {
             let Some(r) = self.nodes[i].raft.as_mut() else {
                 return Ok(());
             };
-            let ready = r.ready();
+            let mut ready = r.ready();
             if ready.is_empty() {
                 return Ok(());
             }
             let snap_conf = r.snapshot_config().cloned();
+            // As the Raft thread does, entries committed and stored in an
+            // earlier round are applied before this round is stored; each
+            // must be in this node's stored log already.
+            for e in ready.take_stored_committed() {
+                if !self.nodes[i].log.holds(e.index, e.term) {
+                    return Err(format!(
+                        "node {} applies entry {} (term {}) before storing it",
+                        self.nodes[i].id, e.index, e.term
+                    ));
+                }
+                self.apply(i, e)?;
+            }
             let node = &mut self.nodes[i];
             // Persist first: the hard state to the state file, the rest to
             // the log (a memory log forgets it at a crash).
