@@ -1119,3 +1119,48 @@ fn only_entries_stored_in_an_earlier_round_are_applied_before_the_write() {
     let after = ready.persisted();
     assert_eq!(after.committed.last().map(|e| e.index), Some(c));
 }
+
+/// What a leader may send before it stores a round: its Appends, and
+/// only in a round that changes neither its term nor its vote.
+#[test]
+fn a_leader_sends_its_appends_before_the_write_only_in_a_round_of_its_term() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.node_mut(1).propose(b"a".to_vec()).unwrap();
+    let mut ready = net.node_mut(1).ready();
+    assert!(ready.hard_state.is_none());
+    let appends = ready.take_appends();
+    let to: BTreeSet<NodeId> = appends.iter().map(|m| m.to).collect();
+    assert_eq!(to, BTreeSet::from([2, 3]), "{appends:?}");
+    assert!(appends
+        .iter()
+        .all(|m| matches!(&m.body, Body::Append { entries, .. } if !entries.is_empty())));
+    let rest = ready.persisted().messages;
+    assert!(!rest.iter().any(|m| matches!(m.body, Body::Append { .. })));
+
+    // A leader that learns of a later term in the round it appended
+    // in: its Appends wait for the write of the new term.
+    let mut net = Net::new(3);
+    net.elect(1);
+    let term = net.node(1).term();
+    net.node_mut(1).propose(b"b".to_vec()).unwrap();
+    net.node_mut(1).step(Message {
+        group: 0,
+        from: 2,
+        to: 1,
+        term: term + 1,
+        body: Body::Heartbeat {
+            commit: 0,
+            commit_term: 0,
+            read_seq: 0,
+        },
+    });
+    let mut ready = net.node_mut(1).ready();
+    assert_eq!(ready.hard_state.map(|h| h.term), Some(term + 1));
+    assert!(ready.take_appends().is_empty());
+    let kept = ready.persisted().messages;
+    assert!(
+        kept.iter().any(|m| matches!(m.body, Body::Append { .. })),
+        "the old term's Appends are still sent after the write: {kept:?}"
+    );
+}

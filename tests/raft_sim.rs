@@ -100,12 +100,27 @@ fn sim_5_nodes_memory_log() {
 /// Appends and doomed leaders, as they did when they failed.
 const REGRESSION_SEEDS: &[u64] = &[20870, 34270, 62812, 68862, 73938, 88206, 88482];
 
+/// Seeds that failed with every fault on. 41604: a leader of a group
+/// with one voter sent its Appends before storing them, with a commit
+/// index that counted the entry it had not stored; it crashed before the
+/// write, and the learner it had told applied an entry the next leader
+/// lacked (an Append sent early now never names such a commit).
+const REGRESSION_SEEDS_ALL_FAULTS: &[u64] = &[41604];
+
 #[test]
 fn sim_regression_seeds() {
     for &seed in REGRESSION_SEEDS {
         let (n, memory) = shape(seed);
         assert_eq!(
             catch(|| raft_harness::run_seed_unsplit(seed, n, memory)),
+            Ok(()),
+            "seed {seed} ({n} nodes, memory log: {memory})"
+        );
+    }
+    for &seed in REGRESSION_SEEDS_ALL_FAULTS {
+        let (n, memory) = shape(seed);
+        assert_eq!(
+            catch(|| raft_harness::run_seed(seed, n, memory)),
             Ok(()),
             "seed {seed} ({n} nodes, memory log: {memory})"
         );
@@ -137,7 +152,7 @@ fn stats() {
         let (sim, r) = raft_harness::run(seed, n, memory);
         println!(
             "seed {seed} {r:?} steps {} committed {} acked {} reads {} leader changes {} last term {:?} \
-             split appends {} doomed leaders {}",
+             split appends {} doomed leaders {} (after sending, before storing {})",
             sim.steps,
             sim.committed.len(),
             sim.acked.len(),
@@ -145,7 +160,8 @@ fn stats() {
             sim.leader_changes.len(),
             sim.leader_changes.last(),
             sim.splits,
-            sim.dooms
+            sim.dooms,
+            sim.early_dooms
         );
         assert_eq!(r, Ok(()), "seed {seed}");
     }

@@ -1300,6 +1300,7 @@ impl Worker {
             }
             let mut readies = readies;
             self.hand_over_stored(&mut readies, out);
+            self.send_appends(&mut readies);
             let mut afters = Vec::with_capacity(readies.len());
             let mut only_wishes = true;
             for (group, ready) in readies {
@@ -1405,6 +1406,24 @@ impl Worker {
                 let _ = self.tx.send(m);
             }
             let _ = self.notify.wake();
+        }
+    }
+
+    /// Sends a leader's Appends before its round is stored
+    /// ([`Ready::take_appends`]), so that its followers' writes overlap
+    /// its own. Safe because this thread steps no answer to them before
+    /// `drive` has stored the round.
+    fn send_appends(&mut self, readies: &mut [(GroupId, Ready)]) {
+        let appends: Vec<Message> = readies
+            .iter_mut()
+            .flat_map(|(_, r)| r.take_appends())
+            .collect();
+        if appends.is_empty() {
+            return;
+        }
+        self.follow_members();
+        for m in &appends {
+            self.send(m);
         }
     }
 

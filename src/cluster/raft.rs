@@ -296,6 +296,30 @@ impl Ready {
         self.after
     }
 
+    /// Takes the Appends of this round, which a leader may send before
+    /// it stores the round (Raft thesis §10.2.1): followers then write
+    /// while it writes. A leader counts its own log towards a commit
+    /// before storing it, so this is only for a shell that stores each
+    /// round before it steps the next message (the Raft thread): an
+    /// answer to these Appends is read after the round is on disk. A
+    /// round that changes the hard state or stores a snapshot keeps its
+    /// messages for [`Ready::persisted`], and so does an Append whose
+    /// commit index reaches an entry this round stores: in a group of
+    /// one voter that entry is committed before it is on disk, and a
+    /// learner told so would apply what a crash may still take back
+    /// (the Raft simulation found this).
+    pub fn take_appends(&mut self) -> Vec<Message> {
+        if self.hard_state.is_some() || self.snapshot.is_some() {
+            return Vec::new();
+        }
+        let from = self.entries.as_ref().map_or(u64::MAX, |(from, _)| *from);
+        let (appends, rest) = std::mem::take(&mut self.after.messages)
+            .into_iter()
+            .partition(|m| matches!(m.body, Body::Append { commit, .. } if commit < from));
+        self.after.messages = rest;
+        appends
+    }
+
     /// Takes the committed entries this node stored in an earlier round
     /// (those before the first entry this round stores), which may be
     /// applied before this round is persisted: committed means stored on

@@ -155,6 +155,9 @@ pub struct Sim {
     /// Appends split, and leaders crashed right after appending.
     pub splits: u64,
     pub dooms: u64,
+    /// Of `dooms`, leaders crashed after sending a round's Appends and
+    /// before storing it.
+    pub early_dooms: u64,
     // What the checks remember.
     leaders: BTreeMap<u64, NodeId>,
     pub committed: BTreeMap<u64, (u64, Option<u64>)>,
@@ -230,6 +233,7 @@ impl Sim {
             revive: Vec::new(),
             splits: 0,
             dooms: 0,
+            early_dooms: 0,
             leaders: BTreeMap::new(),
             committed: BTreeMap::new(),
             commit_term: BTreeMap::new(),
@@ -468,6 +472,27 @@ impl Sim {
                     ));
                 }
                 self.apply(i, e)?;
+            }
+            // A leader's Appends go out before its round is stored, as
+            // the Raft thread sends them. A leader doomed now sends
+            // nothing, or (half the time) crashes between sending them
+            // and storing them.
+            let appends = ready.take_appends();
+            if let Some((_, term)) = self.doomed_now.filter(|d| d.0 == i) {
+                if !appends.is_empty() && self.shake.chance(500) {
+                    for m in appends {
+                        self.send(m);
+                    }
+                    self.doomed_now = None;
+                    if self.doom(i, term) {
+                        self.early_dooms += 1;
+                        return Ok(());
+                    }
+                }
+            } else {
+                for m in appends {
+                    self.send(m);
+                }
             }
             let node = &mut self.nodes[i];
             // Persist first: the hard state to the state file, the rest to
