@@ -1117,7 +1117,7 @@ impl Worker {
         rc.forward_proposals = false;
         rc.seed = crate::rand::random_seed() ^ me ^ group.rotate_left(32);
         if !self.memory_log {
-            snapshot_file::clean(&dir, loaded.snapshot.index, true);
+            snapshot_file::clean(&dir, &[loaded.snapshot.index], true);
         }
         if loaded.snapshot.index > 0 {
             let index = loaded.snapshot.index;
@@ -1327,7 +1327,14 @@ impl Worker {
                     raft_log::persist(&ready, &mut |hs| state.save(hs), g.log.as_mut())
                         .map_err(|e| format!("stream group {group}: {e}"))?;
                     if let Some(snap) = ready.snapshot.as_ref().filter(|_| !self.memory_log) {
-                        snapshot_file::clean(&group_dir(&self.dir, group), snap.index, false);
+                        // A leader's snapshot held back while the replica
+                        // fetches what it names keeps its file too: this
+                        // one may be the replica's own, asked for before
+                        // the leader's arrived.
+                        let held = g.install.as_ref().and_then(snapshot_index);
+                        let keep: Vec<u64> =
+                            [Some(snap.index), held].into_iter().flatten().collect();
+                        snapshot_file::clean(&group_dir(&self.dir, group), &keep, false);
                         let (done, keep) = std::mem::take(&mut g.dead)
                             .into_iter()
                             .partition(|(i, _)| *i <= snap.index);

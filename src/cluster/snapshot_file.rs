@@ -86,21 +86,21 @@ pub fn open(dir: &Path, index: u64, r: &FileRef) -> io::Result<File> {
     Ok(f)
 }
 
-/// Deletes the snapshot files of `dir` other than the one at `keep`;
-/// with `all` (at start, when nothing is being written), the half-written
+/// Deletes the snapshot files of `dir` other than those at `keep`; with
+/// `all` (at start, when nothing is being written), the half-written
 /// ones too.
-pub fn clean(dir: &Path, keep: u64, all: bool) {
+pub fn clean(dir: &Path, keep: &[u64], all: bool) {
     let Ok(list) = fs::read_dir(dir) else {
         return;
     };
-    let kept = format!("snapshot.{keep}.data");
+    let kept: Vec<String> = keep.iter().map(|i| format!("snapshot.{i}.data")).collect();
     for d in list.flatten() {
         let name = d.file_name();
         let name = name.to_string_lossy();
         let ours = name.starts_with("snapshot.")
             && (name.ends_with(".data")
                 || (all && (name.ends_with(".tmp") || name == "snapshot.recv")));
-        if ours && name != kept {
+        if ours && !kept.iter().any(|k| *k == name) {
             if let Err(e) = fs::remove_file(d.path()) {
                 crate::log_warn!("removing {}: {e}", d.path().display());
             }
@@ -309,6 +309,39 @@ mod tests {
         d
     }
 
+    /// A snapshot stored here while a leader's snapshot is held back
+    /// keeps both files; the others go, half-written ones only at start.
+    #[test]
+    fn cleaning_keeps_every_snapshot_named() {
+        let d = tmp_dir("clean");
+        fs::create_dir_all(&d).unwrap();
+        let names = [
+            "snapshot.5.data",
+            "snapshot.7.data",
+            "snapshot.9.data",
+            "snapshot.3.tmp",
+        ];
+        for n in names {
+            fs::write(d.join(n), b"x").unwrap();
+        }
+        let left = || {
+            let mut v: Vec<String> = fs::read_dir(&d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            v.sort();
+            v
+        };
+        clean(&d, &[9, 5], false);
+        assert_eq!(
+            left(),
+            ["snapshot.3.tmp", "snapshot.5.data", "snapshot.9.data"]
+        );
+        clean(&d, &[9], true);
+        assert_eq!(left(), ["snapshot.9.data"]);
+        let _ = fs::remove_dir_all(&d);
+    }
+
     #[test]
     fn a_reference_is_told_from_a_snapshots_own_bytes() {
         let r = FileRef {
@@ -362,7 +395,7 @@ mod tests {
         // Cleaning keeps only the one asked for.
         fs::write(path(&b, 3), b"old").unwrap();
         fs::write(tmp_path(&b, 12), b"half").unwrap();
-        clean(&b, 9, true);
+        clean(&b, &[9], true);
         let left: Vec<String> = fs::read_dir(&b)
             .unwrap()
             .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
