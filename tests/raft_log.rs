@@ -51,6 +51,13 @@ fn script() -> Vec<Op> {
         // Local compaction: the log agrees at 4, entries after it stay.
         Op::Snap(snap(4, 2)),
         Op::Append(8, vec![e(8, 3)]),
+        // A new leader overwrites 7, which sits in the file before the
+        // one 8 went to.
+        Op::Append(7, vec![e(7, 5)]),
+        Op::Append(8, vec![e(8, 5)]),
+        // A second compaction: the first file is covered whole.
+        Op::Snap(snap(7, 5)),
+        Op::Append(9, vec![e(9, 5)]),
         // An installed snapshot the log disagrees with: everything goes.
         Op::Snap(snap(10, 4)),
         Op::Append(11, vec![e(11, 4), e(12, 4)]),
@@ -93,6 +100,10 @@ fn expected() -> Vec<Loaded> {
         ),
         l(snap(4, 2), vec![e(5, 3), e(6, 3), e(7, 3)]),
         l(snap(4, 2), vec![e(5, 3), e(6, 3), e(7, 3), e(8, 3)]),
+        l(snap(4, 2), vec![e(5, 3), e(6, 3), e(7, 5)]),
+        l(snap(4, 2), vec![e(5, 3), e(6, 3), e(7, 5), e(8, 5)]),
+        l(snap(7, 5), vec![e(8, 5)]),
+        l(snap(7, 5), vec![e(8, 5), e(9, 5)]),
         l(snap(10, 4), vec![]),
         l(snap(10, 4), vec![e(11, 4), e(12, 4)]),
     ]
@@ -161,16 +172,38 @@ fn state_file_round_trips_and_survives_a_torn_replacement() {
     assert!(err.contains("state") && err.contains("crc"), "{err}");
 }
 
-/// The files of a durable log directory at one moment.
+/// The files of a durable log directory at one moment: the log files
+/// (`log`, `log.1`, ...) in order, and the snapshot record.
 #[derive(Clone)]
 struct Files {
-    log: Vec<u8>,
+    logs: Vec<(u64, Vec<u8>)>,
     snapshot: Option<Vec<u8>>,
 }
 
+fn log_name(n: u64) -> String {
+    if n == 0 {
+        "log".to_string()
+    } else {
+        format!("log.{n}")
+    }
+}
+
 fn read_files(dir: &Path) -> Files {
+    let mut logs = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        let n = match name.as_str() {
+            "log" => 0,
+            _ => match name.strip_prefix("log.").and_then(|d| d.parse().ok()) {
+                Some(n) => n,
+                None => continue,
+            },
+        };
+        logs.push((n, fs::read(dir.join(&name)).unwrap()));
+    }
+    logs.sort();
     Files {
-        log: fs::read(dir.join("log")).unwrap_or_default(),
+        logs,
         snapshot: fs::read(dir.join("snapshot")).ok(),
     }
 }
@@ -178,7 +211,9 @@ fn read_files(dir: &Path) -> Files {
 fn write_files(dir: &Path, f: &Files) {
     let _ = fs::remove_dir_all(dir);
     fs::create_dir_all(dir).unwrap();
-    fs::write(dir.join("log"), &f.log).unwrap();
+    for (n, bytes) in &f.logs {
+        fs::write(dir.join(log_name(*n)), bytes).unwrap();
+    }
     if let Some(s) = &f.snapshot {
         fs::write(dir.join("snapshot"), s).unwrap();
     }
@@ -235,45 +270,50 @@ fn a_crash_at_every_write_boundary_recovers_a_consistent_prefix() {
     let want = expected();
     let mut before = read_files(&live.0);
     let mut prev = Loaded::default();
+    let mut files_seen = 0;
     for (k, op) in script().iter().enumerate() {
         apply(&mut d, op);
         let after = read_files(&live.0);
+        files_seen = files_seen.max(after.logs.len());
+        recover_and_check(
+            &scratch.0,
+            &before,
+            &[&prev],
+            None,
+            &format!("op {k} not started"),
+        );
         match op {
             Op::Append(first, _) => {
-                // Before the cut, after the cut, and every byte of the
-                // appended records.
-                let cut = offset_of(&before.log, *first);
+                // The appended records land in the last file (a
+                // truncation first cuts the file holding `first` and
+                // deletes the later ones): every byte of them.
                 let keep = prev.entries.iter().filter(|x| x.index < *first).count();
-                recover_and_check(
-                    &scratch.0,
-                    &before,
-                    &[&prev],
-                    None,
-                    &format!("op {k} not started"),
-                );
-                for j in cut..=after.log.len() {
-                    let f = Files {
-                        log: after.log[..j].to_vec(),
-                        snapshot: after.snapshot.clone(),
-                    };
+                let last = after.logs.len() - 1;
+                let cut = offset_of(&after.logs[last].1, *first);
+                for j in cut..=after.logs[last].1.len() {
+                    let mut f = after.clone();
+                    f.logs[last].1.truncate(j);
                     let what = format!("op {k} cut at byte {j}");
                     recover_and_check(&scratch.0, &f, &[], Some((&want[k], keep)), &what);
                 }
+                // Later files deleted, the cut not made yet.
+                let mut f = before.clone();
+                f.logs.retain(|(n, _)| *n <= after.logs[last].0);
+                let what = format!("op {k} later files deleted");
+                recover_and_check(&scratch.0, &f, &[&prev], Some((&prev, keep)), &what);
             }
             Op::Snap(_) => {
-                // Snapshot replaced, log not yet rewritten: load finishes
-                // the job. Also a torn snapshot.tmp lying around.
-                let mid = Files {
-                    log: before.log.clone(),
-                    snapshot: after.snapshot.clone(),
-                };
-                recover_and_check(
-                    &scratch.0,
-                    &before,
-                    &[&prev],
-                    None,
-                    &format!("op {k} not started"),
-                );
+                // Nothing is rewritten: a file that stays keeps its bytes.
+                for (n, bytes) in &after.logs {
+                    if let Some((_, was)) = before.logs.iter().find(|(b, _)| b == n) {
+                        assert_eq!(was, bytes, "op {k}: log file {n} rewritten");
+                    }
+                }
+                // Snapshot replaced, the new file not made yet; then made
+                // (empty), the covered files not deleted yet. Load
+                // finishes the job either way.
+                let mut mid = before.clone();
+                mid.snapshot = after.snapshot.clone();
                 recover_and_check(
                     &scratch.0,
                     &mid,
@@ -281,6 +321,13 @@ fn a_crash_at_every_write_boundary_recovers_a_consistent_prefix() {
                     None,
                     &format!("op {k} half done"),
                 );
+                if let Some(&(n, _)) = after.logs.last() {
+                    if before.logs.iter().all(|(b, _)| *b < n) {
+                        mid.logs.push((n, Vec::new()));
+                        let what = format!("op {k} new file made");
+                        recover_and_check(&scratch.0, &mid, &[&want[k]], None, &what);
+                    }
+                }
                 recover_and_check(
                     &scratch.0,
                     &after,
@@ -293,6 +340,10 @@ fn a_crash_at_every_write_boundary_recovers_a_consistent_prefix() {
         before = after;
         prev = want[k].clone();
     }
+    assert!(
+        files_seen >= 2,
+        "the script rolls the log into a second file"
+    );
 }
 
 #[test]

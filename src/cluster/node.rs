@@ -310,14 +310,7 @@ fn empty_log(dir: &Path) -> Result<DurableLog, String> {
         .and_then(|f| crate::storage::fsync::sync_file(&f, &mark))
         .and_then(|()| crate::storage::fsync::sync_dir(dir))
         .map_err(|e| format!("raft log: marking it lost: {e}"))?;
-    for f in ["log", "snapshot"] {
-        match std::fs::remove_file(dir.join(f)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(format!("raft log: removing {f}: {e}"));
-            }
-            _ => {}
-        }
-    }
+    raft_log::remove_log(dir).map_err(|e| format!("raft log: removing it: {e}"))?;
     DurableLog::open(dir).map_err(|e| format!("raft log: {e}"))
 }
 

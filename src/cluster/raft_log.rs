@@ -13,10 +13,15 @@
 //! - `membership`: one record, the configuration at the snapshot's index
 //!   ([`MembershipFile`]); the configuration entries after it are in
 //!   `log` like any other entry. Replaced the same way.
-//! - `log`: one record per entry, in index order. A truncation cuts the
-//!   file; a snapshot rewrites it with only the entries after it.
-//!   Recovery keeps the valid prefix and cuts a torn tail.
+//! - `log`, `log.1`, `log.2`, ...: one record per entry, in index order
+//!   across the files. Appends go to the last file. A snapshot starts a
+//!   new file and deletes the files it covers whole; a file it covers in
+//!   part stays, its covered entries skipped, until a later snapshot
+//!   covers it. So no entry is ever written twice. A truncation cuts the
+//!   file that holds the index and deletes the files after it. Recovery
+//!   keeps the valid prefix and cuts a torn tail.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -247,44 +252,107 @@ impl MembershipFile {
 /// The log on disk (see the module doc for the files).
 #[derive(Debug)]
 pub struct DurableLog {
-    log_path: PathBuf,
+    dir: PathBuf,
     snap_path: PathBuf,
+    /// The log's files in order, each with its number (0 for `log`); the
+    /// last is the one appended to.
+    files: Vec<(u64, PathBuf)>,
+    /// The last file, open for appending.
     file: File,
-    snapshot: Snapshot,
-    /// Index, term and file offset of each entry in `log`.
-    index: Vec<(u64, u64, u64)>,
+    /// The last file's length.
     len: u64,
+    snapshot: Snapshot,
+    /// Index, term, position in `files` and offset of each entry on disk,
+    /// the covered ones (at or before the snapshot) first.
+    index: Vec<Place>,
+    /// How many of `index` the snapshot covers: on disk still, not loaded.
+    covered: usize,
+}
+
+/// Where one entry is: index, term, file (a position in `files`), offset.
+type Place = (u64, u64, usize, u64);
+
+/// The name of log file number `n`: `log` for 0 (the one file of a log
+/// written before the log had files of its own per snapshot), `log.<n>`
+/// after it.
+fn log_name(n: u64) -> String {
+    if n == 0 {
+        "log".to_string()
+    } else {
+        format!("log.{n}")
+    }
+}
+
+/// The log files in `dir`, in order.
+fn log_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
+    let mut files = BTreeMap::new();
+    for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let n = match name.strip_prefix("log") {
+            Some("") => 0,
+            Some(rest) => match rest.strip_prefix('.').and_then(|d| d.parse::<u64>().ok()) {
+                Some(n) if n > 0 && log_name(n) == name => n,
+                _ => continue,
+            },
+            None => continue,
+        };
+        files.insert(n, entry.path());
+    }
+    Ok(files.into_iter().collect())
+}
+
+/// Removes every log file and the snapshot record of the log in `dir`
+/// (a stream group that starts again without its log).
+pub fn remove_log(dir: &Path) -> Result<(), LogError> {
+    let mut paths: Vec<PathBuf> = log_files(dir)?.into_iter().map(|(_, p)| p).collect();
+    paths.push(dir.join("snapshot"));
+    for p in paths {
+        match fs::remove_file(&p) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(LogError::Io(p, e)),
+            _ => {}
+        }
+    }
+    statefile::sync_dir(&dir.join("log")).map_err(io_err(dir))
+}
+
+fn open_append(path: &Path) -> Result<File, LogError> {
+    OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .open(path)
+        .map_err(io_err(path))
 }
 
 impl DurableLog {
     /// Opens (creating if needed) the log in `dir`, recovering it: a torn
-    /// or corrupt tail of `log` is cut off.
+    /// or corrupt tail is cut off, and files the snapshot covers whole
+    /// are deleted. Nothing is rewritten.
     pub fn open(dir: &Path) -> Result<DurableLog, LogError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
-        let log_path = dir.join("log");
-        let snap_path = dir.join("snapshot");
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(&log_path)
-            .map_err(io_err(&log_path))?;
+        // Left by a crash in the middle of the whole-log rewrite that
+        // earlier versions did at each snapshot.
+        let _ = fs::remove_file(dir.join("log.tmp"));
+        let mut files = log_files(dir)?;
+        if files.is_empty() {
+            files.push((0, dir.join(log_name(0))));
+        }
+        let last = files.last().map(|(_, p)| p.clone()).unwrap_or_default();
+        let file = open_append(&last)?;
         let mut d = DurableLog {
-            log_path,
-            snap_path,
+            dir: dir.to_path_buf(),
+            snap_path: dir.join("snapshot"),
+            files,
             file,
+            len: 0,
             snapshot: Snapshot::default(),
             index: Vec::new(),
-            len: 0,
+            covered: 0,
         };
         d.recover()?;
-        let covered = d
-            .index
-            .first()
-            .is_some_and(|&(i, _, _)| i <= d.snapshot.index);
-        if covered {
-            d.rewrite_after_snapshot()?;
-        }
+        d.drop_covered()?;
         Ok(d)
     }
 
@@ -300,66 +368,153 @@ impl DurableLog {
                 .and_then(|s| r.finish().map(|_| s))
                 .map_err(|e| self.corrupt(&self.snap_path, 0, e.to_string()))?;
         }
-        let bytes = fs::read(&self.log_path).map_err(io_err(&self.log_path))?;
-        let mut at = 0usize;
         let mut expect = None;
-        while let Ok(Some((body, next))) = record::read(&bytes, at) {
-            let mut r = Reader::new(body);
-            let e = r
-                .entry()
-                .and_then(|e| r.finish().map(|_| e))
-                .map_err(|e| self.corrupt(&self.log_path, at as u64, e.to_string()))?;
-            if expect.is_some_and(|x| x != e.index) {
-                let why = format!(
-                    "entry {} where {} was expected",
-                    e.index,
-                    expect.unwrap_or(0)
-                );
-                return Err(self.corrupt(&self.log_path, at as u64, why));
+        for k in 0..self.files.len() {
+            let path = self.files[k].1.clone();
+            let bytes = fs::read(&path).map_err(io_err(&path))?;
+            let mut at = 0usize;
+            while let Ok(Some((body, next))) = record::read(&bytes, at) {
+                let mut r = Reader::new(body);
+                let e = r
+                    .entry()
+                    .and_then(|e| r.finish().map(|_| e))
+                    .map_err(|e| self.corrupt(&path, at as u64, e.to_string()))?;
+                if expect.is_some_and(|x| x != e.index) {
+                    let why = format!(
+                        "entry {} where {} was expected",
+                        e.index,
+                        expect.unwrap_or(0)
+                    );
+                    return Err(self.corrupt(&path, at as u64, why));
+                }
+                let Some(after) = e.index.checked_add(1) else {
+                    let why = "entry index at the end of the range";
+                    return Err(self.corrupt(&path, at as u64, why));
+                };
+                expect = Some(after);
+                self.index.push((e.index, e.term, k, at as u64));
+                at = next;
             }
-            let Some(after) = e.index.checked_add(1) else {
-                let why = "entry index at the end of the range";
-                return Err(self.corrupt(&self.log_path, at as u64, why));
-            };
-            expect = Some(after);
-            self.index.push((e.index, e.term, at as u64));
-            at = next;
-        }
-        // What follows the valid prefix is a write that never completed
-        // (every completed write was fsynced before it was relied on).
-        self.len = at as u64;
-        if self.len < bytes.len() as u64 {
-            self.file
-                .set_len(self.len)
-                .map_err(io_err(&self.log_path))?;
-            self.file.sync_all().map_err(io_err(&self.log_path))?;
+            if at < bytes.len() {
+                // What follows the valid prefix is a write that never
+                // completed (every completed write was fsynced before it
+                // was relied on), and so is every later file.
+                self.cut(k, at as u64)?;
+                return Ok(());
+            }
+            if k + 1 == self.files.len() {
+                self.len = at as u64;
+            }
         }
         Ok(())
     }
 
+    /// Cuts file `k` at `at` and deletes every later file; file `k` is
+    /// then the one appended to.
+    fn cut(&mut self, k: usize, at: u64) -> Result<(), LogError> {
+        let path = self.files[k].1.clone();
+        if k + 1 < self.files.len() {
+            for (_, p) in self.files.drain(k + 1..) {
+                fs::remove_file(&p).map_err(io_err(&p))?;
+            }
+            statefile::sync_dir(&path).map_err(io_err(&path))?;
+            self.file = open_append(&path)?;
+        }
+        self.file.set_len(at).map_err(io_err(&path))?;
+        self.file.sync_all().map_err(io_err(&path))?;
+        self.len = at;
+        Ok(())
+    }
+
+    /// Lets go of what the snapshot covers: the entries at or before its
+    /// index when the log holds its entry, else every entry. Files holding
+    /// only such entries are deleted; in the others, covered entries stay
+    /// on disk and are skipped.
+    fn drop_covered(&mut self) -> Result<(), LogError> {
+        let snap = (self.snapshot.index, self.snapshot.term);
+        let agrees = self.index.iter().any(|&(i, t, _, _)| (i, t) == snap);
+        let first_kept = if agrees || self.index.first().is_none_or(|p| p.0 > snap.0) {
+            self.index.partition_point(|p| p.0 <= snap.0)
+        } else {
+            self.index.len()
+        };
+        let keep_from = match self.index.get(first_kept) {
+            Some(p) => p.2,
+            None => {
+                // Nothing is kept. Later entries must not follow the
+                // dropped ones in one file (they may not continue them).
+                if self.len > 0 {
+                    self.roll()?;
+                }
+                self.files.len() - 1
+            }
+        };
+        if keep_from > 0 {
+            for (_, p) in self.files.drain(..keep_from) {
+                fs::remove_file(&p).map_err(io_err(&p))?;
+            }
+            statefile::sync_dir(&self.snap_path).map_err(io_err(&self.dir))?;
+            self.index.retain(|p| p.2 >= keep_from);
+            for p in &mut self.index {
+                p.2 -= keep_from;
+            }
+        }
+        self.covered = self.index.partition_point(|p| p.0 <= snap.0);
+        Ok(())
+    }
+
+    /// Starts a new, empty last file: the entries before it can then go
+    /// with their files once a snapshot covers them.
+    fn roll(&mut self) -> Result<(), LogError> {
+        let n = self.files.last().map_or(0, |f| f.0) + 1;
+        let path = self.dir.join(log_name(n));
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        file.set_len(0).map_err(io_err(&path))?;
+        statefile::sync_dir(&path).map_err(io_err(&path))?;
+        self.files.push((n, path));
+        self.file = file;
+        self.len = 0;
+        Ok(())
+    }
+
     fn read_entries(&self) -> Result<Vec<Entry>, LogError> {
-        let bytes = fs::read(&self.log_path).map_err(io_err(&self.log_path))?;
-        let (bodies, _, _) = record::scan(&bytes);
-        let mut out = Vec::with_capacity(bodies.len());
-        for (i, body) in bodies.into_iter().enumerate().take(self.index.len()) {
-            let e = Reader::new(body)
-                .entry()
-                .map_err(|e| self.corrupt(&self.log_path, self.index[i].2, e.to_string()))?;
-            out.push(e);
+        let mut out = Vec::with_capacity(self.index.len() - self.covered);
+        let mut k = usize::MAX;
+        let mut bytes = Vec::new();
+        for &(_, _, file, at) in &self.index[self.covered..] {
+            let path = &self.files[file].1;
+            if file != k {
+                k = file;
+                bytes = fs::read(path).map_err(io_err(path))?;
+            }
+            let e = match record::read(&bytes, at as usize) {
+                Ok(Some((body, _))) => Reader::new(body).entry().map_err(|e| e.to_string()),
+                _ => Err("record gone".to_string()),
+            };
+            out.push(e.map_err(|why| self.corrupt(path, at, why))?);
         }
         Ok(out)
     }
 
     fn write_entries(&mut self, entries: &[Entry]) -> Result<(), LogError> {
         let mut out = Vec::new();
+        let k = self.files.len() - 1;
         for e in entries {
             let start = record::begin(&mut out);
             encode_entry(&mut out, e);
             record::finish(&mut out, start);
-            self.index.push((e.index, e.term, self.len + start as u64));
+            self.index
+                .push((e.index, e.term, k, self.len + start as u64));
         }
-        self.file.write_all(&out).map_err(io_err(&self.log_path))?;
-        self.file.sync_data().map_err(io_err(&self.log_path))?;
+        let path = &self.files[k].1;
+        self.file.write_all(&out).map_err(io_err(path))?;
+        self.file.sync_data().map_err(io_err(path))?;
         self.len += out.len() as u64;
         Ok(())
     }
@@ -374,7 +529,8 @@ impl LogStore for DurableLog {
                     "log starts at {} after snapshot {}",
                     first.index, self.snapshot.index
                 );
-                return Err(self.corrupt(&self.log_path, 0, why));
+                let path = self.files[self.index[self.covered].2].1.clone();
+                return Err(self.corrupt(&path, 0, why));
             }
         }
         Ok(Loaded {
@@ -384,12 +540,12 @@ impl LogStore for DurableLog {
     }
 
     fn append(&mut self, first: u64, entries: &[Entry]) -> Result<(), LogError> {
-        let keep = self.index.iter().take_while(|(i, _, _)| *i < first).count();
+        let keep = self.index.partition_point(|p| p.0 < first);
         if keep < self.index.len() {
-            let cut = self.index[keep].2;
+            let (_, _, k, at) = self.index[keep];
             self.index.truncate(keep);
-            self.file.set_len(cut).map_err(io_err(&self.log_path))?;
-            self.len = cut;
+            self.covered = self.covered.min(keep);
+            self.cut(k, at)?;
         }
         self.write_entries(entries)
     }
@@ -399,63 +555,15 @@ impl LogStore for DurableLog {
         encode_snapshot(&mut body, snap);
         write_atomic(&self.snap_path, &body)?;
         self.snapshot = snap.clone();
-        self.rewrite_after_snapshot()
+        if self.len > 0 {
+            // Later entries go to a file of their own, so that this one
+            // can go whole once a snapshot covers it.
+            self.roll()?;
+        }
+        self.drop_covered()
     }
 
     fn is_durable(&self) -> bool {
         true
-    }
-}
-
-impl DurableLog {
-    /// Rewrites the log with only what the snapshot leaves. A crash before
-    /// this is done leaves covered entries in the file; [`DurableLog::open`]
-    /// sees them and finishes the job.
-    fn rewrite_after_snapshot(&mut self) -> Result<(), LogError> {
-        // The entries kept are a tail of the file: copy its bytes as they
-        // are, never the whole log through memory.
-        let snap = (self.snapshot.index, self.snapshot.term);
-        let agrees = self.index.iter().any(|&(i, t, _)| (i, t) == snap);
-        let keep = if agrees {
-            self.index
-                .iter()
-                .take_while(|&&(i, _, _)| i <= snap.0)
-                .count()
-        } else {
-            self.index.len()
-        };
-        let cut = self.index.get(keep).map_or(self.len, |&(_, _, at)| at);
-        let tmp = self.log_path.with_file_name("log.tmp");
-        let copy = || -> io::Result<()> {
-            let mut out = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)?;
-            let mut src = File::open(&self.log_path)?;
-            io::Seek::seek(&mut src, io::SeekFrom::Start(cut))?;
-            let copied = io::copy(&mut io::Read::take(src, self.len - cut), &mut out)?;
-            if copied != self.len - cut {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the log shrank while it was rewritten",
-                ));
-            }
-            out.sync_all()?;
-            fs::rename(&tmp, &self.log_path)?;
-            statefile::sync_dir(&self.log_path)
-        };
-        copy().map_err(io_err(&self.log_path))?;
-        self.file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .open(&self.log_path)
-            .map_err(io_err(&self.log_path))?;
-        self.index.drain(..keep);
-        for e in &mut self.index {
-            e.2 -= cut;
-        }
-        self.len -= cut;
-        Ok(())
     }
 }
