@@ -85,7 +85,7 @@ impl Settings {
             queue_msgs: env_num("QUEUE_MSGS", 1_000_000)?,
             reqrep_msgs: env_num("REQREP_MSGS", 20_000)?,
             stream_msgs: env_num("STREAM_MSGS", 300_000)?,
-            stream3_msgs: env_num("STREAM3_MSGS", 100_000)?,
+            stream3_msgs: env_num("STREAM3_MSGS", 300_000)?,
             kv_msgs: env_num("KV_MSGS", 100_000)?,
             kv_keys: env_num("KV_KEYS", 10_000)?.max(1),
             kv_watch_msgs: env_num("KV_WATCH_MSGS", 10_000)?,
