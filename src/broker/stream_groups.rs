@@ -81,12 +81,6 @@ pub use crate::stream::group::ENTRY_WAIT;
 /// Most fetches waiting for messages on one stream.
 const FETCH_WAITS_MAX: usize = 10_000;
 
-/// A replica's payload files are fdatasynced on a helper thread after
-/// each this many bytes written (`Action::Writeback`), so that a
-/// snapshot does not find a whole interval of them (32 MiB) to write
-/// back at once while the group's log fsyncs wait behind it.
-const WRITEBACK_BYTES: u64 = 4 << 20;
-
 /// Who answers once an op's outcome is known.
 #[derive(Debug, Clone)]
 pub(super) enum Reply {

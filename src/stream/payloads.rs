@@ -162,8 +162,6 @@ pub struct Disk {
     dead: Vec<PathBuf>,
     /// The generation of the files it makes.
     generation: u64,
-    /// Bytes written since [`Payloads::writeback`] last handed out files.
-    written: u64,
 }
 
 /// Empties `dir` (or makes it).
@@ -400,28 +398,6 @@ impl Payloads {
                 })
             }
         }
-    }
-
-    /// Once `at_least` bytes were written since it last handed some out,
-    /// handles of the files written to since the last detach, for a
-    /// helper thread to fdatasync. The kernel then writes the files back
-    /// as they grow, not all at the next snapshot, whose fsync of them
-    /// (still made, and cheap once they are clean) would otherwise hold
-    /// the disk, and the group's log fsyncs behind it, for as long as
-    /// tens of megabytes take.
-    pub fn writeback(&mut self, at_least: u64) -> Option<Vec<File>> {
-        let Payloads::Disk(d) = self else {
-            return None;
-        };
-        if d.written < at_least {
-            return None;
-        }
-        d.written = 0;
-        let files = (d.unsynced.iter())
-            .filter(|f| d.segs.contains_key(f))
-            .filter_map(|&f| File::open(d.path(f)).ok())
-            .collect();
-        Some(files)
     }
 
     /// The directory of a disk store.
@@ -710,7 +686,6 @@ impl Disk {
             dir_changed: false,
             dead: Vec::new(),
             generation: next_generation(),
-            written: 0,
         }
     }
 
@@ -795,7 +770,6 @@ impl Disk {
         let r = file.write_all_at(&self.pending, seg.len);
         if r.is_ok() {
             seg.len += self.pending.len() as u64;
-            self.written += self.pending.len() as u64;
         }
         self.pending.clear();
         r
@@ -966,32 +940,6 @@ mod tests {
         let mut d = p.detach().unwrap();
         d.sync().unwrap();
         assert!(crate::storage::delete_files(&d.take_dead()).is_empty());
-    }
-
-    /// Files are handed out for a writeback once enough was written since
-    /// the last time, and not again until as much more is; a store in
-    /// memory has none.
-    #[test]
-    fn files_are_handed_out_for_writeback_after_each_threshold_of_bytes() {
-        let dir = temp_dir();
-        let mut p = Payloads::open(&dir, 10_000).unwrap();
-        let d = vec![7u8; 3_000];
-        p.append(&msg(1, &d)).unwrap();
-        p.flush().unwrap();
-        assert!(p.writeback(8_000).is_none(), "3 KB written");
-        for s in 2..=6 {
-            p.append(&msg(s, &d)).unwrap();
-        }
-        p.flush().unwrap();
-        let files = p.writeback(8_000).expect("18 KB written");
-        // Files 1 and 5 (four messages fill one), each a handle that syncs.
-        assert_eq!(files.len(), 2);
-        for f in &files {
-            f.sync_data().unwrap();
-        }
-        assert!(p.writeback(8_000).is_none(), "nothing written since");
-        assert!(Payloads::memory().writeback(0).is_none());
-        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -1163,12 +1163,6 @@ impl Replica {
     pub fn sync(&mut self) -> io::Result<()> {
         self.payloads.sync()
     }
-
-    /// Payload files to fdatasync on a helper thread once `at_least`
-    /// bytes were written since the last ones ([`Payloads::writeback`]).
-    pub fn writeback(&mut self, at_least: u64) -> Option<Vec<std::fs::File>> {
-        self.payloads.writeback(at_least)
-    }
 }
 
 /// What a replica restored from a small snapshot must hold to be whole:

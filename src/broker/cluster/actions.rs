@@ -1,7 +1,7 @@
 //! The broker's effects on the rest of a cluster node, in one place. Every
 //! command to the Raft thread, every call and forward batch on a peer
 //! link, every link dialled and every thread that writes a stream's
-//! snapshot file or syncs its payload files is an [`Action`], and [`Handles::act`] is the only code
+//! snapshot file is an [`Action`], and [`Handles::act`] is the only code
 //! in the broker that carries one out. It holds the Raft thread's handle
 //! and the links in private fields; `cluster/turn.rs` borrows them only to
 //! read what they report. `tests/module_rules.rs` fails if another broker
@@ -14,7 +14,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::cluster::api::{
@@ -32,10 +31,6 @@ pub(crate) enum Action {
     Forward { link: usize, batch: Vec<u8> },
     /// Write a stream group's small snapshot file on a thread of its own.
     Snapshot(SnapshotJob),
-    /// Fdatasync a replica's payload files on a thread of its own
-    /// (`Payloads::writeback`): dropped while the last such thread runs,
-    /// since the next snapshot syncs them anyway.
-    Writeback(Vec<std::fs::File>),
 }
 
 /// Group `group`'s small snapshot at `index` (`frozen`), to be written
@@ -58,8 +53,6 @@ pub(crate) struct SnapshotJob {
 pub(crate) struct Handles {
     raft: Option<RaftNode>,
     links: Option<Links>,
-    /// A writeback thread runs.
-    writing_back: Arc<AtomicBool>,
 }
 
 impl Handles {
@@ -85,7 +78,6 @@ impl Handles {
                 }
                 None => false,
             },
-            Action::Writeback(files) => write_back(&self.writing_back, files),
         }
     }
 
@@ -134,31 +126,6 @@ impl Handles {
     pub(crate) fn group_dir(&self, group: GroupId) -> Option<PathBuf> {
         self.raft.as_ref().and_then(|r| r.group_dir(group))
     }
-}
-
-/// [`Action::Writeback`]: fdatasyncs `files` on a thread of its own,
-/// unless one still runs. Whether it started.
-fn write_back(busy: &Arc<AtomicBool>, files: Vec<std::fs::File>) -> bool {
-    if busy.swap(true, Ordering::AcqRel) {
-        return false;
-    }
-    let done = Arc::clone(busy);
-    let job = move || {
-        for f in files {
-            // An error here is met again by the snapshot's own fsync,
-            // which reports it.
-            let _ = f.sync_data();
-        }
-        done.store(false, Ordering::Release);
-    };
-    let spawned = std::thread::Builder::new()
-        .name("writeback".into())
-        .spawn(job);
-    if spawned.is_err() {
-        busy.store(false, Ordering::Release);
-        return false;
-    }
-    true
 }
 
 /// [`Action::Snapshot`]: writes the file on a thread named after the

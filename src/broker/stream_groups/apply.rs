@@ -124,11 +124,6 @@ impl Broker {
                 if let Err(e) = h.core.apply(index, term, &data, now, &mut done, None) {
                     crate::log_error!("stream {:?}: entry {index}: {e}", h.name);
                 }
-                if let Some(files) = h.core.replica.writeback(WRITEBACK_BYTES) {
-                    if let Some(c) = self.cluster.as_ref() {
-                        c.act(Action::Writeback(files));
-                    }
-                }
             }
             GroupEvent::Proposed { tag, result } => {
                 h.core.proposed(tag, result.ok(), &mut done);
