@@ -67,19 +67,43 @@ pub fn spawn_logged(
     (child, rx, reader)
 }
 
-/// A free loopback port: bind port 0, read it, let the listener go.
+/// Where test ports come from: below Linux's default ephemeral range
+/// (32768-60999). The kernel takes the local port of every outgoing
+/// connection from that range, so a port bound there and let go could
+/// be taken by another test's client before the broker binds it (a
+/// cluster test once failed with "Address already in use" that way).
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// How many ports this process has tried, so that each try is a new one.
+static PORTS_TRIED: AtomicU64 = AtomicU64::new(0);
+
+/// A listener on a free loopback port of [`TEST_PORTS`]. Each test
+/// process starts at its own place in the range (by its pid) and walks
+/// on from there.
+fn bind_test_port() -> TcpListener {
+    let span = u64::from(TEST_PORTS.end - TEST_PORTS.start);
+    let start = u64::from(std::process::id()).wrapping_mul(7_919);
+    for _ in 0..span {
+        let k = PORTS_TRIED.fetch_add(1, Ordering::Relaxed);
+        let port = TEST_PORTS.start + ((start + k) % span) as u16;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            return l;
+        }
+    }
+    panic!("no free loopback port in {TEST_PORTS:?}")
+}
+
+/// A free loopback port: bound, read, let go.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
+    bind_test_port()
+        .local_addr()
         .map(|a| a.port())
-        .expect("no free loopback port")
+        .expect("local addr")
 }
 
 /// `n` distinct free loopback ports, all held until every one is known.
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("no free loopback port"))
-        .collect();
+    let held: Vec<TcpListener> = (0..n).map(|_| bind_test_port()).collect();
     held.iter()
         .map(|l| l.local_addr().expect("local addr").port())
         .collect()
