@@ -1287,11 +1287,10 @@ impl Worker {
     /// the node silent to its peers).
     fn drive(&mut self, out: &mut Vec<FromRaft>) -> Result<(), String> {
         loop {
-            let readies = self.multi.ready();
+            let mut readies = self.multi.ready();
             if readies.is_empty() {
                 return Ok(());
             }
-            let mut readies = readies;
             self.hand_over_stored(&mut readies, out);
             self.send_appends(&mut readies);
             let mut afters = Vec::with_capacity(readies.len());

@@ -468,13 +468,7 @@ impl DurableLog {
     fn roll(&mut self) -> Result<(), LogError> {
         let n = self.files.last().map_or(0, |f| f.0) + 1;
         let path = self.dir.join(log_name(n));
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io_err(&path))?;
+        let file = open_append(&path)?;
         file.set_len(0).map_err(io_err(&path))?;
         statefile::sync_dir(&path).map_err(io_err(&path))?;
         self.files.push((n, path));
