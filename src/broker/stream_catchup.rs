@@ -124,7 +124,7 @@ impl Broker {
                 h.catchup = Some(CatchUp::new(index, target, now));
                 self.catch_up(group, now);
             }
-            Err(e) => crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name),
+            Err(e) => crate::log_error!("stream {:?}: installing the snapshot at {index}: {e}", h.name),
         }
     }
 
@@ -366,7 +366,10 @@ impl Broker {
                 dead: Vec::new(),
             }));
         };
-        if h.lost || h.catchup.is_some() || index == 0 {
+        // A state frozen at this index already has its snapshot written,
+        // or on its way (Raft asking while a member's catch-up forced
+        // one, or the reverse).
+        if h.lost || h.catchup.is_some() || index == 0 || h.sources.at(index).is_some() {
             compact(Vec::new());
             return;
         }
@@ -386,14 +389,14 @@ impl Broker {
                     }));
                 }
                 Err(e) => {
-                    crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
+                    crate::log_error!("stream {:?}: freezing its state at {index}: {e}", h.name);
                     compact(Vec::new());
                 }
             },
             None => {
                 h.core.replica.delete_dead();
                 let data = h.core.replica.snapshot().unwrap_or_else(|e| {
-                    crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
+                    crate::log_error!("stream {:?}: its snapshot in memory at {index}: {e}", h.name);
                     Vec::new()
                 });
                 compact(data);

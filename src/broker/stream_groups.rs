@@ -690,7 +690,7 @@ fn restore(
             Some(!whole)
         }
         Err(e) => {
-            crate::log_error!("stream {:?}: snapshot at {index}: {e}", h.name);
+            crate::log_error!("stream {:?}: loading its snapshot at {index}: {e}", h.name);
             None
         }
     }

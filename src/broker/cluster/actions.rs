@@ -15,6 +15,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use crate::cluster::api::{
     snapshot_file, GroupId, LinkOut, Links, RaftNode, RaftSender, ToRaft, View,
@@ -53,6 +54,8 @@ pub(crate) struct SnapshotJob {
 pub(crate) struct Handles {
     raft: Option<RaftNode>,
     links: Option<Links>,
+    /// The last snapshot thread started (the next one joins it).
+    snapshots: std::cell::Cell<Option<JoinHandle<()>>>,
 }
 
 impl Handles {
@@ -73,7 +76,8 @@ impl Handles {
             }
             Action::Snapshot(job) => match &self.raft {
                 Some(r) => {
-                    write_snapshot(r.sender(), job);
+                    let before = self.snapshots.take();
+                    self.snapshots.set(write_snapshot(r.sender(), job, before));
                     true
                 }
                 None => false,
@@ -130,7 +134,21 @@ impl Handles {
 
 /// [`Action::Snapshot`]: writes the file on a thread named after the
 /// group, then hands its reference to the Raft thread through `raft`.
-fn write_snapshot(raft: RaftSender, job: SnapshotJob) {
+///
+/// Snapshots are written one at a time, in the order they were taken
+/// (those of all groups: their writes share the disk anyway): each
+/// thread first waits for the one before it (`before`). Two of a group
+/// at once would break the rule a snapshot stands on, that every payload
+/// file written before it is fsynced: a later snapshot syncs only the
+/// files written since the earlier one froze, so it must not be stored
+/// before the earlier one's are synced. (Two at the same index, which
+/// would also share a temporary file, are not taken: see
+/// `Broker::snapshot_now`.)
+fn write_snapshot(
+    raft: RaftSender,
+    job: SnapshotJob,
+    before: Option<JoinHandle<()>>,
+) -> Option<JoinHandle<()>> {
     let SnapshotJob {
         group,
         index,
@@ -142,6 +160,11 @@ fn write_snapshot(raft: RaftSender, job: SnapshotJob) {
     let again = raft.clone();
     let dead_again = dead.clone();
     let job = move || {
+        if let Some(t) = before {
+            // The writer returns its errors; a panic would be a bug, and
+            // was reported on stderr.
+            let _ = t.join();
+        }
         let written = snapshot_file::Writer::create(&dir, index).and_then(|mut w| {
             frozen.store(&mut w)?;
             w.finish()
@@ -149,7 +172,7 @@ fn write_snapshot(raft: RaftSender, job: SnapshotJob) {
         let data = match written {
             Ok(r) => r.encode(),
             Err(e) => {
-                crate::log_error!("stream {name:?}: snapshot at {index}: {e}");
+                crate::log_error!("stream {name:?}: writing its snapshot at {index}: {e}");
                 Vec::new()
             }
         };
@@ -163,13 +186,17 @@ fn write_snapshot(raft: RaftSender, job: SnapshotJob) {
     let spawned = std::thread::Builder::new()
         .name(format!("snapshot-g{group}"))
         .spawn(job);
-    if let Err(e) = spawned {
-        crate::log_error!("snapshot of stream group {group}: {e}");
-        again.send(ToRaft::GroupCompact {
-            group,
-            index,
-            data: Vec::new(),
-            dead: dead_again,
-        });
+    match spawned {
+        Ok(t) => Some(t),
+        Err(e) => {
+            crate::log_error!("snapshot of stream group {group}: {e}");
+            again.send(ToRaft::GroupCompact {
+                group,
+                index,
+                data: Vec::new(),
+                dead: dead_again,
+            });
+            None
+        }
     }
 }
