@@ -124,7 +124,10 @@ impl Broker {
                 h.catchup = Some(CatchUp::new(index, target, now));
                 self.catch_up(group, now);
             }
-            Err(e) => crate::log_error!("stream {:?}: installing the snapshot at {index}: {e}", h.name),
+            Err(e) => crate::log_error!(
+                "stream {:?}: installing the snapshot at {index}: {e}",
+                h.name
+            ),
         }
     }
 
@@ -396,7 +399,10 @@ impl Broker {
             None => {
                 h.core.replica.delete_dead();
                 let data = h.core.replica.snapshot().unwrap_or_else(|e| {
-                    crate::log_error!("stream {:?}: its snapshot in memory at {index}: {e}", h.name);
+                    crate::log_error!(
+                        "stream {:?}: its snapshot in memory at {index}: {e}",
+                        h.name
+                    );
                     Vec::new()
                 });
                 compact(data);

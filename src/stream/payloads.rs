@@ -55,7 +55,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::segment::{self, MsgRef, Rec};
-use crate::storage::fsync::{sync_dir, sync_file};
+use crate::storage::fsync::{start_writeback, sync_dir, sync_file};
 use crate::storage::record;
 
 /// Where a message's record is: its offset in the file that holds its
@@ -93,6 +93,30 @@ pub struct Found {
 
 /// Buffered appends past this many bytes are written at once.
 const PENDING_BYTES_MAX: usize = 1 << 20;
+
+/// Once this many bytes of the active file are written and not yet on
+/// their way to the disk, their writeback is started
+/// ([`crate::storage::fsync::start_writeback`]): the snapshot's fsync
+/// then finds little left to write.
+const WRITEBACK_BYTES: u64 = 1 << 20;
+
+/// How much of a file a catch-up reads at once ([`Detached::records_from`]).
+pub(super) const SCAN_CHUNK: usize = 256 << 10;
+
+/// Reads into `buf` from `offset` until it is full or the file ends; how
+/// many bytes it read.
+fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], offset + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
 
 /// A replica's payloads.
 pub enum Payloads {
@@ -151,6 +175,8 @@ pub struct Disk {
     active: Option<(u64, File)>,
     /// Appends not written yet (all to the active file, after its `len`).
     pending: Vec<u8>,
+    /// How much of the active file's writeback was started.
+    written_back: u64,
     /// The last seq appended.
     last: u64,
     /// Files written to since the last [`Payloads::detach`] (by first
@@ -631,6 +657,104 @@ impl Detached {
         }
     }
 
+    /// The framed records of the messages after seq `after` through
+    /// `last` that `live` keeps, in seq order, about `max_bytes` of them
+    /// (at least one), read from message `start`'s record on (a live
+    /// message at or before the first one wanted), and the seq they
+    /// cover through: the last one's, or `last` when none is left.
+    ///
+    /// On disk it reads each file in chunks from there, and a seq's copy
+    /// that counts is the one in the last file whose first seq is at or
+    /// below it (see the module docs): a file's records from the next
+    /// file's first seq on are passed over.
+    pub fn records_from(
+        &self,
+        start: (u64, Loc),
+        after: u64,
+        last: u64,
+        live: &dyn Fn(u64) -> bool,
+        max_bytes: usize,
+    ) -> io::Result<(Vec<u8>, u64)> {
+        let mut out = Vec::new();
+        let mut through = after;
+        let mut take = |seq: u64, rec: &[u8], out: &mut Vec<u8>| {
+            if seq <= after || !live(seq) {
+                return true;
+            }
+            if !out.is_empty() && out.len() + rec.len() > max_bytes {
+                return false;
+            }
+            out.extend_from_slice(rec);
+            through = seq;
+            true
+        };
+        let files = match &self.files {
+            Files::Memory(map) => {
+                for (&seq, rec) in map.range(start.0..=last) {
+                    if !take(seq, rec, &mut out) {
+                        return Ok((out, through));
+                    }
+                }
+                return Ok((out, last.max(through)));
+            }
+            Files::Disk(files) => files,
+        };
+        let bad = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
+        let Some((&first, _)) = files.range(..=start.0).next_back() else {
+            return Err(bad(format!("no file holds message {}", start.0)));
+        };
+        let mut offset = start.1.offset;
+        let mut buf = Vec::new();
+        let mut chunk = SCAN_CHUNK;
+        for (&f, file) in files.range(first..) {
+            let ends = files.range(f + 1..).next().map_or(u64::MAX, |(&n, _)| n);
+            if f != first {
+                offset = 0;
+            }
+            'file: loop {
+                buf.resize(chunk, 0);
+                let n = read_at_most(file, &mut buf, offset)?;
+                buf.truncate(n);
+                let mut at = 0;
+                loop {
+                    match record::read(&buf, at) {
+                        Ok(Some((body, end))) => {
+                            if let Ok(Rec::Msg(m)) = segment::decode(body) {
+                                if m.seq >= ends {
+                                    break 'file;
+                                }
+                                if m.seq > last {
+                                    return Ok((out, last.max(through)));
+                                }
+                                if !take(m.seq, &buf[at..end], &mut out) {
+                                    return Ok((out, through));
+                                }
+                            }
+                            at = end;
+                        }
+                        // A record the next chunk holds whole.
+                        Ok(None) | Err(record::Bad::Short) if at > 0 => break,
+                        // One larger than the chunk.
+                        Err(record::Bad::Short) if n == chunk => {
+                            chunk *= 2;
+                            break;
+                        }
+                        // The file's end (a torn record past `last` at most).
+                        Ok(None) | Err(record::Bad::Short) => break 'file,
+                        Err(e) => {
+                            return Err(bad(format!(
+                                "file of seq {f} at {}: {e}",
+                                offset + at as u64
+                            )))
+                        }
+                    }
+                }
+                offset += at as u64;
+            }
+        }
+        Ok((out, last.max(through)))
+    }
+
     /// Fsyncs the files written since the store was last detached, then
     /// the directory if files were made in it.
     pub fn sync(&self) -> io::Result<()> {
@@ -681,6 +805,7 @@ impl Disk {
             segs: BTreeMap::new(),
             active: None,
             pending: Vec::new(),
+            written_back: 0,
             last: 0,
             unsynced: BTreeSet::new(),
             dir_changed: false,
@@ -730,6 +855,7 @@ impl Disk {
                 },
             );
             self.active = Some((m.seq, file));
+            self.written_back = 0;
             self.dir_changed = true;
             segment::put_head(&mut self.pending, m.seq);
         }
@@ -770,6 +896,12 @@ impl Disk {
         let r = file.write_all_at(&self.pending, seg.len);
         if r.is_ok() {
             seg.len += self.pending.len() as u64;
+            // Whole pages only: the last one takes the next appends.
+            let end = seg.len & !4095;
+            if end >= self.written_back + WRITEBACK_BYTES {
+                start_writeback(file, self.written_back, end - self.written_back);
+                self.written_back = end;
+            }
         }
         self.pending.clear();
         r

@@ -826,31 +826,63 @@ impl Replica {
     /// stream's state without its payloads ([`Frozen::write_to`], small:
     /// config, counts, the ranges of live seqs, the digest, the `Msg-Id`
     /// window, the consumers), and, to serve a member catching up from
-    /// it, where each message's record is, with the payload files held
-    /// open. The files written since the last freeze and those that died
-    /// go with it (see [`Detached`]).
+    /// it, the payload files held open and where some records are in
+    /// them ([`Frozen::records_after`]). The files written since the
+    /// last freeze and those that died go with it (see [`Detached`]).
+    /// It runs on the loop, so it walks neither the messages nor their
+    /// seqs when no message inside the stream was removed.
     pub fn freeze(&mut self) -> io::Result<Frozen> {
         let payloads = self.payloads.detach()?;
+        let ranges = self.live_ranges();
+        // Every MARK_EVERY-th seq's record is named, not every one's: the
+        // loop does O(messages / MARK_EVERY) here, and a catch-up reads
+        // the records between two marks from the file.
+        let mut marks = Vec::new();
+        let mut from = 0;
+        while let Some((&seq, m)) = self.msgs.range(from..).next() {
+            marks.push((seq, m.loc));
+            let Some(n) = seq.checked_add(MARK_EVERY) else {
+                break;
+            };
+            from = n;
+        }
         Ok(Frozen {
-            small: self.small_state(),
+            small: self.small_with(&ranges),
             payloads,
-            index: self.msgs.iter().map(|(&s, m)| (s, m.loc)).collect(),
+            ranges,
+            marks,
             last_seq: self.last_seq,
         })
     }
 
+    /// The ranges of live seqs: one when no message inside was removed,
+    /// told without walking them.
+    fn live_ranges(&self) -> Vec<(u64, u64)> {
+        match (self.msgs.first_key_value(), self.msgs.last_key_value()) {
+            (Some((&lo, _)), Some((&hi, _))) if hi - lo + 1 == self.msgs.len() as u64 => {
+                vec![(lo, hi)]
+            }
+            _ => live_ranges(self.msgs.keys().copied()),
+        }
+    }
+
     /// The small snapshot's bytes: everything but the messages, which
     /// are named by ranges of live seqs and checked by the digest.
+    #[cfg(test)]
     fn small_state(&self) -> Vec<u8> {
+        self.small_with(&self.live_ranges())
+    }
+
+    /// [`Replica::small_state`] with its live ranges told.
+    fn small_with(&self, ranges: &[(u64, u64)]) -> Vec<u8> {
         let mut out = vec![SMALL_VERSION];
         put_str(&mut out, &config_json(&self.cfg));
         put_u64(&mut out, self.last_seq);
         put_u64(&mut out, self.msgs.len() as u64);
         put_u64(&mut out, self.bytes);
         put_u64(&mut out, self.digest);
-        let ranges = live_ranges(self.msgs.keys().copied());
         put_u64(&mut out, ranges.len() as u64);
-        for (lo, hi) in ranges {
+        for &(lo, hi) in ranges {
             put_u64(&mut out, lo);
             put_u64(&mut out, hi);
         }
@@ -1299,14 +1331,22 @@ pub const SNAPSHOT_WRITE_CHUNK: usize = 64 * 1024;
 /// the reader ends early, so buffers grow with what actually arrives.
 const RESERVE_MAX: usize = 64 * 1024;
 
+/// A frozen state names one message's record per this many seqs
+/// ([`Frozen::marks`]).
+const MARK_EVERY: u64 = 256;
+
 /// A replica's state at one applied index, detached from it
 /// ([`Replica::freeze`]): its small snapshot, and what a member catching
 /// up from that snapshot is sent.
 pub struct Frozen {
     small: Vec<u8>,
     payloads: Detached,
-    /// Each live message's seq and record, in seq order.
-    index: Vec<(u64, Loc)>,
+    /// The ranges of live seqs.
+    ranges: Vec<(u64, u64)>,
+    /// Where the records of some live messages are, in seq order: the
+    /// first one's and then the first at or after each one's seq plus
+    /// [`MARK_EVERY`].
+    marks: Vec<(u64, Loc)>,
     last_seq: u64,
 }
 
@@ -1350,17 +1390,27 @@ impl Frozen {
     /// cover through: the last one's, or the snapshot's last seq when no
     /// live message is left after them.
     pub fn records_after(&self, after: u64, max_bytes: usize) -> io::Result<(Vec<u8>, u64)> {
-        let from = self.index.partition_point(|&(s, _)| s <= after);
-        let mut out = Vec::new();
-        let mut through = after;
-        for &(seq, loc) in &self.index[from..] {
-            if !out.is_empty() && out.len() + loc.len as usize > max_bytes {
-                return Ok((out, through));
-            }
-            out.extend_from_slice(&self.payloads.record(seq, loc)?);
-            through = seq;
-        }
-        Ok((out, self.last_seq.max(through)))
+        // The first live seq after `after`, and the last mark at or
+        // before it, where the walk through the files starts.
+        let at = self.ranges.partition_point(|&(_, hi)| hi <= after);
+        let Some(&(lo, _)) = self.ranges.get(at) else {
+            return Ok((Vec::new(), self.last_seq.max(after)));
+        };
+        let next = lo.max(after + 1);
+        let mark = self.marks.partition_point(|&(s, _)| s <= next);
+        let Some(&start) = mark.checked_sub(1).and_then(|m| self.marks.get(m)) else {
+            return Err(io::Error::other(format!(
+                "no record named at or before {next}"
+            )));
+        };
+        let live = |seq: u64| {
+            let i = self.ranges.partition_point(|&(_, hi)| hi < seq);
+            self.ranges.get(i).is_some_and(|&(lo, _)| lo <= seq)
+        };
+        let (out, through) =
+            self.payloads
+                .records_from(start, after, self.last_seq, &live, max_bytes)?;
+        Ok((out, through))
     }
 }
 
@@ -2164,6 +2214,70 @@ mod tests {
         f.sync().unwrap();
         let _ = crate::storage::delete_files(&f.take_dead());
         f
+    }
+
+    /// A frozen state names only every MARK_EVERY-th record and reads the
+    /// rest from its files: whatever the batch size and wherever a member
+    /// stands, it serves exactly the records of the live messages after
+    /// that point, across files, holes wider than a mark's step, and a
+    /// record larger than one read.
+    #[test]
+    fn a_frozen_state_serves_every_live_record_from_its_files() {
+        let now = Instant::now();
+        let dir = temp_dir();
+        let cfg = config(serde_json::json!({"name":"S","subjects":["a.>"]}));
+        let mut r = Replica::with_payloads(cfg, Payloads::open(&dir, 16_384).unwrap());
+        let big = format!(
+            "\"{}\"",
+            "b".repeat(super::super::payloads::SCAN_CHUNK + 1000)
+        );
+        for i in 0..3_000u64 {
+            let data = if i == 1_800 {
+                big.clone()
+            } else {
+                format!("\"{}\"", "z".repeat(20 + (i as usize * 7) % 90))
+            };
+            r.apply(&[publish("a.b", &data, None, i)], now);
+        }
+        let removes: Vec<Op> = (700..=1_500)
+            .chain((1..3_000).step_by(13))
+            .chain([1, 3_000])
+            .map(|seq| Op::Remove { seq })
+            .collect();
+        r.apply(&removes, now);
+        let want: Vec<(u64, Vec<u8>)> = (r.msgs.iter())
+            .map(|(&s, m)| (s, r.payloads.record(s, m.loc).unwrap()))
+            .collect();
+        assert!(want.len() > 2_000, "{}", want.len());
+        let frozen = compact(&mut r);
+        assert!(
+            frozen.marks.len() < want.len() / 100,
+            "{}",
+            frozen.marks.len()
+        );
+        // Messages after the freeze are not served.
+        r.apply(&[publish("a.b", "\"later\"", None, 9_000)], now);
+        for max in [1, 5_000, 1 << 20] {
+            for start in [0, 1, 2, 699, 700, 1_501, 1_799, 1_800, 2_500, 2_999] {
+                let mut after = start;
+                let mut got = Vec::new();
+                loop {
+                    let (recs, through) = frozen.records_after(after, max).unwrap();
+                    got.extend_from_slice(&recs);
+                    assert!(through > after || through == 3_000, "{after} -> {through}");
+                    after = through;
+                    if recs.is_empty() || after >= 3_000 {
+                        break;
+                    }
+                }
+                let expected: Vec<u8> = (want.iter())
+                    .filter(|(s, _)| *s > start)
+                    .flat_map(|(_, rec)| rec.iter().copied())
+                    .collect();
+                assert!(got == expected, "from {start} in batches of {max}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A frozen state's snapshot is small (no payloads), and the frozen
