@@ -1331,11 +1331,9 @@ impl Worker {
                             .into_iter()
                             .partition(|(i, _)| *i <= snap.index);
                         g.dead = keep;
-                        for (_, files) in done {
-                            for (path, e) in crate::storage::delete_files(&files) {
-                                crate::log_error!("{}: {e}", path.display());
-                            }
-                        }
+                        // Payload file names are never used twice.
+                        let files = done.into_iter().flat_map(|(_, f)| f).collect();
+                        crate::storage::delete_later(files);
                     }
                 }
                 let after = ready.persisted();

@@ -283,6 +283,13 @@ fn log_name(n: u64) -> String {
     }
 }
 
+/// Where a covered log file waits to be deleted: a name no log file has.
+fn gone_path(p: &Path) -> PathBuf {
+    let mut name = p.file_name().unwrap_or_default().to_os_string();
+    name.push(".gone");
+    p.with_file_name(name)
+}
+
 /// The log files in `dir`, in order.
 fn log_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
     let mut files = BTreeMap::new();
@@ -335,6 +342,12 @@ impl DurableLog {
         // Left by a crash in the middle of the whole-log rewrite that
         // earlier versions did at each snapshot.
         let _ = fs::remove_file(dir.join("log.tmp"));
+        // Covered files whose deletion a stop or crash cut short.
+        for entry in fs::read_dir(dir).map_err(io_err(dir))?.flatten() {
+            if entry.file_name().to_string_lossy().ends_with(".gone") {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
         let mut files = log_files(dir)?;
         if files.is_empty() {
             files.push((0, dir.join(log_name(0))));
@@ -450,10 +463,18 @@ impl DurableLog {
             }
         };
         if keep_from > 0 {
+            // Renamed out of the log's names here, deleted on another
+            // thread (freeing a large file's blocks takes tens of ms),
+            // and the directory not synced: a file that comes back after
+            // a crash holds only what the stored snapshot covers, and
+            // goes again at open.
+            let mut gone = Vec::new();
             for (_, p) in self.files.drain(..keep_from) {
-                fs::remove_file(&p).map_err(io_err(&p))?;
+                let to = gone_path(&p);
+                fs::rename(&p, &to).map_err(io_err(&p))?;
+                gone.push(to);
             }
-            statefile::sync_dir(&self.snap_path).map_err(io_err(&self.dir))?;
+            crate::storage::delete_later(gone);
             self.index.retain(|p| p.2 >= keep_from);
             for p in &mut self.index {
                 p.2 -= keep_from;

@@ -12,7 +12,7 @@
 //! - [`fsync`]: fsync of files and directories whose durability the
 //!   stream simulation models, with an observer for it.
 //! - [`delete_files`]: files whose contents no stored state needs any
-//!   more, deleted.
+//!   more, deleted; [`delete_later`] on a thread of its own.
 pub mod fsync;
 pub mod record;
 pub mod statefile;
@@ -30,4 +30,24 @@ pub fn delete_files(files: &[std::path::PathBuf]) -> Vec<(&std::path::Path, std:
         }
     }
     failed
+}
+
+/// [`delete_files`] on a thread of its own, failures logged: freeing the
+/// blocks of a file of tens of MiB takes ext4 20-30 ms, which the thread
+/// that stores Raft rounds must not wait for. The files' names must not
+/// be used again meanwhile (callers rename them, or never reuse names).
+pub fn delete_later(files: Vec<std::path::PathBuf>) {
+    if files.is_empty() {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("delete".into())
+        .spawn(move || {
+            for (path, e) in delete_files(&files) {
+                crate::log_error!("{}: {e}", path.display());
+            }
+        });
+    if let Err(e) = spawned {
+        crate::log_error!("deleting files: {e}");
+    }
 }
