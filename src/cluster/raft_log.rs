@@ -290,13 +290,19 @@ fn gone_path(p: &Path) -> PathBuf {
     p.with_file_name(name)
 }
 
-/// The log files in `dir`, in order.
+/// The log files in `dir`, in order; covered ones left to delete
+/// ([`gone_path`]) are deleted.
 fn log_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
     let mut files = BTreeMap::new();
     for entry in fs::read_dir(dir).map_err(io_err(dir))? {
         let entry = entry.map_err(io_err(dir))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
+        if name.ends_with(".gone") {
+            // A covered file whose deletion a stop or crash cut short.
+            let _ = fs::remove_file(entry.path());
+            continue;
+        }
         let n = match name.strip_prefix("log") {
             Some("") => 0,
             Some(rest) => match rest.strip_prefix('.').and_then(|d| d.parse::<u64>().ok()) {
@@ -342,12 +348,6 @@ impl DurableLog {
         // Left by a crash in the middle of the whole-log rewrite that
         // earlier versions did at each snapshot.
         let _ = fs::remove_file(dir.join("log.tmp"));
-        // Covered files whose deletion a stop or crash cut short.
-        for entry in fs::read_dir(dir).map_err(io_err(dir))?.flatten() {
-            if entry.file_name().to_string_lossy().ends_with(".gone") {
-                let _ = fs::remove_file(entry.path());
-            }
-        }
         let mut files = log_files(dir)?;
         if files.is_empty() {
             files.push((0, dir.join(log_name(0))));
