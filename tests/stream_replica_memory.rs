@@ -5,8 +5,8 @@
 //!
 //! - In process, with an allocator that counts the bytes in use: a
 //!   replica on disk given 200 MB of 64 KB messages holds a few MB.
-//! - Three real `broker` processes with an R3 stream given 400 MB of
-//!   64 KB messages: no broker's resident memory (VmRSS, sampled while
+//! - Three real `broker` processes with an R3 stream given 1 GiB of
+//!   64 KiB messages: no broker's resident memory (VmRSS, sampled while
 //!   publishing and after, and its peak VmHWM) reaches 200 MB, every
 //!   node's payload files hold what was published, and every acked
 //!   message reads back whole.
@@ -399,9 +399,9 @@ fn resident_memory_stays_bounded_while_an_r3_stream_grows() {
     let rss0: Vec<u64> = pids.iter().map(|&p| proc_kb(p, "VmRSS")).collect();
     let written0: Vec<u64> = pids.iter().map(|&p| written(p)).collect();
     let watch = RssWatch::start(pids.clone());
-    // 400 MB from two publishers, one on the group's leader and one on
+    // 1 GiB from two publishers, one on the group's leader and one on
     // another node (which relays to it); each publishes in order.
-    let n = (400u64 << 20) / MSG_BYTES as u64;
+    let n = (1024u64 << 20) / MSG_BYTES as u64;
     let began = Instant::now();
     let publishers: Vec<_> = [leader, (leader + 1) % 3]
         .into_iter()
