@@ -474,7 +474,9 @@ impl DurableLog {
                 fs::rename(&p, &to).map_err(io_err(&p))?;
                 gone.push(to);
             }
-            crate::storage::delete_later(gone);
+            crate::storage::delete_later(gone, |path, e| {
+                crate::log_error!("{}: {e}", path.display())
+            });
             self.index.retain(|p| p.2 >= keep_from);
             for p in &mut self.index {
                 p.2 -= keep_from;

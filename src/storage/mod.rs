@@ -32,11 +32,12 @@ pub fn delete_files(files: &[std::path::PathBuf]) -> Vec<(&std::path::Path, std:
     failed
 }
 
-/// [`delete_files`] on a thread of its own, failures logged: freeing the
-/// blocks of a file of tens of MiB takes ext4 20-30 ms, which the thread
-/// that stores Raft rounds must not wait for. The files' names must not
-/// be used again meanwhile (callers rename them, or never reuse names).
-pub fn delete_later(files: Vec<std::path::PathBuf>) {
+/// [`delete_files`] on a thread of its own, each failure handed to
+/// `failed` there: freeing the blocks of a file of tens of MiB takes ext4
+/// 20-30 ms, which the thread that stores Raft rounds must not wait for.
+/// The files' names must not be used again meanwhile (callers rename
+/// them, or never reuse names).
+pub fn delete_later(files: Vec<std::path::PathBuf>, failed: fn(&std::path::Path, &std::io::Error)) {
     if files.is_empty() {
         return;
     }
@@ -46,7 +47,7 @@ pub fn delete_later(files: Vec<std::path::PathBuf>) {
         .name("delete".into())
         .spawn(move || {
             for (path, e) in delete_files(&files) {
-                crate::log_error!("{}: {e}", path.display());
+                failed(path, &e);
             }
         });
 }
