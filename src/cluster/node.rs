@@ -1333,7 +1333,7 @@ impl Worker {
                         g.dead = keep;
                         // Payload file names are never used twice.
                         let files = done.into_iter().flat_map(|(_, f)| f).collect();
-                        crate::storage::delete_later(files, log_failed_delete);
+                        crate::storage::delete_later(files, raft_log::log_failed_delete);
                     }
                 }
                 let after = ready.persisted();
@@ -1460,11 +1460,6 @@ impl Worker {
             }
         }
     }
-}
-
-/// A payload file that could not be deleted (`storage::delete_later`).
-fn log_failed_delete(path: &std::path::Path, e: &std::io::Error) {
-    crate::log_error!("{}: {e}", path.display());
 }
 
 /// Committed entries as the broker takes them: Raft's own entries (a

@@ -283,6 +283,11 @@ fn log_name(n: u64) -> String {
     }
 }
 
+/// A file that could not be deleted ([`crate::storage::delete_later`]).
+pub(crate) fn log_failed_delete(path: &Path, e: &io::Error) {
+    crate::log_error!("{}: {e}", path.display());
+}
+
 /// Where a covered log file waits to be deleted: a name no log file has.
 fn gone_path(p: &Path) -> PathBuf {
     let mut name = p.file_name().unwrap_or_default().to_os_string();
@@ -474,9 +479,7 @@ impl DurableLog {
                 fs::rename(&p, &to).map_err(io_err(&p))?;
                 gone.push(to);
             }
-            crate::storage::delete_later(gone, |path, e| {
-                crate::log_error!("{}: {e}", path.display())
-            });
+            crate::storage::delete_later(gone, log_failed_delete);
             self.index.retain(|p| p.2 >= keep_from);
             for p in &mut self.index {
                 p.2 -= keep_from;

@@ -635,28 +635,6 @@ enum Files {
 }
 
 impl Detached {
-    /// The framed record of message `seq` stored at `loc` when this was
-    /// taken.
-    pub fn record(&self, seq: u64, loc: Loc) -> io::Result<Vec<u8>> {
-        match &self.files {
-            Files::Memory(map) => map
-                .get(&seq)
-                .filter(|r| r.len() == loc.len as usize && loc.len > 0)
-                .cloned()
-                .ok_or_else(|| io::Error::other(format!("no message {seq} at {loc:?}"))),
-            Files::Disk(files) => {
-                let (_, file) = files
-                    .range(..=seq)
-                    .next_back()
-                    .filter(|_| loc.len > 0)
-                    .ok_or_else(|| io::Error::other(format!("no file holds message {seq}")))?;
-                let mut buf = vec![0; loc.len as usize];
-                file.read_exact_at(&mut buf, loc.offset)?;
-                Ok(buf)
-            }
-        }
-    }
-
     /// The framed records of the messages after seq `after` through
     /// `last` that `live` keeps, in seq order, about `max_bytes` of them
     /// (at least one), read from message `start`'s record on (a live

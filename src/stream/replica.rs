@@ -1407,10 +1407,8 @@ impl Frozen {
             let i = self.ranges.partition_point(|&(_, hi)| hi < seq);
             self.ranges.get(i).is_some_and(|&(lo, _)| lo <= seq)
         };
-        let (out, through) =
-            self.payloads
-                .records_from(start, after, self.last_seq, &live, max_bytes)?;
-        Ok((out, through))
+        self.payloads
+            .records_from(start, after, self.last_seq, &live, max_bytes)
     }
 }
 
