@@ -483,7 +483,11 @@ fn resident_memory_stays_bounded_while_an_r3_stream_grows() {
     eprintln!("read {n} messages back in {:?}", t0.elapsed());
 
     // A member restarted, after kill -9 and after SIGTERM, keeps its
-    // files: it is current again within 5 s and rewrites nothing.
+    // files: it is current again within 5 s and rewrites nothing. The
+    // records applied after its last snapshot are taken where they are
+    // when the log's replay appends them again, so what it writes is the
+    // log's and snapshot's bookkeeping, well under 8 MiB (rewriting the
+    // records after the snapshot wrote about 31 MB here).
     for (how, node) in [("kill -9", (leader + 1) % 3), ("SIGTERM", (leader + 2) % 3)] {
         if how == "kill -9" {
             c.kill(node);
@@ -500,7 +504,7 @@ fn resident_memory_stays_bounded_while_an_r3_stream_grows() {
             w >> 20
         );
         assert!(
-            w < 64 << 20,
+            w < 8 << 20,
             "{} wrote {w} bytes after {how} until current",
             IDS[node]
         );

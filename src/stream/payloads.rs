@@ -25,7 +25,10 @@
 //! it keeps the longest run of whole records that matches them, cuts the
 //! rest (a torn tail, a record whose crc fails, a lost file and all after
 //! it) and reports what it found; what is missing is fetched from the
-//! group's leader. Nothing is rewritten.
+//! group's leader. The records after the snapshot's messages are kept
+//! too, as the store's tail: the log's replay appends those messages
+//! again, and an append whose record the tail holds takes it where it is
+//! ([`Tail`]). Nothing is rewritten.
 //!
 //! Seqs can go back: a replica that takes a snapshot older than what it
 //! held ([`super::replica::Replica::rebase`]) drops its newest messages
@@ -165,6 +168,41 @@ fn parse_name(name: &str) -> Option<(u64, u64)> {
     Some((first, g.parse().ok()?))
 }
 
+/// The records a reopened store found after every message its snapshot
+/// names ([`Payloads::reopen`]): messages applied after that snapshot,
+/// which the group's log, replayed from it, appends again. An append of
+/// the same seq whose record is the same (length and crc; a seq stands
+/// for one committed message, so it always is) takes the record where it
+/// is instead of writing it again, so a restart rewrites nothing. The
+/// first append that differs, or comes after them all, ends the tail:
+/// the records not taken are cut (their part of a file cut off, files of
+/// nothing else deleted), and appends go on as in any store.
+#[derive(Default)]
+struct Tail {
+    /// Seq, the first seq of its file, and where it is; seqs rising.
+    recs: Vec<(u64, u64, Loc)>,
+    /// The next record not taken or passed over.
+    at: usize,
+}
+
+impl Tail {
+    fn pending(&self) -> bool {
+        self.at < self.recs.len()
+    }
+
+    /// Passes over the records of seqs below `seq`.
+    fn pass_below(&mut self, seq: u64) {
+        while self.recs.get(self.at).is_some_and(|r| r.0 < seq) {
+            self.at += 1;
+        }
+    }
+
+    /// The first seq of the file of the next record not taken.
+    fn next_file(&self) -> Option<u64> {
+        self.recs.get(self.at).map(|r| r.1)
+    }
+}
+
 /// The files of a disk store.
 pub struct Disk {
     dir: PathBuf,
@@ -188,6 +226,10 @@ pub struct Disk {
     dead: Vec<PathBuf>,
     /// The generation of the files it makes.
     generation: u64,
+    /// What a reopened store holds past its snapshot, to take again.
+    tail: Tail,
+    /// An append's record, built to compare with the tail's.
+    scratch: Vec<u8>,
 }
 
 /// Empties `dir` (or makes it).
@@ -214,12 +256,14 @@ impl Payloads {
     /// A disk store in `dir` keeping what an earlier run left of the
     /// messages `want` names (sorted, disjoint, inclusive seq ranges): the
     /// longest run of whole records, in seq order, that are exactly the
-    /// first messages of `want`. Everything else is cut: records of
-    /// messages not wanted (removed before the snapshot: their files are
-    /// deleted once empty), and from the first message that is missing,
-    /// damaged or unwanted-but-after-it, the rest of the files. Returns the
-    /// store and what it kept, by seq; the messages of `want` it lacks
-    /// are all after the last one it kept.
+    /// first messages of `want`. Records of messages not wanted before
+    /// the last of them were removed before the snapshot (their files are
+    /// deleted once empty). Once all of `want` is found, the whole records
+    /// after it, seqs rising, are kept as the store's [`Tail`], for the
+    /// log's replay to take again. Everything else is cut: from the first
+    /// message that is missing or damaged, the rest of the files. Returns
+    /// the store and what it kept of `want`, by seq; the messages of
+    /// `want` it lacks are all after the last one it kept.
     pub fn reopen(
         dir: &Path,
         segment_bytes: u64,
@@ -240,6 +284,7 @@ impl Payloads {
             wanted: Wanted::new(want),
             found: BTreeMap::new(),
             starts: Vec::new(),
+            tail: Vec::new(),
         };
         // Each file's kept length, or None: it goes whole.
         let mut keep = Vec::with_capacity(files.len());
@@ -263,10 +308,14 @@ impl Payloads {
             let hi = scan.starts.get(i + 1).map_or(u64::MAX, |s| s.1);
             live[k] = scan.found.range(lo..hi).count() as u64;
         }
+        let mut in_tail = vec![false; files.len()];
+        for &(k, _, _) in &scan.tail {
+            in_tail[k] = true;
+        }
         for (k, &(first, generation)) in files.iter().enumerate() {
             let path = dir.join(file_name(first, generation));
             match keep[k] {
-                Some((keep_len, file_len)) if live[k] > 0 => {
+                Some((keep_len, file_len)) if live[k] > 0 || in_tail[k] => {
                     if keep_len < file_len {
                         let f = OpenOptions::new().write(true).open(&path)?;
                         f.set_len(keep_len)?;
@@ -293,6 +342,14 @@ impl Payloads {
         }
         let found = scan.found;
         d.last = found.keys().next_back().copied().unwrap_or(0);
+        d.tail = Tail {
+            recs: scan
+                .tail
+                .into_iter()
+                .map(|(k, seq, loc)| (seq, files[k].0, loc))
+                .collect(),
+            at: 0,
+        };
         // Appends go to a new file: the last one may be sealed already,
         // and a new file keeps the kept ones as they are.
         Ok((Payloads::Disk(d), found))
@@ -514,6 +571,10 @@ struct Scan<'a> {
     /// Where each file's kept messages start in `found`: the file's place
     /// in the order, and its first kept seq.
     starts: Vec<(usize, u64)>,
+    /// Once every wanted message is found: the whole records after them,
+    /// seqs rising, with the place of their file in the order. They are
+    /// what the log's replay will append again ([`Tail`]).
+    tail: Vec<(usize, u64, Loc)>,
 }
 
 impl Scan<'_> {
@@ -524,6 +585,7 @@ impl Scan<'_> {
         self.found.split_off(&seq);
         self.starts.retain(|&(_, lo)| lo < seq);
         self.wanted.rewind(seq);
+        self.tail.clear();
     }
 }
 
@@ -561,13 +623,18 @@ fn scan_file(r: &mut impl io::Read, k: usize, first: u64, scan: &mut Scan<'_>) -
                 if scan.found.keys().next_back().is_some_and(|&s| s >= m.seq) {
                     scan.rewind(m.seq);
                 }
+                // A later copy of tail records replaces them.
+                let keep = scan.tail.partition_point(|t| t.1 < m.seq);
+                scan.tail.truncate(keep);
+                let loc = Loc {
+                    offset: at,
+                    len: rec.len() as u32,
+                    crc: crc_of(&rec),
+                };
                 match scan.wanted.take(m.seq) {
+                    // Past every wanted message: a tail record.
+                    Take::Cut if scan.wanted.next.is_none() => scan.tail.push((k, m.seq, loc)),
                     Take::Keep => {
-                        let loc = Loc {
-                            offset: at,
-                            len: rec.len() as u32,
-                            crc: crc_of(&rec),
-                        };
                         if scan.starts.last().is_none_or(|s| s.0 != k) {
                             scan.starts.push((k, m.seq));
                         }
@@ -789,6 +856,8 @@ impl Disk {
             dir_changed: false,
             dead: Vec::new(),
             generation: next_generation(),
+            tail: Tail::default(),
+            scratch: Vec::new(),
         }
     }
 
@@ -802,6 +871,11 @@ impl Disk {
     }
 
     fn append(&mut self, m: &MsgRef<'_>) -> io::Result<Loc> {
+        if self.tail.pending() {
+            if let Some(loc) = self.take_from_tail(m)? {
+                return Ok(loc);
+            }
+        }
         let full = self.active.as_ref().is_some_and(|(first, _)| {
             self.segs[first].len + self.pending.len() as u64 >= self.segment_bytes
         });
@@ -857,6 +931,72 @@ impl Disk {
             len: len as u32,
             crc,
         })
+    }
+
+    /// The tail's record of `m`, when it holds the very record an append
+    /// would write: taken in place, its file to be fsynced with the next
+    /// snapshot (it may have been written but not synced before the
+    /// restart). Otherwise the tail ends (see [`Tail`]) and `m` is
+    /// appended as usual.
+    fn take_from_tail(&mut self, m: &MsgRef<'_>) -> io::Result<Option<Loc>> {
+        // Records of seqs the replay passes over (removed before the
+        // snapshot, or never appended again) stay where they are, as
+        // records of removed messages do.
+        self.tail.pass_below(m.seq);
+        let Some(&(seq, file, loc)) = self.tail.recs.get(self.tail.at) else {
+            self.end_tail(None);
+            return Ok(None);
+        };
+        self.scratch.clear();
+        let len = segment::put_msg(&mut self.scratch, m);
+        let same = seq == m.seq && len == loc.len as usize && crc_of(&self.scratch) == loc.crc;
+        let Some(seg) = self.segs.get_mut(&file).filter(|_| same) else {
+            self.end_tail(Some((file, loc.offset)));
+            return Ok(None);
+        };
+        seg.live += 1;
+        self.last = m.seq;
+        if self.unsynced.insert(file) {
+            // Its name may not be on disk either.
+            self.dir_changed = true;
+        }
+        self.tail.at += 1;
+        if !self.tail.pending() {
+            self.end_tail(None);
+        }
+        Ok(Some(loc))
+    }
+
+    /// Ends the tail: with `cut`, the file `cut.0` loses what it holds
+    /// from offset `cut.1` on (no fsync: what comes back after a crash is
+    /// the same messages, which a later copy replaces), and every tail
+    /// file left without a message goes with the next snapshot.
+    fn end_tail(&mut self, cut: Option<(u64, u64)>) {
+        let files: BTreeSet<u64> = self.tail.recs.iter().map(|r| r.1).collect();
+        self.tail = Tail::default();
+        if let Some((first, offset)) = cut {
+            let path = self.path(first);
+            if let Some(seg) = self.segs.get_mut(&first) {
+                let cut = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .and_then(|f| f.set_len(offset));
+                match cut {
+                    Ok(()) => seg.len = offset,
+                    // Left whole: its records past `offset` are passed over
+                    // when it is read, and replaced when reopened.
+                    Err(e) => crate::log_warn!("{}: cutting its tail: {e}", path.display()),
+                }
+            }
+        }
+        for first in files {
+            if self.segs.get(&first).is_some_and(|s| s.live == 0) {
+                let path = self.path(first);
+                self.segs.remove(&first);
+                self.unsynced.remove(&first);
+                self.dead.push(path);
+            }
+        }
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -938,7 +1078,8 @@ impl Disk {
             return;
         };
         seg.live = seg.live.saturating_sub(1);
-        if seg.live > 0 {
+        // A file the tail has records in to take stays until the tail ends.
+        if seg.live > 0 || self.tail.next_file().is_some_and(|f| f <= first) {
             return;
         }
         let path = self.path(first);
@@ -1129,9 +1270,10 @@ mod tests {
             check(&p, s, f.loc, &d);
         }
         drop(p);
-        // The file of 9..=12 was cut after 10.
+        // The file of 9..=12 stays whole: 11 and 12 are its tail, for the
+        // log's replay to take again.
         let len = fs::metadata(seg_path(&dir, 9)).unwrap().len();
-        assert_eq!(len, locs[10].offset);
+        assert_eq!(len, locs[11].offset + u64::from(locs[11].len));
         // A torn tail: the last record cut in half.
         let f = OpenOptions::new()
             .write(true)
@@ -1158,6 +1300,94 @@ mod tests {
         let (_, found) = Payloads::reopen(&dir, 10_000, &want).unwrap();
         assert!(found.is_empty());
         assert!(seg_files(&dir).is_empty());
+    }
+
+    /// The length of every file in `dir`, by name.
+    fn file_lens(dir: &Path) -> BTreeMap<String, u64> {
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let name = e.file_name().into_string().unwrap();
+                (name, e.metadata().unwrap().len())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_reopened_store_takes_its_tail_again_instead_of_rewriting_it() {
+        let dir = temp_dir();
+        let mut p = Payloads::open(&dir, 10_000).unwrap();
+        let d = vec![5u8; 3_000];
+        let locs: Vec<Loc> = (1..=12).map(|s| p.append(&msg(s, &d)).unwrap()).collect();
+        p.flush().unwrap();
+        drop(p);
+        let before = file_lens(&dir);
+        // The snapshot ends at 10; the replay appends 11 and 12 again:
+        // taken where they are, nothing written.
+        let want = [(1, 1), (3, 5), (7, 10)];
+        let (mut p, _) = Payloads::reopen(&dir, 10_000, &want).unwrap();
+        for s in [11, 12] {
+            let loc = p.append(&msg(s, &d)).unwrap();
+            assert_eq!(loc, locs[s as usize - 1], "message {s}");
+            check(&p, s, loc, &d);
+        }
+        p.flush().unwrap();
+        assert_eq!(file_lens(&dir), before, "the tail was written again");
+        // Past the tail, appends go to a new file; the taken records'
+        // file is fsynced with the next snapshot.
+        let loc13 = p.append(&msg(13, &d)).unwrap();
+        let Payloads::Disk(disk) = &p else {
+            unreachable!()
+        };
+        assert!(disk.unsynced.contains(&9) && disk.unsynced.contains(&13));
+        compact(&mut p);
+        assert_eq!(seg_files(&dir), vec![1, 5, 9, 13]);
+        drop(p);
+        let (_, found) = Payloads::reopen(&dir, 10_000, &[(1, 1), (3, 5), (7, 13)]).unwrap();
+        assert_eq!(found[&12].loc, locs[11]);
+        assert_eq!(found[&13].loc, loc13);
+
+        // A record that differs ends the tail: the rest is cut, and a file
+        // of nothing but tail records goes with the next snapshot.
+        let (mut p, _) = Payloads::reopen(&dir, 10_000, &want).unwrap();
+        let other = vec![6u8; 3_000];
+        let loc = p.append(&msg(11, &other)).unwrap();
+        check(&p, 11, loc, &other);
+        p.flush().unwrap();
+        assert_eq!(
+            fs::metadata(seg_path(&dir, 9)).unwrap().len(),
+            locs[10].offset
+        );
+        compact(&mut p);
+        assert_eq!(seg_files(&dir), vec![1, 5, 9, 11]);
+        drop(p);
+        let (_, found) = Payloads::reopen(&dir, 10_000, &[(1, 1), (3, 5), (7, 11)]).unwrap();
+        assert_eq!(found[&11].loc, loc);
+
+        // Seqs the replay passes over stay where they are; a taken record
+        // removed at once (a work queue's ack) leaves its file to the
+        // records of the tail still to take.
+        let dir = temp_dir();
+        let mut p = Payloads::open(&dir, 10_000).unwrap();
+        let locs: Vec<Loc> = (1..=12).map(|s| p.append(&msg(s, &d)).unwrap()).collect();
+        p.flush().unwrap();
+        drop(p);
+        let before = file_lens(&dir);
+        let (mut p, found) = Payloads::reopen(&dir, 10_000, &[(1, 8)]).unwrap();
+        assert_eq!(found.len(), 8);
+        assert_eq!(p.append(&msg(10, &d)).unwrap(), locs[9]);
+        p.remove(10);
+        assert_eq!(p.append(&msg(11, &d)).unwrap(), locs[10]);
+        check(&p, 11, locs[10], &d);
+        p.remove(11);
+        assert_eq!(p.append(&msg(12, &d)).unwrap(), locs[11]);
+        p.flush().unwrap();
+        assert_eq!(file_lens(&dir), before);
+        p.remove(12);
+        // The file of 9..=12 holds nothing now: it goes.
+        compact(&mut p);
+        assert_eq!(seg_files(&dir), vec![1, 5]);
     }
 
     #[test]

@@ -17,7 +17,9 @@
 //! The syncs the replica makes are heard through `storage::fsync`'s
 //! observer and kept as the node's disk image (each file's synced length,
 //! each directory's synced entries); a crash cuts every file back to that
-//! image. A restarted replica must find every message its snapshot names.
+//! image. A killed process (the host running on) keeps its files as they
+//! are, with records past its snapshot that the log's replay takes again.
+//! A restarted replica must find every message its snapshot names.
 //! A member sent a leader's snapshot rebases onto it and fetches what it
 //! lacks from the sender's frozen state at that index (`Frozen::
 //! records_after`, `Replica::take_records`: the code `cluster.catchup`
@@ -571,11 +573,26 @@ impl Sim {
         }
     }
 
+    /// Node `i` loses its power: what it had not fsynced is gone.
     pub fn crash(&mut self, i: usize) {
+        self.stop(i, true);
+    }
+
+    /// Node `i`'s process is killed (kill -9) while its host runs on:
+    /// its files keep what it wrote, fsynced or not, so a restart finds
+    /// payload records past its snapshot (the store's tail, which the
+    /// log's replay takes again). What it had not yet handed to its
+    /// writers (the Readys not yet persisted) is gone.
+    pub fn kill(&mut self, i: usize) {
+        self.stop(i, false);
+    }
+
+    fn stop(&mut self, i: usize, power_lost: bool) {
         if self.trace {
             println!(
-                "{} crash node {} ({} unsynced writes lost)",
+                "{} {} node {} ({} unsynced writes lost)",
                 self.now,
+                if power_lost { "crash" } else { "kill" },
                 self.nodes[i].id,
                 self.nodes[i].unsynced.len()
             );
@@ -590,7 +607,9 @@ impl Sim {
         node.lost.clear();
         node.installed.clear();
         node.dead.clear();
-        self.image.borrow().crash(&node.root);
+        if power_lost {
+            self.image.borrow().crash(&node.root);
+        }
     }
 
     /// The node that leads group `g` in the highest term, if any.
@@ -1492,9 +1511,10 @@ impl Sim {
                 }
             }
             6 => {
-                // A quick bounce: back before anyone notices.
+                // A quick bounce of the process, the host running on:
+                // back before anyone notices.
                 if self.alive(i) {
-                    self.crash(i);
+                    self.kill(i);
                     self.start(i);
                     self.process(i)?;
                 }
