@@ -60,6 +60,9 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 const PIECE_BYTES: u64 = 256 << 10;
 /// ...queued only while fewer bytes than this wait for the peer.
 const PIECES_BELOW: usize = 1 << 20;
+/// Most bytes, and most frames, handed to one write of a peer's socket.
+const WRITE_BYTES: usize = 1 << 20;
+const WRITE_SLICES: usize = 64;
 /// Most bytes of pieces queued in one flush of one peer.
 const PIECES_PER_FLUSH: usize = 8 << 20;
 /// A snapshot sent whole to a peer is not sent again this soon (the core
@@ -1213,16 +1216,26 @@ impl Transport {
         };
         let mut failed = false;
         while !p.queue.is_empty() {
-            // Gather up to 256 KiB of frames into one write.
-            let mut batch = Vec::new();
+            // Up to WRITE_BYTES of frames in one writev, read where they
+            // are: a frame the socket takes in parts is never copied again
+            // (gathering it into one buffer copied its rest at every try,
+            // so a large Append cost its size squared over the socket's
+            // share of it).
+            let mut slices = Vec::with_capacity(WRITE_SLICES.min(p.queue.len()));
+            let mut bytes = 0;
             for (i, f) in p.queue.iter().enumerate() {
                 let from = if i == 0 { p.head_written } else { 0 };
-                if !batch.is_empty() && batch.len() + f.len() - from > 256 << 10 {
+                let len = f.len() - from;
+                if !slices.is_empty() && (bytes + len > WRITE_BYTES || slices.len() == WRITE_SLICES)
+                {
                     break;
                 }
-                batch.extend_from_slice(&f[from..]);
+                slices.push(io::IoSlice::new(&f[from..]));
+                bytes += len;
             }
-            match s.write(&batch) {
+            let wrote = s.write_vectored(&slices);
+            drop(slices);
+            match wrote {
                 Ok(0) => {
                     failed = true;
                     break;
