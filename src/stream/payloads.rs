@@ -125,7 +125,7 @@ fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 pub enum Payloads {
     /// Each message's framed record, by seq.
     Memory(BTreeMap<u64, Vec<u8>>),
-    Disk(Disk),
+    Disk(Box<Disk>),
 }
 
 /// One file of a disk store.
@@ -250,7 +250,7 @@ impl Payloads {
     /// An empty disk store in `dir`, emptied of what an earlier run left.
     pub fn open(dir: &Path, segment_bytes: u64) -> io::Result<Payloads> {
         empty_dir(dir)?;
-        Ok(Payloads::Disk(Disk::new(dir, segment_bytes)))
+        Ok(Payloads::Disk(Box::new(Disk::new(dir, segment_bytes))))
     }
 
     /// A disk store in `dir` keeping what an earlier run left of the
@@ -352,7 +352,7 @@ impl Payloads {
         };
         // Appends go to a new file: the last one may be sealed already,
         // and a new file keeps the kept ones as they are.
-        Ok((Payloads::Disk(d), found))
+        Ok((Payloads::Disk(Box::new(d)), found))
     }
 
     /// Stores message `m` (its seq above every seq stored before).
@@ -417,7 +417,7 @@ impl Payloads {
                 let (dir, segment_bytes) = (d.dir.clone(), d.segment_bytes);
                 empty_dir(&dir)?;
                 sync_dir(&dir)?;
-                *d = Disk::new(&dir, segment_bytes);
+                **d = Disk::new(&dir, segment_bytes);
                 Ok(())
             }
         }
