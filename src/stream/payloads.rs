@@ -872,7 +872,7 @@ impl Disk {
 
     fn append(&mut self, m: &MsgRef<'_>) -> io::Result<Loc> {
         if self.tail.pending() {
-            if let Some(loc) = self.take_from_tail(m)? {
+            if let Some(loc) = self.take_from_tail(m) {
                 return Ok(loc);
             }
         }
@@ -938,21 +938,21 @@ impl Disk {
     /// snapshot (it may have been written but not synced before the
     /// restart). Otherwise the tail ends (see [`Tail`]) and `m` is
     /// appended as usual.
-    fn take_from_tail(&mut self, m: &MsgRef<'_>) -> io::Result<Option<Loc>> {
+    fn take_from_tail(&mut self, m: &MsgRef<'_>) -> Option<Loc> {
         // Records of seqs the replay passes over (removed before the
         // snapshot, or never appended again) stay where they are, as
         // records of removed messages do.
         self.tail.pass_below(m.seq);
         let Some(&(seq, file, loc)) = self.tail.recs.get(self.tail.at) else {
             self.end_tail(None);
-            return Ok(None);
+            return None;
         };
         self.scratch.clear();
         let len = segment::put_msg(&mut self.scratch, m);
         let same = seq == m.seq && len == loc.len as usize && crc_of(&self.scratch) == loc.crc;
         let Some(seg) = self.segs.get_mut(&file).filter(|_| same) else {
             self.end_tail(Some((file, loc.offset)));
-            return Ok(None);
+            return None;
         };
         seg.live += 1;
         self.last = m.seq;
@@ -964,7 +964,7 @@ impl Disk {
         if !self.tail.pending() {
             self.end_tail(None);
         }
-        Ok(Some(loc))
+        Some(loc)
     }
 
     /// Ends the tail: with `cut`, the file `cut.0` loses what it holds
