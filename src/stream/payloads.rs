@@ -1251,11 +1251,8 @@ mod tests {
     #[test]
     fn reopening_keeps_the_wanted_records_and_cuts_the_rest() {
         let dir = temp_dir();
-        let mut p = Payloads::open(&dir, 10_000).unwrap();
         let d = vec![3u8; 3_000];
-        let locs: Vec<Loc> = (1..=12).map(|s| p.append(&msg(s, &d)).unwrap()).collect();
-        p.flush().unwrap();
-        drop(p);
+        let locs = twelve_written(&dir, &d);
         // 2 and 6 were removed before the snapshot, which ends at 10: 11
         // and 12 came after it (the log applies them again).
         let want = [(1, 1), (3, 5), (7, 10)];
@@ -1302,6 +1299,15 @@ mod tests {
         assert!(seg_files(&dir).is_empty());
     }
 
+    /// A store in `dir` (files of 10 000 bytes) given messages 1 to 12 of
+    /// `d`, written and closed; where each went.
+    fn twelve_written(dir: &Path, d: &[u8]) -> Vec<Loc> {
+        let mut p = Payloads::open(dir, 10_000).unwrap();
+        let locs = (1..=12).map(|s| p.append(&msg(s, d)).unwrap()).collect();
+        p.flush().unwrap();
+        locs
+    }
+
     /// The length of every file in `dir`, by name.
     fn file_lens(dir: &Path) -> BTreeMap<String, u64> {
         fs::read_dir(dir)
@@ -1317,11 +1323,8 @@ mod tests {
     #[test]
     fn a_reopened_store_takes_its_tail_again_instead_of_rewriting_it() {
         let dir = temp_dir();
-        let mut p = Payloads::open(&dir, 10_000).unwrap();
         let d = vec![5u8; 3_000];
-        let locs: Vec<Loc> = (1..=12).map(|s| p.append(&msg(s, &d)).unwrap()).collect();
-        p.flush().unwrap();
-        drop(p);
+        let locs = twelve_written(&dir, &d);
         let before = file_lens(&dir);
         // The snapshot ends at 10; the replay appends 11 and 12 again:
         // taken where they are, nothing written.
@@ -1369,10 +1372,7 @@ mod tests {
         // removed at once (a work queue's ack) leaves its file to the
         // records of the tail still to take.
         let dir = temp_dir();
-        let mut p = Payloads::open(&dir, 10_000).unwrap();
-        let locs: Vec<Loc> = (1..=12).map(|s| p.append(&msg(s, &d)).unwrap()).collect();
-        p.flush().unwrap();
-        drop(p);
+        let locs = twelve_written(&dir, &d);
         let before = file_lens(&dir);
         let (mut p, found) = Payloads::reopen(&dir, 10_000, &[(1, 8)]).unwrap();
         assert_eq!(found.len(), 8);
