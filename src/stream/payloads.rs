@@ -991,10 +991,7 @@ impl Disk {
         }
         for first in files {
             if self.segs.get(&first).is_some_and(|s| s.live == 0) {
-                let path = self.path(first);
-                self.segs.remove(&first);
-                self.unsynced.remove(&first);
-                self.dead.push(path);
+                self.retire(first);
             }
         }
     }
@@ -1082,6 +1079,12 @@ impl Disk {
         if seg.live > 0 || self.tail.next_file().is_some_and(|f| f <= first) {
             return;
         }
+        self.retire(first);
+    }
+
+    /// The file of `first`, holding no message now, leaves the store: it
+    /// is deleted once a snapshot taken after this is stored.
+    fn retire(&mut self, first: u64) {
         let path = self.path(first);
         self.segs.remove(&first);
         if self.active.as_ref().is_some_and(|(f, _)| *f == first) {
