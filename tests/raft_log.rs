@@ -177,6 +177,74 @@ fn covered_files_go_without_holding_up_the_snapshot() {
     assert_eq!(d.load().unwrap(), expected()[11]);
 }
 
+/// Where a durable log says an entry's data is, its bytes are, also after
+/// reopening and once the file is a stream's data file; a stream's log
+/// keeps covered files as data files, never deletes one, and numbers
+/// its new files after them, also when it starts again without its log.
+#[test]
+fn a_stream_log_says_where_entry_data_is_and_keeps_covered_files_as_data() {
+    let dir = TempDir::new("keeping");
+    let read_at = |n: u64, at: u64, len: usize| -> Vec<u8> {
+        use std::os::unix::fs::FileExt;
+        let f = gombus::storage::log_files::open(&dir.0, n).unwrap();
+        let mut buf = vec![0; len];
+        f.read_exact_at(&mut buf, at).unwrap();
+        buf
+    };
+    let mut d = DurableLog::open_keeping(&dir.0).unwrap();
+    let ops = script();
+    for op in &ops[..12] {
+        apply(&mut d, op);
+    }
+    let want = expected()[11].clone();
+    for e in &want.entries {
+        let (n, at) = d.data_at(e.index).unwrap();
+        assert_eq!(read_at(n, at, e.data.len()), e.data, "entry {}", e.index);
+    }
+    assert_eq!(d.data_at(1), None, "covered entries are not the log's");
+    // The files the snapshots covered whole are data files now.
+    let mut data = gombus::storage::log_files::data_files(&dir.0).unwrap();
+    assert!(!data.is_empty());
+    let gone = fs::read_dir(&dir.0)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".gone")
+        })
+        .count();
+    assert_eq!(gone, 0);
+    drop(d);
+    let d = DurableLog::open_keeping(&dir.0).unwrap();
+    for e in &want.entries {
+        let (n, at) = d.data_at(e.index).unwrap();
+        assert_eq!(
+            read_at(n, at, e.data.len()),
+            e.data,
+            "entry {} reopened",
+            e.index
+        );
+    }
+    drop(d);
+    // Started again without its log: its files join the data files, and
+    // the new log's first file is numbered after all of them.
+    gombus::cluster::raft_log::remove_log(&dir.0).unwrap();
+    let mut d = DurableLog::open_keeping(&dir.0).unwrap();
+    let now = gombus::storage::log_files::data_files(&dir.0).unwrap();
+    assert!(now.len() > data.len());
+    data.retain(|n| !now.contains(n));
+    assert!(data.is_empty(), "a data file went: {data:?}");
+    d.append(1, &[e(1, 9)]).unwrap();
+    let (n, at) = d.data_at(1).unwrap();
+    assert!(
+        n > *now.last().unwrap(),
+        "file {n} after data files {now:?}"
+    );
+    assert_eq!(read_at(n, at, e(1, 9).data.len()), e(1, 9).data);
+}
+
 #[test]
 fn state_file_round_trips_and_survives_a_torn_replacement() {
     let dir = TempDir::new("state");

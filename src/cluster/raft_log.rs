@@ -20,6 +20,12 @@
 //!   covers it. So no entry is ever written twice. A truncation cuts the
 //!   file that holds the index and deletes the files after it. Recovery
 //!   keeps the valid prefix and cuts a torn tail.
+//! - `data.<n>` (a stream group's log only, [`DurableLog::open_keeping`]):
+//!   log file `n` once a snapshot covers it whole, kept because the
+//!   stream's messages are read from it where the log wrote them (see
+//!   `stream/payloads.rs`). The stream says when one may go; the log
+//!   never deletes one. New log files are numbered after every data file,
+//!   so a number names one file for as long as either exists.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -32,6 +38,7 @@ use super::raft_msg::{
     decode_membership, encode_entry, encode_hard_state, encode_membership, encode_snapshot, Entry,
     HardState, Membership, Reader, Snapshot,
 };
+use crate::storage::log_files::{data_files, data_name, log_name};
 use crate::storage::{record, statefile};
 
 /// Why the store could not do its job.
@@ -82,6 +89,12 @@ pub trait LogStore {
     fn save_snapshot(&mut self, snap: &Snapshot) -> Result<(), LogError>;
     /// Whether the contents survive a restart of the process.
     fn is_durable(&self) -> bool;
+    /// Where the data of stored entry `index` is: the number of its file
+    /// ([`file_paths`]) and the offset in it. None in memory, or when the
+    /// entry is not stored.
+    fn data_at(&self, _index: u64) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// Writes what a [`Ready`] asks to persist, in order: hard state (through
@@ -267,21 +280,13 @@ pub struct DurableLog {
     index: Vec<Place>,
     /// How many of `index` the snapshot covers: on disk still, not loaded.
     covered: usize,
+    /// Covered files become data files instead of going.
+    keep_data: bool,
 }
 
-/// Where one entry is: index, term, file (a position in `files`), offset.
-type Place = (u64, u64, usize, u64);
-
-/// The name of log file number `n`: `log` for 0 (the one file of a log
-/// written before the log had files of its own per snapshot), `log.<n>`
-/// after it.
-fn log_name(n: u64) -> String {
-    if n == 0 {
-        "log".to_string()
-    } else {
-        format!("log.{n}")
-    }
-}
+/// Where one entry is: index, term, file (a position in `files`), the
+/// offset of its record and the offset of its data.
+type Place = (u64, u64, usize, u64, u64);
 
 /// A file that could not be deleted ([`crate::storage::delete_later`]).
 pub(crate) fn log_failed_delete(path: &Path, e: &io::Error) {
@@ -322,11 +327,14 @@ fn log_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
 }
 
 /// Removes every log file and the snapshot record of the log in `dir`
-/// (a stream group that starts again without its log).
+/// (a stream group that starts again without its log). Its files become
+/// data files: the stream's messages may still be read from them.
 pub fn remove_log(dir: &Path) -> Result<(), LogError> {
-    let mut paths: Vec<PathBuf> = log_files(dir)?.into_iter().map(|(_, p)| p).collect();
-    paths.push(dir.join("snapshot"));
-    for p in paths {
+    for (n, p) in log_files(dir)? {
+        let to = dir.join(data_name(n));
+        fs::rename(&p, &to).map_err(io_err(&p))?;
+    }
+    for p in [dir.join("snapshot")] {
         match fs::remove_file(&p) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(LogError::Io(p, e)),
             _ => {}
@@ -349,13 +357,27 @@ impl DurableLog {
     /// or corrupt tail is cut off, and files the snapshot covers whole
     /// are deleted. Nothing is rewritten.
     pub fn open(dir: &Path) -> Result<DurableLog, LogError> {
+        DurableLog::open_with(dir, false)
+    }
+
+    /// [`DurableLog::open`] for a stream group's log: files a snapshot
+    /// covers become data files (see the module doc).
+    pub fn open_keeping(dir: &Path) -> Result<DurableLog, LogError> {
+        DurableLog::open_with(dir, true)
+    }
+
+    fn open_with(dir: &Path, keep_data: bool) -> Result<DurableLog, LogError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
         // Left by a crash in the middle of the whole-log rewrite that
         // earlier versions did at each snapshot.
         let _ = fs::remove_file(dir.join("log.tmp"));
         let mut files = log_files(dir)?;
         if files.is_empty() {
-            files.push((0, dir.join(log_name(0))));
+            let n = data_files(dir)
+                .map_err(io_err(dir))?
+                .last()
+                .map_or(0, |n| n + 1);
+            files.push((n, dir.join(log_name(n))));
         }
         let last = files.last().map(|(_, p)| p.clone()).unwrap_or_default();
         let file = open_append(&last)?;
@@ -368,6 +390,7 @@ impl DurableLog {
             snapshot: Snapshot::default(),
             index: Vec::new(),
             covered: 0,
+            keep_data,
         };
         d.recover()?;
         d.drop_covered()?;
@@ -410,7 +433,9 @@ impl DurableLog {
                     return Err(self.corrupt(&path, at as u64, why));
                 };
                 expect = Some(after);
-                self.index.push((e.index, e.term, k, at as u64));
+                let data = at + record::HEAD_BYTES + body.len() - e.data.len();
+                self.index
+                    .push((e.index, e.term, k, at as u64, data as u64));
                 at = next;
             }
             if at < bytes.len() {
@@ -450,7 +475,7 @@ impl DurableLog {
     /// on disk and are skipped.
     fn drop_covered(&mut self) -> Result<(), LogError> {
         let snap = (self.snapshot.index, self.snapshot.term);
-        let agrees = self.index.iter().any(|&(i, t, _, _)| (i, t) == snap);
+        let agrees = self.index.iter().any(|&(i, t, _, _, _)| (i, t) == snap);
         let first_kept = if agrees || self.index.first().is_none_or(|p| p.0 > snap.0) {
             self.index.partition_point(|p| p.0 <= snap.0)
         } else {
@@ -473,8 +498,15 @@ impl DurableLog {
             // and the directory not synced: a file that comes back after
             // a crash holds only what the stored snapshot covers, and
             // goes again at open.
+            // A stream's log keeps them as data files (also not synced:
+            // one that comes back under its log name is covered again).
             let mut gone = Vec::new();
-            for (_, p) in self.files.drain(..keep_from) {
+            for (n, p) in self.files.drain(..keep_from) {
+                if self.keep_data {
+                    let to = self.dir.join(data_name(n));
+                    fs::rename(&p, &to).map_err(io_err(&p))?;
+                    continue;
+                }
                 let to = gone_path(&p);
                 fs::rename(&p, &to).map_err(io_err(&p))?;
                 gone.push(to);
@@ -507,7 +539,7 @@ impl DurableLog {
         let mut out = Vec::with_capacity(self.index.len() - self.covered);
         let mut k = usize::MAX;
         let mut bytes = Vec::new();
-        for &(_, _, file, at) in &self.index[self.covered..] {
+        for &(_, _, file, at, _) in &self.index[self.covered..] {
             let path = &self.files[file].1;
             if file != k {
                 k = file;
@@ -528,9 +560,10 @@ impl DurableLog {
         for e in entries {
             let start = record::begin(&mut out);
             encode_entry(&mut out, e);
+            let data = self.len + (out.len() - e.data.len()) as u64;
             record::finish(&mut out, start);
             self.index
-                .push((e.index, e.term, k, self.len + start as u64));
+                .push((e.index, e.term, k, self.len + start as u64, data));
         }
         let path = &self.files[k].1;
         self.file.write_all(&out).map_err(io_err(path))?;
@@ -562,7 +595,7 @@ impl LogStore for DurableLog {
     fn append(&mut self, first: u64, entries: &[Entry]) -> Result<(), LogError> {
         let keep = self.index.partition_point(|p| p.0 < first);
         if keep < self.index.len() {
-            let (_, _, k, at) = self.index[keep];
+            let (_, _, k, at, _) = self.index[keep];
             self.index.truncate(keep);
             self.covered = self.covered.min(keep);
             self.cut(k, at)?;
@@ -585,5 +618,11 @@ impl LogStore for DurableLog {
 
     fn is_durable(&self) -> bool {
         true
+    }
+
+    fn data_at(&self, index: u64) -> Option<(u64, u64)> {
+        let at = self.index.binary_search_by_key(&index, |p| p.0).ok()?;
+        let (_, _, k, _, data) = self.index[at];
+        Some((self.files[k].0, data))
     }
 }

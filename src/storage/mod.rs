@@ -11,9 +11,12 @@
 //!   tickets, `-sync` policies).
 //! - [`fsync`]: fsync of files and directories whose durability the
 //!   stream simulation models, with an observer for it.
+//! - [`log_files`]: the names of a Raft log's files and of the data
+//!   files a stream group's log keeps for its stream.
 //! - [`delete_files`]: files whose contents no stored state needs any
 //!   more, deleted; [`delete_later`] on a thread of its own.
 pub mod fsync;
+pub mod log_files;
 pub mod record;
 pub mod statefile;
 pub mod sync;
