@@ -31,9 +31,9 @@ fn seeds_total() -> u64 {
 /// requests and refusals, groups started again without their log,
 /// members damaged and found damaged at their restart, elections won by
 /// a member catching up, catch-ups whose core's entries past the
-/// snapshot were applied again.
+/// snapshot were applied again, log data files deleted.
 #[derive(Default)]
-struct Tally([u64; 9]);
+struct Tally([u64; 10]);
 
 impl Tally {
     fn add(&mut self, sim: &Sim) {
@@ -47,6 +47,7 @@ impl Tally {
             sim.damage_found,
             sim.leaders_catching_up,
             sim.replays,
+            sim.data_files_gone,
         ];
         for (t, g) in self.0.iter_mut().zip(got) {
             *t += g;
@@ -56,12 +57,12 @@ impl Tally {
 
 impl std::fmt::Display for Tally {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let [c, w, a, r, l, d, found, led, again] = self.0;
+        let [c, w, a, r, l, d, found, led, again, gone] = self.0;
         write!(
             f,
             "catch-ups {c} (whole {w}, requests {a}, refused {r}, leading meanwhile {led}, \
              entries applied again {again}), groups lost {l}, damaged members {d} \
-             (found at restart {found})"
+             (found at restart {found}), log data files deleted {gone}"
         )
     }
 }

@@ -98,14 +98,13 @@ impl Broker {
         }
         let mut read = snapshot_file::Checked::new(std::io::BufReader::new(f), &r);
         let taken = match &h.store {
-            Some((dir, segment_bytes)) if !h.opened => {
-                Replica::restore_files(&mut read, r.size, now, dir, *segment_bytes).map(
-                    |(rep, target)| {
+            Some((dir, segment_bytes, log)) if !h.opened => {
+                Replica::restore_files(&mut read, r.size, now, dir, *segment_bytes, log.as_deref())
+                    .map(|(rep, target)| {
                         h.core.replica = rep;
                         h.opened = true;
                         target
-                    },
-                )
+                    })
             }
             _ => h.core.replica.rebase(&mut read, r.size, now),
         };

@@ -150,8 +150,9 @@ pub(super) struct Held {
     /// Fetches waiting for messages.
     waits: VecDeque<FetchWait>,
     /// Where the replica's payload files are (`<data>/replicas/g<group>`)
-    /// and the segment size, with a data directory.
-    pub(super) store: Option<(std::path::PathBuf, u64)>,
+    /// and the segment size, with a data directory, and where the group's
+    /// log is when it is durable (messages are kept where it wrote them).
+    pub(super) store: Option<(std::path::PathBuf, u64, Option<std::path::PathBuf>)>,
     /// The replica's payloads have their store: a snapshot was restored
     /// from it, or it was emptied for a log applied from its start.
     pub(super) opened: bool,
@@ -655,18 +656,18 @@ fn restore(
     now: Instant,
 ) -> Option<bool> {
     let restored = match (FileRef::decode(data), file, &h.store) {
-        (Some(r), Some(f), Some((dir, segment_bytes))) => {
+        (Some(r), Some(f), Some((dir, segment_bytes, log))) => {
             let mut read =
                 snapshot_file::Checked::new(std::io::BufReader::with_capacity(1 << 20, f), &r);
-            Replica::restore_files(&mut read, r.size, now, dir, *segment_bytes)
+            Replica::restore_files(&mut read, r.size, now, dir, *segment_bytes, log.as_deref())
                 .map(|(rep, target)| (rep.is_whole(&target), rep))
         }
         (Some(_), None, _) => Err(Malformed("its snapshot file is missing")),
         (Some(_), Some(_), None) => Err(Malformed("a snapshot file needs a data directory")),
         (None, _, store) => {
             let payloads = match store {
-                Some((dir, segment_bytes)) => {
-                    Payloads::open(dir, *segment_bytes).unwrap_or_else(|e| {
+                Some((dir, segment_bytes, log)) => {
+                    Payloads::open_in(dir, *segment_bytes, log.as_deref()).unwrap_or_else(|e| {
                         crate::log_error!("{}: {e}; keeping the messages in memory", dir.display());
                         Payloads::memory()
                     })

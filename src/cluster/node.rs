@@ -133,11 +133,15 @@ pub enum GroupEvent {
         data: Vec<u8>,
         file: Option<File>,
     },
-    /// A committed entry of term `term` (empty data: Raft's own).
+    /// A committed entry of term `term` (empty data: Raft's own). `at`:
+    /// where the log stored `data` (file number and offset, see
+    /// [`LogStore::data_at`]), so that the stream can keep its messages
+    /// there instead of writing them again.
     Apply {
         index: u64,
         term: u64,
         data: Vec<u8>,
+        at: Option<(u64, u64)>,
     },
     /// A proposal was appended to this leader's log at `(index, term)`,
     /// or refused.
@@ -311,7 +315,26 @@ fn empty_log(dir: &Path) -> Result<DurableLog, String> {
         .and_then(|()| crate::storage::fsync::sync_dir(dir))
         .map_err(|e| format!("raft log: marking it lost: {e}"))?;
     raft_log::remove_log(dir).map_err(|e| format!("raft log: removing it: {e}"))?;
-    DurableLog::open(dir).map_err(|e| format!("raft log: {e}"))
+    DurableLog::open_keeping(dir).map_err(|e| format!("raft log: {e}"))
+}
+
+/// Where a dead file is deleted from: a log's data file (`data.<n>`) is
+/// renamed out of the log's names first (`.gone`, which the log deletes
+/// when it opens); None if it is gone already.
+fn leave_name(path: PathBuf) -> Option<PathBuf> {
+    let name = path.file_name()?.to_str()?;
+    if !name.starts_with("data.") {
+        return Some(path);
+    }
+    let gone = path.with_file_name(format!("{name}.gone"));
+    match std::fs::rename(&path, &gone) {
+        Ok(()) => Some(gone),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            crate::log_error!("{}: {e}", path.display());
+            None
+        }
+    }
 }
 
 /// The index of the snapshot a message carries.
@@ -1067,7 +1090,7 @@ impl Worker {
         let mut log: Box<dyn LogStore + Send> = if self.memory_log {
             Box::new(MemoryLog::new())
         } else {
-            Box::new(DurableLog::open(&dir).map_err(|e| format!("raft log: {e}"))?)
+            Box::new(DurableLog::open_keeping(&dir).map_err(|e| format!("raft log: {e}"))?)
         };
         let mut loaded = log.load().map_err(|e| format!("raft log: {e}"))?;
         // A snapshot whose file is gone or cut: the group starts here as a
@@ -1180,9 +1203,11 @@ impl Worker {
         let Some(core) = self.multi.get(group).filter(|_| group != CONTROL_GROUP) else {
             return;
         };
+        let log = self.groups.get(&group).map(|g| g.log.as_ref());
         let event = |e: &Entry| GroupEvent::Apply {
             index: e.index,
             term: e.term,
+            at: log.and_then(|l| l.data_at(e.index)),
             data: if e.kind == EntryKind::Command {
                 e.data.clone()
             } else {
@@ -1331,8 +1356,14 @@ impl Worker {
                             .into_iter()
                             .partition(|(i, _)| *i <= snap.index);
                         g.dead = keep;
-                        // Payload file names are never used twice.
-                        let files = done.into_iter().flat_map(|(_, f)| f).collect();
+                        // Payload file names are never used twice; a log's
+                        // data file leaves its name first (a log that
+                        // starts again without its files may reuse it).
+                        let files = done
+                            .into_iter()
+                            .flat_map(|(_, f)| f)
+                            .filter_map(leave_name)
+                            .collect();
                         crate::storage::delete_later(files, raft_log::log_failed_delete);
                     }
                 }
@@ -1364,7 +1395,7 @@ impl Worker {
                         data: s.data,
                     });
                 }
-                committed_out(group, after.committed, out);
+                committed_out(group, after.committed, None, out);
                 if let Some(s) = after.status {
                     out.push(FromRaft::Status(s));
                 }
@@ -1395,7 +1426,11 @@ impl Worker {
         for (group, ready) in readies.iter_mut() {
             let stored = ready.take_stored_committed();
             any |= !stored.is_empty();
-            committed_out(*group, stored, out);
+            let log = self
+                .groups
+                .get(group)
+                .map(|g| g.log.as_ref() as &dyn LogStore);
+            committed_out(*group, stored, log, out);
         }
         if any {
             for m in out.drain(..) {
@@ -1435,7 +1470,11 @@ impl Worker {
             };
             out.push(FromRaft::Group { group, event });
         }
-        committed_out(group, after.committed, out);
+        let log = self
+            .groups
+            .get(&group)
+            .map(|g| g.log.as_ref() as &dyn LogStore);
+        committed_out(group, after.committed, log, out);
         let mut push = |event| out.push(FromRaft::Group { group, event });
         if let Some(s) = after.status {
             push(GroupEvent::Status(s));
@@ -1464,9 +1503,15 @@ impl Worker {
 
 /// Committed entries as the broker takes them: Raft's own entries (a
 /// leader's no-op) only move the applied index, so they come as empty
-/// data.
-fn committed_out(group: GroupId, committed: Vec<Entry>, out: &mut Vec<FromRaft>) {
+/// data. A stream group's entries say where `log` stored their data.
+fn committed_out(
+    group: GroupId,
+    committed: Vec<Entry>,
+    log: Option<&dyn LogStore>,
+    out: &mut Vec<FromRaft>,
+) {
     for e in committed {
+        let at = log.and_then(|l| l.data_at(e.index));
         let data = if e.kind == EntryKind::Command {
             e.data
         } else {
@@ -1482,6 +1527,7 @@ fn committed_out(group: GroupId, committed: Vec<Entry>, out: &mut Vec<FromRaft>)
                 index: e.index,
                 term: e.term,
                 data,
+                at,
             };
             FromRaft::Group { group, event }
         });

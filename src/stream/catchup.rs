@@ -375,7 +375,8 @@ mod tests {
     fn member(small: &[u8], now: Instant) -> (Replica, CatchUp, std::path::PathBuf) {
         let dir = temp_dir();
         let (rep, target) =
-            Replica::restore_files(&mut &small[..], small.len() as u64, now, &dir, 4_096).unwrap();
+            Replica::restore_files(&mut &small[..], small.len() as u64, now, &dir, 4_096, None)
+                .unwrap();
         (rep, CatchUp::new(40, target, now), dir)
     }
 

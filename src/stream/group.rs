@@ -31,7 +31,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::replica::{decode_entry, encode_entry, Malformed, Op, Outcome, Replica};
+use super::replica::{decode_entry_at, encode_entry, Malformed, Op, Outcome, Replica};
 
 /// How long a request may wait for its entry to be committed and applied
 /// before it is refused (the contract's bound is 5 s).
@@ -348,6 +348,23 @@ impl<R> Group<R> {
         done: &mut Vec<Done<R>>,
         seen: Option<&mut Vec<Outcome>>,
     ) -> Result<(), Malformed> {
+        self.apply_at(index, term, data, None, now, done, seen)
+    }
+
+    /// [`Group::apply`] of an entry whose data the log stored at `at`
+    /// (file number and offset, `cluster::raft_log::LogStore::data_at`):
+    /// the replica keeps the messages it publishes there.
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply_at(
+        &mut self,
+        index: u64,
+        term: u64,
+        data: &[u8],
+        at: Option<(u64, u64)>,
+        now: Instant,
+        done: &mut Vec<Done<R>>,
+        seen: Option<&mut Vec<Outcome>>,
+    ) -> Result<(), Malformed> {
         if index <= self.applied {
             // The replica's state holds it already: it was made whole for
             // a snapshot at or after it while the entry was on its way.
@@ -382,7 +399,7 @@ impl<R> Group<R> {
             }
             return Ok(());
         }
-        let ops = match decode_entry(data) {
+        let (ops, places) = match decode_entry_at(data) {
             Ok(ops) => ops,
             Err(e) => {
                 if let Some(f) = flight {
@@ -391,7 +408,7 @@ impl<R> Group<R> {
                 return Err(e);
             }
         };
-        let outcomes = self.replica.apply(&ops, now);
+        let outcomes = self.replica.apply_at(&ops, &places, at, now);
         if let Some(seen) = seen {
             seen.extend(outcomes.iter().cloned());
         }
@@ -439,7 +456,7 @@ impl<R> Group<R> {
 mod tests {
     use super::*;
     use crate::protocol::stream_messages::{read_config, StreamConfig};
-    use crate::stream::replica::Publish;
+    use crate::stream::replica::{decode_entry, Publish};
     use crate::stream::stream::Stored;
 
     fn group() -> Group<u32> {

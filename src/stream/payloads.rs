@@ -56,10 +56,11 @@ use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use super::segment::{self, MsgRef, Rec};
+use super::segment::{self, InLog, MsgRef, Rec};
 use crate::storage::fsync::{start_writeback, sync_dir, sync_file};
-use crate::storage::record;
+use crate::storage::{log_files, record};
 
 /// Where a message's record is: its offset in the file that holds its
 /// seq, its framed length (0: the write failed; it cannot be read) and
@@ -93,6 +94,12 @@ pub struct Found {
     pub marker: bool,
     pub loc: Loc,
 }
+
+/// A message published through an entry whose data the log says where it
+/// stored ([`Payloads::append_at`]) is kept there when its data has at
+/// least this many bytes: the store writes an InLog record instead of a
+/// second copy.
+pub const IN_LOG_MIN: usize = 1024;
 
 /// Buffered appends past this many bytes are written at once.
 const PENDING_BYTES_MAX: usize = 1 << 20;
@@ -134,6 +141,11 @@ struct Seg {
     live: u64,
     /// Bytes written to it (the buffer not included).
     len: u64,
+    /// The log files its live messages' InLog records point into,
+    /// rising, and the data bytes those records stand for (they count
+    /// towards `segment_bytes` as if written here).
+    data: Vec<u64>,
+    refd: u64,
     /// The generation in its name.
     generation: u64,
 }
@@ -179,8 +191,9 @@ fn parse_name(name: &str) -> Option<(u64, u64)> {
 /// nothing else deleted), and appends go on as in any store.
 #[derive(Default)]
 struct Tail {
-    /// Seq, the first seq of its file, and where it is; seqs rising.
-    recs: Vec<(u64, u64, Loc)>,
+    /// Seq, the first seq of its file, where it is, and the length of
+    /// the Msg record it is or stands for; seqs rising.
+    recs: Vec<(u64, u64, Loc, usize)>,
     /// The next record not taken or passed over.
     at: usize,
 }
@@ -201,6 +214,131 @@ impl Tail {
     fn next_file(&self) -> Option<u64> {
         self.recs.get(self.at).map(|r| r.1)
     }
+}
+
+/// The files of the group's log that a store's InLog records point into
+/// (see the module docs): which of them its files need, and when one
+/// may go.
+struct LogFiles {
+    dir: PathBuf,
+    /// The log file of the last entry applied, once one applied: every
+    /// file before it holds only entries applied already.
+    applied: Option<u64>,
+    /// Files that segment files point into, with how many of them do.
+    pins: BTreeMap<u64, u32>,
+    /// Files let go before any entry applied: they go once one does.
+    orphans: Vec<u64>,
+    /// Open handles, by number (shared with detached states).
+    open: Mutex<BTreeMap<u64, Arc<File>>>,
+}
+
+impl LogFiles {
+    fn new(dir: &Path) -> LogFiles {
+        LogFiles {
+            dir: dir.to_path_buf(),
+            applied: None,
+            pins: BTreeMap::new(),
+            orphans: Vec::new(),
+            open: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// File `n`, opened once.
+    fn file(&self, n: u64) -> io::Result<Arc<File>> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = open.get(&n) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(log_files::open(&self.dir, n)?);
+        open.insert(n, f.clone());
+        Ok(f)
+    }
+
+    /// File `n` is needed by one more segment file.
+    fn pin(&mut self, n: u64) {
+        *self.pins.entry(n).or_default() += 1;
+    }
+
+    /// File `n` is needed by one segment file less; when by none, it goes
+    /// (its data path into `dead`) once no entry to apply is in it.
+    fn unpin(&mut self, n: u64, dead: &mut Vec<PathBuf>) {
+        if let Some(c) = self.pins.get_mut(&n) {
+            *c -= 1;
+            if *c > 0 {
+                return;
+            }
+            self.pins.remove(&n);
+        }
+        self.let_go(n, dead);
+    }
+
+    fn let_go(&mut self, n: u64, dead: &mut Vec<PathBuf>) {
+        match self.applied {
+            Some(a) if n < a => {
+                self.open
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&n);
+                dead.push(log_files::data_path(&self.dir, n));
+            }
+            // The file entries apply from: let go when they move on.
+            Some(_) => {}
+            None => self.orphans.push(n),
+        }
+    }
+
+    /// An entry stored in file `file` applies: the files before it that
+    /// nothing needs go.
+    fn entry_in(&mut self, file: u64, dead: &mut Vec<PathBuf>) {
+        match self.applied {
+            None => {
+                self.applied = Some(file);
+                for n in std::mem::take(&mut self.orphans) {
+                    if n < file {
+                        self.let_go(n, dead);
+                    }
+                }
+            }
+            Some(a) if file > a => {
+                self.applied = Some(file);
+                for n in a..file {
+                    if !self.pins.contains_key(&n) {
+                        self.let_go(n, dead);
+                    }
+                }
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// The data of `r`, read from its log file and checked against its
+    /// crc: the Msg record it stands for, framed.
+    fn expand(&self, r: &InLog<'_>) -> io::Result<Vec<u8>> {
+        expand_from(&*self.file(r.file)?, r)
+    }
+}
+
+/// The Msg record InLog record `r` stands for, its data read from `file`
+/// (the log file it names) and checked against its crc.
+fn expand_from(file: &File, r: &InLog<'_>) -> io::Result<Vec<u8>> {
+    let mut data = vec![0; r.len as usize];
+    file.read_exact_at(&mut data, r.offset)?;
+    let m = MsgRef {
+        data: &data,
+        ..r.msg.clone()
+    };
+    let mut rec = Vec::with_capacity(data.len() + 64);
+    segment::put_msg(&mut rec, &m);
+    if crc_of(&rec) != r.crc {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "message {}: its data in log file {} at {} fails its crc",
+                r.msg.seq, r.file, r.offset
+            ),
+        ));
+    }
+    Ok(rec)
 }
 
 /// The files of a disk store.
@@ -228,8 +366,8 @@ pub struct Disk {
     generation: u64,
     /// What a reopened store holds past its snapshot, to take again.
     tail: Tail,
-    /// An append's record, built to compare with the tail's.
-    scratch: Vec<u8>,
+    /// The group's log, when messages are kept where it wrote them.
+    log: Option<LogFiles>,
 }
 
 /// Empties `dir` (or makes it).
@@ -249,8 +387,17 @@ impl Payloads {
 
     /// An empty disk store in `dir`, emptied of what an earlier run left.
     pub fn open(dir: &Path, segment_bytes: u64) -> io::Result<Payloads> {
+        Payloads::open_in(dir, segment_bytes, None)
+    }
+
+    /// [`Payloads::open`] for a group whose log is in `log`: messages
+    /// may be kept where the log wrote them ([`Payloads::append_at`]).
+    /// The log's data files of an earlier run go.
+    pub fn open_in(dir: &Path, segment_bytes: u64, log: Option<&Path>) -> io::Result<Payloads> {
         empty_dir(dir)?;
-        Ok(Payloads::Disk(Box::new(Disk::new(dir, segment_bytes))))
+        let mut d = Disk::new(dir, segment_bytes);
+        d.use_log(log)?;
+        Ok(Payloads::Disk(Box::new(d)))
     }
 
     /// A disk store in `dir` keeping what an earlier run left of the
@@ -269,6 +416,18 @@ impl Payloads {
         segment_bytes: u64,
         want: &[(u64, u64)],
     ) -> io::Result<(Payloads, BTreeMap<u64, Found>)> {
+        Payloads::reopen_in(dir, segment_bytes, want, None)
+    }
+
+    /// [`Payloads::reopen`] for a group whose log is in `log`: an InLog
+    /// record is whole when its data reads back from the log file it
+    /// names with its crc. The log's data files no kept record needs go.
+    pub fn reopen_in(
+        dir: &Path,
+        segment_bytes: u64,
+        want: &[(u64, u64)],
+        log: Option<&Path>,
+    ) -> io::Result<(Payloads, BTreeMap<u64, Found>)> {
         fs::create_dir_all(dir)?;
         let mut files: Vec<(u64, u64)> = fs::read_dir(dir)?
             .filter_map(|e| parse_name(e.ok()?.file_name().to_str()?))
@@ -280,11 +439,14 @@ impl Payloads {
             GENERATION.fetch_max(top + 1, Ordering::Relaxed);
         }
         let mut d = Disk::new(dir, segment_bytes);
+        let log = log.map(LogFiles::new);
         let mut scan = Scan {
             wanted: Wanted::new(want),
             found: BTreeMap::new(),
             starts: Vec::new(),
             tail: Vec::new(),
+            log: log.as_ref(),
+            files_of: Vec::new(),
         };
         // Each file's kept length, or None: it goes whole.
         let mut keep = Vec::with_capacity(files.len());
@@ -296,20 +458,29 @@ impl Payloads {
             }
             let path = dir.join(file_name(first, generation));
             let mut reader = io::BufReader::with_capacity(1 << 20, File::open(&path)?);
+            scan.files_of.push(Vec::new());
             let (keep_len, stop) = scan_file(&mut reader, k, first, &mut scan);
             let file_len = reader.get_ref().metadata()?.len();
             keep.push(Some((keep_len, file_len)));
             cut = stop;
         }
+        let Scan {
+            found,
+            starts,
+            tail,
+            mut files_of,
+            ..
+        } = scan;
+        d.log = log;
         // A file's live messages: the ones kept from it, not replaced by
         // a later copy.
         let mut live = vec![0u64; files.len()];
-        for (i, &(k, lo)) in scan.starts.iter().enumerate() {
-            let hi = scan.starts.get(i + 1).map_or(u64::MAX, |s| s.1);
-            live[k] = scan.found.range(lo..hi).count() as u64;
+        for (i, &(k, lo)) in starts.iter().enumerate() {
+            let hi = starts.get(i + 1).map_or(u64::MAX, |s| s.1);
+            live[k] = found.range(lo..hi).count() as u64;
         }
         let mut in_tail = vec![false; files.len()];
-        for &(k, _, _) in &scan.tail {
+        for &(k, _, _, _) in &tail {
             in_tail[k] = true;
         }
         for (k, &(first, generation)) in files.iter().enumerate() {
@@ -321,11 +492,17 @@ impl Payloads {
                         f.set_len(keep_len)?;
                         sync_file(&f, &path)?;
                     }
+                    let data = std::mem::take(&mut files_of[k]);
+                    if let Some(log) = d.log.as_mut() {
+                        data.iter().for_each(|&n| log.pin(n));
+                    }
                     d.segs.insert(
                         first,
                         Seg {
                             live: live[k],
                             len: keep_len,
+                            data,
+                            refd: 0,
                             generation,
                         },
                     );
@@ -340,16 +517,15 @@ impl Payloads {
             sync_dir(dir)?;
             d.dir_changed = false;
         }
-        let found = scan.found;
         d.last = found.keys().next_back().copied().unwrap_or(0);
         d.tail = Tail {
-            recs: scan
-                .tail
+            recs: tail
                 .into_iter()
-                .map(|(k, seq, loc)| (seq, files[k].0, loc))
+                .map(|(k, seq, loc, len)| (seq, files[k].0, loc, len))
                 .collect(),
             at: 0,
         };
+        d.drop_unneeded_data()?;
         // Appends go to a new file: the last one may be sealed already,
         // and a new file keeps the kept ones as they are.
         Ok((Payloads::Disk(Box::new(d)), found))
@@ -357,6 +533,15 @@ impl Payloads {
 
     /// Stores message `m` (its seq above every seq stored before).
     pub fn append(&mut self, m: &MsgRef<'_>) -> io::Result<Loc> {
+        self.append_at(m, None)
+    }
+
+    /// [`Payloads::append`] of a message whose data the group's log
+    /// stored at `at` (file number and offset): with data of at least
+    /// [`IN_LOG_MIN`] bytes, a disk store that knows the log keeps it
+    /// there and writes an InLog record. Its [`Loc`] has the crc of the
+    /// Msg record it stands for, as every replica's has.
+    pub fn append_at(&mut self, m: &MsgRef<'_>, at: Option<(u64, u64)>) -> io::Result<Loc> {
         match self {
             Payloads::Memory(map) => {
                 let mut rec = Vec::new();
@@ -369,7 +554,16 @@ impl Payloads {
                     crc,
                 })
             }
-            Payloads::Disk(d) => d.append(m),
+            Payloads::Disk(d) => d.append(m, at),
+        }
+    }
+
+    /// An entry stored in log file `file` applies (see [`LogFiles`]).
+    pub fn entry_in(&mut self, file: u64) {
+        if let Payloads::Disk(d) = self {
+            if let Some(log) = d.log.as_mut() {
+                log.entry_in(file, &mut d.dead);
+            }
         }
     }
 
@@ -417,7 +611,16 @@ impl Payloads {
                 let (dir, segment_bytes) = (d.dir.clone(), d.segment_bytes);
                 empty_dir(&dir)?;
                 sync_dir(&dir)?;
+                let mut log = d.log.take();
+                let mut dead = std::mem::take(&mut d.dead);
+                if let Some(log) = log.as_mut() {
+                    for seg in std::mem::take(&mut d.segs).into_values() {
+                        seg.data.iter().for_each(|&n| log.unpin(n, &mut dead));
+                    }
+                }
                 **d = Disk::new(&dir, segment_bytes);
+                d.log = log;
+                d.dead = dead;
                 Ok(())
             }
         }
@@ -457,6 +660,7 @@ impl Payloads {
         match self {
             Payloads::Memory(map) => Ok(Detached {
                 files: Files::Memory(map.clone()),
+                log: BTreeMap::new(),
                 unsynced: Vec::new(),
                 dir: None,
                 dead: Vec::new(),
@@ -473,8 +677,15 @@ impl Payloads {
                     .map(|f| (f, d.path(f)))
                     .collect();
                 let dir = std::mem::take(&mut d.dir_changed).then(|| d.dir.clone());
+                let mut log = BTreeMap::new();
+                if let Some(l) = d.log.as_ref() {
+                    for &n in l.pins.keys() {
+                        log.insert(n, l.file(n)?);
+                    }
+                }
                 Ok(Detached {
                     files: Files::Disk(files),
+                    log,
                     unsynced,
                     dir,
                     dead: std::mem::take(&mut d.dead),
@@ -573,8 +784,14 @@ struct Scan<'a> {
     starts: Vec<(usize, u64)>,
     /// Once every wanted message is found: the whole records after them,
     /// seqs rising, with the place of their file in the order. They are
-    /// what the log's replay will append again ([`Tail`]).
-    tail: Vec<(usize, u64, Loc)>,
+    /// what the log's replay will append again ([`Tail`]), each with the
+    /// length of the Msg record it is or stands for.
+    tail: Vec<(usize, u64, Loc, usize)>,
+    /// The group's log, which InLog records are read from.
+    log: Option<&'a LogFiles>,
+    /// Per file in the order: the log files its kept InLog records point
+    /// into, rising.
+    files_of: Vec<Vec<u64>>,
 }
 
 impl Scan<'_> {
@@ -617,23 +834,54 @@ fn scan_file(r: &mut impl io::Read, k: usize, first: u64, scan: &mut Scan<'_>) -
             return (at, true);
         };
         let next = at + rec.len() as u64;
-        match segment::decode(body) {
-            Ok(Rec::Head { first_seq }) if at == 0 && first_seq == first => {}
-            Ok(Rec::Msg(m)) if at > 0 && m.seq >= first => {
+        let decoded = segment::decode(body);
+        let (m, in_log) = match decoded {
+            Ok(Rec::Head { first_seq }) if at == 0 && first_seq == first => {
+                at = next;
+                continue;
+            }
+            Ok(Rec::Msg(m)) if at > 0 && m.seq >= first => (m, None),
+            Ok(Rec::InLog(r)) if at > 0 && r.msg.seq >= first => (r.msg.clone(), Some(r)),
+            _ => return (at, true),
+        };
+        {
+            {
                 if scan.found.keys().next_back().is_some_and(|&s| s >= m.seq) {
                     scan.rewind(m.seq);
                 }
                 // A later copy of tail records replaces them.
                 let keep = scan.tail.partition_point(|t| t.1 < m.seq);
                 scan.tail.truncate(keep);
+                let take = scan.wanted.take(m.seq);
+                let kept =
+                    matches!(take, Take::Keep) || (take == Take::Cut && scan.wanted.next.is_none());
+                // An InLog record is whole when its data reads back with
+                // its crc: kept, it counts as the Msg record it stands for.
+                let (crc, msg_len) = match &in_log {
+                    Some(r) if kept => {
+                        let whole = scan.log.map(|log| log.expand(r));
+                        let Some(Ok(msg)) = whole else {
+                            return (at, true);
+                        };
+                        let files = &mut scan.files_of[k];
+                        if files.last() != Some(&r.file) {
+                            files.push(r.file);
+                        }
+                        (r.crc, msg.len())
+                    }
+                    Some(r) => (r.crc, 0),
+                    None => (crc_of(&rec), rec.len()),
+                };
                 let loc = Loc {
                     offset: at,
                     len: rec.len() as u32,
-                    crc: crc_of(&rec),
+                    crc,
                 };
-                match scan.wanted.take(m.seq) {
+                match take {
                     // Past every wanted message: a tail record.
-                    Take::Cut if scan.wanted.next.is_none() => scan.tail.push((k, m.seq, loc)),
+                    Take::Cut if scan.wanted.next.is_none() => {
+                        scan.tail.push((k, m.seq, loc, msg_len))
+                    }
                     Take::Keep => {
                         if scan.starts.last().is_none_or(|s| s.0 != k) {
                             scan.starts.push((k, m.seq));
@@ -643,7 +891,7 @@ fn scan_file(r: &mut impl io::Read, k: usize, first: u64, scan: &mut Scan<'_>) -
                             Found {
                                 subject: m.subject.into(),
                                 time_ms: m.time_ms,
-                                bytes: rec.len() as u64,
+                                bytes: msg_len as u64,
                                 marker: super::limits::asks_of(m.headers).op
                                     != super::limits::KvOp::Put,
                                 loc,
@@ -654,7 +902,6 @@ fn scan_file(r: &mut impl io::Read, k: usize, first: u64, scan: &mut Scan<'_>) -
                     Take::Cut => return (at, true),
                 }
             }
-            _ => return (at, true),
         }
         at = next;
     }
@@ -688,6 +935,8 @@ fn crc_of(rec: &[u8]) -> u32 {
 /// meanwhile, to be deleted after.
 pub struct Detached {
     files: Files,
+    /// The log files its InLog records point into, open, by number.
+    log: BTreeMap<u64, Arc<File>>,
     /// The files to fsync: first seq and path.
     unsynced: Vec<(u64, PathBuf)>,
     /// The directory, when files were made in it.
@@ -749,29 +998,53 @@ impl Detached {
             return Err(bad(format!("no file holds message {}", start.0)));
         };
         let mut offset = start.1.offset;
-        let mut buf = Vec::new();
-        let mut chunk = SCAN_CHUNK;
+        // Read ahead about one batch (a record larger than that doubles
+        // it); the buffer is zeroed once per size, not per read.
+        let mut chunk = SCAN_CHUNK.min((max_bytes + (16 << 10)).next_power_of_two());
+        let mut space = Vec::new();
         for (&f, file) in files.range(first..) {
             let ends = files.range(f + 1..).next().map_or(u64::MAX, |(&n, _)| n);
             if f != first {
                 offset = 0;
             }
             'file: loop {
-                buf.resize(chunk, 0);
-                let n = read_at_most(file, &mut buf, offset)?;
-                buf.truncate(n);
+                if space.len() < chunk {
+                    space.resize(chunk, 0);
+                }
+                let n = read_at_most(file, &mut space[..chunk], offset)?;
+                let buf = &space[..n];
                 let mut at = 0;
                 loop {
-                    match record::read(&buf, at) {
+                    match record::read(buf, at) {
                         Ok(Some((body, end))) => {
-                            if let Ok(Rec::Msg(m)) = segment::decode(body) {
-                                if m.seq >= ends {
+                            let (seq, in_log) = match segment::decode(body) {
+                                Ok(Rec::Msg(m)) => (Some(m.seq), None),
+                                Ok(Rec::InLog(r)) => (Some(r.msg.seq), Some(r)),
+                                _ => (None, None),
+                            };
+                            if let Some(seq) = seq {
+                                if seq >= ends {
                                     break 'file;
                                 }
-                                if m.seq > last {
+                                if seq > last {
                                     return Ok((out, last.max(through)));
                                 }
-                                if !take(m.seq, &buf[at..end], &mut out) {
+                                let whole;
+                                let rec = match in_log {
+                                    // Read from the log only when it is sent.
+                                    Some(r) if seq > after && live(seq) => {
+                                        let file = self.log.get(&r.file).ok_or_else(|| {
+                                            bad(format!(
+                                                "message {seq}: log file {} not held",
+                                                r.file
+                                            ))
+                                        })?;
+                                        whole = expand_from(file, &r)?;
+                                        &whole[..]
+                                    }
+                                    _ => &buf[at..end],
+                                };
+                                if !take(seq, rec, &mut out) {
                                     return Ok((out, through));
                                 }
                             }
@@ -857,7 +1130,7 @@ impl Disk {
             dead: Vec::new(),
             generation: next_generation(),
             tail: Tail::default(),
-            scratch: Vec::new(),
+            log: None,
         }
     }
 
@@ -870,14 +1143,42 @@ impl Disk {
         self.dir.join(file_name(first, generation))
     }
 
-    fn append(&mut self, m: &MsgRef<'_>) -> io::Result<Loc> {
+    /// Keeps InLog records' data in the log in `log` (if any): the data
+    /// files there that no record of the store needs go.
+    fn use_log(&mut self, log: Option<&Path>) -> io::Result<()> {
+        self.log = log.map(LogFiles::new);
+        self.drop_unneeded_data()
+    }
+
+    /// The log's data files no segment file needs go (with the next
+    /// snapshot, as dead files do).
+    fn drop_unneeded_data(&mut self) -> io::Result<()> {
+        let Some(log) = self.log.as_ref() else {
+            return Ok(());
+        };
+        let have = match log_files::data_files(&log.dir) {
+            Ok(have) => have,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        for n in have {
+            if !log.pins.contains_key(&n) {
+                self.dead.push(log_files::data_path(&log.dir, n));
+            }
+        }
+        Ok(())
+    }
+
+    fn append(&mut self, m: &MsgRef<'_>, at: Option<(u64, u64)>) -> io::Result<Loc> {
         if self.tail.pending() {
             if let Some(loc) = self.take_from_tail(m) {
                 return Ok(loc);
             }
         }
+        let at = at.filter(|_| self.log.is_some() && m.data.len() >= IN_LOG_MIN);
         let full = self.active.as_ref().is_some_and(|(first, _)| {
-            self.segs[first].len + self.pending.len() as u64 >= self.segment_bytes
+            let seg = &self.segs[first];
+            seg.len + seg.refd + self.pending.len() as u64 >= self.segment_bytes
         });
         let back = m.seq <= self.last;
         if back {
@@ -903,6 +1204,8 @@ impl Disk {
                 Seg {
                     live: 0,
                     len: 0,
+                    data: Vec::new(),
+                    refd: 0,
                     generation,
                 },
             );
@@ -916,9 +1219,28 @@ impl Disk {
         };
         self.unsynced.insert(first);
         let offset = self.segs[&first].len + self.pending.len() as u64;
-        let at = self.pending.len();
-        let len = segment::put_msg(&mut self.pending, m);
-        let crc = crc_of(&self.pending[at..]);
+        let start = self.pending.len();
+        let (len, crc) = match at {
+            Some((file, data)) => {
+                let (len, _, crc) = segment::put_in_log(&mut self.pending, m, file, data);
+                let seg = self
+                    .segs
+                    .get_mut(&first)
+                    .expect("the active file is a segment");
+                seg.refd += m.data.len() as u64;
+                if seg.data.last() != Some(&file) {
+                    seg.data.push(file);
+                    if let Some(log) = self.log.as_mut() {
+                        log.pin(file);
+                    }
+                }
+                (len, crc)
+            }
+            None => {
+                let len = segment::put_msg(&mut self.pending, m);
+                (len, crc_of(&self.pending[start..]))
+            }
+        };
         self.last = m.seq;
         if let Some(s) = self.segs.get_mut(&first) {
             s.live += 1;
@@ -943,13 +1265,14 @@ impl Disk {
         // snapshot, or never appended again) stay where they are, as
         // records of removed messages do.
         self.tail.pass_below(m.seq);
-        let Some(&(seq, file, loc)) = self.tail.recs.get(self.tail.at) else {
+        let Some(&(seq, file, loc, msg_len)) = self.tail.recs.get(self.tail.at) else {
             self.end_tail(None);
             return None;
         };
-        self.scratch.clear();
-        let len = segment::put_msg(&mut self.scratch, m);
-        let same = seq == m.seq && len == loc.len as usize && crc_of(&self.scratch) == loc.crc;
+        // The same Msg record, whether the tail holds it whole or as an
+        // InLog record (the log's replay stores its data where it was).
+        let (len, crc) = segment::msg_sum(m);
+        let same = seq == m.seq && len == msg_len && crc == loc.crc;
         let Some(seg) = self.segs.get_mut(&file).filter(|_| same) else {
             self.end_tail(Some((file, loc.offset)));
             return None;
@@ -1041,7 +1364,26 @@ impl Disk {
         self.segs.range(..=seq).next_back().map(|(&f, _)| f)
     }
 
+    /// The Msg record of `seq` at `loc`, read whole (an InLog record's
+    /// data from the log).
     fn record(&self, seq: u64, loc: Loc) -> io::Result<Vec<u8>> {
+        let rec = self.stored(seq, loc)?;
+        if rec.get(record::HEAD_BYTES) != Some(&segment::KIND_IN_LOG) {
+            return Ok(rec);
+        }
+        let bad = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
+        let (body, _) = record::read(&rec, 0)
+            .map_err(|e| bad(format!("message {seq}: {e}")))?
+            .ok_or_else(|| bad(format!("message {seq}: no record")))?;
+        match (segment::decode(body), self.log.as_ref()) {
+            (Ok(Rec::InLog(r)), Some(log)) if r.msg.seq == seq => log.expand(&r),
+            (Ok(Rec::InLog(_)), None) => Err(bad(format!("message {seq}: in a log it lacks"))),
+            _ => Err(bad(format!("message {seq}: another record"))),
+        }
+    }
+
+    /// The record of `seq` at `loc`, as stored.
+    fn stored(&self, seq: u64, loc: Loc) -> io::Result<Vec<u8>> {
         let first = self
             .seg_of(seq)
             .ok_or_else(|| io::Error::other(format!("no file holds message {seq}")))?;
@@ -1086,7 +1428,11 @@ impl Disk {
     /// is deleted once a snapshot taken after this is stored.
     fn retire(&mut self, first: u64) {
         let path = self.path(first);
-        self.segs.remove(&first);
+        if let Some(seg) = self.segs.remove(&first) {
+            if let Some(log) = self.log.as_mut() {
+                seg.data.iter().for_each(|&n| log.unpin(n, &mut self.dead));
+            }
+        }
         if self.active.as_ref().is_some_and(|(f, _)| *f == first) {
             // Its buffered appends are of removed messages, which no
             // stored snapshot names (each snapshot fsyncs what it names).
@@ -1496,5 +1842,218 @@ mod tests {
         for (s, f) in &again {
             check(&p, *s, f.loc, &d);
         }
+    }
+
+    /// A log directory whose file `n` holds, for each seq, its data (at
+    /// the offsets returned) after a few bytes of something else, as a
+    /// log's entry records would.
+    struct FakeLog {
+        dir: PathBuf,
+        /// Seq → (file, offset).
+        at: BTreeMap<u64, (u64, u64)>,
+    }
+
+    impl FakeLog {
+        fn new() -> FakeLog {
+            let dir = temp_dir();
+            fs::create_dir_all(&dir).unwrap();
+            FakeLog {
+                dir,
+                at: BTreeMap::new(),
+            }
+        }
+
+        /// Writes `data` of `seq` into log file `n` (appended).
+        fn write(&mut self, n: u64, seq: u64, data: &[u8]) -> (u64, u64) {
+            use std::io::Write;
+            let path = self.dir.join(log_files::log_name(n));
+            let mut f = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .unwrap();
+            f.write_all(b"entry head").unwrap();
+            let offset = f.metadata().unwrap().len();
+            f.write_all(data).unwrap();
+            self.at.insert(seq, (n, offset));
+            (n, offset)
+        }
+
+        /// Log file `n` is covered: it becomes a data file.
+        fn cover(&self, n: u64) {
+            fs::rename(
+                self.dir.join(log_files::log_name(n)),
+                log_files::data_path(&self.dir, n),
+            )
+            .unwrap();
+        }
+    }
+
+    fn big(seq: u64) -> Vec<u8> {
+        (0..IN_LOG_MIN as u64 + 300 + seq)
+            .map(|i| (i * 31 + seq) as u8)
+            .collect()
+    }
+
+    #[test]
+    fn a_message_in_the_log_is_kept_there_and_reads_back_as_if_written_whole() {
+        let mut log = FakeLog::new();
+        let dir = temp_dir();
+        let mut p = Payloads::open_in(&dir, 1 << 20, Some(&log.dir)).unwrap();
+        let mut whole = Payloads::memory();
+        let small = vec![5u8; 10];
+        let mut locs = Vec::new();
+        for seq in 1..=6u64 {
+            let file = 1 + seq / 4;
+            p.entry_in(file);
+            let data = if seq == 3 { small.clone() } else { big(seq) };
+            let at = log.write(file, seq, &data);
+            let loc = p.append_at(&msg(seq, &data), Some(at)).unwrap();
+            // The same crc (the replicas' digest) and the same record.
+            let w = whole.append(&msg(seq, &data)).unwrap();
+            assert_eq!(loc.crc, w.crc, "message {seq}");
+            check(&p, seq, loc, &data);
+            assert_eq!(p.record(seq, loc).unwrap(), whole.record(seq, w).unwrap());
+            locs.push((loc, data));
+        }
+        p.flush().unwrap();
+        // Only the small message's data is in the store's file.
+        let written = fs::metadata(seg_path(&dir, 1)).unwrap().len();
+        let data_bytes: usize = locs.iter().map(|(_, d)| d.len()).sum();
+        assert!(written < 6 * 120 + 10, "{written} bytes for {data_bytes}");
+        for (i, (loc, data)) in locs.iter().enumerate() {
+            check(&p, i as u64 + 1, *loc, data);
+        }
+        // Data that no longer reads back with its crc is an error.
+        let (n, offset) = log.at[&5];
+        let f = OpenOptions::new()
+            .write(true)
+            .open(log.dir.join(log_files::log_name(n)))
+            .unwrap();
+        f.write_all_at(&[0xFF ^ big(5)[7]], offset + 7).unwrap();
+        let err = p.read(5, locs[4].0).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        check(&p, 4, locs[3].0, &locs[3].1);
+    }
+
+    #[test]
+    fn log_files_go_once_no_live_message_needs_them_and_no_entry_is_left_in_them() {
+        let mut log = FakeLog::new();
+        let dir = temp_dir();
+        // A data file of an earlier run that nothing needs goes first.
+        fs::write(log_files::data_path(&log.dir, 0), b"old").unwrap();
+        // Two messages a segment file.
+        let seg = 2 * (big(1).len() as u64 + 60);
+        let mut p = Payloads::open_in(&dir, seg, Some(&log.dir)).unwrap();
+        let mut locs = BTreeMap::new();
+        for seq in 1..=6u64 {
+            // Log files 1, 1, 2, 2, 3, 3.
+            let file = seq.div_ceil(2);
+            p.entry_in(file);
+            let data = big(seq);
+            let at = log.write(file, seq, &data);
+            locs.insert(seq, p.append_at(&msg(seq, &data), Some(at)).unwrap());
+        }
+        p.flush().unwrap();
+        assert_eq!(seg_files(&dir), vec![1, 3, 5]);
+        let dead = |p: &mut Payloads| -> Vec<String> {
+            let mut d = p.detach().unwrap();
+            let mut v: Vec<String> = d
+                .take_dead()
+                .iter()
+                .filter(|p| p.starts_with(&log.dir))
+                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(dead(&mut p), ["data.0"]);
+        // A frozen state reads its messages from the log files it holds,
+        // also once their names changed.
+        log.cover(3);
+        let frozen = p.detach().unwrap();
+        let (recs, through) = frozen
+            .records_from((5, locs[&5]), 4, 6, &|_| true, 1 << 20)
+            .unwrap();
+        assert_eq!(through, 6);
+        let mut whole = Payloads::memory();
+        let mut want = Vec::new();
+        for seq in 5..=6 {
+            let w = whole.append(&msg(seq, &big(seq))).unwrap();
+            want.extend(whole.record(seq, w).unwrap());
+        }
+        assert_eq!(recs, want);
+        // Segment file 3 (messages 3, 4, in log file 2) empties.
+        p.remove(3);
+        p.remove(4);
+        assert_eq!(dead(&mut p), ["data.2"]);
+        p.remove(1);
+        p.remove(2);
+        assert_eq!(dead(&mut p), ["data.1"]);
+        // Log file 3 holds the last entry applied: it stays, needed or
+        // not, until an entry in a later file applies.
+        check(&p, 6, locs[&6], &big(6));
+        p.remove(5);
+        p.remove(6);
+        assert_eq!(dead(&mut p), Vec::<String>::new());
+        p.entry_in(4);
+        assert_eq!(dead(&mut p), ["data.3"]);
+    }
+
+    #[test]
+    fn reopening_reads_in_log_records_from_the_log_and_cuts_at_damaged_data() {
+        let mut log = FakeLog::new();
+        let dir = temp_dir();
+        let mut p = Payloads::open_in(&dir, 1 << 20, Some(&log.dir)).unwrap();
+        let mut locs = BTreeMap::new();
+        for seq in 1..=8u64 {
+            let file = 1 + seq / 5;
+            p.entry_in(file);
+            let data = big(seq);
+            let at = log.write(file, seq, &data);
+            locs.insert(seq, p.append_at(&msg(seq, &data), Some(at)).unwrap());
+        }
+        p.sync().unwrap();
+        drop(p);
+        log.cover(1);
+        let whole_len = |seq: u64| {
+            let mut m = Payloads::memory();
+            let loc = m.append(&msg(seq, &big(seq))).unwrap();
+            loc.len as u64
+        };
+        // Wanted 1..=5; 6..=8 are the tail, taken again in place.
+        let (mut p, found) = Payloads::reopen_in(&dir, 1 << 20, &[(1, 5)], Some(&log.dir)).unwrap();
+        assert_eq!(found.keys().copied().collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+        for (seq, f) in &found {
+            assert_eq!(f.loc, locs[seq]);
+            assert_eq!(f.bytes, whole_len(*seq), "counted as the whole record");
+            check(&p, *seq, f.loc, &big(*seq));
+        }
+        let before = fs::metadata(seg_path(&dir, 1)).unwrap().len();
+        for seq in 6..=8 {
+            p.entry_in(2);
+            let at = log.at[&seq];
+            let loc = p.append_at(&msg(seq, &big(seq)), Some(at)).unwrap();
+            assert_eq!(loc, locs[&seq]);
+        }
+        p.flush().unwrap();
+        assert_eq!(fs::metadata(seg_path(&dir, 1)).unwrap().len(), before);
+        assert!(
+            p.detach().unwrap().take_dead().is_empty(),
+            "every log file is needed"
+        );
+        drop(p);
+        // One byte of message 4's data flipped: 4 and after are cut.
+        let (n, offset) = log.at[&4];
+        let f = OpenOptions::new()
+            .write(true)
+            .open(log_files::data_path(&log.dir, n))
+            .unwrap();
+        f.write_all_at(&[0xFF ^ big(4)[0]], offset).unwrap();
+        let (_, found) = Payloads::reopen_in(&dir, 1 << 20, &[(1, 8)], Some(&log.dir)).unwrap();
+        assert_eq!(found.keys().copied().collect::<Vec<_>>(), [1, 2, 3]);
+        // Without its log, no InLog record is whole.
+        let (_, found) = Payloads::reopen_in(&dir, 1 << 20, &[(1, 3)], None).unwrap();
+        assert!(found.is_empty());
     }
 }

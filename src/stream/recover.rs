@@ -321,6 +321,7 @@ fn scan(
             }
             _ if at == 0 => return Err(corrupt(path, 0, "segment does not start with a head")),
             Rec::Head { .. } => return Err(corrupt(path, offset, "second head record")),
+            Rec::InLog(_) => return Err(corrupt(path, offset, "a replica's record")),
             Rec::Span { end } => {
                 if !is_second || !gaps.add(first, end) {
                     return Err(corrupt(path, offset, "span out of place"));
@@ -408,6 +409,8 @@ impl Builder {
             }),
             Rec::Synced { offset } => sum.synced = sum.synced.max(*offset),
             Rec::Span { end } => sum.span = *end,
+            // Never in a stream segment (recovery refuses it).
+            Rec::InLog(_) => {}
         }
     }
 }

@@ -229,6 +229,9 @@ pub struct Replica {
     /// Copies of the messages stored while a bucket watch reads this
     /// replica (see [`Tap`]); not replica state.
     pub tap: Tap,
+    /// Where the log stored the data of the publish being applied (file
+    /// number and offset), while it applies.
+    data_at: Option<(u64, u64)>,
 }
 
 /// What a stored message adds to a replica's digest: its seq, time,
@@ -297,6 +300,7 @@ impl Replica {
             consumers: BTreeMap::new(),
             subjects: BTreeMap::new(),
             tap: None,
+            data_at: None,
         }
     }
 
@@ -413,7 +417,33 @@ impl Replica {
     /// local redelivery timers (which are not part of the replicated
     /// state).
     pub fn apply(&mut self, ops: &[Op], now: Instant) -> Vec<Outcome> {
-        let out = ops.iter().map(|op| self.apply_op(op, now)).collect();
+        self.apply_at(ops, &[], None, now)
+    }
+
+    /// [`Replica::apply`] of an entry whose data the log stored at `at`
+    /// (file number and offset); `places` holds each op's data offset in
+    /// that data ([`decode_entry_at`]). A message published there may be
+    /// kept where the log wrote it ([`Payloads::append_at`]).
+    pub fn apply_at(
+        &mut self,
+        ops: &[Op],
+        places: &[usize],
+        at: Option<(u64, u64)>,
+        now: Instant,
+    ) -> Vec<Outcome> {
+        if let Some((file, _)) = at {
+            self.payloads.entry_in(file);
+        }
+        let out = ops
+            .iter()
+            .enumerate()
+            .map(|(k, op)| {
+                self.data_at = at.zip(places.get(k)).map(|((f, o), p)| (f, o + *p as u64));
+                let out = self.apply_op(op, now);
+                self.data_at = None;
+                out
+            })
+            .collect();
         if let Err(e) = self.payloads.flush() {
             crate::log_error!("stream {:?}: writing messages: {e}", self.cfg.name);
         }
@@ -587,10 +617,13 @@ impl Replica {
             data,
             binary,
         };
-        let loc = self.payloads.append(&m).unwrap_or_else(|e| {
-            crate::log_error!("stream {:?}: writing message {seq}: {e}", self.cfg.name);
-            Loc::default()
-        });
+        let loc = self
+            .payloads
+            .append_at(&m, self.data_at.take())
+            .unwrap_or_else(|e| {
+                crate::log_error!("stream {:?}: writing message {seq}: {e}", self.cfg.name);
+                Loc::default()
+            });
         let m = MsgMeta {
             subject: subject.into(),
             time_ms,
@@ -1015,6 +1048,7 @@ impl Replica {
         now: Instant,
         dir: &std::path::Path,
         segment_bytes: u64,
+        log: Option<&std::path::Path>,
     ) -> Result<(Replica, Target), Malformed> {
         let mut r = SnapshotReader { r, remaining: len };
         let files_failed = |e: io::Error| {
@@ -1023,7 +1057,7 @@ impl Replica {
         };
         match r.u8()? {
             SNAPSHOT_VERSION => {
-                let payloads = Payloads::open(dir, segment_bytes).map_err(files_failed)?;
+                let payloads = Payloads::open_in(dir, segment_bytes, log).map_err(files_failed)?;
                 let rep = Replica::restore_v1(&mut r, now, payloads)?;
                 let target = rep.target();
                 Ok((rep, target))
@@ -1031,7 +1065,8 @@ impl Replica {
             SMALL_VERSION => {
                 let (cfg, target) = read_small_head(&mut r)?;
                 let (payloads, found) =
-                    Payloads::reopen(dir, segment_bytes, &target.ranges).map_err(files_failed)?;
+                    Payloads::reopen_in(dir, segment_bytes, &target.ranges, log)
+                        .map_err(files_failed)?;
                 let mut rep = Replica::with_payloads(cfg, payloads);
                 rep.last_seq = target.last_seq;
                 for (seq, f) in found {
@@ -1740,20 +1775,33 @@ impl<'a> Reader<'a> {
 
 /// The ops of an entry's bytes.
 pub fn decode_entry(buf: &[u8]) -> Result<Vec<Op>, Malformed> {
+    decode_entry_at(buf).map(|(ops, _)| ops)
+}
+
+/// The ops of an entry's bytes, and where each op's data is in them: a
+/// publish's message data starts there (0 for the other ops).
+pub fn decode_entry_at(buf: &[u8]) -> Result<(Vec<Op>, Vec<usize>), Malformed> {
     let mut r = Reader { buf, at: 0 };
     if r.u8()? != ENTRY_VERSION {
         return Err(Malformed("entry version"));
     }
     let mut ops = Vec::new();
+    let mut places = Vec::new();
     while r.at < buf.len() {
+        let mut place = 0;
         ops.push(match r.u8()? {
-            1 => Op::Publish(Publish {
-                subject: r.string()?,
-                headers: r.opt_string()?,
-                data: r.bytes()?,
-                binary: r.bool()?,
-                time_ms: r.u64()?,
-            }),
+            1 => {
+                let subject = r.string()?;
+                let headers = r.opt_string()?;
+                place = r.at + 4;
+                Op::Publish(Publish {
+                    subject,
+                    headers,
+                    data: r.bytes()?,
+                    binary: r.bool()?,
+                    time_ms: r.u64()?,
+                })
+            }
             2 => Op::Expire { now_ms: r.u64()? },
             3 => Op::Purge {
                 filter: r.opt_string()?,
@@ -1800,8 +1848,9 @@ pub fn decode_entry(buf: &[u8]) -> Result<Vec<Op>, Malformed> {
             }
             _ => return Err(Malformed("op tag")),
         });
+        places.push(place);
     }
-    Ok(ops)
+    Ok((ops, places))
 }
 
 #[cfg(test)]
@@ -2311,7 +2360,7 @@ mod tests {
         // A member with no files takes the snapshot and fetches it all.
         let dir2 = temp_dir();
         let (mut member, target) =
-            Replica::restore_files(&mut &small[..], n, now, &dir2, 4_096).unwrap();
+            Replica::restore_files(&mut &small[..], n, now, &dir2, 4_096, None).unwrap();
         assert_eq!((member.messages(), target.count), (0, 20));
         assert!(!member.is_whole(&target));
         let mut after = 0;
@@ -2796,7 +2845,8 @@ mod tests {
             v
         };
         let (mut again, target) =
-            Replica::restore_files(&mut &small[..], small.len() as u64, now, &dir, 16_384).unwrap();
+            Replica::restore_files(&mut &small[..], small.len() as u64, now, &dir, 16_384, None)
+                .unwrap();
         assert!(again.is_whole(&target));
         assert_eq!(again.small_state(), at_snapshot);
         assert_eq!(dir_files(&dir), files_then);
@@ -2872,6 +2922,7 @@ mod tests {
             now,
             &dir_b,
             16_384,
+            None,
         )
         .unwrap();
         assert_eq!(target, target_b);

@@ -23,6 +23,11 @@
 //!                                            for seqs first_seq..end: every
 //!                                            message there that it does not
 //!                                            hold is gone
+//! 8 InLog    u64 file, u64 offset,           (a replica's payload files only)
+//!            u32 data length, u32 crc,       a Msg whose data is in file
+//!            then a Msg body from its seq    `file` of its group's log at
+//!            on, without data                `offset`; crc: the crc of the
+//!                                            Msg body it stands for
 //! ```
 //!
 //! Remove, Floor and Truncate records refer to messages of this segment or
@@ -41,6 +46,10 @@ pub const KIND_FLOOR: u8 = 4;
 pub const KIND_SYNCED: u8 = 5;
 pub const KIND_TRUNCATE: u8 = 6;
 pub const KIND_SPAN: u8 = 7;
+pub const KIND_IN_LOG: u8 = 8;
+
+/// Bytes of an InLog body before its Msg fields.
+const IN_LOG_FIXED_BYTES: usize = 1 + 8 + 8 + 4 + 4;
 
 const FLAG_BINARY: u8 = 1;
 const FLAG_HEADERS: u8 = 2;
@@ -64,6 +73,77 @@ pub enum Rec<'a> {
     Synced { offset: u64 },
     Truncate { seq: u64 },
     Span { end: u64 },
+    InLog(InLog<'a>),
+}
+
+/// A message whose data is in a file of its group's log (an InLog
+/// record): `msg` with empty data, and where its data is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InLog<'a> {
+    pub msg: MsgRef<'a>,
+    /// The log file's number and the data's offset in it.
+    pub file: u64,
+    pub offset: u64,
+    pub len: u32,
+    /// The crc of the Msg body this record stands for.
+    pub crc: u32,
+}
+
+/// The Msg record `m` stands for, had it been written whole: its framed
+/// length and its body's crc (computed without copying the data).
+pub fn msg_sum(m: &MsgRef<'_>) -> (usize, u32) {
+    let mut fields = Vec::with_capacity(MSG_FIXED_BYTES + m.subject.len() + 64);
+    put_msg_fields(&mut fields, m);
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[KIND_MSG]);
+    h.update(&fields);
+    h.update(m.data);
+    (
+        record::HEAD_BYTES + 1 + fields.len() + m.data.len(),
+        h.finalize(),
+    )
+}
+
+/// A Msg body's fields after its kind, without the data.
+fn put_msg_fields(out: &mut Vec<u8>, m: &MsgRef<'_>) {
+    out.extend_from_slice(&m.seq.to_le_bytes());
+    out.extend_from_slice(&m.time_ms.to_le_bytes());
+    let mut flags = 0;
+    if m.binary {
+        flags |= FLAG_BINARY;
+    }
+    if m.headers.is_some() {
+        flags |= FLAG_HEADERS;
+    }
+    out.push(flags);
+    out.extend_from_slice(&(m.subject.len() as u16).to_le_bytes());
+    out.extend_from_slice(m.subject.as_bytes());
+    if let Some(h) = m.headers {
+        out.extend_from_slice(&(h.len() as u32).to_le_bytes());
+        out.extend_from_slice(h.as_bytes());
+    }
+}
+
+/// Appends an InLog record for `m`, whose data is at `offset` of log file
+/// `file`; its framed length, and the framed length and crc of the Msg
+/// record it stands for ([`msg_sum`]).
+pub fn put_in_log(
+    out: &mut Vec<u8>,
+    m: &MsgRef<'_>,
+    file: u64,
+    offset: u64,
+) -> (usize, usize, u32) {
+    assert!(m.subject.len() <= SUBJECT_BYTES_MAX);
+    let (msg_len, crc) = msg_sum(m);
+    let start = record::begin(out);
+    out.push(KIND_IN_LOG);
+    out.extend_from_slice(&file.to_le_bytes());
+    out.extend_from_slice(&offset.to_le_bytes());
+    out.extend_from_slice(&(m.data.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc.to_le_bytes());
+    put_msg_fields(out, m);
+    record::finish(out, start);
+    (out.len() - start, msg_len, crc)
 }
 
 /// A stored message, borrowed from the record.
@@ -120,22 +200,7 @@ pub fn put_msg(out: &mut Vec<u8>, m: &MsgRef<'_>) -> usize {
     assert!(m.subject.len() <= SUBJECT_BYTES_MAX);
     let start = record::begin(out);
     out.push(KIND_MSG);
-    out.extend_from_slice(&m.seq.to_le_bytes());
-    out.extend_from_slice(&m.time_ms.to_le_bytes());
-    let mut flags = 0;
-    if m.binary {
-        flags |= FLAG_BINARY;
-    }
-    if m.headers.is_some() {
-        flags |= FLAG_HEADERS;
-    }
-    out.push(flags);
-    out.extend_from_slice(&(m.subject.len() as u16).to_le_bytes());
-    out.extend_from_slice(m.subject.as_bytes());
-    if let Some(h) = m.headers {
-        out.extend_from_slice(&(h.len() as u32).to_le_bytes());
-        out.extend_from_slice(h.as_bytes());
-    }
+    put_msg_fields(out, m);
     out.extend_from_slice(m.data);
     record::finish(out, start);
     out.len() - start
@@ -208,6 +273,27 @@ pub fn decode(body: &[u8]) -> Result<Rec<'_>, Malformed> {
             Ok(Rec::Remove(Seqs(rest)))
         }
         KIND_MSG => decode_msg(body).map(Rec::Msg),
+        KIND_IN_LOG => {
+            let fixed = body
+                .get(..IN_LOG_FIXED_BYTES)
+                .ok_or(Malformed("in-log record cut short"))?;
+            let u32_at = |at: usize| {
+                u32::from_le_bytes([fixed[at], fixed[at + 1], fixed[at + 2], fixed[at + 3]])
+            };
+            // The Msg fields, read as a Msg body whose kind byte is the
+            // last byte before them.
+            let msg = decode_msg(&body[IN_LOG_FIXED_BYTES - 1..])?;
+            if !msg.data.is_empty() {
+                return Err(Malformed("in-log record with data"));
+            }
+            Ok(Rec::InLog(InLog {
+                msg,
+                file: le64(&fixed[1..9]),
+                offset: le64(&fixed[9..17]),
+                len: u32_at(17),
+                crc: u32_at(21),
+            }))
+        }
         _ => Err(Malformed("unknown record kind")),
     }
 }

@@ -54,7 +54,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use gombus::cluster::raft::{self, Config, Proposed, Raft, Ready, Role};
-use gombus::cluster::raft_log::{LogStore, MemoryLog};
+use gombus::cluster::raft_log::{self, DurableLog, LogStore, MemoryLog};
 use gombus::cluster::raft_msg::{
     Body, Entry, EntryKind, GroupId, HardState, Message, NodeId, Snapshot,
 };
@@ -244,10 +244,13 @@ impl Wire {
 }
 
 /// What one node has on disk, per group.
-#[derive(Default)]
 struct Disk {
     hs: HardState,
-    log: MemoryLog,
+    /// The control group's log in memory; a stream group's a real
+    /// [`DurableLog`] in [`Node::logs`] (whose files its replica keeps
+    /// messages in), written only when the sim's fsync of it is due, so
+    /// that everything in it is durable.
+    log: Box<dyn LogStore>,
     /// `node.rs`'s mark of a group whose log was lost: it starts as a
     /// non-voter until its core votes again.
     lost_mark: bool,
@@ -259,6 +262,8 @@ pub struct Node {
     disk: BTreeMap<GroupId, Disk>,
     /// Where its replicas' payload files are (`g<group>` under it).
     root: PathBuf,
+    /// Where its stream groups' logs are (`g<group>` under it).
+    logs: PathBuf,
     /// Each group's last frozen states, to serve members catching up;
     /// gone with a crash, as the broker's are.
     sources: BTreeMap<GroupId, Sources>,
@@ -339,6 +344,8 @@ pub struct Sim {
     /// found lacking messages.
     pub damaged_members: u64,
     pub damage_found: u64,
+    /// Log data files deleted once their stream let them go.
+    pub data_files_gone: u64,
     /// Elections won by a member catching up.
     pub leaders_catching_up: u64,
     /// Catch-ups that ended whole with entries past their snapshot
@@ -378,7 +385,23 @@ fn snapshot_index(m: &Message) -> Option<u64> {
 }
 
 fn pub_id_of(data: &[u8]) -> u64 {
-    std::str::from_utf8(data).unwrap().parse().unwrap()
+    let text = std::str::from_utf8(data).unwrap();
+    text.split(' ').next().unwrap().parse().unwrap()
+}
+
+/// The data of publish `pid`: its id, and for every other one enough
+/// padding that its replicas keep it in their log's files
+/// ([`gombus::stream::payloads::IN_LOG_MIN`]).
+fn pub_data(pid: u64) -> Vec<u8> {
+    let mut data = pid.to_string().into_bytes();
+    if pid.is_multiple_of(2) {
+        data.push(b' ');
+        data.resize(
+            gombus::stream::payloads::IN_LOG_MIN + (pid % 7) as usize,
+            b'x',
+        );
+    }
+    data
 }
 
 impl Sim {
@@ -406,6 +429,7 @@ impl Sim {
                 multi: None,
                 disk: BTreeMap::new(),
                 root: dir.join(format!("n{id}")),
+                logs: dir.join(format!("logs{id}")),
                 sources: BTreeMap::new(),
                 install: BTreeMap::new(),
                 catchups: BTreeMap::new(),
@@ -454,6 +478,7 @@ impl Sim {
             groups_lost: 0,
             damaged_members: 0,
             damage_found: 0,
+            data_files_gone: 0,
             leaders_catching_up: 0,
             replays: 0,
             steps: 0,
@@ -484,18 +509,29 @@ impl Sim {
             .unwrap_or_default()
     }
 
+    /// Node `i`'s disk for group `g`, made empty on first use.
+    fn disk(&mut self, i: usize, g: GroupId) -> &mut Disk {
+        let logs = self.nodes[i].logs.clone();
+        self.nodes[i].disk.entry(g).or_insert_with(|| Disk {
+            hs: HardState::default(),
+            log: open_log(&logs, g),
+            lost_mark: false,
+        })
+    }
+
     /// Group `g`'s core at node `i` from what its disk holds, as
     /// `node.rs`'s `hold_group` makes it (`lost`: its log was just
     /// emptied), and the snapshot it starts from.
     fn core(&mut self, i: usize, g: GroupId, lost: bool) -> (Raft, Snapshot) {
         let id = self.nodes[i].id;
         let members = self.members_of(g);
-        let disk = self.nodes[i].disk.entry(g).or_default();
+        let seed = self.seed;
+        let disk = self.disk(i, g);
         let loaded = disk.log.load().unwrap();
         let mut cfg = Config::new(id, members);
         cfg.group = g;
         let life = (g << 40) ^ (id << 20) ^ disk.hs.epoch;
-        cfg.seed = Rng(self.seed ^ life.rotate_left(17)).next();
+        cfg.seed = Rng(seed ^ life.rotate_left(17)).next();
         cfg.snapshot_entries = 25;
         cfg.inflight_max = 8;
         cfg.append_entries_max = 16;
@@ -526,14 +562,21 @@ impl Sim {
             multi.insert(g, raft);
             if g != 0 {
                 let dir = self.nodes[i].root.join(format!("g{g}"));
+                let log = self.nodes[i].logs.join(format!("g{g}"));
                 let replica = if snap.index > 0 {
                     // Its files as the crash left them, and its snapshot:
                     // every message the snapshot names must be there,
                     // unless its files were damaged.
                     let len = snap.data.len() as u64;
-                    let (rep, target) =
-                        Replica::restore_files(&mut &snap.data[..], len, now, &dir, SEGMENT_BYTES)
-                            .expect("a snapshot this sim wrote");
+                    let (rep, target) = Replica::restore_files(
+                        &mut &snap.data[..],
+                        len,
+                        now,
+                        &dir,
+                        SEGMENT_BYTES,
+                        Some(&log),
+                    )
+                    .expect("a snapshot this sim wrote");
                     if !rep.is_whole(&target) {
                         if !self.damaged.contains(&(id, g)) {
                             panic!(
@@ -552,7 +595,7 @@ impl Sim {
                     rep
                 } else {
                     let mut rep = Replica::new(self.stream_cfg.clone());
-                    rep.set_payloads(Payloads::open(&dir, SEGMENT_BYTES).unwrap());
+                    rep.set_payloads(Payloads::open_in(&dir, SEGMENT_BYTES, Some(&log)).unwrap());
                     rep
                 };
                 let mut group = Group::new(replica);
@@ -607,6 +650,11 @@ impl Sim {
         node.lost.clear();
         node.installed.clear();
         node.dead.clear();
+        // Its logs are read again at start, as a restarted process does.
+        for (&g, disk) in node.disk.iter_mut().filter(|(&g, _)| g != 0) {
+            disk.log = Box::new(MemoryLog::default());
+            disk.log = open_log(&node.logs, g);
+        }
         if power_lost {
             self.image.borrow().crash(&node.root);
         }
@@ -676,7 +724,7 @@ impl Sim {
             let (_, g, ready) = self.nodes[i].unsynced.pop_front().unwrap();
             stored |=
                 ready.hard_state.is_some() || ready.snapshot.is_some() || ready.entries.is_some();
-            let disk = self.nodes[i].disk.entry(g).or_default();
+            let disk = self.disk(i, g);
             if let Some(hs) = ready.hard_state {
                 disk.hs = hs;
             }
@@ -694,7 +742,12 @@ impl Sim {
                 node.dead = keep;
                 for (_, _, files) in done {
                     for f in files {
-                        let _ = std::fs::remove_file(f);
+                        let data = f
+                            .file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with("data."));
+                        if std::fs::remove_file(f).is_ok() && data {
+                            self.data_files_gone += 1;
+                        }
                     }
                 }
             }
@@ -1062,9 +1115,17 @@ impl Sim {
         let Some(core) = node.multi.as_mut().and_then(|m| m.remove(g)) else {
             return;
         };
-        let disk = node.disk.entry(g).or_default();
+        let logs = node.logs.clone();
+        let disk = node.disk.entry(g).or_insert_with(|| Disk {
+            hs: HardState::default(),
+            log: open_log(&logs, g),
+            lost_mark: false,
+        });
         disk.hs = core.hard_state();
-        disk.log = MemoryLog::default();
+        // As `node.rs` empties it: its files become data files.
+        disk.log = Box::new(MemoryLog::default());
+        raft_log::remove_log(&logs.join(format!("g{g}"))).unwrap();
+        disk.log = open_log(&logs, g);
         disk.lost_mark = true;
         node.unsynced.retain(|u| u.1 != g);
         node.install.remove(&g);
@@ -1133,8 +1194,9 @@ impl Sim {
             // (no snapshot taken there yet): as the broker does, the
             // replica is built again from that log.
             let dir = node.root.join(format!("g{g}"));
+            let log = node.logs.join(format!("g{g}"));
             let mut rep = Replica::new(self.stream_cfg.clone());
-            rep.set_payloads(Payloads::open(&dir, SEGMENT_BYTES).unwrap());
+            rep.set_payloads(Payloads::open_in(&dir, SEGMENT_BYTES, Some(&log)).unwrap());
             let st = node.streams.get_mut(&g).unwrap();
             st.replica = rep;
             st.applied = 0;
@@ -1171,8 +1233,22 @@ impl Sim {
         let skipped = e.index <= st.applied || passed;
         let mut done = Vec::new();
         let mut outcomes = Vec::new();
-        st.apply(e.index, e.term, data, now, &mut done, Some(&mut outcomes))
-            .map_err(|e| e.to_string())?;
+        // Where the log stored it, as the Raft thread says with each entry.
+        let at = self.nodes[i]
+            .disk
+            .get(&g)
+            .and_then(|d| d.log.data_at(e.index));
+        let st = self.nodes[i].streams.get_mut(&g).unwrap();
+        st.apply_at(
+            e.index,
+            e.term,
+            data,
+            at,
+            now,
+            &mut done,
+            Some(&mut outcomes),
+        )
+        .map_err(|e| e.to_string())?;
         if skipped {
             return self.answered(i, g, done);
         }
@@ -1330,7 +1406,7 @@ impl Sim {
             let op = Op::Publish(Publish {
                 subject: format!("s.{}", pid % 3),
                 headers: Some(format!("{{\"Msg-Id\":\"p{pid}\"}}")),
-                data: pid.to_string().into_bytes(),
+                data: pub_data(pid),
                 binary: false,
                 time_ms: now_ms,
             });
@@ -1573,6 +1649,13 @@ impl Sim {
             .map(|rd| rd.flatten().map(|e| e.path()).collect())
             .unwrap_or_default();
         files.sort();
+        // The log's data files hold the data of its messages.
+        let log = self.nodes[i].logs.join(format!("g{g}"));
+        let data = gombus::storage::log_files::data_files(&log).unwrap_or_default();
+        files.extend(
+            data.into_iter()
+                .map(|n| gombus::storage::log_files::data_path(&log, n)),
+        );
         if !files.is_empty() {
             let k = self.rng.below(files.len() as u64) as usize;
             let what = match self.rng.below(3) {
@@ -1720,7 +1803,7 @@ pub fn final_checks(sim: &mut Sim, healed_at: u64) -> Check {
                     let op = Op::Publish(Publish {
                         subject: "s.end".into(),
                         headers: Some(format!("{{\"Msg-Id\":\"p{pid}\"}}")),
-                        data: pid.to_string().into_bytes(),
+                        data: pub_data(pid),
                         binary: false,
                         time_ms: t,
                     });
@@ -1823,4 +1906,13 @@ pub fn final_checks(sim: &mut Sim, healed_at: u64) -> Check {
         }
     }
     Ok(())
+}
+
+/// Group `g`'s log on a node whose logs are in `logs`: the control
+/// group's in memory, a stream group's durable.
+fn open_log(logs: &Path, g: GroupId) -> Box<dyn LogStore> {
+    if g == 0 {
+        return Box::new(MemoryLog::default());
+    }
+    Box::new(DurableLog::open_keeping(&logs.join(format!("g{g}"))).expect("a log this sim wrote"))
 }

@@ -99,7 +99,12 @@ impl Broker {
                     c.act(Action::Raft(ToRaft::GroupLost { group }));
                 }
             }
-            GroupEvent::Apply { index, term, data } => {
+            GroupEvent::Apply {
+                index,
+                term,
+                data,
+                at,
+            } => {
                 if h.lost {
                     // The core that lost its log is fed the leader's log
                     // from its start (the leader took no snapshot yet)
@@ -114,14 +119,17 @@ impl Broker {
                     // A log applied from its start: the files of an
                     // earlier run go.
                     h.opened = true;
-                    if let Some((dir, segment_bytes)) = &h.store {
-                        match Payloads::open(dir, *segment_bytes) {
+                    if let Some((dir, segment_bytes, log)) = &h.store {
+                        match Payloads::open_in(dir, *segment_bytes, log.as_deref()) {
                             Ok(p) => h.core.replica.set_payloads(p),
                             Err(e) => crate::log_error!("{}: {e}", dir.display()),
                         }
                     }
                 }
-                if let Err(e) = h.core.apply(index, term, &data, now, &mut done, None) {
+                if let Err(e) = h
+                    .core
+                    .apply_at(index, term, &data, at, now, &mut done, None)
+                {
                     crate::log_error!("stream {:?}: entry {index}: {e}", h.name);
                 }
             }

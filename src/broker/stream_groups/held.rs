@@ -35,9 +35,11 @@ impl Broker {
                     continue;
                 }
             };
+            let log = self.cluster.as_ref().and_then(|c| c.group_dir(p.group));
             let store = self
                 .stream_groups
-                .store_of(p.group, self.streams.data_dir());
+                .store_of(p.group, self.streams.data_dir())
+                .map(|(dir, segment_bytes)| (dir, segment_bytes, log));
             self.stream_groups.held.insert(
                 p.group,
                 Held {
