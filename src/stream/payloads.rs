@@ -225,11 +225,12 @@ struct LogFiles {
     /// file before it holds only entries applied already.
     applied: Option<u64>,
     /// Files that segment files point into, with how many of them do.
-    pins: BTreeMap<u64, u32>,
+    /// (By number, rising: a few entries, a map would cost more code.)
+    pins: Vec<(u64, u32)>,
     /// Files let go before any entry applied: they go once one does.
     orphans: Vec<u64>,
     /// Open handles, by number (shared with detached states).
-    open: Mutex<BTreeMap<u64, Arc<File>>>,
+    open: Mutex<Vec<(u64, Arc<File>)>>,
 }
 
 impl LogFiles {
@@ -237,37 +238,45 @@ impl LogFiles {
         LogFiles {
             dir: dir.to_path_buf(),
             applied: None,
-            pins: BTreeMap::new(),
+            pins: Vec::new(),
             orphans: Vec::new(),
-            open: Mutex::new(BTreeMap::new()),
+            open: Mutex::new(Vec::new()),
         }
     }
 
     /// File `n`, opened once.
     fn file(&self, n: u64) -> io::Result<Arc<File>> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = open.get(&n) {
+        if let Some((_, f)) = open.iter().find(|(k, _)| *k == n) {
             return Ok(f.clone());
         }
         let f = Arc::new(log_files::open(&self.dir, n)?);
-        open.insert(n, f.clone());
+        open.push((n, f.clone()));
         Ok(f)
+    }
+
+    /// Whether a segment file points into file `n`.
+    fn pinned(&self, n: u64) -> bool {
+        self.pins.binary_search_by_key(&n, |p| p.0).is_ok()
     }
 
     /// File `n` is needed by one more segment file.
     fn pin(&mut self, n: u64) {
-        *self.pins.entry(n).or_default() += 1;
+        match self.pins.binary_search_by_key(&n, |p| p.0) {
+            Ok(k) => self.pins[k].1 += 1,
+            Err(k) => self.pins.insert(k, (n, 1)),
+        }
     }
 
     /// File `n` is needed by one segment file less; when by none, it goes
     /// (its data path into `dead`) once no entry to apply is in it.
     fn unpin(&mut self, n: u64, dead: &mut Vec<PathBuf>) {
-        if let Some(c) = self.pins.get_mut(&n) {
-            *c -= 1;
-            if *c > 0 {
+        if let Ok(k) = self.pins.binary_search_by_key(&n, |p| p.0) {
+            self.pins[k].1 -= 1;
+            if self.pins[k].1 > 0 {
                 return;
             }
-            self.pins.remove(&n);
+            self.pins.remove(k);
         }
         self.let_go(n, dead);
     }
@@ -278,7 +287,7 @@ impl LogFiles {
                 self.open
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .remove(&n);
+                    .retain(|(k, _)| *k != n);
                 dead.push(log_files::data_path(&self.dir, n));
             }
             // The file entries apply from: let go when they move on.
@@ -302,7 +311,7 @@ impl LogFiles {
             Some(a) if file > a => {
                 self.applied = Some(file);
                 for n in a..file {
-                    if !self.pins.contains_key(&n) {
+                    if !self.pinned(n) {
                         self.let_go(n, dead);
                     }
                 }
@@ -660,7 +669,7 @@ impl Payloads {
         match self {
             Payloads::Memory(map) => Ok(Detached {
                 files: Files::Memory(map.clone()),
-                log: BTreeMap::new(),
+                log: Vec::new(),
                 unsynced: Vec::new(),
                 dir: None,
                 dead: Vec::new(),
@@ -677,10 +686,10 @@ impl Payloads {
                     .map(|f| (f, d.path(f)))
                     .collect();
                 let dir = std::mem::take(&mut d.dir_changed).then(|| d.dir.clone());
-                let mut log = BTreeMap::new();
+                let mut log = Vec::new();
                 if let Some(l) = d.log.as_ref() {
-                    for &n in l.pins.keys() {
-                        log.insert(n, l.file(n)?);
+                    for &(n, _) in &l.pins {
+                        log.push((n, l.file(n)?));
                     }
                 }
                 Ok(Detached {
@@ -936,7 +945,7 @@ fn crc_of(rec: &[u8]) -> u32 {
 pub struct Detached {
     files: Files,
     /// The log files its InLog records point into, open, by number.
-    log: BTreeMap<u64, Arc<File>>,
+    log: Vec<(u64, Arc<File>)>,
     /// The files to fsync: first seq and path.
     unsynced: Vec<(u64, PathBuf)>,
     /// The directory, when files were made in it.
@@ -1033,12 +1042,17 @@ impl Detached {
                                 let rec = match in_log {
                                     // Read from the log only when it is sent.
                                     Some(r) if seq > after && live(seq) => {
-                                        let file = self.log.get(&r.file).ok_or_else(|| {
-                                            bad(format!(
-                                                "message {seq}: log file {} not held",
-                                                r.file
-                                            ))
-                                        })?;
+                                        let file = self
+                                            .log
+                                            .iter()
+                                            .find(|f| f.0 == r.file)
+                                            .map(|f| &f.1)
+                                            .ok_or_else(|| {
+                                                bad(format!(
+                                                    "message {seq}: log file {} not held",
+                                                    r.file
+                                                ))
+                                            })?;
                                         whole = expand_from(file, &r)?;
                                         &whole[..]
                                     }
@@ -1162,7 +1176,7 @@ impl Disk {
             Err(e) => return Err(e),
         };
         for n in have {
-            if !log.pins.contains_key(&n) {
+            if !log.pinned(n) {
                 self.dead.push(log_files::data_path(&log.dir, n));
             }
         }
