@@ -778,10 +778,46 @@ fn a_replica_whose_log_data_file_is_damaged_is_caught_up_again() {
         assert!(!files.is_empty(), "no log data files");
         let first = &files[0];
         let mut bytes = std::fs::read(first).unwrap();
-        let at = bytes.len() / 2;
-        bytes[at] ^= 0x01;
+        // Eight bits spread over the file: almost all of it is message
+        // data, so some land in data a live message needs.
+        for k in 1..=8 {
+            let at = bytes.len() * k / 9;
+            bytes[at] ^= 0x01;
+        }
         std::fs::write(first, &bytes).unwrap();
     });
+}
+
+/// Whether a stream group of the node with data directory `data` is
+/// started again without its log (`node.rs`'s `lost` mark, there until
+/// its replica is whole and its core votes again).
+fn lost_mark(data: &Path) -> bool {
+    std::fs::read_dir(data.join("raft"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|g| g.path().join("lost").exists())
+}
+
+/// Waits (at most `within`) until node `i`, since its last start, has
+/// made its replica whole from its group leader's snapshot (its log says
+/// so) and votes in its group again (its `lost_mark` is gone).
+fn await_whole_again(c: &Cluster, i: usize, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let log = c.log(i);
+        let since_start = log.rsplit("info config node_id=").next().unwrap_or("");
+        let caught_up = since_start.contains("caught up to its snapshot");
+        if caught_up && !lost_mark(&c.data_dir(i)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} not whole and voting again after {within:?} (caught up: {caught_up})",
+            IDS[i]
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Publishes 48 MB to an R3 stream (past the log's budget, so every
@@ -825,6 +861,9 @@ fn damaged_replica_heals(what: &str, damage: impl Fn(&Path)) {
         );
         thread::sleep(Duration::from_millis(50));
     }
+    // It finds the damage: its group starts again without its log, a
+    // non-voter until the leader's snapshot has made its replica whole.
+    await_whole_again(&c, victim, Duration::from_secs(60));
     await_current(&c, third, victim, Duration::from_secs(60));
     let total = acked.len() as u64 * MSG_BYTES as u64;
     await_payload_files(&c, victim, total, STEP_WAIT);
