@@ -755,39 +755,6 @@ fn a_replica_whose_payload_files_are_damaged_is_caught_up_again() {
     });
 }
 
-/// A replica one of whose stream log's data files (a log file a snapshot
-/// covered, which holds the data of the messages that came through it)
-/// has one bit flipped while it is down finds the damage when it reopens
-/// its files, keeps the messages before it and fetches the rest.
-#[test]
-fn a_replica_whose_log_data_file_is_damaged_is_caught_up_again() {
-    damaged_replica_heals("a bit flipped in a log data file", |data| {
-        let mut files: Vec<_> = std::fs::read_dir(data.join("raft"))
-            .unwrap()
-            .flatten()
-            .filter(|g| g.path().is_dir())
-            .flat_map(|g| std::fs::read_dir(g.path()).unwrap().flatten())
-            .map(|f| f.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("data.") && !n.ends_with(".gone"))
-            })
-            .collect();
-        files.sort();
-        assert!(!files.is_empty(), "no log data files");
-        let first = &files[0];
-        let mut bytes = std::fs::read(first).unwrap();
-        // Eight bits spread over the file: almost all of it is message
-        // data, so some land in data a live message needs.
-        for k in 1..=8 {
-            let at = bytes.len() * k / 9;
-            bytes[at] ^= 0x01;
-        }
-        std::fs::write(first, &bytes).unwrap();
-    });
-}
-
 /// Whether a stream group of the node with data directory `data` is
 /// started again without its log (`node.rs`'s `lost` mark, there until
 /// its replica is whole and its core votes again).
