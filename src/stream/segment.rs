@@ -134,14 +134,23 @@ pub fn put_in_log(
     offset: u64,
 ) -> (usize, usize, u32) {
     assert!(m.subject.len() <= SUBJECT_BYTES_MAX);
-    let (msg_len, crc) = msg_sum(m);
     let start = record::begin(out);
     out.push(KIND_IN_LOG);
     out.extend_from_slice(&file.to_le_bytes());
     out.extend_from_slice(&offset.to_le_bytes());
     out.extend_from_slice(&(m.data.len() as u32).to_le_bytes());
-    out.extend_from_slice(&crc.to_le_bytes());
+    let crc_at = out.len();
+    out.extend_from_slice(&[0; 4]);
     put_msg_fields(out, m);
+    // The Msg record's crc, from the fields just written (as `msg_sum`).
+    let fields = &out[crc_at + 4..];
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[KIND_MSG]);
+    h.update(fields);
+    h.update(m.data);
+    let crc = h.finalize();
+    let msg_len = record::HEAD_BYTES + 1 + fields.len() + m.data.len();
+    out[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
     record::finish(out, start);
     (out.len() - start, msg_len, crc)
 }
