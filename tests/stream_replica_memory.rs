@@ -693,6 +693,23 @@ fn await_current(c: &Cluster, ask: usize, node: usize, within: Duration) {
     );
 }
 
+/// Whether a stream group of the node with data directory `data` has
+/// stored a snapshot.
+fn has_snapshot(data: &Path) -> bool {
+    !snapshot_files(data).is_empty()
+}
+
+/// Data file 0 of the stream group log of the node with data directory
+/// `data`, once there is one.
+fn first_data_file(data: &Path) -> Option<std::path::PathBuf> {
+    std::fs::read_dir(data.join("raft"))
+        .ok()?
+        .flatten()
+        .filter(|g| g.file_name().to_string_lossy().starts_with('g'))
+        .map(|g| g.path().join("data.0"))
+        .find(|p| p.exists())
+}
+
 /// The stream groups' snapshot files under node data directory `data`.
 fn snapshot_files(data: &Path) -> Vec<std::path::PathBuf> {
     let Ok(groups) = std::fs::read_dir(data.join("raft")) else {
@@ -716,7 +733,7 @@ fn snapshot_files(data: &Path) -> Vec<std::path::PathBuf> {
 /// the group's leader.
 #[test]
 fn a_replica_whose_snapshot_file_is_lost_is_caught_up_again() {
-    damaged_replica_heals("its snapshot file deleted", |data| {
+    damaged_replica_heals("its snapshot file deleted", 48, has_snapshot, |data| {
         let lost = snapshot_files(data);
         assert!(!lost.is_empty());
         for f in &lost {
@@ -734,25 +751,58 @@ fn a_replica_whose_snapshot_file_is_lost_is_caught_up_again() {
 /// heartbeat answers alone (nothing is published meanwhile).
 #[test]
 fn a_replica_whose_payload_files_are_damaged_is_caught_up_again() {
-    damaged_replica_heals("a bit flipped and its last file cut", |data| {
-        let mut files: Vec<_> = std::fs::read_dir(data.join("replicas"))
-            .unwrap()
-            .flatten()
-            .flat_map(|g| std::fs::read_dir(g.path()).unwrap().flatten())
-            .map(|f| f.path())
-            .collect();
-        files.sort();
-        assert!(!files.is_empty(), "no payload files");
-        let first = &files[0];
-        let mut bytes = std::fs::read(first).unwrap();
-        let at = bytes.len() / 3;
-        bytes[at] ^= 0x01;
-        std::fs::write(first, &bytes).unwrap();
-        let last = files.last().unwrap();
-        let len = std::fs::metadata(last).unwrap().len();
-        let f = std::fs::OpenOptions::new().write(true).open(last).unwrap();
-        f.set_len(len - 100).unwrap();
-    });
+    damaged_replica_heals(
+        "a bit flipped and its last file cut",
+        48,
+        has_snapshot,
+        |data| {
+            let mut files: Vec<_> = std::fs::read_dir(data.join("replicas"))
+                .unwrap()
+                .flatten()
+                .flat_map(|g| std::fs::read_dir(g.path()).unwrap().flatten())
+                .map(|f| f.path())
+                .collect();
+            files.sort();
+            assert!(!files.is_empty(), "no payload files");
+            let first = &files[0];
+            let mut bytes = std::fs::read(first).unwrap();
+            let at = bytes.len() / 3;
+            bytes[at] ^= 0x01;
+            std::fs::write(first, &bytes).unwrap();
+            let last = files.last().unwrap();
+            let len = std::fs::metadata(last).unwrap().len();
+            let f = std::fs::OpenOptions::new().write(true).open(last).unwrap();
+            f.set_len(len - 100).unwrap();
+        },
+    );
+}
+
+/// A replica one of whose stream log's data files (a log file a snapshot
+/// covered, which holds the data of the messages that came through it)
+/// is damaged while it is down finds the damage when it reopens its
+/// files, keeps the messages before it and fetches the rest.
+#[test]
+fn a_replica_whose_log_data_file_is_damaged_is_caught_up_again() {
+    // 80 MiB through a log of 32 MiB files: the second snapshot covers
+    // the first file whole, which makes it data file 0.
+    damaged_replica_heals(
+        "bits flipped in a log data file",
+        80,
+        |d| first_data_file(d).is_some(),
+        |data| {
+            let first = first_data_file(data).unwrap();
+            let mut bytes = std::fs::read(&first).unwrap();
+            // One bit in every 4 KiB of its second half. An entry of one
+            // 64 KiB message has under 100 bytes besides the data, so
+            // most land in data the messages of that half need. (Eight
+            // bits at the file's ninths all landed between messages once:
+            // its 513 entries divide by nine.)
+            for at in (bytes.len() / 2..bytes.len()).step_by(4096) {
+                bytes[at] ^= 0x01;
+            }
+            std::fs::write(&first, &bytes).unwrap();
+        },
+    );
 }
 
 /// Whether a stream group of the node with data directory `data` is
@@ -787,12 +837,12 @@ fn await_whole_again(c: &Cluster, i: usize, within: Duration) {
     }
 }
 
-/// Publishes 48 MB to an R3 stream (past the log's budget, so every
-/// replica takes a snapshot), kills one replica, damages its files with
-/// `damage` (given its data directory), and restarts it: it must be
-/// current again, hold every message, and serve each acked message once
-/// it leads.
-fn damaged_replica_heals(what: &str, damage: impl Fn(&Path)) {
+/// Publishes `mib` MiB to an R3 stream (past the log's budget, so every
+/// replica takes a snapshot), waits until `ready` holds for one
+/// replica's data directory, kills it, damages its files with `damage`
+/// (given that directory), and restarts it: it must be current again,
+/// hold every message, and serve each acked message once it leads.
+fn damaged_replica_heals(what: &str, mib: u64, ready: fn(&Path) -> bool, damage: impl Fn(&Path)) {
     let _turn = one_at_a_time();
     let mut c = Cluster::start();
     let leader = create_r3(&c);
@@ -801,13 +851,13 @@ fn damaged_replica_heals(what: &str, damage: impl Fn(&Path)) {
     let cl = client(&c, third);
     let mut acked = Acked::new();
     // Past the log's 32 MiB budget: every replica takes a snapshot.
-    let n = (48u64 << 20) / MSG_BYTES as u64;
+    let n = (mib << 20) / MSG_BYTES as u64;
     publish_all(&cl, 1..=n, &mut acked);
     let deadline = Instant::now() + STEP_WAIT;
-    while snapshot_files(&c.data_dir(victim)).is_empty() {
+    while !ready(&c.data_dir(victim)) {
         assert!(
             Instant::now() < deadline,
-            "no snapshot file on {} after {n} publishes",
+            "{} not ready to be damaged ({what}) after {n} publishes",
             IDS[victim]
         );
         thread::sleep(Duration::from_millis(50));
