@@ -1457,6 +1457,9 @@ impl Worker {
         for m in &appends {
             self.send(m);
         }
+        // Out now: queued, they would wait for the next poll, after this
+        // round's fsync.
+        self.net.flush_all();
     }
 
     /// What stream group `group`'s persisted round gives the broker.

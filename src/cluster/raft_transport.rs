@@ -1179,7 +1179,11 @@ impl Transport {
         schedule_dial(p, Instant::now(), max);
     }
 
-    fn flush_all(&mut self) {
+    /// Writes what is queued for every peer now, as far as the sockets
+    /// take it, instead of at the next [`Transport::poll`]: for messages
+    /// that should be on their way before the caller blocks (a leader's
+    /// Appends before its own log's fsync).
+    pub fn flush_all(&mut self) {
         let ids: Vec<NodeId> = self.peers.keys().copied().collect();
         for id in ids {
             self.flush(id);
