@@ -56,7 +56,7 @@ use super::ack::send_ack_with;
 use super::cluster::actions::Action;
 use super::events::StreamOp;
 use super::session::NSP_ROOT;
-use super::stream_out::{has_targets, push_accepted, push_message, Push, RemotePush};
+use super::stream_out::{has_targets, push_accepted, push_message, push_stored, Push, RemotePush};
 use super::streams::{epoch_ms, FETCH_BYTES_MAX, NAK_DELAY_MS_MAX, PUSH_PER_TURN_MAX};
 use crate::cluster::api::snapshot_file::{self, FileRef};
 use crate::cluster::api::{Cmd, GroupEvent, GroupId, MetaCommand, Role, ToRaft};
@@ -463,6 +463,13 @@ fn settle(h: &mut Held, d: Done<Reply>, now: Instant, out: &mut Settled) {
     }
 }
 
+/// The ack body of a publish stored at `seq` ([`push_stored`]).
+fn stored_body(stream: &str, seq: u64, duplicate: bool) -> String {
+    let mut body = Vec::with_capacity(48 + stream.len());
+    push_stored(&mut body, stream, seq, duplicate);
+    String::from_utf8(body).unwrap_or_default()
+}
+
 fn refuse(r: &Reply, answers: &mut Vec<(ConnId, u64, String)>, why: &str) {
     let body = unavailable(why).ack_body();
     match r {
@@ -576,13 +583,8 @@ fn answer(h: &mut Held, reply: &Reply, out: Outcome, now: Instant, settled: &mut
         }
         (Reply::Publish { conn, ack_id, .. }, Outcome::Published(r)) => {
             let body = match r {
-                Ok(Stored::New { seq, .. }) => {
-                    json!([{"ok": true, "stream": h.name, "seq": seq}]).to_string()
-                }
-                Ok(Stored::Duplicate(seq)) => {
-                    json!([{"ok": true, "stream": h.name, "seq": seq, "duplicate": true}])
-                        .to_string()
-                }
+                Ok(Stored::New { seq, .. }) => stored_body(&h.name, seq, false),
+                Ok(Stored::Duplicate(seq)) => stored_body(&h.name, seq, true),
                 Err(e) => err(e),
             };
             answers.push((*conn, *ack_id, body));

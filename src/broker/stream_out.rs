@@ -477,6 +477,20 @@ pub(super) fn fetch_body(messages: &[u8]) -> String {
     out
 }
 
+/// Appends the ack body of a publish stored in `stream` at `seq`
+/// (`[{"ok":true,"stream":…,"seq":…}]`, with `"duplicate":true` when the
+/// `Msg-Id` had been seen), the same for R1 and replicated streams.
+pub(super) fn push_stored(out: &mut Vec<u8>, stream: &str, seq: u64, duplicate: bool) {
+    out.extend_from_slice(b"[{\"ok\":true,\"stream\":");
+    push_str(out, stream);
+    out.extend_from_slice(b",\"seq\":");
+    crate::protocol::socketio::push_decimal(out, seq);
+    if duplicate {
+        out.extend_from_slice(b",\"duplicate\":true");
+    }
+    out.extend_from_slice(b"}]");
+}
+
 /// Appends `s` as a JSON string literal.
 pub(super) fn push_str(out: &mut Vec<u8>, s: &str) {
     if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {

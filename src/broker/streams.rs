@@ -35,7 +35,8 @@ use serde_json::{json, Value};
 use super::ack::send_ack_with;
 use super::events::StreamOp;
 use super::stream_out::{
-    consumer_json, fetch_body, message_body, push_slot, push_str, stream_json, take_batch,
+    consumer_json, fetch_body, message_body, push_slot, push_stored, push_str, stream_json,
+    take_batch,
 };
 use crate::port::{ConnId, Sink};
 use crate::protocol::errors::{ok_with, ApiError, Code, OK_BODY};

@@ -185,14 +185,7 @@ impl Streams {
             (None, AckBody::Ok) => self.body.extend_from_slice(OK_BODY.as_bytes()),
             (None, AckBody::Body(b)) => self.body.extend_from_slice(b.as_bytes()),
             (None, AckBody::Stored { seq, duplicate }) => {
-                self.body.extend_from_slice(b"[{\"ok\":true,\"stream\":");
-                push_str(&mut self.body, &h.stream);
-                self.body.extend_from_slice(b",\"seq\":");
-                crate::protocol::socketio::push_decimal(&mut self.body, *seq);
-                if *duplicate {
-                    self.body.extend_from_slice(b",\"duplicate\":true");
-                }
-                self.body.extend_from_slice(b"}]");
+                push_stored(&mut self.body, &h.stream, *seq, *duplicate)
             }
         }
         send_ack_with(sink, &mut self.head, "/", h.conn, h.ack_id, &self.body, &[]);
