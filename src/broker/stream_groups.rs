@@ -192,6 +192,44 @@ pub(crate) struct StreamGroups {
     /// While a bucket read whose no-op entry applied is made again: it is
     /// answered from the replica now.
     pub(super) kv_read_applied: bool,
+    /// Which replicated stream captures a subject, as the control state
+    /// said at one index ([`Captures`]).
+    pub(super) captures: Captures,
+}
+
+/// The replicated stream (its group and members) that captures each
+/// subject published lately, or `None`: the answers of a scan over
+/// every stream's subject filters, kept while the control state stays
+/// at the index they were found at. Bounded: it starts again empty past
+/// [`Captures::SUBJECTS_MAX`] subjects.
+#[derive(Default)]
+pub(crate) struct Captures {
+    applied: u64,
+    by_subject: HashMap<Box<str>, Option<(GroupId, std::rc::Rc<[u64]>)>>,
+}
+
+impl Captures {
+    const SUBJECTS_MAX: usize = 4096;
+
+    /// What `subject` maps to while the control state is at `applied`,
+    /// from `find` the first time.
+    pub(super) fn get(
+        &mut self,
+        applied: u64,
+        subject: &str,
+        find: impl FnOnce() -> Option<(GroupId, Vec<u64>)>,
+    ) -> Option<(GroupId, std::rc::Rc<[u64]>)> {
+        if self.applied != applied || self.by_subject.len() >= Self::SUBJECTS_MAX {
+            self.applied = applied;
+            self.by_subject.clear();
+        }
+        if let Some(found) = self.by_subject.get(subject) {
+            return found.clone();
+        }
+        let found = find().map(|(g, members)| (g, members.into()));
+        self.by_subject.insert(subject.into(), found.clone());
+        found
+    }
 }
 
 impl StreamGroups {
@@ -735,6 +773,31 @@ mod tests {
             installed: None,
             lost: false,
             sources: Default::default(),
+        }
+    }
+
+    #[test]
+    fn captures_are_found_once_per_control_index_and_stay_bounded() {
+        let mut c = Captures::default();
+        let mut scans = 0;
+        let mut find = |g: Option<GroupId>| {
+            scans += 1;
+            g.map(|g| (g, vec![1, 2, 3]))
+        };
+        let got = c.get(5, "s.a", || find(Some(7)));
+        assert_eq!(got.map(|(g, m)| (g, m.to_vec())), Some((7, vec![1, 2, 3])));
+        // Kept while the control state stays at index 5, a miss too.
+        assert_eq!(c.get(5, "s.a", || find(Some(9))).map(|r| r.0), Some(7));
+        assert_eq!(c.get(5, "t", || find(None)), None);
+        assert_eq!(c.get(5, "t", || find(Some(9))), None);
+        // A later index (a stream made, moved or deleted) scans again.
+        assert_eq!(c.get(6, "s.a", || find(Some(9))).map(|r| r.0), Some(9));
+        assert_eq!(c.get(6, "t", || find(Some(9))).map(|r| r.0), Some(9));
+        drop(find);
+        assert_eq!(scans, 4);
+        for k in 0..Captures::SUBJECTS_MAX * 2 {
+            c.get(6, &format!("s.{k}"), || None);
+            assert!(c.by_subject.len() <= Captures::SUBJECTS_MAX);
         }
     }
 

@@ -40,17 +40,18 @@ impl Broker {
     ) -> Option<Result<bool, ApiError>> {
         let c = self.cluster.as_ref()?;
         let me = c.me();
-        let name = self.fsm.streams.iter().find_map(|(n, s)| {
-            let p = s.placement.as_ref().filter(|p| p.replicas.len() > 1)?;
-            let _ = p;
-            let subjects = s.config.get("subjects")?.as_array()?;
-            subjects
-                .iter()
-                .filter_map(Value::as_str)
-                .any(|f| crate::protocol::subject::matches(f, subject))
-                .then(|| n.clone())
+        let fsm = &self.fsm;
+        let (group, members) = self.stream_groups.captures.get(fsm.applied, subject, || {
+            fsm.streams.values().find_map(|s| {
+                let p = s.placement.as_ref().filter(|p| p.replicas.len() > 1)?;
+                let subjects = s.config.get("subjects")?.as_array()?;
+                subjects
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .any(|f| crate::protocol::subject::matches(f, subject))
+                    .then(|| (p.group, p.replicas.clone()))
+            })
         })?;
-        let (group, members) = self.placed(&name)?;
         let route = match self.route(group, &members) {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
