@@ -173,6 +173,10 @@ pub trait Handler {
     /// Some thread called the waker; the handler collects what it reported
     /// (an fsync round done, Raft output).
     fn woken(&mut self, _sink: &mut dyn Sink) {}
+    /// Once per loop turn, after the turn's output was written to the
+    /// sockets: work the answers should not wait for (writing replicas'
+    /// messages to their files, which reads serve from memory until then).
+    fn after_output(&mut self) {}
     /// The server is shutting down (SIGTERM): say goodbye to clients and
     /// make durable state durable (flush and fsync stores) before this
     /// returns. Connections are closed and drained afterwards, bounded.

@@ -1059,6 +1059,12 @@ impl Handler for Broker {
         Ok(())
     }
 
+    fn after_output(&mut self) {
+        for h in self.stream_groups.held.values_mut() {
+            h.core.replica.flush();
+        }
+    }
+
     fn woken(&mut self, sink: &mut dyn Sink) {
         self.reload_if_asked(sink);
         self.streams.woken(sink);

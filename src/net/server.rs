@@ -337,6 +337,7 @@ impl<H: Handler> Server<H> {
             let Server { table, handler, .. } = self;
             handler.tick(&mut table.io(now));
             self.flush_dirty(now);
+            self.handler.after_output();
             self.table.kept.turn(&mut self.table.conns, now);
             if self.table.out_bytes > self.settings.out_total_max {
                 self.shed();

@@ -348,12 +348,15 @@ impl<R> Group<R> {
         done: &mut Vec<Done<R>>,
         seen: Option<&mut Vec<Outcome>>,
     ) -> Result<(), Malformed> {
-        self.apply_at(index, term, data, None, now, done, seen)
+        let r = self.apply_at(index, term, data, None, now, done, seen);
+        self.replica.flush();
+        r
     }
 
     /// [`Group::apply`] of an entry whose data the log stored at `at`
     /// (file number and offset, `cluster::raft_log::LogStore::data_at`):
-    /// the replica keeps the messages it publishes there.
+    /// the replica keeps the messages it publishes there. Its messages go
+    /// to their files with the next [`Replica::flush`].
     #[allow(clippy::too_many_arguments)]
     pub fn apply_at(
         &mut self,

@@ -417,13 +417,16 @@ impl Replica {
     /// local redelivery timers (which are not part of the replicated
     /// state).
     pub fn apply(&mut self, ops: &[Op], now: Instant) -> Vec<Outcome> {
-        self.apply_at(ops, &[], None, now)
+        let out = self.apply_at(ops, &[], None, now);
+        self.flush();
+        out
     }
 
     /// [`Replica::apply`] of an entry whose data the log stored at `at`
     /// (file number and offset); `places` holds each op's data offset in
     /// that data ([`decode_entry_at`]). A message published there may be
-    /// kept where the log wrote it ([`Payloads::append_at`]).
+    /// kept where the log wrote it ([`Payloads::append_at`]). Its messages
+    /// go to their files with the next [`Replica::flush`].
     pub fn apply_at(
         &mut self,
         ops: &[Op],
@@ -444,10 +447,16 @@ impl Replica {
                 out
             })
             .collect();
+        out
+    }
+
+    /// Writes the messages applied since the last call to their files
+    /// ([`Replica::apply_at`] keeps them in memory, where reads find
+    /// them, up to a bound): the caller does it once its answers are out.
+    pub fn flush(&mut self) {
         if let Err(e) = self.payloads.flush() {
             crate::log_error!("stream {:?}: writing messages: {e}", self.cfg.name);
         }
-        out
     }
 
     fn apply_op(&mut self, op: &Op, now: Instant) -> Outcome {
@@ -1646,7 +1655,26 @@ fn put_opt_str(out: &mut Vec<u8>, s: Option<&str>) {
 
 /// The bytes of an entry holding `ops`.
 pub fn encode_entry(ops: &[Op]) -> Vec<u8> {
-    let mut out = vec![ENTRY_VERSION];
+    // Sized for its publishes up front: an entry of a turn's publishes
+    // would otherwise grow by doubling, copying itself each time.
+    let publishes: usize = ops
+        .iter()
+        .map(|op| match op {
+            Op::Publish(p) => {
+                1 + 4
+                    + p.subject.len()
+                    + 1
+                    + p.headers.as_ref().map_or(0, |h| 4 + h.len())
+                    + 4
+                    + p.data.len()
+                    + 1
+                    + 8
+            }
+            _ => 0,
+        })
+        .sum();
+    let mut out = Vec::with_capacity(1 + publishes);
+    out.push(ENTRY_VERSION);
     for op in ops {
         match op {
             Op::Publish(p) => {

@@ -1249,6 +1249,8 @@ impl Sim {
             Some(&mut outcomes),
         )
         .map_err(|e| e.to_string())?;
+        // As the broker does once the turn's answers are out.
+        st.replica.flush();
         if skipped {
             return self.answered(i, g, done);
         }
