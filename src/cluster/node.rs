@@ -1384,6 +1384,9 @@ impl Worker {
             for m in &raft_multi::outgoing(&mut afters) {
                 self.send(m);
             }
+            // A follower's answer to the Appends it just stored goes out
+            // before the entries it committed are handed to the broker.
+            self.net.flush_all();
             for (group, after) in afters {
                 if group != CONTROL_GROUP {
                     self.group_out(group, after, out);
