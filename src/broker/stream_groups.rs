@@ -205,8 +205,11 @@ pub(crate) struct StreamGroups {
 #[derive(Default)]
 pub(crate) struct Captures {
     applied: u64,
-    by_subject: HashMap<Box<str>, Option<(GroupId, std::rc::Rc<[u64]>)>>,
+    by_subject: HashMap<Box<str>, Option<Captured>>,
 }
+
+/// A replicated stream's group and members.
+pub(crate) type Captured = (GroupId, std::rc::Rc<[u64]>);
 
 impl Captures {
     const SUBJECTS_MAX: usize = 4096;
@@ -218,7 +221,7 @@ impl Captures {
         applied: u64,
         subject: &str,
         find: impl FnOnce() -> Option<(GroupId, Vec<u64>)>,
-    ) -> Option<(GroupId, std::rc::Rc<[u64]>)> {
+    ) -> Option<Captured> {
         if self.applied != applied || self.by_subject.len() >= Self::SUBJECTS_MAX {
             self.applied = applied;
             self.by_subject.clear();
@@ -779,9 +782,9 @@ mod tests {
     #[test]
     fn captures_are_found_once_per_control_index_and_stay_bounded() {
         let mut c = Captures::default();
-        let mut scans = 0;
-        let mut find = |g: Option<GroupId>| {
-            scans += 1;
+        let scans = std::cell::Cell::new(0);
+        let find = |g: Option<GroupId>| {
+            scans.set(scans.get() + 1);
             g.map(|g| (g, vec![1, 2, 3]))
         };
         let got = c.get(5, "s.a", || find(Some(7)));
@@ -793,8 +796,7 @@ mod tests {
         // A later index (a stream made, moved or deleted) scans again.
         assert_eq!(c.get(6, "s.a", || find(Some(9))).map(|r| r.0), Some(9));
         assert_eq!(c.get(6, "t", || find(Some(9))).map(|r| r.0), Some(9));
-        drop(find);
-        assert_eq!(scans, 4);
+        assert_eq!(scans.get(), 4);
         for k in 0..Captures::SUBJECTS_MAX * 2 {
             c.get(6, &format!("s.{k}"), || None);
             assert!(c.by_subject.len() <= Captures::SUBJECTS_MAX);
