@@ -1,7 +1,8 @@
 //! The Raft transport over loopback: messages arrive whole and in order
-//! (including a large one, and one written a byte at a time), a corrupt
-//! frame closes only its connection, a restarted peer is reconnected, and
-//! a peer that stops reading costs a bounded queue, not memory. With a
+//! (including a large one, and one written a byte at a time), a flush
+//! writes without waiting for a poll, a corrupt frame closes only its
+//! connection, a restarted peer is reconnected, and a peer that stops
+//! reading costs a bounded queue, not memory. With a
 //! cluster secret: members that share it talk, one with another secret is
 //! sent nothing, a proven connection speaks only for its own node, and
 //! strangers' connections neither push members out nor stay past their
@@ -117,6 +118,36 @@ fn messages_arrive_whole_and_in_order() {
     assert_eq!(inbox[&3], [hb]);
     assert_eq!(ts[&2].stats().received, 200);
     assert_eq!(ts[&1].queued_bytes(2), 0);
+}
+
+/// `flush_all` writes what is queued there and then: a leader's Appends
+/// leave before its fsync, not at its next poll.
+#[test]
+fn flush_all_writes_the_queues_without_a_poll() {
+    let mut ts = cluster(2, |_| {});
+    let mut inbox = BTreeMap::new();
+    // Connected (and the first frame through) by polling both.
+    ts.get_mut(&1).unwrap().send(&append(1, 2, 0, 10));
+    pump(&mut ts, &mut inbox, |ib, _| {
+        ib.get(&2).is_some_and(|v| v.len() == 1)
+    });
+    let m = append(1, 2, 1, 4096);
+    let t1 = ts.get_mut(&1).unwrap();
+    t1.send(&m);
+    assert!(t1.queued_bytes(2) > 0);
+    t1.flush_all();
+    assert_eq!(t1.queued_bytes(2), 0);
+    // Only node 2 polls from now on.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let got = inbox.entry(2).or_default();
+    while got.len() < 2 {
+        assert!(Instant::now() < deadline, "the flushed frame never came");
+        ts.get_mut(&2)
+            .unwrap()
+            .poll(Duration::from_millis(1), got)
+            .unwrap();
+    }
+    assert_eq!(got[1], m);
 }
 
 #[test]

@@ -2291,6 +2291,32 @@ mod tests {
         f
     }
 
+    /// An applied entry's messages stay in the replica's buffer, read from
+    /// there, until [`Replica::flush`] writes them to the segment file (the
+    /// broker does once the turn's answers are out); `apply` does both.
+    #[test]
+    fn applied_messages_reach_their_file_with_the_flush_and_read_back_before() {
+        let now = Instant::now();
+        let dir = temp_dir();
+        let cfg = config(serde_json::json!({"name":"S","subjects":["a.>"]}));
+        let mut r = Replica::with_payloads(cfg, Payloads::open(&dir, 1 << 20).unwrap());
+        let on_disk = |dir: &std::path::Path| -> u64 {
+            (std::fs::read_dir(dir).unwrap().flatten())
+                .map(|e| e.metadata().unwrap().len())
+                .sum()
+        };
+        r.apply(&[publish("a.b", "\"one\"", None, 1)], now);
+        let after_one = on_disk(&dir);
+        assert!(after_one > 0);
+        r.apply_at(&[publish("a.b", "\"two\"", None, 2)], &[], None, now);
+        assert_eq!(on_disk(&dir), after_one, "written before the flush");
+        assert_eq!(&*r.get(2).unwrap().unwrap().data, b"\"two\"");
+        r.flush();
+        assert!(on_disk(&dir) > after_one, "not written by the flush");
+        assert_eq!(&*r.get(2).unwrap().unwrap().data, b"\"two\"");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// A frozen state names only every MARK_EVERY-th record and reads the
     /// rest from its files: whatever the batch size and wherever a member
     /// stands, it serves exactly the records of the live messages after
